@@ -1,0 +1,127 @@
+//! Plain `#[repr(C)]` types shared by the bpfprof kernel program and its userspace.
+//!
+//! Everything that crosses the kernel/user boundary is defined here once, so both sides
+//! agree on layout by construction. Field order keeps every struct free of implicit padding:
+//! BPF hash maps compare keys byte by byte, and padding bytes would make equal keys differ.
+#![no_std]
+
+/// Name of the perf_event program in the kernel object (and in `bpftool prog list`).
+pub const PROGRAM_NAME: &str = "bpfprof_sample";
+
+/// How many distinct pid namespaces the kernel program can watch at once.
+pub const MAX_PID_NAMESPACES: u32 = 8;
+/// How many target processes, over all runs, the kernel program can watch at once.
+pub const MAX_TARGETS: u32 = 1024;
+/// How many runs (sets of targets with their own samples and counters) can be active at once.
+pub const MAX_RUNS: u32 = 64;
+/// Deepest stack the kernel collects; matches the kernel's default `perf_event_max_stack`.
+pub const MAX_STACK_DEPTH: usize = 127;
+/// Entries of the stack trace map: distinct user or kernel stacks kept per load.
+pub const STACK_MAP_ENTRIES: u32 = 16384;
+/// Entries of the sample map: distinct (run, thread, user stack, kernel stack) combinations.
+pub const SAMPLE_MAP_ENTRIES: u32 = 65536;
+
+/// A pid namespace as the kernel identifies it: nsfs device (kernel `dev_t` encoding) and inode.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PidNamespace {
+    /// Device of the nsfs mount, encoded as the kernel's internal `dev_t` (`major << 20 | minor`).
+    pub dev: u64,
+    /// Inode number of the namespace, as in `/proc/PID/ns/pid`; zero marks an unused slot.
+    pub ino: u64,
+}
+
+/// Key of the target map: a process named by its pid namespace and its tgid inside it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TargetKey {
+    /// The target's pid namespace.
+    pub ns: PidNamespace,
+    /// The target's process id as seen inside `ns`.
+    pub tgid: u32,
+    /// Always zero; keeps the key free of padding.
+    pub reserved: u32,
+}
+
+/// Value of the target map: which run a target's samples belong to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TargetInfo {
+    /// Run slot, below [`MAX_RUNS`].
+    pub run: u32,
+    /// Always zero; room for per-target flags.
+    pub reserved: u32,
+}
+
+/// Key of the sample map; its value is the number of samples with this key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    /// Run slot the sampled process belongs to; a run slot has exactly one target process.
+    pub run: u32,
+    /// Process id as seen in the target's pid namespace.
+    pub pid: u32,
+    /// Thread id as seen in the target's pid namespace.
+    pub tid: u32,
+    /// Id of the user stack in the stack map, or a negative errno when it was not collected.
+    pub user_stack_id: i32,
+    /// Id of the kernel stack in the stack map, or a negative errno (no kernel stack: `-EFAULT`).
+    pub kernel_stack_id: i32,
+    /// Always zero; keeps the key free of padding.
+    pub reserved: u32,
+}
+
+/// Per-run counters the kernel program keeps in a per-CPU array at `run * Counter::COUNT + counter`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Samples that hit a target of the run, recorded or not.
+    Samples = 0,
+    /// Samples lost because the sample map was full.
+    SampleMapFull = 1,
+    /// User stacks lost to a hash collision in the stack map.
+    UserStackCollision = 2,
+    /// User stacks lost because the stack map was full.
+    UserStackMapFull = 3,
+    /// User stacks that could not be read (other errors).
+    UserStackError = 4,
+    /// Kernel stacks lost to a hash collision in the stack map.
+    KernelStackCollision = 5,
+    /// Kernel stacks lost because the stack map was full.
+    KernelStackMapFull = 6,
+    /// Kernel stacks that could not be read for reasons other than "the sample was in user mode".
+    KernelStackError = 7,
+}
+
+impl Counter {
+    /// Number of counters per run.
+    pub const COUNT: u32 = 8;
+    /// Every counter, in index order.
+    pub const ALL: [Counter; Self::COUNT as usize] = [
+        Counter::Samples,
+        Counter::SampleMapFull,
+        Counter::UserStackCollision,
+        Counter::UserStackMapFull,
+        Counter::UserStackError,
+        Counter::KernelStackCollision,
+        Counter::KernelStackMapFull,
+        Counter::KernelStackError,
+    ];
+
+    /// Index of this counter of `run` in the counter array.
+    pub const fn index(self, run: u32) -> u32 {
+        run * Self::COUNT + self as u32
+    }
+}
+
+/// Entries of the per-CPU counter array.
+pub const COUNTER_ENTRIES: u32 = MAX_RUNS * Counter::COUNT;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are #[repr(C)] with integer fields only and no padding.
+    unsafe impl aya::Pod for super::PidNamespace {}
+    unsafe impl aya::Pod for super::TargetKey {}
+    unsafe impl aya::Pod for super::TargetInfo {}
+    unsafe impl aya::Pod for super::SampleKey {}
+}

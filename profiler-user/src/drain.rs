@@ -1,0 +1,60 @@
+//! Map draining: reads the kernel program's sample counts and stack traces into [`Sample`]s.
+
+use std::collections::HashMap;
+
+use profiler_common::{SampleKey, MAX_STACK_DEPTH};
+
+use crate::{error::Result, kernel::KernelProgram, sample::Sample};
+
+/// Reads every sample of `run`, removing them from the kernel map so the slot can be reused.
+///
+/// Call after [`KernelProgram::detach`] for a consistent snapshot; while sampling goes on,
+/// samples that arrive during the read are left for the next drain.
+pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
+    let keys: Vec<SampleKey> = program
+        .samples
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| k.run == run)
+        .collect();
+    let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Ok(count) = program.samples.get(&key, 0) else {
+            continue;
+        };
+        let _ = program.samples.remove(&key);
+        let user_frames = stack(program, &mut stacks, key.user_stack_id)?;
+        let kernel_frames = stack(program, &mut stacks, key.kernel_stack_id)?;
+        out.push(Sample {
+            run,
+            tid: key.tid,
+            truncated: user_frames.len() >= MAX_STACK_DEPTH
+                || kernel_frames.len() >= MAX_STACK_DEPTH,
+            user_frames,
+            kernel_frames,
+            count,
+        });
+    }
+    Ok(out)
+}
+
+fn stack(program: &KernelProgram, cache: &mut HashMap<i32, Vec<u64>>, id: i32) -> Result<Vec<u64>> {
+    if id < 0 {
+        return Ok(Vec::new());
+    }
+    if let Some(frames) = cache.get(&id) {
+        return Ok(frames.clone());
+    }
+    let frames: Vec<u64> = match program.stacks.get(&(id as u32), 0) {
+        Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
+        Err(aya::maps::MapError::KeyNotFound) => Vec::new(),
+        Err(e) => {
+            return Err(anyhow::Error::from(e)
+                .context(format!("reading stack {id}"))
+                .into())
+        }
+    };
+    cache.insert(id, frames.clone());
+    Ok(frames)
+}

@@ -1,0 +1,84 @@
+//! Errors a profiling run can end with, each mapped to its own process exit code.
+
+use std::path::PathBuf;
+
+/// Result type of the bpfprof library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a profiling run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A `--pid` argument that is not `PID` or `NS:PID`.
+    #[error("invalid target {spec:?}: {reason}")]
+    InvalidTarget {
+        /// The target as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No process matches the target.
+    #[error("no such process: {0}")]
+    NoSuchProcess(String),
+    /// The caller lacks the privileges to load and attach BPF programs.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// Sampling settings that the kernel cannot honour or that make no sense.
+    #[error("invalid sampling settings: {0}")]
+    InvalidSampling(String),
+    /// The requested perf event does not exist on this machine.
+    #[error("event not supported: {0}")]
+    EventUnsupported(String),
+    /// An output path that cannot be written.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// The path that failed.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The kernel refused to load or attach the program, or a map operation failed.
+    #[error("kernel program: {0:#}")]
+    Kernel(anyhow::Error),
+    /// Anything else, with context.
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// Process exit codes of the `bpfprof` binary, one per way a run ends.
+pub mod exit_code {
+    /// The run completed as asked.
+    pub const OK: i32 = 0;
+    /// An unexpected failure.
+    pub const FAILURE: i32 = 1;
+    /// Command line usage error (clap's own code).
+    pub const USAGE: i32 = 2;
+    /// No process matches a target.
+    pub const NO_SUCH_PROCESS: i32 = 3;
+    /// Not root, or missing CAP_BPF/CAP_PERFMON.
+    pub const PERMISSION_DENIED: i32 = 4;
+    /// Interval or frequency out of bounds.
+    pub const INVALID_SAMPLING: i32 = 5;
+    /// An output path cannot be written.
+    pub const OUTPUT_UNWRITABLE: i32 = 6;
+    /// Every target exited before the requested duration ended; the profile was written.
+    pub const TARGET_EXITED: i32 = 7;
+    /// The requested event (e.g. `cycles` without a PMU) does not exist here.
+    pub const EVENT_UNSUPPORTED: i32 = 8;
+    /// Interrupted by SIGINT or SIGTERM; the profile was written.
+    pub const INTERRUPTED: i32 = 130;
+}
+
+impl Error {
+    /// The exit code the `bpfprof` binary ends with for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::InvalidTarget { .. } => exit_code::USAGE,
+            Error::NoSuchProcess(_) => exit_code::NO_SUCH_PROCESS,
+            Error::PermissionDenied(_) => exit_code::PERMISSION_DENIED,
+            Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,
+            Error::EventUnsupported(_) => exit_code::EVENT_UNSUPPORTED,
+            Error::Output { .. } => exit_code::OUTPUT_UNWRITABLE,
+            Error::Kernel(_) | Error::Other(_) => exit_code::FAILURE,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The kernel program: loading the embedded eBPF object, attaching it to a perf event on every
+//! online CPU, and telling it which processes to keep samples of.
+
+use std::{collections::HashMap as StdHashMap, io};
+
+use anyhow::{anyhow, Context};
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap},
+    programs::{
+        perf_event::{
+            HardwareEvent, PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy,
+            SoftwareEvent,
+        },
+        PerfEvent, ProgramError,
+    },
+    Ebpf, EbpfError,
+};
+use profiler_common::{
+    Counter, PidNamespace, SampleKey, TargetInfo, TargetKey, MAX_PID_NAMESPACES, MAX_RUNS,
+    PROGRAM_NAME,
+};
+
+use crate::{
+    error::{Error, Result},
+    sampling::{Event, Rate, Sampling, SamplingPlan},
+    target::Target,
+};
+
+/// The eBPF object built from `profiler-ebpf` by `cargo xtask build-ebpf`.
+static PROGRAM_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/profiler.bpf.o"));
+
+/// Per-run counters summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters(pub [u64; Counter::COUNT as usize]);
+
+impl Counters {
+    /// The value of one counter.
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+/// The loaded kernel program and its maps.
+pub struct KernelProgram {
+    ebpf: Ebpf,
+    links: Vec<PerfEventLinkId>,
+    program_id: u32,
+    namespaces: Array<MapData, PidNamespace>,
+    /// Slot of each watched namespace, with the number of targets in it.
+    namespace_slots: StdHashMap<PidNamespace, (u32, usize)>,
+    targets: HashMap<MapData, TargetKey, TargetInfo>,
+    pub(crate) samples: HashMap<MapData, SampleKey, u64>,
+    pub(crate) stacks: StackTraceMap<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl KernelProgram {
+    /// Loads the program and creates its maps; nothing is sampled until [`Self::attach`].
+    pub fn load() -> Result<KernelProgram> {
+        check_privileges()?;
+        let mut ebpf = Ebpf::load(PROGRAM_OBJECT).map_err(|e| match &e {
+            EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                if is_permission(io_error) =>
+            {
+                Error::PermissionDenied(format!("the kernel refused to create BPF maps: {e}"))
+            }
+            _ => Error::Kernel(anyhow!(e).context("loading the eBPF object")),
+        })?;
+        let program: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no {PROGRAM_NAME}")))?
+            .try_into()
+            .map_err(|e: ProgramError| Error::Kernel(e.into()))?;
+        program.load().map_err(|e| match &e {
+            ProgramError::SyscallError(s) if is_permission(&s.io_error) => {
+                Error::PermissionDenied(format!("the kernel refused to load the program: {e}"))
+            }
+            _ => Error::Kernel(anyhow!(e).context("verifying the sampling program")),
+        })?;
+        let program_id = program.info().map_err(|e| Error::Kernel(e.into()))?.id();
+        log::info!("loaded program id {program_id}");
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no map {name}")))
+        };
+        let namespaces = Array::try_from(take("PID_NAMESPACES")?).map_err(kernel_err)?;
+        let targets = HashMap::try_from(take("TARGETS")?).map_err(kernel_err)?;
+        let samples = HashMap::try_from(take("SAMPLES")?).map_err(kernel_err)?;
+        let stacks = StackTraceMap::try_from(take("STACKS")?).map_err(kernel_err)?;
+        let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
+        Ok(KernelProgram {
+            ebpf,
+            links: Vec::new(),
+            program_id,
+            namespaces,
+            namespace_slots: StdHashMap::new(),
+            targets,
+            samples,
+            stacks,
+            counters,
+        })
+    }
+
+    /// The program's id in the kernel (as `bpftool prog show` lists it).
+    pub fn program_id(&self) -> u32 {
+        self.program_id
+    }
+
+    /// Attaches to the first event of `plan` that this machine has, on every online CPU, and
+    /// returns it. An explicit `cycles` request on a machine without a PMU is an error.
+    pub fn attach(&mut self, plan: &SamplingPlan) -> Result<Sampling> {
+        if let Some(cycles) = plan.cycles {
+            match self.attach_event(&cycles) {
+                Ok(()) => return Ok(cycles),
+                Err(e) if is_missing_event(&e) => match plan.cpu_clock {
+                    Some(_) => {
+                        log::warn!(
+                            "no hardware PMU on this machine ({e}); sampling with cpu-clock instead"
+                        );
+                    }
+                    None => {
+                        return Err(Error::EventUnsupported(format!(
+                            "the cycles event cannot be opened here ({e}): this machine exposes \
+                             no hardware PMU (common in VMs); use --event cpu-clock or --event auto"
+                        )))
+                    }
+                },
+                Err(e) => return Err(attach_error(e)),
+            }
+        }
+        let clock = plan
+            .cpu_clock
+            .ok_or_else(|| Error::InvalidSampling("no event to sample with".into()))?;
+        self.attach_event(&clock).map_err(attach_error)?;
+        Ok(clock)
+    }
+
+    fn attach_event(&mut self, sampling: &Sampling) -> Result<(), ProgramError> {
+        let config = match sampling.event {
+            Event::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
+            Event::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
+        };
+        let policy = match sampling.rate {
+            Rate::Period(p) => SamplePolicy::Period(p),
+            Rate::Frequency(f) => SamplePolicy::Frequency(f),
+        };
+        let cpus = aya::util::online_cpus().map_err(|(path, io_error)| {
+            ProgramError::SyscallError(aya::sys::SyscallError {
+                call: path,
+                io_error,
+            })
+        })?;
+        let program = self.program_mut();
+        let mut links = Vec::with_capacity(cpus.len());
+        for cpu in cpus {
+            match program.attach(
+                config,
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                policy,
+                false,
+            ) {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    for link in links {
+                        let _ = program.detach(link);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.links = links;
+        Ok(())
+    }
+
+    fn program_mut(&mut self) -> &mut PerfEvent {
+        self.ebpf
+            .program_mut(PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .expect("checked at load")
+    }
+
+    /// Stops sampling on every CPU; counts and stacks stay readable.
+    pub fn detach(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        let program = self.program_mut();
+        for link in links {
+            if let Err(e) = program.detach(link) {
+                log::warn!("detaching a perf event: {e}");
+            }
+        }
+    }
+
+    /// Starts keeping the samples of `target` under `run`.
+    pub fn add_target(&mut self, run: u32, target: &Target) -> Result<()> {
+        if run >= MAX_RUNS {
+            return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        let slot = match self.namespace_slots.get_mut(&target.ns) {
+            Some((slot, users)) => {
+                *users += 1;
+                *slot
+            }
+            None => {
+                let used: Vec<u32> = self.namespace_slots.values().map(|(s, _)| *s).collect();
+                let slot = (0..MAX_PID_NAMESPACES)
+                    .find(|s| !used.contains(s))
+                    .ok_or_else(|| {
+                        Error::Kernel(anyhow!(
+                            "at most {MAX_PID_NAMESPACES} pid namespaces can be profiled at once"
+                        ))
+                    })?;
+                self.namespaces
+                    .set(slot, target.ns, 0)
+                    .map_err(kernel_err)?;
+                self.namespace_slots.insert(target.ns, (slot, 1));
+                slot
+            }
+        };
+        log::debug!(
+            "target pid {} = {}:{} in namespace slot {slot}, run {run}",
+            target.pid,
+            target.ns.ino,
+            target.ns_pid
+        );
+        self.targets
+            .insert(target_key(target), TargetInfo { run, reserved: 0 }, 0)
+            .map_err(|e| Error::Kernel(anyhow!(e).context("registering the target")))
+    }
+
+    /// Stops keeping the samples of `target`.
+    pub fn remove_target(&mut self, target: &Target) -> Result<()> {
+        let _ = self.targets.remove(&target_key(target));
+        if let Some((slot, users)) = self.namespace_slots.get_mut(&target.ns) {
+            *users -= 1;
+            if *users == 0 {
+                let slot = *slot;
+                self.namespace_slots.remove(&target.ns);
+                self.namespaces
+                    .set(slot, PidNamespace::default(), 0)
+                    .map_err(kernel_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The counters of `run`, summed over CPUs.
+    pub fn counters(&self, run: u32) -> Result<Counters> {
+        let mut out = Counters::default();
+        for counter in Counter::ALL {
+            let values = self
+                .counters
+                .get(&counter.index(run), 0)
+                .map_err(kernel_err)?;
+            out.0[counter as usize] = values.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+fn target_key(target: &Target) -> TargetKey {
+    TargetKey {
+        ns: target.ns,
+        tgid: target.ns_pid,
+        reserved: 0,
+    }
+}
+
+fn kernel_err(e: impl Into<anyhow::Error>) -> Error {
+    Error::Kernel(e.into())
+}
+
+fn is_permission(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+}
+
+/// ENOENT (no such PMU event) and EOPNOTSUPP/ENODEV (no sampling support) mean "not here".
+fn is_missing_event(e: &ProgramError) -> bool {
+    matches!(e, ProgramError::SyscallError(s)
+        if matches!(s.io_error.raw_os_error(), Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)))
+}
+
+fn attach_error(e: ProgramError) -> Error {
+    match &e {
+        ProgramError::SyscallError(s) if is_permission(&s.io_error) => Error::PermissionDenied(
+            format!("the kernel refused to open the perf event ({e}); need CAP_PERFMON or root"),
+        ),
+        ProgramError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL) => {
+            Error::InvalidSampling(format!(
+                "the kernel rejected the sampling rate ({e}); check kernel.perf_event_max_sample_rate"
+            ))
+        }
+        _ => Error::Kernel(anyhow!(e).context("attaching to perf events")),
+    }
+}
+
+/// Fails early, with a message a person can act on, when the process cannot use BPF.
+pub fn check_privileges() -> Result<()> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status = procfs::process::Process::myself()
+        .and_then(|p| p.status())
+        .context("reading /proc/self/status")?;
+    let effective = status.capeff;
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    Err(Error::PermissionDenied(
+        "bpfprof needs root, or the CAP_BPF and CAP_PERFMON capabilities, to load its kernel \
+         program (try: sudo bpfprof ...)"
+            .into(),
+    ))
+}

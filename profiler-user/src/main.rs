@@ -1,0 +1,220 @@
+//! `bpfprof`: the command line over the bpfprof library.
+
+use std::{ffi::OsString, io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
+
+use bpfprof::{
+    aggregate::{AggregateOptions, Profile, RunEnd},
+    error::{exit_code, Error},
+    output::{summary::effective_hz, top, Format, Output},
+    record::{Progress, Recorder, StopConditions},
+    sampling::{EventChoice, KernelLimits, SamplingRequest},
+    symbolize::Symbolizer,
+    target::TargetSpec,
+};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Sample the CPU stacks of running processes with eBPF and write a profile.
+#[derive(Parser, Debug)]
+#[command(name = "bpfprof", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    /// Process to profile: PID, or NS:PID with NS the inode of its pid namespace
+    /// (`stat -L -c %i /proc/PID/ns/pid`) and PID as seen inside it. Repeatable.
+    #[arg(short, long = "pid", value_name = "PID|NS:PID")]
+    pids: Vec<String>,
+
+    /// How long to sample: 500ms, 3s, 2m. Default: until Ctrl-C or the targets exit.
+    #[arg(short, long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+
+    /// Hard cap on the run's length, whatever else is asked.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    max_duration: Duration,
+
+    /// Event that drives sampling: auto (cycles where a PMU exists, else cpu-clock), cycles,
+    /// or cpu-clock.
+    #[arg(long, default_value = "auto")]
+    event: String,
+
+    /// Sampling period in event units: cycles (default 10000000), or nanoseconds for cpu-clock.
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "frequency")]
+    sample_interval: Option<i64>,
+
+    /// Samples per second per CPU, instead of a period.
+    #[arg(short = 'F', long, allow_negative_numbers = true)]
+    frequency: Option<i64>,
+
+    /// Where to write the profile.
+    #[arg(short, long, default_value = "bpfprof.folded")]
+    output: PathBuf,
+
+    /// Output format (default: from the file extension, else folded).
+    #[arg(long)]
+    format: Option<String>,
+
+    /// Also write a JSON summary of the run (samples, event, losses, top functions) here.
+    #[arg(long, value_name = "PATH")]
+    summary_json: Option<PathBuf>,
+
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
+
+    /// Command to launch and profile until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 done; 2 usage; 3 no such process; 4 permission denied; \
+5 invalid sampling settings; 6 output not writable; 7 target exited before the run ended \
+(profile written); 8 event not supported here; 130 interrupted (profile written); 1 other errors.";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = if cli.quiet { "error" } else { "info" };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_timestamp(None)
+        .format_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            log::error!("starting the async runtime: {e}");
+            return ExitCode::from(exit_code::FAILURE as u8);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bpfprof: error: {e}");
+            e.exit_code()
+        }
+    };
+    ExitCode::from(code as u8)
+}
+
+async fn run(cli: Cli) -> Result<i32, Error> {
+    let request = SamplingRequest {
+        event: cli.event.parse::<EventChoice>()?,
+        sample_interval: cli.sample_interval,
+        frequency: cli.frequency,
+    };
+    let specs = cli
+        .pids
+        .iter()
+        .map(|p| p.parse::<TargetSpec>())
+        .collect::<Result<Vec<_>, _>>()?;
+    if specs.is_empty() == cli.command.is_empty() {
+        return Err(Error::InvalidTarget {
+            spec: String::new(),
+            reason: "give either --pid (repeatable) or a command after --, not both or neither"
+                .into(),
+        });
+    }
+    bpfprof::kernel::check_privileges()?;
+    let plan = request.plan(&KernelLimits::read())?;
+    let format = match &cli.format {
+        Some(f) => f.parse()?,
+        None => Format::from_path(&cli.output).unwrap_or(Format::Folded),
+    };
+    // Outputs are created before sampling so that a bad path fails before any work is done.
+    let mut outputs = vec![Output::create(&cli.output, format)?];
+    if let Some(path) = &cli.summary_json {
+        outputs.push(Output::create(path, Format::SummaryJson)?);
+    }
+    let recorder = if cli.command.is_empty() {
+        Recorder::attach(&plan, &specs)
+    } else {
+        Recorder::launch(&plan, &cli.command)
+    };
+    let mut recorder = match recorder {
+        Ok(r) => r,
+        Err(e) => {
+            outputs.into_iter().for_each(Output::discard);
+            return Err(e);
+        }
+    };
+    let bar = progress_bar(cli.quiet);
+    let stop = StopConditions {
+        duration: cli.duration,
+        max_duration: cli.max_duration,
+    };
+    let end = recorder
+        .run(stop, |p: Progress| {
+            bar.set_message(format!(
+                "{:.1}s  {} samples",
+                p.elapsed.as_secs_f64(),
+                p.samples
+            ))
+        })
+        .await?;
+    bar.finish_and_clear();
+    let mut symbolizer = Symbolizer::new();
+    let profile = recorder.finish(end, &mut symbolizer, &AggregateOptions::default())?;
+    for output in outputs {
+        let path = output.path().to_path_buf();
+        let format = output.format();
+        output.write(&profile)?;
+        if !cli.quiet {
+            eprintln!("bpfprof: wrote {format:?} profile to {}", path.display());
+        }
+    }
+    if !cli.quiet {
+        eprint!("{}", summary(&profile));
+    }
+    Ok(match end {
+        RunEnd::Completed => exit_code::OK,
+        RunEnd::TargetExited => {
+            if cli.duration.is_some() || !cli.quiet {
+                eprintln!(
+                    "bpfprof: the target exited after {:.1}s; the profile holds what was sampled until then",
+                    profile.meta.duration.as_secs_f64()
+                );
+            }
+            exit_code::TARGET_EXITED
+        }
+        RunEnd::Interrupted => exit_code::INTERRUPTED,
+    })
+}
+
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} sampling  {msg}  (Ctrl-C to stop)")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+fn summary(profile: &Profile) -> String {
+    let meta = &profile.meta;
+    let targets: Vec<String> = meta
+        .targets
+        .iter()
+        .map(|t| format!("pid {} ({})", t.pid, t.comm))
+        .collect();
+    let mut out = format!(
+        "bpfprof: {} samples in {:.2}s from {} with {}\n  effective rate: {:.1} samples/s\n",
+        profile.total_samples(),
+        meta.duration.as_secs_f64(),
+        targets.join(", "),
+        meta.sampling.describe(),
+        effective_hz(profile),
+    );
+    let losses = meta.losses.nonzero();
+    if losses.is_empty() {
+        out.push_str("  lost: none\n");
+    } else {
+        let list: Vec<String> = losses.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        out.push_str(&format!("  lost or incomplete: {}\n", list.join(", ")));
+    }
+    out.push_str(&top::render(profile, 10));
+    out
+}

@@ -1,0 +1,86 @@
+//! The run summary as JSON, for machines: what was sampled, how, and what was lost.
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::{
+    aggregate::{Losses, Profile, ProfiledTarget, RunEnd},
+    output::top::{function_shares, FunctionShare},
+    sampling::{Event, Rate},
+};
+
+#[derive(Serialize)]
+struct Summary<'a> {
+    samples: u64,
+    samples_seen: u64,
+    event: Event,
+    event_fallback: bool,
+    period: u64,
+    frequency_hz: Option<u64>,
+    nominal_hz: f64,
+    effective_hz: f64,
+    duration_secs: f64,
+    lost: &'a Losses,
+    targets: &'a [ProfiledTarget],
+    program_id: u32,
+    exit: RunEnd,
+    top_self: Vec<TopEntry>,
+}
+
+#[derive(Serialize)]
+struct TopEntry {
+    name: String,
+    self_samples: u64,
+    total_samples: u64,
+}
+
+impl From<FunctionShare> for TopEntry {
+    fn from(s: FunctionShare) -> Self {
+        TopEntry {
+            name: s.name,
+            self_samples: s.self_samples,
+            total_samples: s.total_samples,
+        }
+    }
+}
+
+/// Samples per second of wall-clock time over the run.
+pub fn effective_hz(profile: &Profile) -> f64 {
+    let secs = profile.meta.duration.as_secs_f64();
+    if secs > 0.0 {
+        profile.total_samples() as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Writes the summary of `profile` as JSON.
+pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
+    let meta = &profile.meta;
+    let summary = Summary {
+        samples: profile.total_samples(),
+        samples_seen: meta.samples_seen,
+        event: meta.sampling.event,
+        event_fallback: meta.sampling.fallback,
+        period: meta.sampling.period(),
+        frequency_hz: match meta.sampling.rate {
+            Rate::Frequency(f) => Some(f),
+            Rate::Period(_) => None,
+        },
+        nominal_hz: meta.sampling.nominal_hz,
+        effective_hz: effective_hz(profile),
+        duration_secs: meta.duration.as_secs_f64(),
+        lost: &meta.losses,
+        targets: &meta.targets,
+        program_id: meta.program_id,
+        exit: meta.end,
+        top_self: function_shares(profile)
+            .into_iter()
+            .take(20)
+            .map(TopEntry::from)
+            .collect(),
+    };
+    serde_json::to_writer_pretty(&mut *w, &summary).map_err(io::Error::other)?;
+    writeln!(w)
+}

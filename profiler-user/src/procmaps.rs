@@ -1,0 +1,217 @@
+//! What symbolization needs from a live process, captured while it lives: its executable
+//! memory mappings and an open handle on each mapped file. With these, stacks of a process
+//! that has exited (or lives in another mount namespace) still resolve.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use procfs::process::{MMPermissions, MMapPath, Process};
+
+use crate::error::{Error, Result};
+
+/// A file's identity: device and inode, shared by every process that maps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Device number (`st_dev`).
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+}
+
+/// A file mapped into a target, kept open so it can be read after the target is gone.
+#[derive(Debug)]
+pub struct MappedFile {
+    /// The path as the target sees it (inside its mount namespace).
+    pub path: PathBuf,
+    /// The file's identity.
+    pub id: FileId,
+    /// Open handle, reachable as `/proc/self/fd/N`.
+    pub file: File,
+}
+
+impl MappedFile {
+    /// A path through which this process can open the file, whatever the target's namespaces.
+    pub fn open_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// The file's name without directories, as shown in `module+0xOFFSET` frames.
+    pub fn module_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.to_string_lossy().into_owned())
+    }
+}
+
+/// One executable mapping.
+#[derive(Clone, Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    backing: Backing,
+}
+
+#[derive(Clone, Debug)]
+enum Backing {
+    File(Arc<MappedFile>),
+    /// Anonymous or special memory (`[vdso]`, `[anon]`, a deleted file that could not be opened).
+    Named(String),
+}
+
+/// Where an address falls in a target's memory.
+#[derive(Clone, Debug)]
+pub enum Location {
+    /// In a mapped file, at this file offset.
+    File(Arc<MappedFile>, u64),
+    /// In memory that no file backs, named like `[vdso]`, at this offset from its mapping.
+    Named(String, u64),
+    /// Outside every executable mapping seen.
+    Unmapped,
+}
+
+/// The executable mappings of one process, accumulated over every capture.
+#[derive(Debug)]
+pub struct ProcessMaps {
+    pid: u32,
+    comm: String,
+    /// Newest capture first: addresses are looked up in the most recent layout that has them.
+    generations: Vec<Vec<Mapping>>,
+    files: HashMap<FileId, Arc<MappedFile>>,
+}
+
+impl ProcessMaps {
+    /// Captures the mappings of `pid` as they are now.
+    pub fn capture(pid: u32) -> Result<ProcessMaps> {
+        let mut maps = ProcessMaps {
+            pid,
+            comm: String::new(),
+            generations: Vec::new(),
+            files: HashMap::new(),
+        };
+        maps.refresh()?;
+        Ok(maps)
+    }
+
+    /// The process name at the last capture.
+    pub fn comm(&self) -> &str {
+        &self.comm
+    }
+
+    /// Re-reads the mappings, keeping earlier layouts for addresses sampled before a change.
+    pub fn refresh(&mut self) -> Result<()> {
+        let gone = || Error::NoSuchProcess(format!("pid {} exited", self.pid));
+        let process = Process::new(self.pid as i32).map_err(|_| gone())?;
+        let comm = process.stat().map_err(|_| gone())?.comm;
+        let maps = process.maps().map_err(|_| gone())?;
+        let mut mappings = Vec::new();
+        for map in maps {
+            if !map.perms.contains(MMPermissions::EXECUTE) {
+                continue;
+            }
+            let (start, end) = map.address;
+            let backing = match &map.pathname {
+                MMapPath::Path(path) => {
+                    let id = FileId {
+                        dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
+                        ino: map.inode,
+                    };
+                    match self.files.get(&id) {
+                        Some(file) => Backing::File(file.clone()),
+                        None => match open_mapped(self.pid, start, end, path) {
+                            Some(file) => {
+                                let file = Arc::new(MappedFile {
+                                    path: path.clone(),
+                                    id,
+                                    file,
+                                });
+                                self.files.insert(id, file.clone());
+                                Backing::File(file)
+                            }
+                            None => Backing::Named(path.to_string_lossy().into_owned()),
+                        },
+                    }
+                }
+                MMapPath::Vdso => Backing::Named("[vdso]".into()),
+                MMapPath::Vsyscall => Backing::Named("[vsyscall]".into()),
+                MMapPath::Anonymous => Backing::Named("[anon]".into()),
+                other => Backing::Named(format!("{other:?}")),
+            };
+            mappings.push(Mapping {
+                start,
+                end,
+                offset: map.offset,
+                backing,
+            });
+        }
+        // A zombie has no mappings left: keep what was captured while it lived.
+        if mappings.is_empty() {
+            return Ok(());
+        }
+        if self.generations.first().map(|g| same_layout(g, &mappings)) != Some(true) {
+            self.generations.insert(0, mappings);
+        }
+        self.comm = comm;
+        Ok(())
+    }
+
+    /// Finds what backs `addr`.
+    pub fn locate(&self, addr: u64) -> Location {
+        for generation in &self.generations {
+            if let Some(m) = generation.iter().find(|m| m.start <= addr && addr < m.end) {
+                let offset = addr - m.start + m.offset;
+                return match &m.backing {
+                    Backing::File(f) => Location::File(f.clone(), offset),
+                    Backing::Named(name) => Location::Named(name.clone(), addr - m.start),
+                };
+            }
+        }
+        Location::Unmapped
+    }
+}
+
+fn same_layout(a: &[Mapping], b: &[Mapping]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.start == y.start && x.end == y.end && x.offset == y.offset)
+}
+
+/// Opens a mapped file through `map_files` (works across mount namespaces and for deleted
+/// files), falling back to the path inside the target's root.
+fn open_mapped(pid: u32, start: u64, end: u64, path: &Path) -> Option<File> {
+    File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
+        .or_else(|_| {
+            let relative = path.strip_prefix("/").unwrap_or(path);
+            File::open(Path::new(&format!("/proc/{pid}/root")).join(relative))
+        })
+        .map_err(|e| log::debug!("cannot open {} of pid {pid}: {e}", path.display()))
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locates_own_code_in_own_binary() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let addr = locates_own_code_in_own_binary as *const () as u64;
+        match maps.locate(addr) {
+            Location::File(file, offset) => {
+                let exe = std::fs::read_link("/proc/self/exe").unwrap();
+                assert_eq!(file.path, exe);
+                assert!(offset > 0);
+                assert!(file.open_path().exists());
+            }
+            other => panic!("expected a file location, got {other:?}"),
+        }
+        assert!(matches!(maps.locate(8), Location::Unmapped));
+    }
+}

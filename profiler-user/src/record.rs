@@ -1,0 +1,388 @@
+//! A recording: the kernel program attached, its targets registered, sampling until a stop
+//! condition, then the samples drained, symbolized and aggregated into a [`Profile`].
+
+use std::{
+    ffi::OsString,
+    os::{fd::RawFd, unix::process::CommandExt},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    aggregate::{
+        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunEnd,
+        TargetSamples,
+    },
+    drain::drain,
+    error::{Error, Result},
+    kernel::{Counters, KernelProgram},
+    procmaps::ProcessMaps,
+    sampling::{Sampling, SamplingPlan},
+    symbolize::Symbolizer,
+    target::{Target, TargetSpec},
+};
+use profiler_common::{Counter, MAX_RUNS};
+
+/// How often the run loop checks targets and reports progress.
+const TICK: Duration = Duration::from_millis(200);
+/// How often target memory maps are re-read, to catch libraries loaded during the run.
+const MAPS_REFRESH: Duration = Duration::from_millis(500);
+
+/// When a recording stops, besides its targets exiting and SIGINT/SIGTERM.
+#[derive(Clone, Copy, Debug)]
+pub struct StopConditions {
+    /// The requested length; `None` runs until interrupted or the targets exit.
+    pub duration: Option<Duration>,
+    /// A hard cap, whatever else was asked.
+    pub max_duration: Duration,
+}
+
+/// Where a recording stands, reported while it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Time since sampling started.
+    pub elapsed: Duration,
+    /// Samples of the targets so far.
+    pub samples: u64,
+}
+
+struct RunTarget {
+    run: u32,
+    target: Target,
+    maps: ProcessMaps,
+    exited: bool,
+}
+
+/// A recording in progress.
+pub struct Recorder {
+    program: KernelProgram,
+    sampling: Sampling,
+    targets: Vec<RunTarget>,
+    child: Option<Child>,
+    started: Instant,
+}
+
+impl Recorder {
+    /// Loads and attaches the kernel program and starts sampling the processes `specs` name.
+    pub fn attach(plan: &SamplingPlan, specs: &[TargetSpec]) -> Result<Recorder> {
+        let targets = resolve_targets(specs)?;
+        let mut program = KernelProgram::load()?;
+        let sampling = program.attach(plan)?;
+        let mut recorder = Recorder::new(program, sampling);
+        for target in targets {
+            recorder.add(target)?;
+        }
+        Ok(recorder)
+    }
+
+    /// Loads and attaches the kernel program, then runs `command` with sampling on from its
+    /// first instruction.
+    pub fn launch(plan: &SamplingPlan, command: &[OsString]) -> Result<Recorder> {
+        let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
+            spec: String::new(),
+            reason: "no command given after --".into(),
+        })?;
+        let mut program = KernelProgram::load()?;
+        let sampling = program.attach(plan)?;
+        let gate = Gate::new()?;
+        let mut cmd = Command::new(program_name);
+        cmd.args(args);
+        let (read_end, write_end) = (gate.read, gate.write);
+        // SAFETY: only async-signal-safe calls (close, read) run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::close(write_end);
+                let mut byte = 0u8;
+                // Wait until the parent has registered this pid with the kernel program, so
+                // the command is sampled from its first instruction.
+                libc::read(read_end, (&mut byte as *mut u8).cast(), 1);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            Error::NoSuchProcess(format!(
+                "cannot run {}: {e}",
+                program_name.to_string_lossy()
+            ))
+        })?;
+        let mut recorder = Recorder::new(program, sampling);
+        let pid = child.id();
+        recorder.child = Some(child);
+        let target = Target::from_pid(pid)?;
+        recorder.add(target)?;
+        gate.open();
+        wait_for_exec(pid);
+        if let Some(t) = recorder.targets.first_mut() {
+            if let Err(e) = t.maps.refresh() {
+                log::debug!("maps of launched pid {pid}: {e}");
+            }
+        }
+        Ok(recorder)
+    }
+
+    fn new(program: KernelProgram, sampling: Sampling) -> Recorder {
+        log::info!("sampling with {}", sampling.describe());
+        Recorder {
+            program,
+            sampling,
+            targets: Vec::new(),
+            child: None,
+            started: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, target: Target) -> Result<()> {
+        let run = self.targets.len() as u32;
+        if run >= MAX_RUNS {
+            return Err(Error::InvalidTarget {
+                spec: target.pid.to_string(),
+                reason: format!("at most {MAX_RUNS} processes can be profiled at once"),
+            });
+        }
+        let maps = ProcessMaps::capture(target.pid)?;
+        self.program.add_target(run, &target)?;
+        self.targets.push(RunTarget {
+            run,
+            target,
+            maps,
+            exited: false,
+        });
+        self.started = Instant::now();
+        Ok(())
+    }
+
+    /// The kernel id of the sampling program.
+    pub fn program_id(&self) -> u32 {
+        self.program.program_id()
+    }
+
+    /// The event and rate in use.
+    pub fn sampling(&self) -> Sampling {
+        self.sampling
+    }
+
+    fn counters(&self) -> Counters {
+        let mut sum = Counters::default();
+        for t in &self.targets {
+            if let Ok(c) = self.program.counters(t.run) {
+                for (total, value) in sum.0.iter_mut().zip(c.0) {
+                    *total += value;
+                }
+            }
+        }
+        sum
+    }
+
+    /// Samples until a stop condition, reporting progress every tick.
+    pub async fn run(
+        &mut self,
+        stop: StopConditions,
+        mut progress: impl FnMut(Progress),
+    ) -> Result<RunEnd> {
+        let limit = stop
+            .duration
+            .map_or(stop.max_duration, |d| d.min(stop.max_duration));
+        let deadline = tokio::time::Instant::from_std(self.started + limit);
+        let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        let mut tick = tokio::time::interval(TICK);
+        let mut last_refresh = Instant::now();
+        let end = loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    if stop.duration.is_none_or(|d| d > stop.max_duration) {
+                        log::warn!("stopped at --max-duration {}", humantime::format_duration(stop.max_duration));
+                    }
+                    break RunEnd::Completed;
+                }
+                _ = sigint.recv() => break RunEnd::Interrupted,
+                _ = sigterm.recv() => break RunEnd::Interrupted,
+                _ = tick.tick() => {
+                    let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
+                    if refresh {
+                        last_refresh = Instant::now();
+                    }
+                    if let Some(end) = self.check_targets(refresh) {
+                        break end;
+                    }
+                    progress(Progress {
+                        elapsed: self.started.elapsed(),
+                        samples: self.counters().get(Counter::Samples),
+                    });
+                }
+            }
+        };
+        Ok(end)
+    }
+
+    /// Notes exited targets and refreshes the maps of live ones; returns how the run ends
+    /// when no target is left.
+    fn check_targets(&mut self, refresh: bool) -> Option<RunEnd> {
+        if let Some(child) = &mut self.child {
+            if let Ok(Some(status)) = child.try_wait() {
+                log::info!("command exited: {status}");
+                for t in &mut self.targets {
+                    t.exited = true;
+                }
+                return Some(RunEnd::Completed);
+            }
+        }
+        for t in &mut self.targets {
+            if t.exited {
+                continue;
+            }
+            if !t.target.is_alive() {
+                log::info!("pid {} ({}) exited", t.target.pid, t.target.comm);
+                t.exited = true;
+            } else if refresh {
+                let _ = t.maps.refresh();
+            }
+        }
+        if self.child.is_none() && self.targets.iter().all(|t| t.exited) {
+            return Some(RunEnd::TargetExited);
+        }
+        None
+    }
+
+    /// Stops sampling and builds the profile from everything recorded.
+    pub fn finish(
+        mut self,
+        end: RunEnd,
+        symbolizer: &mut Symbolizer,
+        options: &AggregateOptions,
+    ) -> Result<Profile> {
+        let duration = self.started.elapsed();
+        self.program.detach();
+        for t in &mut self.targets {
+            if !t.exited && t.target.is_alive() {
+                let _ = t.maps.refresh();
+            }
+        }
+        let counters = self.counters();
+        let mut per_target = Vec::with_capacity(self.targets.len());
+        for t in &self.targets {
+            per_target.push(drain(&mut self.program, t.run)?);
+        }
+        for t in &self.targets {
+            let _ = self.program.remove_target(&t.target);
+        }
+        let inputs: Vec<TargetSamples<'_>> = self
+            .targets
+            .iter()
+            .zip(&per_target)
+            .map(|(t, samples)| TargetSamples {
+                target: &t.target,
+                maps: &t.maps,
+                samples,
+            })
+            .collect();
+        let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
+        let losses = Losses {
+            sample_map_full: counters.get(Counter::SampleMapFull),
+            user_stack_collision: counters.get(Counter::UserStackCollision),
+            user_stack_map_full: counters.get(Counter::UserStackMapFull),
+            user_stack_error: counters.get(Counter::UserStackError),
+            kernel_stack_collision: counters.get(Counter::KernelStackCollision),
+            kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
+            kernel_stack_error: counters.get(Counter::KernelStackError),
+            truncated,
+        };
+        let targets = self
+            .targets
+            .iter()
+            .map(|t| ProfiledTarget {
+                pid: t.target.pid,
+                ns_pid: t.target.ns_pid,
+                pid_ns: t.target.ns.ino,
+                comm: if t.maps.comm().is_empty() {
+                    t.target.comm.clone()
+                } else {
+                    t.maps.comm().to_string()
+                },
+            })
+            .collect();
+        if let Some(mut child) = self.child.take() {
+            // Interrupted before the command ended: it got the terminal's SIGINT too; reap it.
+            if end == RunEnd::Interrupted {
+                let _ = child.wait();
+            }
+        }
+        Ok(Profile {
+            meta: ProfileMeta {
+                targets,
+                sampling: self.sampling,
+                duration,
+                samples_seen: counters.get(Counter::Samples),
+                losses,
+                end,
+                program_id: self.program.program_id(),
+            },
+            frames,
+            stacks,
+        })
+    }
+}
+
+fn resolve_targets(specs: &[TargetSpec]) -> Result<Vec<Target>> {
+    if specs.is_empty() {
+        return Err(Error::InvalidTarget {
+            spec: String::new(),
+            reason: "give a target with --pid PID, --pid NS:PID, or a command after --".into(),
+        });
+    }
+    specs.iter().map(Target::resolve).collect()
+}
+
+/// Waits (briefly) until a just-released child has replaced bpfprof's image with its command,
+/// so the first memory-map capture sees the command's binaries.
+fn wait_for_exec(pid: u32) {
+    let own = std::fs::read_link("/proc/self/exe").ok();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match std::fs::read_link(format!("/proc/{pid}/exe")) {
+            Ok(exe) if Some(&exe) != own.as_ref() => return,
+            Err(_) => return,
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// A pipe a launched child blocks on until its pid is registered.
+struct Gate {
+    read: RawFd,
+    write: RawFd,
+}
+
+impl Gate {
+    fn new() -> Result<Gate> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: fds is a valid array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(anyhow::Error::from(std::io::Error::last_os_error())
+                .context("creating the launch pipe")
+                .into());
+        }
+        Ok(Gate {
+            read: fds[0],
+            write: fds[1],
+        })
+    }
+
+    fn open(&self) {
+        // SAFETY: writing one byte from a valid buffer to our own pipe.
+        unsafe { libc::write(self.write, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: closing fds this struct owns.
+        unsafe {
+            libc::close(self.read);
+            libc::close(self.write);
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The unit every later stage works on: a target, its thread, its frames and how often that
+//! combination was seen. Whatever unwinds stacks (today the kernel's frame-pointer walk behind
+//! stack ids) produces these; symbolization and the writers never see how frames were found.
+
+/// One distinct stack of one thread, with its sample count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Run slot: which target (and its tags) the sample belongs to.
+    pub run: u32,
+    /// Thread id as seen in the target's pid namespace.
+    pub tid: u32,
+    /// User-space instruction pointers, leaf first; return addresses after the first.
+    pub user_frames: Vec<u64>,
+    /// Kernel instruction pointers, leaf first.
+    pub kernel_frames: Vec<u64>,
+    /// Whether the unwinder stopped at its depth limit, so outer frames are missing.
+    pub truncated: bool,
+    /// How many samples had exactly this run, thread and stack.
+    pub count: u64,
+}

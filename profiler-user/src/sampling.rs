@@ -1,0 +1,341 @@
+//! Sampling settings: which perf event drives the samples and how often, validated against
+//! what the kernel allows before anything is loaded.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use crate::error::{Error, Result};
+
+/// strobelight's default: one sample every ten million cycles.
+pub const DEFAULT_CYCLES_PERIOD: u64 = 10_000_000;
+/// Used to turn cycles into time when the CPU's clock cannot be read.
+const FALLBACK_CPU_HZ: f64 = 2.0e9;
+/// The slowest rate accepted: a run samples at least once a minute.
+const MIN_RATE_HZ: f64 = 1.0 / 60.0;
+
+/// The event a user asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventChoice {
+    /// Hardware cycles where the CPU has a PMU, else `cpu-clock` at the same rate.
+    #[default]
+    Auto,
+    /// Hardware CPU cycles; an error where there is no PMU.
+    Cycles,
+    /// The `cpu-clock` software event (an hrtimer), available everywhere.
+    CpuClock,
+}
+
+impl FromStr for EventChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(EventChoice::Auto),
+            "cycles" | "cpu-cycles" => Ok(EventChoice::Cycles),
+            "cpu-clock" => Ok(EventChoice::CpuClock),
+            other => Err(Error::InvalidSampling(format!(
+                "unknown event {other:?}: expected auto, cycles or cpu-clock"
+            ))),
+        }
+    }
+}
+
+/// The event that really drives sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Event {
+    /// `PERF_COUNT_HW_CPU_CYCLES`.
+    Cycles,
+    /// `PERF_COUNT_SW_CPU_CLOCK`.
+    CpuClock,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Event::Cycles => "cycles",
+            Event::CpuClock => "cpu-clock",
+        })
+    }
+}
+
+/// How often an event fires a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rate {
+    /// Every N events (cycles, or nanoseconds of cpu-clock).
+    Period(u64),
+    /// N times per second; the kernel adjusts the period to match.
+    Frequency(u64),
+}
+
+/// What the user asked for, before validation; signed so that negative input gets a clear error.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SamplingRequest {
+    /// The event.
+    pub event: EventChoice,
+    /// Period in the event's unit: cycles, or nanoseconds for cpu-clock.
+    pub sample_interval: Option<i64>,
+    /// Samples per second.
+    pub frequency: Option<i64>,
+}
+
+/// One event with its rate, ready to attach.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// The event.
+    pub event: Event,
+    /// Its rate.
+    pub rate: Rate,
+    /// Expected samples per second of on-CPU time.
+    pub nominal_hz: f64,
+    /// True when `auto` found no PMU and fell back to cpu-clock.
+    pub fallback: bool,
+}
+
+impl Sampling {
+    /// The period in event units, or zero for frequency-driven sampling.
+    pub fn period(&self) -> u64 {
+        match self.rate {
+            Rate::Period(p) => p,
+            Rate::Frequency(_) => 0,
+        }
+    }
+
+    /// One line saying what drives the samples, for logs and summaries.
+    pub fn describe(&self) -> String {
+        let rate = match (self.event, self.rate) {
+            (_, Rate::Frequency(hz)) => format!("{hz} Hz"),
+            (Event::Cycles, Rate::Period(p)) => format!("every {p} cycles"),
+            (Event::CpuClock, Rate::Period(p)) => {
+                format!("every {} ({:.0} Hz)", fmt_ns(p), self.nominal_hz)
+            }
+        };
+        let fallback = if self.fallback {
+            " (no hardware PMU here: fell back from cycles)"
+        } else {
+            ""
+        };
+        format!("{} {rate}{fallback}", self.event)
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    humantime::format_duration(Duration::from_nanos(ns)).to_string()
+}
+
+/// The events to try, in order, for a request: `auto` tries cycles first, then cpu-clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingPlan {
+    /// Hardware cycles, when the request allows them.
+    pub cycles: Option<Sampling>,
+    /// cpu-clock at an equivalent rate, when the request allows it.
+    pub cpu_clock: Option<Sampling>,
+}
+
+/// Limits the kernel puts on sampling, read from sysctls.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelLimits {
+    /// `kernel.perf_event_max_sample_rate`.
+    pub max_sample_rate: u64,
+    /// Nominal CPU clock in Hz, to convert cycles into time.
+    pub cpu_hz: f64,
+}
+
+impl KernelLimits {
+    /// Reads the limits of this machine.
+    pub fn read() -> KernelLimits {
+        let max_sample_rate =
+            std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(100_000);
+        KernelLimits {
+            max_sample_rate,
+            cpu_hz: cpu_hz().unwrap_or(FALLBACK_CPU_HZ),
+        }
+    }
+}
+
+/// The CPU's nominal clock: cpufreq's maximum where present (VMs often lack it), else
+/// `/proc/cpuinfo`'s first "cpu MHz".
+fn cpu_hz() -> Option<f64> {
+    if let Ok(khz) =
+        std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    {
+        if let Ok(khz) = khz.trim().parse::<f64>() {
+            return Some(khz * 1e3);
+        }
+    }
+    let info = <procfs::CpuInfo as procfs::Current>::current().ok()?;
+    let mhz: f64 = info.get_field(0, "cpu MHz")?.trim().parse().ok()?;
+    (mhz > 0.0).then_some(mhz * 1e6)
+}
+
+impl SamplingRequest {
+    /// Validates the request and works out the event(s) to try.
+    pub fn plan(&self, limits: &KernelLimits) -> Result<SamplingPlan> {
+        if self.sample_interval.is_some() && self.frequency.is_some() {
+            return Err(Error::InvalidSampling(
+                "give either --sample-interval or --frequency, not both".into(),
+            ));
+        }
+        let positive = |v: i64, what: &str| -> Result<u64> {
+            if v <= 0 {
+                Err(Error::InvalidSampling(format!(
+                    "{what} must be a positive number, got {v}"
+                )))
+            } else {
+                Ok(v as u64)
+            }
+        };
+        let check_rate = |hz: f64, what: String| -> Result<f64> {
+            if hz > limits.max_sample_rate as f64 {
+                Err(Error::InvalidSampling(format!(
+                    "{what} means {hz:.0} samples/s, above the kernel's limit of {} \
+                     (sysctl kernel.perf_event_max_sample_rate)",
+                    limits.max_sample_rate
+                )))
+            } else if hz < MIN_RATE_HZ {
+                Err(Error::InvalidSampling(format!(
+                    "{what} means fewer than one sample a minute: nothing useful would be recorded"
+                )))
+            } else {
+                Ok(hz)
+            }
+        };
+        let frequency = self
+            .frequency
+            .map(|f| positive(f, "--frequency"))
+            .transpose()?;
+        let interval = self
+            .sample_interval
+            .map(|i| positive(i, "--sample-interval"))
+            .transpose()?;
+
+        // Cycles: the interval is in cycles; cpu-clock: in nanoseconds. With `auto` the
+        // interval is in cycles (strobelight's meaning) and cpu-clock gets the same rate.
+        let cycles = |rate: Rate, hz: f64| Sampling {
+            event: Event::Cycles,
+            rate,
+            nominal_hz: hz,
+            fallback: false,
+        };
+        let clock = |hz: f64, fallback: bool| Sampling {
+            event: Event::CpuClock,
+            rate: Rate::Period(((1e9 / hz).round() as u64).max(1)),
+            nominal_hz: hz,
+            fallback,
+        };
+        Ok(match (self.event, frequency, interval) {
+            (EventChoice::CpuClock, Some(hz), _) => {
+                let hz = check_rate(hz as f64, format!("--frequency {hz}"))?;
+                SamplingPlan {
+                    cycles: None,
+                    cpu_clock: Some(clock(hz, false)),
+                }
+            }
+            (EventChoice::CpuClock, None, interval) => {
+                let ns =
+                    interval.unwrap_or((DEFAULT_CYCLES_PERIOD as f64 / limits.cpu_hz * 1e9) as u64);
+                let hz = check_rate(1e9 / ns as f64, format!("an interval of {ns} ns"))?;
+                SamplingPlan {
+                    cycles: None,
+                    cpu_clock: Some(Sampling {
+                        rate: Rate::Period(ns),
+                        ..clock(hz, false)
+                    }),
+                }
+            }
+            (choice, Some(hz), _) => {
+                let hz = check_rate(hz as f64, format!("--frequency {hz}"))?;
+                SamplingPlan {
+                    cycles: Some(cycles(Rate::Frequency(hz as u64), hz)),
+                    cpu_clock: (choice == EventChoice::Auto).then(|| clock(hz, true)),
+                }
+            }
+            (choice, None, interval) => {
+                let period = interval.unwrap_or(DEFAULT_CYCLES_PERIOD);
+                let hz = check_rate(
+                    limits.cpu_hz / period as f64,
+                    format!(
+                        "an interval of {period} cycles at {:.2} GHz",
+                        limits.cpu_hz / 1e9
+                    ),
+                )?;
+                SamplingPlan {
+                    cycles: Some(cycles(Rate::Period(period), hz)),
+                    cpu_clock: (choice == EventChoice::Auto).then(|| clock(hz, true)),
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: KernelLimits = KernelLimits {
+        max_sample_rate: 100_000,
+        cpu_hz: 2.5e9,
+    };
+
+    fn plan(event: EventChoice, interval: Option<i64>, freq: Option<i64>) -> Result<SamplingPlan> {
+        SamplingRequest {
+            event,
+            sample_interval: interval,
+            frequency: freq,
+        }
+        .plan(&LIMITS)
+    }
+
+    #[test]
+    fn auto_default_is_strobelight_interval_with_equivalent_clock() {
+        let p = plan(EventChoice::Auto, None, None).unwrap();
+        let cycles = p.cycles.unwrap();
+        assert_eq!(cycles.rate, Rate::Period(DEFAULT_CYCLES_PERIOD));
+        let clock = p.cpu_clock.unwrap();
+        // 10M cycles at 2.5 GHz = 4 ms = 250 Hz.
+        assert_eq!(clock.rate, Rate::Period(4_000_000));
+        assert!(clock.fallback);
+        assert!((clock.nominal_hz - 250.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn explicit_events_do_not_fall_back() {
+        let p = plan(EventChoice::Cycles, None, Some(999)).unwrap();
+        assert!(p.cpu_clock.is_none());
+        let p = plan(EventChoice::CpuClock, None, Some(999)).unwrap();
+        assert!(p.cycles.is_none());
+        assert_eq!(p.cpu_clock.unwrap().rate, Rate::Period(1_001_001));
+        let p = plan(EventChoice::CpuClock, Some(2_000_000), None).unwrap();
+        assert_eq!(p.cpu_clock.unwrap().rate, Rate::Period(2_000_000));
+    }
+
+    #[test]
+    fn rejects_zero_negative_and_absurd_rates() {
+        for (interval, freq) in [
+            (Some(0), None),
+            (Some(-5), None),
+            (None, Some(0)),
+            (None, Some(-1)),
+            (None, Some(100_001)),
+            (Some(1), None),
+            (Some(i64::MAX), None),
+            (Some(10), Some(10)),
+        ] {
+            let err = plan(EventChoice::Auto, interval, freq).unwrap_err();
+            assert!(matches!(err, Error::InvalidSampling(_)), "{err}");
+        }
+        let err = plan(EventChoice::Auto, None, Some(200_000)).unwrap_err();
+        assert!(err.to_string().contains("perf_event_max_sample_rate"));
+    }
+
+    #[test]
+    fn unknown_event_is_an_error() {
+        assert!("branch-misses".parse::<EventChoice>().is_err());
+        assert_eq!(
+            "cpu-clock".parse::<EventChoice>().unwrap(),
+            EventChoice::CpuClock
+        );
+    }
+}

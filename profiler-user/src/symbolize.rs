@@ -1,0 +1,202 @@
+//! Symbolization: instruction pointers to function names with blazesym, each unique address
+//! resolved once and cached for the rest of the process's life.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
+use blazesym::symbolize::{
+    source::{Elf, Kernel, Source},
+    Input, Symbolized, Symbolizer as Blazesym,
+};
+
+use crate::procmaps::{FileId, Location, MappedFile, ProcessMaps};
+
+/// Which side of the user/kernel boundary a frame is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    /// User-space code.
+    User,
+    /// Kernel code.
+    Kernel,
+}
+
+/// One resolved frame.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// Demangled function name, or `module+0xOFFSET` when it has no symbol.
+    pub name: String,
+    /// The binary or kernel module the code belongs to.
+    pub module: Option<String>,
+    /// User or kernel.
+    pub kind: FrameKind,
+    /// Whether this frame was inlined into its caller (no real call happened).
+    pub inlined: bool,
+}
+
+/// Turns addresses into frames, caching every answer.
+pub struct Symbolizer {
+    blazesym: Blazesym,
+    /// (file identity, file offset) -> frames, outermost first (inlined callees after callers).
+    user: HashMap<(FileId, u64), Arc<[Frame]>>,
+    kernel: HashMap<u64, Arc<[Frame]>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with demangling and inlined-function expansion on.
+    pub fn new() -> Symbolizer {
+        Symbolizer {
+            blazesym: Blazesym::builder()
+                .enable_demangling(true)
+                .enable_inlined_fns(true)
+                .enable_code_info(true)
+                .build(),
+            user: HashMap::new(),
+            kernel: HashMap::new(),
+        }
+    }
+
+    /// Resolves every address of `addrs` not seen before, one batch per mapped file.
+    pub fn prepare_user(&mut self, maps: &ProcessMaps, addrs: impl IntoIterator<Item = u64>) {
+        let mut by_file: HashMap<FileId, (Arc<MappedFile>, HashSet<u64>)> = HashMap::new();
+        for addr in addrs {
+            if let Location::File(file, offset) = maps.locate(addr) {
+                if !self.user.contains_key(&(file.id, offset)) {
+                    by_file
+                        .entry(file.id)
+                        .or_insert_with(|| (file.clone(), HashSet::new()))
+                        .1
+                        .insert(offset);
+                }
+            }
+        }
+        for (id, (file, offsets)) in by_file {
+            let offsets: Vec<u64> = offsets.into_iter().collect();
+            let source = Source::Elf(Elf::new(file.open_path()));
+            let module = file.module_name();
+            match self
+                .blazesym
+                .symbolize(&source, Input::FileOffset(&offsets))
+            {
+                Ok(results) => {
+                    for (offset, result) in offsets.iter().zip(results) {
+                        let frames = to_frames(&result, &module, *offset, FrameKind::User);
+                        self.user.insert((id, *offset), frames);
+                    }
+                }
+                Err(e) => {
+                    log::debug!("symbolizing {}: {e}", file.path.display());
+                    for offset in offsets {
+                        let frames = unknown(&module, offset, FrameKind::User);
+                        self.user.insert((id, offset), frames);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The frames at user address `addr` of the process `maps` describes; never empty.
+    pub fn user(&self, maps: &ProcessMaps, addr: u64) -> Arc<[Frame]> {
+        match maps.locate(addr) {
+            Location::File(file, offset) => self
+                .user
+                .get(&(file.id, offset))
+                .cloned()
+                .unwrap_or_else(|| unknown(&file.module_name(), offset, FrameKind::User)),
+            Location::Named(name, offset) => unknown(&name, offset, FrameKind::User),
+            Location::Unmapped => unknown("[unmapped]", addr, FrameKind::User),
+        }
+    }
+
+    /// Resolves every kernel address of `addrs` not seen before.
+    pub fn prepare_kernel(&mut self, addrs: impl IntoIterator<Item = u64>) {
+        let mut addrs: Vec<u64> = addrs
+            .into_iter()
+            .filter(|a| !self.kernel.contains_key(a))
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        if addrs.is_empty() {
+            return;
+        }
+        let source = Source::Kernel(Kernel::default());
+        match self.blazesym.symbolize(&source, Input::AbsAddr(&addrs)) {
+            Ok(results) => {
+                for (addr, result) in addrs.iter().zip(results) {
+                    let frames = to_frames(&result, "[kernel]", *addr, FrameKind::Kernel);
+                    self.kernel.insert(*addr, frames);
+                }
+            }
+            Err(e) => {
+                log::warn!("kernel symbols unavailable: {e}");
+                for addr in addrs {
+                    self.kernel
+                        .insert(addr, unknown("[kernel]", addr, FrameKind::Kernel));
+                }
+            }
+        }
+    }
+
+    /// The frames at kernel address `addr`; never empty.
+    pub fn kernel(&self, addr: u64) -> Arc<[Frame]> {
+        self.kernel
+            .get(&addr)
+            .cloned()
+            .unwrap_or_else(|| unknown("[kernel]", addr, FrameKind::Kernel))
+    }
+}
+
+/// The addresses to look up for a stack, leaf first: every frame but the leaf holds a return
+/// address, which points after the call; one byte back lands inside the call instruction, so
+/// the caller's line and inlining are right even when the call ends a function.
+pub fn lookup_addresses(frames: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    frames
+        .iter()
+        .enumerate()
+        .map(|(i, &ip)| if i == 0 { ip } else { ip.saturating_sub(1) })
+}
+
+fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
+    let Some(sym) = result.as_sym() else {
+        return unknown(module, offset, kind);
+    };
+    let module = sym
+        .module
+        .as_ref()
+        .and_then(|m| std::path::Path::new(m).file_name())
+        .map(|m| m.to_string_lossy().into_owned())
+        .filter(|m| !m.chars().all(|c| c.is_ascii_digit()))
+        .unwrap_or_else(|| module.to_string());
+    let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+    frames.push(Frame {
+        name: sym.name.to_string(),
+        module: Some(module.clone()),
+        kind,
+        inlined: false,
+    });
+    for inlined in sym.inlined.iter() {
+        frames.push(Frame {
+            name: inlined.name.to_string(),
+            module: Some(module.clone()),
+            kind,
+            inlined: true,
+        });
+    }
+    frames.into()
+}
+
+fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
+    Arc::from([Frame {
+        name: format!("{module}+{offset:#x}"),
+        module: Some(module.to_string()),
+        kind,
+        inlined: false,
+    }])
+}

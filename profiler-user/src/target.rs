@@ -1,0 +1,210 @@
+//! Target resolution: turns `PID` or `NS:PID` into a live process, its pid namespace and the
+//! pid it has inside that namespace — what the kernel program filters on.
+
+use std::{fmt, os::unix::fs::MetadataExt, str::FromStr};
+
+use profiler_common::PidNamespace;
+
+use crate::error::{Error, Result};
+
+/// A process as the user names it on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// A pid as seen by bpfprof itself.
+    Pid(u32),
+    /// A pid as seen inside the pid namespace with inode `ns`.
+    NsPid {
+        /// Inode of the pid namespace (`/proc/PID/ns/pid` reads `pid:[INODE]`).
+        ns: u64,
+        /// The pid inside that namespace.
+        pid: u32,
+    },
+}
+
+impl FromStr for TargetSpec {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let invalid = |reason: &str| Error::InvalidTarget {
+            spec: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let parse_pid = |p: &str| -> Result<u32> {
+            match p.trim().parse::<u32>() {
+                Ok(0) => Err(invalid("pid 0 is not a process")),
+                Ok(pid) => Ok(pid),
+                Err(_) => Err(invalid("expected PID or NS:PID, both positive integers")),
+            }
+        };
+        match s.split_once(':') {
+            None => Ok(TargetSpec::Pid(parse_pid(s)?)),
+            Some((ns, pid)) => {
+                let ns = ns
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ns| *ns != 0)
+                    .ok_or_else(|| invalid("NS must be the pid namespace's inode number"))?;
+                Ok(TargetSpec::NsPid {
+                    ns,
+                    pid: parse_pid(pid)?,
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Display for TargetSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetSpec::Pid(pid) => write!(f, "{pid}"),
+            TargetSpec::NsPid { ns, pid } => write!(f, "{ns}:{pid}"),
+        }
+    }
+}
+
+/// A live process resolved from a [`TargetSpec`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The pid in bpfprof's own pid namespace: what `/proc` here shows.
+    pub pid: u32,
+    /// The process's active pid namespace.
+    pub ns: PidNamespace,
+    /// The pid inside `ns`.
+    pub ns_pid: u32,
+    /// The process name (`comm`) when it was resolved.
+    pub comm: String,
+    /// Start time in clock ticks since boot; tells the process apart from a later one with its pid.
+    pub start_time: u64,
+}
+
+impl Target {
+    /// Resolves `spec` to the process it names, failing with [`Error::NoSuchProcess`].
+    pub fn resolve(spec: &TargetSpec) -> Result<Target> {
+        match *spec {
+            TargetSpec::Pid(pid) => Target::from_pid(pid),
+            TargetSpec::NsPid { ns, pid } => {
+                let candidates = procfs::process::all_processes()
+                    .map_err(|e| anyhow::anyhow!("listing /proc: {e}"))?;
+                for process in candidates.flatten() {
+                    let Ok(target) = Target::from_pid(process.pid as u32) else {
+                        continue;
+                    };
+                    if target.ns.ino == ns && target.ns_pid == pid {
+                        return Ok(target);
+                    }
+                }
+                Err(Error::NoSuchProcess(format!(
+                    "no process has pid {pid} in pid namespace {ns} \
+                     (the namespace is the inode of /proc/PID/ns/pid: `stat -L -c %i /proc/PID/ns/pid`)"
+                )))
+            }
+        }
+    }
+
+    /// Resolves a pid in bpfprof's own namespace.
+    pub fn from_pid(pid: u32) -> Result<Target> {
+        let missing = || Error::NoSuchProcess(format!("pid {pid} does not exist"));
+        let process = procfs::process::Process::new(pid as i32).map_err(|_| missing())?;
+        let stat = process.stat().map_err(|_| missing())?;
+        if stat.state == 'Z' || stat.state == 'X' {
+            return Err(Error::NoSuchProcess(format!(
+                "pid {pid} ({}) has exited and is a zombie",
+                stat.comm
+            )));
+        }
+        let ns_meta = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map_err(|_| missing())?;
+        let status = process.status().map_err(|_| missing())?;
+        let ns_pid = status
+            .nspid
+            .as_ref()
+            .and_then(|ids| ids.last().copied())
+            .map(|id| id as u32)
+            .unwrap_or(pid);
+        Ok(Target {
+            pid,
+            ns: PidNamespace {
+                dev: kernel_dev(ns_meta.dev()),
+                ino: ns_meta.ino(),
+            },
+            ns_pid,
+            comm: stat.comm,
+            start_time: stat.starttime,
+        })
+    }
+
+    /// Whether the process still runs (not exited, not a zombie, not replaced by a new pid owner).
+    pub fn is_alive(&self) -> bool {
+        procfs::process::Process::new(self.pid as i32)
+            .and_then(|p| p.stat())
+            .map(|s| s.starttime == self.start_time && s.state != 'Z' && s.state != 'X')
+            .unwrap_or(false)
+    }
+}
+
+/// Converts a userspace `st_dev` into the kernel's internal `dev_t` (`major << 20 | minor`),
+/// the encoding `bpf_get_ns_current_pid_tgid` compares against.
+fn kernel_dev(dev: u64) -> u64 {
+    let major = libc::major(dev) as u64;
+    let minor = libc::minor(dev) as u64;
+    (major << 20) | minor
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pid_and_ns_pid() {
+        assert_eq!("42".parse::<TargetSpec>().unwrap(), TargetSpec::Pid(42));
+        assert_eq!(
+            "4026531836:1".parse::<TargetSpec>().unwrap(),
+            TargetSpec::NsPid {
+                ns: 4026531836,
+                pid: 1
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_targets() {
+        for bad in [
+            "",
+            "abc",
+            "0",
+            "-1",
+            "1:",
+            ":1",
+            "0:1",
+            "1:0",
+            "1:2:3",
+            "99999999999",
+        ] {
+            let err = bad.parse::<TargetSpec>().unwrap_err();
+            assert!(matches!(err, Error::InvalidTarget { .. }), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn resolves_self_in_both_forms() {
+        let me = Target::from_pid(std::process::id()).unwrap();
+        assert!(me.is_alive());
+        let again = Target::resolve(&TargetSpec::NsPid {
+            ns: me.ns.ino,
+            pid: me.ns_pid,
+        })
+        .unwrap();
+        assert_eq!(again.pid, me.pid);
+    }
+
+    #[test]
+    fn missing_pid_is_no_such_process() {
+        let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let err = Target::resolve(&TargetSpec::Pid(max + 1)).unwrap_err();
+        assert!(matches!(err, Error::NoSuchProcess(_)), "{err}");
+    }
+}
