@@ -27,6 +27,8 @@ pub enum ProfileFrame {
     Code(Frame),
     /// Marks the root end of a stack cut by the depth limit: outer frames are missing.
     Truncated,
+    /// A sample tag of the run, above the process (only when the run has tags).
+    Tag(Tag),
 }
 
 impl ProfileFrame {
@@ -36,12 +38,90 @@ impl ProfileFrame {
             ProfileFrame::Process(name) | ProfileFrame::Thread(name) => name,
             ProfileFrame::Code(frame) => &frame.name,
             ProfileFrame::Truncated => "[truncated]",
+            ProfileFrame::Tag(tag) => &tag.label,
+        }
+    }
+
+    /// The name with `file:line` appended where the frame has a line.
+    pub fn label(&self) -> String {
+        match self {
+            ProfileFrame::Code(Frame {
+                name,
+                file: Some(file),
+                line: Some(line),
+                ..
+            }) => {
+                let file = std::path::Path::new(file)
+                    .file_name()
+                    .map(|f| f.to_string_lossy())
+                    .unwrap_or_default();
+                format!("{name} ({file}:{line})")
+            }
+            other => other.name().to_string(),
         }
     }
 
     /// Whether this frame is kernel code.
     pub fn is_kernel(&self) -> bool {
         matches!(self, ProfileFrame::Code(f) if f.kind == FrameKind::Kernel)
+    }
+}
+
+/// A sample tag: `key=value`, or a bare value from `--sample-tags` (key `tag`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Tag {
+    /// The key (`tag` for bare strobelight-style tags).
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// How the tag shows as a frame: `[tag value]` or `[key=value]`.
+    #[serde(skip)]
+    pub label: String,
+}
+
+impl Tag {
+    /// The key that `--sample-tags` values get.
+    pub const BARE_KEY: &'static str = "tag";
+    /// Longest key or value accepted.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates and builds a tag; keys and values are 1 to 128 characters from
+    /// `[A-Za-z0-9_.:/@+-]`, so they survive every output format unescaped.
+    pub fn new(key: &str, value: &str) -> Result<Tag, String> {
+        for (what, s) in [("key", key), ("value", value)] {
+            if s.is_empty() || s.len() > Self::MAX_LEN {
+                return Err(format!(
+                    "tag {what} {s:?} must be 1 to {} characters long",
+                    Self::MAX_LEN
+                ));
+            }
+            if let Some(c) = s
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || "_.:/@+-".contains(*c)))
+            {
+                return Err(format!(
+                    "tag {what} {s:?} has {c:?}: only letters, digits and _ . : / @ + - are allowed"
+                ));
+            }
+        }
+        let label = if key == Self::BARE_KEY {
+            format!("[tag {value}]")
+        } else {
+            format!("[{key}={value}]")
+        };
+        Ok(Tag {
+            key: key.to_string(),
+            value: value.to_string(),
+            label,
+        })
+    }
+
+    /// Parses `key=value`, or a bare value as a `tag` tag.
+    pub fn parse(s: &str) -> Result<Tag, String> {
+        match s.split_once('=') {
+            Some((k, v)) => Tag::new(k, v),
+            None => Tag::new(Self::BARE_KEY, s),
+        }
     }
 }
 
@@ -136,6 +216,36 @@ pub struct ProfileMeta {
     pub end: RunEnd,
     /// Kernel id of the sampling program.
     pub program_id: u32,
+    /// The run's sample tags, on every sample.
+    pub tags: Vec<Tag>,
+    /// Deepest stack kept, in frames; deeper stacks keep their leaf-most frames.
+    pub max_stack_length: usize,
+    /// What the profile cost to take.
+    pub cost: RunCost,
+}
+
+/// What a recording cost, so that every profile states its own overhead.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunCost {
+    /// Time the kernel program ran, over all its invocations (including samples of other
+    /// processes, which it rejects), where `kernel.bpf_stats_enabled` is on.
+    pub bpf_run_time_ns: Option<u64>,
+    /// Invocations of the kernel program over the run, where stats are on.
+    pub bpf_run_count: Option<u64>,
+    /// bpfprof's own CPU time (user + system) over the run, in seconds.
+    pub profiler_cpu_secs: f64,
+    /// bpfprof's peak resident memory, in bytes.
+    pub profiler_peak_rss_bytes: u64,
+}
+
+impl RunCost {
+    /// Mean kernel-program time per invocation, when stats were on.
+    pub fn bpf_ns_per_run(&self) -> Option<f64> {
+        match (self.bpf_run_time_ns, self.bpf_run_count) {
+            (Some(t), Some(n)) if n > 0 => Some(t as f64 / n as f64),
+            _ => None,
+        }
+    }
 }
 
 /// An aggregated, symbolized profile: what every output writer reads.
@@ -157,10 +267,27 @@ impl Profile {
 }
 
 /// How samples are turned into stacks.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct AggregateOptions {
     /// Keep each thread apart, under its process.
     pub per_thread: bool,
+    /// Deepest stack kept (kernel and user frames together, before inline expansion).
+    pub max_stack_length: usize,
+    /// Keep source lines on frames (else frames of one function merge).
+    pub line_numbers: bool,
+    /// Tags put above the process frame.
+    pub tags: Vec<Tag>,
+}
+
+impl Default for AggregateOptions {
+    fn default() -> Self {
+        AggregateOptions {
+            per_thread: false,
+            max_stack_length: profiler_common::MAX_STACK_DEPTH,
+            line_numbers: false,
+            tags: Vec::new(),
+        }
+    }
 }
 
 /// One target's samples and what is needed to symbolize them.
@@ -201,28 +328,51 @@ pub fn aggregate(
         } else {
             input.maps.comm().to_string()
         };
-        let process = interner.intern(ProfileFrame::Process(comm));
+        let mut root: Vec<FrameId> = options
+            .tags
+            .iter()
+            .map(|t| interner.intern(ProfileFrame::Tag(t.clone())))
+            .collect();
+        root.push(interner.intern(ProfileFrame::Process(comm)));
+        let mut threads: HashMap<u32, FrameId> = HashMap::new();
         for sample in input.samples {
-            let mut frames = vec![process];
+            let mut frames = root.clone();
             if options.per_thread {
-                let name = thread_name(input.target.pid, sample.tid);
-                frames.push(interner.intern(ProfileFrame::Thread(name)));
+                let id = *threads.entry(sample.tid).or_insert_with(|| {
+                    let name = thread_name(input.target, input.maps, sample.tid);
+                    interner.intern(ProfileFrame::Thread(name))
+                });
+                frames.push(id);
             }
-            if sample.truncated {
+            // The limit keeps the leaf-most frames: kernel frames first, then user frames.
+            let limit = options.max_stack_length;
+            let kernel: Vec<u64> = lookup_addresses(&sample.kernel_frames)
+                .take(limit)
+                .collect();
+            let user: Vec<u64> = lookup_addresses(&sample.user_frames)
+                .take(limit - kernel.len())
+                .collect();
+            let cut =
+                kernel.len() + user.len() < sample.kernel_frames.len() + sample.user_frames.len();
+            if sample.truncated || cut {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
-            let user: Vec<u64> = lookup_addresses(&sample.user_frames).collect();
+            let mut push = |frame: &Frame| {
+                let mut frame = frame.clone();
+                if !options.line_numbers {
+                    frame.line = None;
+                }
+                frames.push(interner.intern(ProfileFrame::Code(frame)));
+            };
             for addr in user.iter().rev() {
-                for frame in symbolizer.user(input.maps, *addr).iter() {
-                    frames.push(interner.intern(ProfileFrame::Code(frame.clone())));
-                }
+                symbolizer
+                    .user(input.maps, *addr)
+                    .iter()
+                    .for_each(&mut push);
             }
-            let kernel: Vec<u64> = lookup_addresses(&sample.kernel_frames).collect();
             for addr in kernel.iter().rev() {
-                for frame in symbolizer.kernel(*addr).iter() {
-                    frames.push(interner.intern(ProfileFrame::Code(frame.clone())));
-                }
+                symbolizer.kernel(*addr).iter().for_each(&mut push);
             }
             *stacks.entry(frames).or_default() += sample.count;
         }
@@ -235,10 +385,14 @@ pub fn aggregate(
     (interner.frames, stacks, truncated)
 }
 
-fn thread_name(pid: u32, tid: u32) -> String {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
+/// Names a thread by its `comm`. Sample tids are as seen in the target's namespace, so the
+/// name is read only when that namespace's pids are ours (the target's pid is its ns pid).
+fn thread_name(target: &Target, maps: &ProcessMaps, tid: u32) -> String {
+    let comm = if target.pid == target.ns_pid {
+        maps.thread_name(tid).unwrap_or_default().to_string()
+    } else {
+        String::new()
+    };
     if comm.is_empty() {
         format!("tid {tid}")
     } else {

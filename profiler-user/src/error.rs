@@ -28,6 +28,12 @@ pub enum Error {
     /// The requested perf event does not exist on this machine.
     #[error("event not supported: {0}")]
     EventUnsupported(String),
+    /// An output request that makes no sense (unknown format, conflicting paths).
+    #[error("invalid output: {0}")]
+    InvalidOutput(String),
+    /// A sample tag that is malformed.
+    #[error("invalid tag: {0}")]
+    InvalidTag(String),
     /// An output path that cannot be written.
     #[error("cannot write {path}: {source}")]
     Output {
@@ -72,7 +78,9 @@ impl Error {
     /// The exit code the `bpfprof` binary ends with for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::InvalidTarget { .. } => exit_code::USAGE,
+            Error::InvalidTarget { .. } | Error::InvalidOutput(_) | Error::InvalidTag(_) => {
+                exit_code::USAGE
+            }
             Error::NoSuchProcess(_) => exit_code::NO_SUCH_PROCESS,
             Error::PermissionDenied(_) => exit_code::PERMISSION_DENIED,
             Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,

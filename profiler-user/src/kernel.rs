@@ -53,6 +53,10 @@ pub struct KernelProgram {
     pub(crate) samples: HashMap<MapData, SampleKey, u64>,
     pub(crate) stacks: StackTraceMap<MapData>,
     counters: PerCpuArray<MapData, u64>,
+    /// Run-time statistics at attach: (run time ns, run count), when stats are on.
+    stats_at_attach: Option<(u64, u64)>,
+    /// Holds BPF run-time statistics on while bpfprof runs (see [`Self::enable_run_stats`]).
+    stats_fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl KernelProgram {
@@ -99,7 +103,43 @@ impl KernelProgram {
             samples,
             stacks,
             counters,
+            stats_at_attach: None,
+            stats_fd: None,
         })
+    }
+
+    /// Turns on the kernel's BPF run-time statistics while this program lives (they cost two
+    /// clock reads per BPF program run, system-wide, so they are opt-in).
+    pub fn enable_run_stats(&mut self) -> Result<()> {
+        let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .map_err(|e| Error::Kernel(anyhow!(e).context("enabling BPF run-time statistics")))?;
+        self.stats_fd = Some(fd);
+        Ok(())
+    }
+
+    /// Total run time (ns) and runs of the program since attach, when statistics are on
+    /// (`--bpf-stats`, or the `kernel.bpf_stats_enabled` sysctl).
+    pub fn run_stats(&self) -> Option<(u64, u64)> {
+        let (t0, n0) = self.stats_at_attach?;
+        let (t1, n1) = self.raw_run_stats()?;
+        Some((t1.saturating_sub(t0), n1.saturating_sub(n0)))
+    }
+
+    fn raw_run_stats(&self) -> Option<(u64, u64)> {
+        let enabled = self.stats_fd.is_some()
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .map(|s| s.trim() == "1")
+                .unwrap_or(false);
+        if !enabled {
+            return None;
+        }
+        let info = self
+            .ebpf
+            .program(PROGRAM_NAME)
+            .and_then(|p| <&PerfEvent>::try_from(p).ok())?
+            .info()
+            .ok()?;
+        Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 
     /// The program's id in the kernel (as `bpftool prog show` lists it).
@@ -170,6 +210,7 @@ impl KernelProgram {
             }
         }
         self.links = links;
+        self.stats_at_attach = self.raw_run_stats();
         Ok(())
     }
 

@@ -1,13 +1,19 @@
 //! `bpfprof`: the command line over the bpfprof library.
 
-use std::{ffi::OsString, io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    ffi::OsString,
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use bpfprof::{
-    aggregate::{AggregateOptions, Profile, RunEnd},
+    aggregate::{AggregateOptions, Profile, RunEnd, Tag},
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
     record::{Progress, Recorder, StopConditions},
-    sampling::{EventChoice, KernelLimits, SamplingRequest},
+    sampling::{validate_max_stack_length, EventChoice, KernelLimits, SamplingRequest},
     symbolize::Symbolizer,
     target::TargetSpec,
 };
@@ -44,17 +50,46 @@ struct Cli {
     #[arg(short = 'F', long, allow_negative_numbers = true)]
     frequency: Option<i64>,
 
-    /// Where to write the profile.
-    #[arg(short, long, default_value = "bpfprof.folded")]
-    output: PathBuf,
+    /// Where to write the profile; repeatable. The format comes from the extension (.svg,
+    /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json), else from --format.
+    /// Default: bpfprof.svg.
+    #[arg(short, long = "output", value_name = "PATH")]
+    outputs: Vec<PathBuf>,
 
-    /// Output format (default: from the file extension, else folded).
+    /// Format for outputs whose extension names none: svg, folded, pprof, speedscope, pstats,
+    /// top, summary-json. `--format top` without --output prints the table.
     #[arg(long)]
     format: Option<String>,
 
     /// Also write a JSON summary of the run (samples, event, losses, top functions) here.
     #[arg(long, value_name = "PATH")]
     summary_json: Option<PathBuf>,
+
+    /// Strobelight-style sample tags, comma-separated: `--sample-tags a,b`.
+    #[arg(long, value_delimiter = ',', value_name = "TAG,...")]
+    sample_tags: Vec<String>,
+
+    /// A key=value tag stored with every sample; repeatable.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    tags: Vec<String>,
+
+    /// Deepest stack kept, in frames (leaf-most frames are kept; cut stacks get a
+    /// `[truncated]` root frame). At most kernel.perf_event_max_stack.
+    #[arg(long, default_value_t = 127, allow_negative_numbers = true)]
+    max_stack_length: i64,
+
+    /// Keep threads apart: each thread's stacks under its own frame below the process.
+    #[arg(long)]
+    per_thread: bool,
+
+    /// Show source file:line on frames that have debug info.
+    #[arg(long)]
+    line_numbers: bool,
+
+    /// Measure the kernel program's own run time (turns on BPF statistics system-wide
+    /// while bpfprof runs).
+    #[arg(long)]
+    bpf_stats: bool,
 
     /// Print nothing but errors.
     #[arg(short, long)]
@@ -114,21 +149,30 @@ async fn run(cli: Cli) -> Result<i32, Error> {
                 .into(),
         });
     }
+    let mut tags = Vec::new();
+    for t in &cli.sample_tags {
+        tags.push(Tag::new(Tag::BARE_KEY, t).map_err(Error::InvalidTag)?);
+    }
+    for t in &cli.tags {
+        if !t.contains('=') {
+            return Err(Error::InvalidTag(format!("--tag {t:?} must be KEY=VALUE")));
+        }
+        tags.push(Tag::parse(t).map_err(Error::InvalidTag)?);
+    }
+    let options = AggregateOptions {
+        per_thread: cli.per_thread,
+        max_stack_length: validate_max_stack_length(cli.max_stack_length)?,
+        line_numbers: cli.line_numbers,
+        tags,
+    };
     bpfprof::kernel::check_privileges()?;
     let plan = request.plan(&KernelLimits::read())?;
-    let format = match &cli.format {
-        Some(f) => f.parse()?,
-        None => Format::from_path(&cli.output).unwrap_or(Format::Folded),
-    };
     // Outputs are created before sampling so that a bad path fails before any work is done.
-    let mut outputs = vec![Output::create(&cli.output, format)?];
-    if let Some(path) = &cli.summary_json {
-        outputs.push(Output::create(path, Format::SummaryJson)?);
-    }
+    let mut outputs = open_outputs(&cli)?;
     let recorder = if cli.command.is_empty() {
-        Recorder::attach(&plan, &specs)
+        Recorder::attach(&plan, &specs, cli.bpf_stats)
     } else {
-        Recorder::launch(&plan, &cli.command)
+        Recorder::launch(&plan, &cli.command, cli.bpf_stats)
     };
     let mut recorder = match recorder {
         Ok(r) => r,
@@ -153,13 +197,13 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         .await?;
     bar.finish_and_clear();
     let mut symbolizer = Symbolizer::new();
-    let profile = recorder.finish(end, &mut symbolizer, &AggregateOptions::default())?;
-    for output in outputs {
-        let path = output.path().to_path_buf();
+    let profile = recorder.finish(end, &mut symbolizer, &options)?;
+    for output in outputs.drain(..) {
+        let path = output.path().map(|p| p.display().to_string());
         let format = output.format();
         output.write(&profile)?;
-        if !cli.quiet {
-            eprintln!("bpfprof: wrote {format:?} profile to {}", path.display());
+        if let (false, Some(path)) = (cli.quiet, path) {
+            eprintln!("bpfprof: wrote {format} to {path}");
         }
     }
     if !cli.quiet {
@@ -178,6 +222,39 @@ async fn run(cli: Cli) -> Result<i32, Error> {
         }
         RunEnd::Interrupted => exit_code::INTERRUPTED,
     })
+}
+
+/// Opens every requested output, so that a bad path or format fails before sampling.
+fn open_outputs(cli: &Cli) -> Result<Vec<Output>, Error> {
+    let fallback = cli
+        .format
+        .as_deref()
+        .map(str::parse::<Format>)
+        .transpose()?;
+    let mut outputs = Vec::new();
+    if cli.outputs.is_empty() {
+        match fallback {
+            Some(Format::Top) => outputs.push(Output::stdout(Format::Top)),
+            Some(format) => {
+                let path = PathBuf::from(format!("bpfprof.{}", format.extension()));
+                outputs.push(Output::create(&path, format)?);
+            }
+            None => outputs.push(Output::create(Path::new("bpfprof.svg"), Format::Svg)?),
+        }
+    }
+    for path in &cli.outputs {
+        let format = Format::from_path(path).or(fallback).ok_or_else(|| {
+            Error::InvalidOutput(format!(
+                "cannot tell the format of {} from its extension: add --format",
+                path.display()
+            ))
+        })?;
+        outputs.push(Output::create(path, format)?);
+    }
+    if let Some(path) = &cli.summary_json {
+        outputs.push(Output::create(path, Format::SummaryJson)?);
+    }
+    Ok(outputs)
 }
 
 fn progress_bar(quiet: bool) -> ProgressBar {
@@ -208,6 +285,24 @@ fn summary(profile: &Profile) -> String {
         meta.sampling.describe(),
         effective_hz(profile),
     );
+    if !meta.tags.is_empty() {
+        let tags: Vec<String> = meta
+            .tags
+            .iter()
+            .map(|t| format!("{}={}", t.key, t.value))
+            .collect();
+        out.push_str(&format!("  tags: {}\n", tags.join(", ")));
+    }
+    let cost = &meta.cost;
+    out.push_str(&format!(
+        "  bpfprof itself: {:.2}s CPU, {:.1} MiB peak memory",
+        cost.profiler_cpu_secs,
+        cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0)
+    ));
+    match cost.bpf_ns_per_run() {
+        Some(ns) => out.push_str(&format!("; kernel program {ns:.0} ns per run\n")),
+        None => out.push('\n'),
+    }
     let losses = meta.losses.nonzero();
     if losses.is_empty() {
         out.push_str("  lost: none\n");

@@ -84,6 +84,8 @@ pub struct ProcessMaps {
     /// Newest capture first: addresses are looked up in the most recent layout that has them.
     generations: Vec<Vec<Mapping>>,
     files: HashMap<FileId, Arc<MappedFile>>,
+    /// Thread names by tid, kept after threads exit.
+    threads: HashMap<u32, String>,
 }
 
 impl ProcessMaps {
@@ -94,6 +96,7 @@ impl ProcessMaps {
             comm: String::new(),
             generations: Vec::new(),
             files: HashMap::new(),
+            threads: HashMap::new(),
         };
         maps.refresh()?;
         Ok(maps)
@@ -104,11 +107,23 @@ impl ProcessMaps {
         &self.comm
     }
 
+    /// The name of thread `tid` (a tid in bpfprof's pid namespace), as last seen.
+    pub fn thread_name(&self, tid: u32) -> Option<&str> {
+        self.threads.get(&tid).map(String::as_str)
+    }
+
     /// Re-reads the mappings, keeping earlier layouts for addresses sampled before a change.
     pub fn refresh(&mut self) -> Result<()> {
         let gone = || Error::NoSuchProcess(format!("pid {} exited", self.pid));
         let process = Process::new(self.pid as i32).map_err(|_| gone())?;
         let comm = process.stat().map_err(|_| gone())?.comm;
+        if let Ok(tasks) = process.tasks() {
+            for task in tasks.flatten() {
+                if let Ok(stat) = task.stat() {
+                    self.threads.insert(task.tid as u32, stat.comm);
+                }
+            }
+        }
         let maps = process.maps().map_err(|_| gone())?;
         let mut mappings = Vec::new();
         for map in maps {

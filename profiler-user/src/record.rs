@@ -13,7 +13,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     aggregate::{
-        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunEnd,
+        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
         TargetSamples,
     },
     drain::drain,
@@ -67,10 +67,10 @@ pub struct Recorder {
 
 impl Recorder {
     /// Loads and attaches the kernel program and starts sampling the processes `specs` name.
-    pub fn attach(plan: &SamplingPlan, specs: &[TargetSpec]) -> Result<Recorder> {
+    /// With `bpf_stats`, the kernel program's own run time is measured.
+    pub fn attach(plan: &SamplingPlan, specs: &[TargetSpec], bpf_stats: bool) -> Result<Recorder> {
         let targets = resolve_targets(specs)?;
-        let mut program = KernelProgram::load()?;
-        let sampling = program.attach(plan)?;
+        let (program, sampling) = load_and_attach(plan, bpf_stats)?;
         let mut recorder = Recorder::new(program, sampling);
         for target in targets {
             recorder.add(target)?;
@@ -80,13 +80,12 @@ impl Recorder {
 
     /// Loads and attaches the kernel program, then runs `command` with sampling on from its
     /// first instruction.
-    pub fn launch(plan: &SamplingPlan, command: &[OsString]) -> Result<Recorder> {
+    pub fn launch(plan: &SamplingPlan, command: &[OsString], bpf_stats: bool) -> Result<Recorder> {
         let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
             spec: String::new(),
             reason: "no command given after --".into(),
         })?;
-        let mut program = KernelProgram::load()?;
-        let sampling = program.attach(plan)?;
+        let (program, sampling) = load_and_attach(plan, bpf_stats)?;
         let gate = Gate::new()?;
         let mut cmd = Command::new(program_name);
         cmd.args(args);
@@ -256,6 +255,10 @@ impl Recorder {
     ) -> Result<Profile> {
         let duration = self.started.elapsed();
         self.program.detach();
+        let (bpf_run_time_ns, bpf_run_count) = match self.program.run_stats() {
+            Some((t, n)) => (Some(t), Some(n)),
+            None => (None, None),
+        };
         for t in &mut self.targets {
             if !t.exited && t.target.is_alive() {
                 let _ = t.maps.refresh();
@@ -319,10 +322,42 @@ impl Recorder {
                 losses,
                 end,
                 program_id: self.program.program_id(),
+                tags: options.tags.clone(),
+                max_stack_length: options.max_stack_length,
+                cost: RunCost {
+                    bpf_run_time_ns,
+                    bpf_run_count,
+                    ..own_cost()
+                },
             },
             frames,
             stacks,
         })
+    }
+}
+
+fn load_and_attach(plan: &SamplingPlan, bpf_stats: bool) -> Result<(KernelProgram, Sampling)> {
+    let mut program = KernelProgram::load()?;
+    if bpf_stats {
+        program.enable_run_stats()?;
+    }
+    let sampling = program.attach(plan)?;
+    Ok((program, sampling))
+}
+
+/// bpfprof's own CPU time and peak memory so far.
+fn own_cost() -> RunCost {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    RunCost {
+        profiler_cpu_secs: secs(usage.ru_utime) + secs(usage.ru_stime),
+        profiler_peak_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        ..RunCost::default()
     }
 }
 

@@ -8,7 +8,7 @@ use std::{
 
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
-    Input, Symbolized, Symbolizer as Blazesym,
+    CodeInfo, Input, Symbolized, Symbolizer as Blazesym,
 };
 
 use crate::procmaps::{FileId, Location, MappedFile, ProcessMaps};
@@ -33,6 +33,10 @@ pub struct Frame {
     pub kind: FrameKind,
     /// Whether this frame was inlined into its caller (no real call happened).
     pub inlined: bool,
+    /// Source file of the function, where debug info names one.
+    pub file: Option<String>,
+    /// Source line of the sampled instruction in this frame, where debug info has it.
+    pub line: Option<u32>,
 }
 
 /// Turns addresses into frames, caching every answer.
@@ -174,22 +178,42 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
         .map(|m| m.to_string_lossy().into_owned())
         .filter(|m| !m.chars().all(|c| c.is_ascii_digit()))
         .unwrap_or_else(|| module.to_string());
+    // The real function comes first, then the functions inlined into it, outermost first.
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+    let (file, line) = code_location(sym.code_info.as_deref());
     frames.push(Frame {
         name: sym.name.to_string(),
         module: Some(module.clone()),
         kind,
         inlined: false,
+        file,
+        line,
     });
     for inlined in sym.inlined.iter() {
+        let (file, line) = code_location(inlined.code_info.as_ref());
         frames.push(Frame {
             name: inlined.name.to_string(),
             module: Some(module.clone()),
             kind,
             inlined: true,
+            file,
+            line,
         });
     }
     frames.into()
+}
+
+fn code_location(info: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
+    match info {
+        Some(info) => {
+            let path = match &info.dir {
+                Some(dir) => dir.join(&info.file),
+                None => std::path::PathBuf::from(&info.file),
+            };
+            (Some(path.to_string_lossy().into_owned()), info.line)
+        }
+        None => (None, None),
+    }
 }
 
 fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
@@ -198,5 +222,7 @@ fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
         module: Some(module.to_string()),
         kind,
         inlined: false,
+        file: None,
+        line: None,
     }])
 }

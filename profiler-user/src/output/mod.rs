@@ -1,12 +1,17 @@
 //! Output writers: each format in its own file, all reading the same [`Profile`].
 
 pub mod folded;
+pub mod pprof;
+pub mod pstats;
+pub mod speedscope;
 pub mod summary;
+pub mod svg;
 pub mod top;
 
 use std::{
+    fmt,
     fs::File,
-    io::{BufWriter, Write},
+    io::{self, BufWriter, Write},
     path::{Path, PathBuf},
     str::FromStr,
 };
@@ -19,41 +24,130 @@ use crate::{
 /// A profile file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// Interactive flame graph (SVG, rendered by inferno).
+    Svg,
     /// Brendan Gregg's collapsed stacks.
     Folded,
+    /// gzipped pprof `profile.proto`.
+    Pprof,
+    /// speedscope's JSON file format.
+    Speedscope,
+    /// Python's `pstats`/cProfile marshal format, for `pstats.Stats` and snakeviz.
+    Pstats,
+    /// The top-functions table as text.
+    Top,
     /// The run summary as JSON.
     SummaryJson,
+}
+
+impl Format {
+    /// Every format with its name, as `--format` takes it.
+    pub const NAMES: [(&'static str, Format); 7] = [
+        ("svg", Format::Svg),
+        ("folded", Format::Folded),
+        ("pprof", Format::Pprof),
+        ("speedscope", Format::Speedscope),
+        ("pstats", Format::Pstats),
+        ("top", Format::Top),
+        ("summary-json", Format::SummaryJson),
+    ];
+
+    /// The format a path's extension names, if any.
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        let ends = |suffix: &str| name.ends_with(suffix);
+        Some(if ends(".svg") {
+            Format::Svg
+        } else if ends(".folded") || ends(".collapsed") {
+            Format::Folded
+        } else if ends(".pb.gz") || ends(".pprof") || ends(".pb") {
+            Format::Pprof
+        } else if ends(".speedscope.json") || ends(".speedscope") {
+            Format::Speedscope
+        } else if ends(".prof") || ends(".pstats") {
+            Format::Pstats
+        } else if ends(".txt") {
+            Format::Top
+        } else if ends(".summary.json") {
+            Format::SummaryJson
+        } else {
+            return None;
+        })
+    }
+
+    /// The usual file extension of the format.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Svg => "svg",
+            Format::Folded => "folded",
+            Format::Pprof => "pb.gz",
+            Format::Speedscope => "speedscope.json",
+            Format::Pstats => "prof",
+            Format::Top => "txt",
+            Format::SummaryJson => "summary.json",
+        }
+    }
+
+    fn write(self, profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
+        let mut w = w;
+        match self {
+            Format::Svg => svg::write(profile, &mut w),
+            Format::Folded => folded::write(profile, &mut w),
+            Format::Pprof => pprof::write(profile, &mut w),
+            Format::Speedscope => speedscope::write(profile, &mut w),
+            Format::Pstats => pstats::write(profile, &mut w),
+            Format::Top => w.write_all(top::render(profile, usize::MAX).as_bytes()),
+            Format::SummaryJson => summary::write(profile, &mut w),
+        }
+    }
 }
 
 impl FromStr for Format {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "folded" | "collapsed" => Ok(Format::Folded),
-            "summary-json" => Ok(Format::SummaryJson),
-            other => Err(Error::Other(anyhow::anyhow!(
-                "unknown format {other:?}: expected folded or summary-json"
-            ))),
-        }
+        let alias = match s {
+            "flamegraph" => "svg",
+            "collapsed" => "folded",
+            "pb.gz" => "pprof",
+            "prof" => "pstats",
+            other => other,
+        };
+        Format::NAMES
+            .iter()
+            .find(|(name, _)| *name == alias)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Format::NAMES.iter().map(|(n, _)| *n).collect();
+                Error::InvalidOutput(format!(
+                    "unknown format {s:?}: expected one of {}",
+                    names.join(", ")
+                ))
+            })
     }
 }
 
-impl Format {
-    /// The format a path's extension names, if any.
-    pub fn from_path(path: &Path) -> Option<Format> {
-        match path.extension()?.to_str()? {
-            "folded" | "collapsed" | "txt" => Some(Format::Folded),
-            _ => None,
-        }
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = Format::NAMES
+            .iter()
+            .find(|(_, format)| format == self)
+            .map_or("?", |(n, _)| n);
+        f.write_str(name)
     }
 }
 
-/// An output file, created before sampling starts so that an unwritable path fails early.
+/// Where an output goes.
+enum Sink {
+    File(File),
+    Stdout,
+}
+
+/// An output, opened before sampling starts so that an unwritable path fails early.
 pub struct Output {
-    path: PathBuf,
+    path: Option<PathBuf>,
     format: Format,
-    file: Option<File>,
+    sink: Option<Sink>,
 }
 
 impl Output {
@@ -64,15 +158,24 @@ impl Output {
             source,
         })?;
         Ok(Output {
-            path: path.to_path_buf(),
+            path: Some(path.to_path_buf()),
             format,
-            file: Some(file),
+            sink: Some(Sink::File(file)),
         })
     }
 
-    /// The path written to.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Writes `format` to standard output.
+    pub fn stdout(format: Format) -> Output {
+        Output {
+            path: None,
+            format,
+            sink: Some(Sink::Stdout),
+        }
+    }
+
+    /// The path written to, or `None` for standard output.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// The format written.
@@ -80,24 +183,141 @@ impl Output {
         self.format
     }
 
-    /// Writes the profile and closes the file.
+    /// Writes the profile and closes the output.
     pub fn write(mut self, profile: &Profile) -> Result<()> {
-        let file = self.file.take().expect("written once");
-        let mut w = BufWriter::new(file);
-        let result = match self.format {
-            Format::Folded => folded::write(profile, &mut w),
-            Format::SummaryJson => summary::write(profile, &mut w),
-        }
-        .and_then(|()| w.flush());
-        result.map_err(|source| Error::Output {
-            path: self.path.clone(),
-            source,
-        })
+        let path = self
+            .path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("<stdout>"));
+        let result = match self.sink.take() {
+            Some(Sink::File(file)) => {
+                let mut w = BufWriter::new(file);
+                self.format.write(profile, &mut w).and_then(|()| w.flush())
+            }
+            Some(Sink::Stdout) => {
+                let stdout = io::stdout();
+                let mut w = stdout.lock();
+                self.format.write(profile, &mut w).and_then(|()| w.flush())
+            }
+            None => Ok(()),
+        };
+        result.map_err(|source| Error::Output { path, source })
     }
 
     /// Deletes the file when the run produced nothing to write.
     pub fn discard(mut self) {
-        self.file.take();
-        let _ = std::fs::remove_file(&self.path);
+        if let (Some(Sink::File(_)), Some(path)) = (self.sink.take(), &self.path) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A small profile with known contents, for the writers' tests.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::time::Duration;
+
+    use crate::{
+        aggregate::{
+            Losses, Profile, ProfileFrame, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
+            StackCount, Tag,
+        },
+        sampling::{Event, Rate, Sampling},
+        symbolize::{Frame, FrameKind},
+    };
+
+    fn code(name: &str, kind: FrameKind, inlined: bool, line: Option<u32>) -> ProfileFrame {
+        ProfileFrame::Code(Frame {
+            name: name.to_string(),
+            module: Some(
+                if kind == FrameKind::Kernel {
+                    "[kernel]"
+                } else {
+                    "app"
+                }
+                .into(),
+            ),
+            kind,
+            inlined,
+            file: (kind == FrameKind::User).then(|| "/src/app.c".to_string()),
+            line,
+        })
+    }
+
+    /// Stacks (root first):
+    /// - tag;app;main;parent_hot;leaf_hot                  x 60
+    /// - tag;app;main;parent_cold;leaf_cold                x 20
+    /// - tag;app;main;recurse;recurse;leaf_hot             x 10 (recursion)
+    /// - tag;app;main;parent_hot;inlined_helper;write_[k]  x 8  (inlined, kernel)
+    /// - tag;app;[truncated];deep                          x 2
+    /// Total 100 samples. Self: leaf_hot 70, leaf_cold 20, sys_write 8, deep 2.
+    pub fn profile() -> Profile {
+        let user = FrameKind::User;
+        let tag = Tag::new("phase", "train").unwrap();
+        let frames = vec![
+            ProfileFrame::Tag(tag.clone()),                    // 0
+            ProfileFrame::Process("app".into()),               // 1
+            code("main", user, false, Some(10)),               // 2
+            code("parent_hot", user, false, Some(20)),         // 3
+            code("leaf_hot", user, false, Some(30)),           // 4
+            code("parent_cold", user, false, Some(40)),        // 5
+            code("leaf_cold", user, false, Some(50)),          // 6
+            code("recurse", user, false, Some(60)),            // 7
+            code("inlined_helper", user, true, Some(70)),      // 8
+            code("sys_write", FrameKind::Kernel, false, None), // 9
+            ProfileFrame::Truncated,                           // 10
+            code("deep", user, false, None),                   // 11
+        ];
+        let stacks = vec![
+            StackCount {
+                frames: vec![0, 1, 2, 3, 4],
+                count: 60,
+            },
+            StackCount {
+                frames: vec![0, 1, 2, 5, 6],
+                count: 20,
+            },
+            StackCount {
+                frames: vec![0, 1, 2, 7, 7, 4],
+                count: 10,
+            },
+            StackCount {
+                frames: vec![0, 1, 2, 3, 8, 9],
+                count: 8,
+            },
+            StackCount {
+                frames: vec![0, 1, 10, 11],
+                count: 2,
+            },
+        ];
+        Profile {
+            meta: ProfileMeta {
+                targets: vec![ProfiledTarget {
+                    pid: 1234,
+                    ns_pid: 1234,
+                    pid_ns: 4026531836,
+                    comm: "app".into(),
+                }],
+                sampling: Sampling {
+                    event: Event::CpuClock,
+                    rate: Rate::Period(1_001_001),
+                    nominal_hz: 999.0,
+                    fallback: true,
+                },
+                duration: Duration::from_millis(100),
+                samples_seen: 100,
+                losses: Losses {
+                    truncated: 2,
+                    ..Losses::default()
+                },
+                end: RunEnd::Completed,
+                program_id: 7,
+                tags: vec![tag],
+                max_stack_length: 127,
+                cost: RunCost::default(),
+            },
+            frames,
+            stacks,
+        }
     }
 }

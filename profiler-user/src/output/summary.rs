@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Losses, Profile, ProfiledTarget, RunEnd},
+    aggregate::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag},
     output::top::{function_shares, FunctionShare},
     sampling::{Event, Rate},
 };
@@ -25,6 +25,10 @@ struct Summary<'a> {
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
+    tags: &'a [Tag],
+    max_stack_length: usize,
+    cost: &'a RunCost,
+    bpf_ns_per_run: Option<f64>,
     top_self: Vec<TopEntry>,
 }
 
@@ -75,6 +79,10 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,
+        tags: &meta.tags,
+        max_stack_length: meta.max_stack_length,
+        cost: &meta.cost,
+        bpf_ns_per_run: meta.cost.bpf_ns_per_run(),
         top_self: function_shares(profile)
             .into_iter()
             .take(20)
