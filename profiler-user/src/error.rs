@@ -42,6 +42,17 @@ pub enum Error {
         /// The underlying I/O error.
         source: std::io::Error,
     },
+    /// The daemon refused a request.
+    #[error("the daemon refused: {message}")]
+    Daemon {
+        /// Its error code.
+        code: crate::protocol::ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// No daemon answers on the socket.
+    #[error("the bpfprof daemon is not available: {0}")]
+    DaemonUnavailable(String),
     /// The kernel refused to load or attach the program, or a map operation failed.
     #[error("kernel program: {0:#}")]
     Kernel(anyhow::Error),
@@ -70,6 +81,12 @@ pub mod exit_code {
     pub const TARGET_EXITED: i32 = 7;
     /// The requested event (e.g. `cycles` without a PMU) does not exist here.
     pub const EVENT_UNSUPPORTED: i32 = 8;
+    /// The daemon has no such run (or it is not the caller's).
+    pub const NO_SUCH_RUN: i32 = 9;
+    /// No daemon answers on the socket.
+    pub const DAEMON_UNAVAILABLE: i32 = 10;
+    /// The daemon's concurrent run limit is reached.
+    pub const TOO_MANY_RUNS: i32 = 11;
     /// Interrupted by SIGINT or SIGTERM; the profile was written.
     pub const INTERRUPTED: i32 = 130;
 }
@@ -86,6 +103,19 @@ impl Error {
             Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,
             Error::EventUnsupported(_) => exit_code::EVENT_UNSUPPORTED,
             Error::Output { .. } => exit_code::OUTPUT_UNWRITABLE,
+            Error::DaemonUnavailable(_) => exit_code::DAEMON_UNAVAILABLE,
+            Error::Daemon { code, .. } => {
+                use crate::protocol::ErrorCode as C;
+                match code {
+                    C::BadRequest => exit_code::INVALID_SAMPLING,
+                    C::NotFound => exit_code::NO_SUCH_RUN,
+                    C::PermissionDenied => exit_code::PERMISSION_DENIED,
+                    C::NoSuchProcess => exit_code::NO_SUCH_PROCESS,
+                    C::TooManyRuns => exit_code::TOO_MANY_RUNS,
+                    C::Unsupported => exit_code::EVENT_UNSUPPORTED,
+                    C::Internal => exit_code::FAILURE,
+                }
+            }
             Error::Kernel(_) | Error::Other(_) => exit_code::FAILURE,
         }
     }

@@ -285,6 +285,27 @@ impl KernelProgram {
         Ok(())
     }
 
+    /// Deletes every stack trace; call when no run is recording, so the map never fills up
+    /// in a long-lived daemon.
+    pub fn clear_stacks(&mut self) {
+        let ids: Vec<u32> = self.stacks.stack_ids().filter_map(|id| id.ok()).collect();
+        for id in ids {
+            let _ = self.stacks.remove(&id);
+        }
+    }
+
+    /// Zeroes the counters of `run`, before a new run takes the slot.
+    pub fn reset_counters(&mut self, run: u32) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| kernel_err(anyhow!("{path}: {e}")))?;
+        for counter in Counter::ALL {
+            let zeros = aya::maps::PerCpuValues::try_from(vec![0u64; cpus]).map_err(kernel_err)?;
+            self.counters
+                .set(counter.index(run), zeros, 0)
+                .map_err(kernel_err)?;
+        }
+        Ok(())
+    }
+
     /// The counters of `run`, summed over CPUs.
     pub fn counters(&self, run: u32) -> Result<Counters> {
         let mut out = Counters::default();

@@ -8,11 +8,14 @@
 #![warn(missing_docs)]
 
 pub mod aggregate;
+pub mod client;
+pub mod daemon;
 pub mod drain;
 pub mod error;
 pub mod kernel;
 pub mod output;
 pub mod procmaps;
+pub mod protocol;
 pub mod record;
 pub mod sample;
 pub mod sampling;

@@ -10,20 +10,143 @@ use std::{
 
 use bpfprof::{
     aggregate::{AggregateOptions, Profile, RunEnd, Tag},
+    client::{Client, ClientError},
+    daemon::DaemonConfig,
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
+    protocol::{self, Reply, RunRequest},
     record::{Progress, Recorder, StopConditions},
     sampling::{validate_max_stack_length, EventChoice, KernelLimits, SamplingRequest},
     symbolize::Symbolizer,
     target::TargetSpec,
 };
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Sample the CPU stacks of running processes with eBPF and write a profile.
 #[derive(Parser, Debug)]
-#[command(name = "bpfprof", version, about, after_help = EXIT_CODES)]
+#[command(
+    name = "bpfprof",
+    version,
+    about,
+    after_help = EXIT_CODES,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve profiling runs to libraries and tools over a Unix socket (run as root).
+    Daemon(DaemonArgs),
+    /// Ask the daemon to profile a process; prints `Run Id: N` (with --async) or the results.
+    Run(RunArgs),
+    /// Print a run's state: `Profile run status: RUNNING`.
+    Status(RunIdArgs),
+    /// Stop a run early; its results are still written.
+    Stop(RunIdArgs),
+    /// Print a run's results: samples, files written, top functions.
+    Results(ResultsArgs),
+    /// List your runs (root sees all).
+    List(ClientArgs),
+}
+
+#[derive(Args, Debug)]
+struct DaemonArgs {
+    /// Socket to listen on [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Where runs and their results are kept.
+    #[arg(long, default_value = "/var/lib/bpfprof")]
+    state_dir: PathBuf,
+    /// Most runs sampling at once.
+    #[arg(long, default_value_t = 16)]
+    max_runs: usize,
+    /// Longest run.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    max_duration: Duration,
+    /// Most ended runs kept on disk.
+    #[arg(long, default_value_t = 200)]
+    keep_runs: usize,
+    /// Ended runs older than this are deleted.
+    #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
+    keep_age: Duration,
+}
+
+#[derive(Args, Debug)]
+struct ClientArgs {
+    /// The daemon's socket [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Print the daemon's reply as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct RunIdArgs {
+    /// The run.
+    #[arg(long)]
+    run_id: u64,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+struct ResultsArgs {
+    /// The run.
+    #[arg(long)]
+    run_id: u64,
+    /// Wait this long for the run to end first: 30s, 5m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Process to profile: PID or NS:PID.
+    #[arg(short, long, value_name = "PID|NS:PID")]
+    pid: String,
+    /// Return once the run samples, printing its id.
+    #[arg(long = "async")]
+    run_async: bool,
+    /// auto, cycles or cpu-clock.
+    #[arg(long)]
+    event: Option<String>,
+    /// Period in event units (cycles, or ns for cpu-clock).
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "frequency")]
+    sample_interval: Option<i64>,
+    /// Samples per second.
+    #[arg(short = 'F', long, allow_negative_numbers = true)]
+    frequency: Option<i64>,
+    /// Length of the run in milliseconds.
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Bare tags, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    sample_tags: Vec<String>,
+    /// KEY=VALUE tags; repeatable.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    tags: Vec<String>,
+    /// Deepest stack kept.
+    #[arg(long, allow_negative_numbers = true)]
+    max_stack_length: Option<i64>,
+    /// Formats to write (default: svg, folded, pprof, speedscope, pstats).
+    #[arg(long, value_delimiter = ',')]
+    formats: Option<Vec<String>>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// Options of a direct recording (`bpfprof --pid PID` or `bpfprof -- COMMAND`).
+#[derive(Args, Debug)]
+struct RecordArgs {
     /// Process to profile: PID, or NS:PID with NS the inode of its pid namespace
     /// (`stat -L -c %i /proc/PID/ns/pid`) and PID as seen inside it. Repeatable.
     #[arg(short, long = "pid", value_name = "PID|NS:PID")]
@@ -102,11 +225,163 @@ struct Cli {
 
 const EXIT_CODES: &str = "Exit codes: 0 done; 2 usage; 3 no such process; 4 permission denied; \
 5 invalid sampling settings; 6 output not writable; 7 target exited before the run ended \
-(profile written); 8 event not supported here; 130 interrupted (profile written); 1 other errors.";
+(profile written); 8 event not supported here; 9 no such run; 10 daemon unavailable; \
+11 too many runs; 130 interrupted (profile written); 1 other errors.";
+
+async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
+    let config = DaemonConfig {
+        socket: protocol::socket_path(args.socket.as_deref()),
+        state_dir: args.state_dir,
+        max_runs: args.max_runs.max(1),
+        max_duration: args.max_duration,
+        keep_runs: args.keep_runs,
+        keep_age: args.keep_age,
+    };
+    bpfprof::daemon::serve(config).await?;
+    Ok(exit_code::OK)
+}
+
+/// Runs a client command against the daemon; failures map to exit codes by error code.
+fn client_command(command: Command) -> Result<i32, Error> {
+    let client_args = match &command {
+        Command::Run(args) => &args.client,
+        Command::Status(a) | Command::Stop(a) => &a.client,
+        Command::Results(a) => &a.client,
+        Command::List(a) => a,
+        Command::Daemon(_) => unreachable!("handled by main"),
+    };
+    let socket = protocol::socket_path(client_args.socket.as_deref());
+    let mut client = Client::connect(Some(&socket)).map_err(client_error)?;
+    let reply = match &command {
+        Command::Run(args) => {
+            let spec: TargetSpec = args.pid.parse()?;
+            let (pid, pid_ns) = match spec {
+                TargetSpec::Pid(pid) => (pid, None),
+                TargetSpec::NsPid { ns, pid } => (pid, Some(ns)),
+            };
+            let mut tags = std::collections::BTreeMap::new();
+            for t in &args.tags {
+                let (k, v) = t
+                    .split_once('=')
+                    .ok_or_else(|| Error::InvalidTag(format!("--tag {t:?} must be KEY=VALUE")))?;
+                tags.insert(k.to_string(), v.to_string());
+            }
+            let request = RunRequest {
+                pid,
+                pid_ns,
+                event: args.event.clone(),
+                sample_interval: args.sample_interval,
+                frequency: args.frequency,
+                duration_ms: args.duration_ms,
+                sample_tags: args.sample_tags.clone(),
+                tags,
+                max_stack_length: args.max_stack_length,
+                formats: args.formats.clone(),
+            };
+            let started = client.run(request).map_err(client_error)?;
+            if args.run_async {
+                started
+            } else {
+                let id = started.run_id.unwrap_or_default();
+                let wait = Duration::from_millis(args.duration_ms.unwrap_or(600_000) + 60_000);
+                client.results(id, wait).map_err(client_error)?
+            }
+        }
+        Command::Status(a) => client.status(a.run_id).map_err(client_error)?,
+        Command::Stop(a) => client.stop(a.run_id).map_err(client_error)?,
+        Command::Results(a) => client
+            .results(a.run_id, a.wait.unwrap_or_default())
+            .map_err(client_error)?,
+        Command::List(_) => Reply {
+            runs: Some(client.list().map_err(client_error)?),
+            ..Reply::ok()
+        },
+        Command::Daemon(_) => unreachable!("handled by main"),
+    };
+    if client_args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reply).map_err(anyhow::Error::from)?
+        );
+        return Ok(exit_code::OK);
+    }
+    match &command {
+        Command::Run(args) if args.run_async => {
+            println!("Run Id: {}", reply.run_id.unwrap_or_default());
+        }
+        Command::Status(_) | Command::Stop(_) => {
+            println!(
+                "Profile run status: {}",
+                reply.state.map(|s| s.to_string()).unwrap_or_default()
+            );
+            if let Some(reason) = &reply.reason {
+                println!("Reason: {reason}");
+            }
+        }
+        Command::List(_) => {
+            println!(
+                "{:>6}  {:<10}  {:>8}  {:>8}  {:<16}  tags",
+                "run", "state", "samples", "pid", "comm"
+            );
+            for run in reply.runs.iter().flatten() {
+                let mut tags: Vec<String> = run.sample_tags.clone();
+                tags.extend(run.tags.iter().map(|(k, v)| format!("{k}={v}")));
+                println!(
+                    "{:>6}  {:<10}  {:>8}  {:>8}  {:<16}  {}",
+                    run.run_id,
+                    run.state.to_string(),
+                    run.samples,
+                    run.pid,
+                    run.comm,
+                    tags.join(",")
+                );
+            }
+        }
+        _ => print_results(&reply),
+    }
+    Ok(exit_code::OK)
+}
+
+fn print_results(reply: &Reply) {
+    println!("Run Id: {}", reply.run_id.unwrap_or_default());
+    println!(
+        "Profile run status: {}",
+        reply.state.map(|s| s.to_string()).unwrap_or_default()
+    );
+    if let Some(reason) = &reply.reason {
+        println!("Reason: {reason}");
+    }
+    println!("Total samples: {}", reply.samples.unwrap_or_default());
+    for (format, path) in reply.files.iter().flatten() {
+        println!("  {format:<13} {path}");
+    }
+    if let Some(top) = &reply.top {
+        let total = reply.samples.unwrap_or(0).max(1) as f64;
+        println!("Top functions (self, total):");
+        for f in top.iter().take(10) {
+            println!(
+                "  {:>6.2}% {:>6.2}%  {}",
+                100.0 * f.self_samples as f64 / total,
+                100.0 * f.total_samples as f64 / total,
+                f.name
+            );
+        }
+    }
+}
+
+fn client_error(e: ClientError) -> Error {
+    match e {
+        ClientError::Refused { code, message } => Error::Daemon { code, message },
+        e @ ClientError::Unavailable { .. } => Error::DaemonUnavailable(format!(
+            "{e} (start it with `sudo bpfprof daemon`, or point --socket/BPFPROF_SOCKET at it)"
+        )),
+        other => Error::Other(anyhow::Error::from(other)),
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let level = if cli.quiet { "error" } else { "info" };
+    let level = if cli.record.quiet { "error" } else { "info" };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
         .format_target(false)
@@ -121,7 +396,12 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::FAILURE as u8);
         }
     };
-    let code = match runtime.block_on(run(cli)) {
+    let result = match cli.command {
+        None => runtime.block_on(record(cli.record)),
+        Some(Command::Daemon(args)) => runtime.block_on(daemon(args)),
+        Some(command) => client_command(command),
+    };
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("bpfprof: error: {e}");
@@ -131,7 +411,7 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
-async fn run(cli: Cli) -> Result<i32, Error> {
+async fn record(cli: RecordArgs) -> Result<i32, Error> {
     let request = SamplingRequest {
         event: cli.event.parse::<EventChoice>()?,
         sample_interval: cli.sample_interval,
@@ -225,7 +505,7 @@ async fn run(cli: Cli) -> Result<i32, Error> {
 }
 
 /// Opens every requested output, so that a bad path or format fails before sampling.
-fn open_outputs(cli: &Cli) -> Result<Vec<Output>, Error> {
+fn open_outputs(cli: &RecordArgs) -> Result<Vec<Output>, Error> {
     let fallback = cli
         .format
         .as_deref()

@@ -86,17 +86,35 @@ pub struct ProcessMaps {
     files: HashMap<FileId, Arc<MappedFile>>,
     /// Thread names by tid, kept after threads exit.
     threads: HashMap<u32, String>,
+    /// The pid inside the target's own namespace: JIT maps are named after it.
+    ns_pid: u32,
+    /// JIT symbols from `/tmp/perf-PID.map`, sorted by start address.
+    jit: Vec<JitSymbol>,
+    /// Size and mtime of the perf map when last read, to skip unchanged re-reads.
+    jit_stamp: Option<(u64, std::time::SystemTime)>,
+}
+
+/// A symbol a JIT compiler announced in its perf map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct JitSymbol {
+    start: u64,
+    end: u64,
+    name: String,
 }
 
 impl ProcessMaps {
-    /// Captures the mappings of `pid` as they are now.
-    pub fn capture(pid: u32) -> Result<ProcessMaps> {
+    /// Captures the mappings of `pid` as they are now; `ns_pid` is its pid inside its own pid
+    /// namespace, which names its JIT perf map.
+    pub fn capture(pid: u32, ns_pid: u32) -> Result<ProcessMaps> {
         let mut maps = ProcessMaps {
             pid,
             comm: String::new(),
             generations: Vec::new(),
             files: HashMap::new(),
             threads: HashMap::new(),
+            ns_pid,
+            jit: Vec::new(),
+            jit_stamp: None,
         };
         maps.refresh()?;
         Ok(maps)
@@ -165,6 +183,7 @@ impl ProcessMaps {
                 backing,
             });
         }
+        self.refresh_jit();
         // A zombie has no mappings left: keep what was captured while it lived.
         if mappings.is_empty() {
             return Ok(());
@@ -174,6 +193,31 @@ impl ProcessMaps {
         }
         self.comm = comm;
         Ok(())
+    }
+
+    /// Re-reads the JIT perf map (`perf-PID.map` in the target's own `/tmp`, reached through
+    /// its root so that containers work) when it changed.
+    fn refresh_jit(&mut self) {
+        let path = format!("/proc/{}/root/tmp/perf-{}.map", self.pid, self.ns_pid);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return;
+        };
+        let stamp = (meta.len(), meta.modified().unwrap_or(std::time::UNIX_EPOCH));
+        if self.jit_stamp == Some(stamp) {
+            return;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        self.jit = parse_perf_map(&text);
+        self.jit_stamp = Some(stamp);
+    }
+
+    /// The JIT symbol covering `addr`, if the target announced one.
+    pub fn jit_symbol(&self, addr: u64) -> Option<&str> {
+        let i = self.jit.partition_point(|s| s.start <= addr);
+        let sym = self.jit.get(i.checked_sub(1)?)?;
+        (addr < sym.end).then_some(sym.name.as_str())
     }
 
     /// Finds what backs `addr`.
@@ -189,6 +233,28 @@ impl ProcessMaps {
         }
         Location::Unmapped
     }
+}
+
+/// Parses the perf map format JITs write (`START SIZE NAME`, hex numbers, one symbol a line;
+/// see linux `tools/perf/Documentation/jit-interface.txt`). Malformed lines are skipped.
+fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let mut symbols: Vec<JitSymbol> = text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.trim().splitn(3, ' ');
+            let start = hex(parts.next()?)?;
+            let size = hex(parts.next()?)?;
+            let name = parts.next()?.trim();
+            (!name.is_empty() && size > 0).then(|| JitSymbol {
+                start,
+                end: start.saturating_add(size),
+                name: name.to_string(),
+            })
+        })
+        .collect();
+    symbols.sort_by_key(|s| s.start);
+    symbols
 }
 
 fn same_layout(a: &[Mapping], b: &[Mapping]) -> bool {
@@ -215,8 +281,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn parses_perf_maps_and_finds_jit_symbols() {
+        let text =
+            "7f0000001000 40 jitted_add\nbad line\n7f0000000000 0x100 LazyCompile:*foo app.js:3\n";
+        let symbols = parse_perf_map(text);
+        assert_eq!(symbols.len(), 2);
+        assert_eq!(symbols[0].name, "LazyCompile:*foo app.js:3");
+        let mut maps = ProcessMaps::capture(std::process::id(), std::process::id()).unwrap();
+        maps.jit = symbols;
+        assert_eq!(maps.jit_symbol(0x7f0000001010), Some("jitted_add"));
+        assert_eq!(
+            maps.jit_symbol(0x7f00000000ff),
+            Some("LazyCompile:*foo app.js:3")
+        );
+        assert_eq!(maps.jit_symbol(0x7f0000001040), None);
+        assert_eq!(maps.jit_symbol(0x10), None);
+    }
+
+    #[test]
     fn locates_own_code_in_own_binary() {
-        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let maps = ProcessMaps::capture(std::process::id(), std::process::id()).unwrap();
         let addr = locates_own_code_in_own_binary as *const () as u64;
         match maps.locate(addr) {
             Location::File(file, offset) => {

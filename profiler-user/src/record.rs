@@ -20,6 +20,7 @@ use crate::{
     error::{Error, Result},
     kernel::{Counters, KernelProgram},
     procmaps::ProcessMaps,
+    sample::Sample,
     sampling::{Sampling, SamplingPlan},
     symbolize::Symbolizer,
     target::{Target, TargetSpec},
@@ -49,18 +50,55 @@ pub struct Progress {
     pub samples: u64,
 }
 
-struct RunTarget {
-    run: u32,
-    target: Target,
-    maps: ProcessMaps,
-    exited: bool,
+/// One process being recorded under a run slot of the kernel program.
+pub struct TargetRecording {
+    /// The run slot its samples go to.
+    pub run: u32,
+    /// The process.
+    pub target: Target,
+    /// Its memory layout, refreshed while it lives.
+    pub maps: ProcessMaps,
+    /// Whether it has been seen to exit.
+    pub exited: bool,
+}
+
+impl TargetRecording {
+    /// Captures what symbolization needs and registers `target` under `run`.
+    pub fn start(program: &mut KernelProgram, run: u32, target: Target) -> Result<Self> {
+        let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+        program.reset_counters(run)?;
+        program.add_target(run, &target)?;
+        Ok(TargetRecording {
+            run,
+            target,
+            maps,
+            exited: false,
+        })
+    }
+
+    /// Notes whether the process still lives, re-reading its maps when `refresh`; returns
+    /// true while it lives.
+    pub fn poll(&mut self, refresh: bool) -> bool {
+        if self.exited {
+            return false;
+        }
+        if !self.target.is_alive() {
+            log::info!("pid {} ({}) exited", self.target.pid, self.target.comm);
+            self.exited = true;
+            return false;
+        }
+        if refresh {
+            let _ = self.maps.refresh();
+        }
+        true
+    }
 }
 
 /// A recording in progress.
 pub struct Recorder {
     program: KernelProgram,
     sampling: Sampling,
-    targets: Vec<RunTarget>,
+    targets: Vec<TargetRecording>,
     child: Option<Child>,
     started: Instant,
 }
@@ -141,14 +179,8 @@ impl Recorder {
                 reason: format!("at most {MAX_RUNS} processes can be profiled at once"),
             });
         }
-        let maps = ProcessMaps::capture(target.pid)?;
-        self.program.add_target(run, &target)?;
-        self.targets.push(RunTarget {
-            run,
-            target,
-            maps,
-            exited: false,
-        });
+        let recording = TargetRecording::start(&mut self.program, run, target)?;
+        self.targets.push(recording);
         self.started = Instant::now();
         Ok(())
     }
@@ -230,15 +262,7 @@ impl Recorder {
             }
         }
         for t in &mut self.targets {
-            if t.exited {
-                continue;
-            }
-            if !t.target.is_alive() {
-                log::info!("pid {} ({}) exited", t.target.pid, t.target.comm);
-                t.exited = true;
-            } else if refresh {
-                let _ = t.maps.refresh();
-            }
+            t.poll(refresh);
         }
         if self.child.is_none() && self.targets.iter().all(|t| t.exited) {
             return Some(RunEnd::TargetExited);
@@ -259,80 +283,145 @@ impl Recorder {
             Some((t, n)) => (Some(t), Some(n)),
             None => (None, None),
         };
-        for t in &mut self.targets {
-            if !t.exited && t.target.is_alive() {
-                let _ = t.maps.refresh();
-            }
-        }
-        let counters = self.counters();
-        let mut per_target = Vec::with_capacity(self.targets.len());
-        for t in &self.targets {
-            per_target.push(drain(&mut self.program, t.run)?);
-        }
-        for t in &self.targets {
-            let _ = self.program.remove_target(&t.target);
-        }
-        let inputs: Vec<TargetSamples<'_>> = self
-            .targets
-            .iter()
-            .zip(&per_target)
-            .map(|(t, samples)| TargetSamples {
-                target: &t.target,
-                maps: &t.maps,
-                samples,
-            })
-            .collect();
-        let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
-        let losses = Losses {
-            sample_map_full: counters.get(Counter::SampleMapFull),
-            user_stack_collision: counters.get(Counter::UserStackCollision),
-            user_stack_map_full: counters.get(Counter::UserStackMapFull),
-            user_stack_error: counters.get(Counter::UserStackError),
-            kernel_stack_collision: counters.get(Counter::KernelStackCollision),
-            kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
-            kernel_stack_error: counters.get(Counter::KernelStackError),
-            truncated,
-        };
-        let targets = self
-            .targets
-            .iter()
-            .map(|t| ProfiledTarget {
-                pid: t.target.pid,
-                ns_pid: t.target.ns_pid,
-                pid_ns: t.target.ns.ino,
-                comm: if t.maps.comm().is_empty() {
-                    t.target.comm.clone()
-                } else {
-                    t.maps.comm().to_string()
-                },
-            })
-            .collect();
+        let mut profile = build_profile(
+            &mut self.program,
+            &mut self.targets,
+            Finished {
+                sampling: self.sampling,
+                duration,
+                end,
+            },
+            symbolizer,
+            options,
+        )?;
+        profile.meta.cost.bpf_run_time_ns = bpf_run_time_ns;
+        profile.meta.cost.bpf_run_count = bpf_run_count;
         if let Some(mut child) = self.child.take() {
             // Interrupted before the command ended: it got the terminal's SIGINT too; reap it.
             if end == RunEnd::Interrupted {
                 let _ = child.wait();
             }
         }
-        Ok(Profile {
-            meta: ProfileMeta {
-                targets,
-                sampling: self.sampling,
-                duration,
-                samples_seen: counters.get(Counter::Samples),
-                losses,
-                end,
-                program_id: self.program.program_id(),
-                tags: options.tags.clone(),
-                max_stack_length: options.max_stack_length,
-                cost: RunCost {
-                    bpf_run_time_ns,
-                    bpf_run_count,
-                    ..own_cost()
-                },
-            },
-            frames,
-            stacks,
+        Ok(profile)
+    }
+}
+
+/// How a recording ended, for [`build_profile`].
+#[derive(Clone, Copy, Debug)]
+pub struct Finished {
+    /// The event and rate used.
+    pub sampling: Sampling,
+    /// Wall-clock length of the recording.
+    pub duration: Duration,
+    /// Why it ended.
+    pub end: RunEnd,
+}
+
+/// Stops keeping samples of `targets`, drains what they recorded and builds their profile.
+pub fn build_profile(
+    program: &mut KernelProgram,
+    targets: &mut [TargetRecording],
+    finished: Finished,
+    symbolizer: &mut Symbolizer,
+    options: &AggregateOptions,
+) -> Result<Profile> {
+    let collected = collect(program, targets)?;
+    Ok(assemble(collected, targets, finished, symbolizer, options))
+}
+
+/// What the kernel recorded for some targets, read out of its maps.
+pub struct Collected {
+    counters: Counters,
+    samples: Vec<Vec<Sample>>,
+    program_id: u32,
+}
+
+/// Stops keeping samples of `targets` and drains what they recorded: the only step that
+/// needs the kernel program, so that a shared program is held briefly.
+pub fn collect(program: &mut KernelProgram, targets: &mut [TargetRecording]) -> Result<Collected> {
+    for t in targets.iter_mut() {
+        let _ = program.remove_target(&t.target);
+        if !t.exited && t.target.is_alive() {
+            let _ = t.maps.refresh();
+        }
+    }
+    let mut counters = Counters::default();
+    let mut samples = Vec::with_capacity(targets.len());
+    for t in targets.iter() {
+        let c = program.counters(t.run)?;
+        for (total, value) in counters.0.iter_mut().zip(c.0) {
+            *total += value;
+        }
+        samples.push(drain(program, t.run)?);
+    }
+    Ok(Collected {
+        counters,
+        samples,
+        program_id: program.program_id(),
+    })
+}
+
+/// Symbolizes and aggregates collected samples into a profile.
+pub fn assemble(
+    collected: Collected,
+    targets: &[TargetRecording],
+    finished: Finished,
+    symbolizer: &mut Symbolizer,
+    options: &AggregateOptions,
+) -> Profile {
+    let Collected {
+        counters,
+        samples,
+        program_id,
+    } = collected;
+    let inputs: Vec<TargetSamples<'_>> = targets
+        .iter()
+        .zip(&samples)
+        .map(|(t, samples)| TargetSamples {
+            target: &t.target,
+            maps: &t.maps,
+            samples,
         })
+        .collect();
+    let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
+    let losses = Losses {
+        sample_map_full: counters.get(Counter::SampleMapFull),
+        user_stack_collision: counters.get(Counter::UserStackCollision),
+        user_stack_map_full: counters.get(Counter::UserStackMapFull),
+        user_stack_error: counters.get(Counter::UserStackError),
+        kernel_stack_collision: counters.get(Counter::KernelStackCollision),
+        kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
+        kernel_stack_error: counters.get(Counter::KernelStackError),
+        truncated,
+    };
+    let profiled = targets
+        .iter()
+        .map(|t| ProfiledTarget {
+            pid: t.target.pid,
+            ns_pid: t.target.ns_pid,
+            pid_ns: t.target.ns.ino,
+            comm: if t.maps.comm().is_empty() {
+                t.target.comm.clone()
+            } else {
+                t.maps.comm().to_string()
+            },
+        })
+        .collect();
+    Profile {
+        meta: ProfileMeta {
+            targets: profiled,
+            sampling: finished.sampling,
+            duration: finished.duration,
+            samples_seen: counters.get(Counter::Samples),
+            losses,
+            end: finished.end,
+            program_id,
+            tags: options.tags.clone(),
+            max_stack_length: options.max_stack_length,
+            cost: own_cost(),
+        },
+        frames,
+        stacks,
     }
 }
 

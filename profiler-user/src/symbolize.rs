@@ -108,7 +108,20 @@ impl Symbolizer {
 
     /// The frames at user address `addr` of the process `maps` describes; never empty.
     pub fn user(&self, maps: &ProcessMaps, addr: u64) -> Arc<[Frame]> {
-        match maps.locate(addr) {
+        let location = maps.locate(addr);
+        if matches!(location, Location::Named(..) | Location::Unmapped) {
+            if let Some(name) = maps.jit_symbol(addr) {
+                return Arc::from([Frame {
+                    name: name.to_string(),
+                    module: Some("[jit]".into()),
+                    kind: FrameKind::User,
+                    inlined: false,
+                    file: None,
+                    line: None,
+                }]);
+            }
+        }
+        match location {
             Location::File(file, offset) => self
                 .user
                 .get(&(file.id, offset))

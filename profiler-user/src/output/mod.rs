@@ -250,6 +250,7 @@ pub(crate) mod fixture {
     /// - tag;app;main;recurse;recurse;leaf_hot             x 10 (recursion)
     /// - tag;app;main;parent_hot;inlined_helper;write_[k]  x 8  (inlined, kernel)
     /// - tag;app;[truncated];deep                          x 2
+    ///
     /// Total 100 samples. Self: leaf_hot 70, leaf_cold 20, sys_write 8, deep 2.
     pub fn profile() -> Profile {
         let user = FrameKind::User;

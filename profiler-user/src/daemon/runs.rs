@@ -1,0 +1,664 @@
+//! Runs of the daemon: validation and authorization of a run request, the shared kernel
+//! programs (one per distinct sampling setting) with a run slot per run, each run's monitor
+//! task, and the processing of its results.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{watch, Notify};
+
+use crate::{
+    aggregate::{AggregateOptions, RunEnd, Tag},
+    daemon::store::{self, now_ms, Store},
+    error::Error,
+    kernel::KernelProgram,
+    output::{summary, top::function_shares, Format, Output},
+    protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, MAX_TAGS},
+    record::{assemble, collect, Finished, TargetRecording},
+    sampling::{validate_max_stack_length, KernelLimits, Sampling, SamplingPlan, SamplingRequest},
+    symbolize::Symbolizer,
+    target::{Target, TargetSpec},
+};
+use profiler_common::MAX_RUNS;
+
+/// Formats a run writes when the request names none.
+const DEFAULT_FORMATS: [Format; 5] = [
+    Format::Svg,
+    Format::Folded,
+    Format::Pprof,
+    Format::Speedscope,
+    Format::Pstats,
+];
+const TICK: Duration = Duration::from_millis(100);
+const MAPS_REFRESH: Duration = Duration::from_millis(500);
+
+/// Limits of the daemon.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Most runs sampling at once.
+    pub max_runs: usize,
+    /// Longest run.
+    pub max_duration: Duration,
+}
+
+/// A loaded, attached kernel program shared by every run with the same sampling settings.
+struct Instance {
+    plan: SamplingPlan,
+    program: KernelProgram,
+    sampling: Sampling,
+    slots: HashSet<u32>,
+}
+
+struct RunEntry {
+    info: RunInfo,
+    stop: Arc<Notify>,
+    state: watch::Sender<RunState>,
+    /// Instance index and slot while sampling.
+    slot: Option<(usize, u32)>,
+}
+
+struct Inner {
+    runs: HashMap<u64, RunEntry>,
+    instances: Vec<Instance>,
+    next_id: u64,
+}
+
+/// Every run the daemon knows, and the kernel programs behind them.
+pub struct Runs {
+    inner: Mutex<Inner>,
+    symbolizer: SymbolizerThread,
+    store: Store,
+    limits: Limits,
+}
+
+/// A request error: what goes back to the client.
+pub type Refusal = (ErrorCode, String);
+
+fn refusal(e: Error) -> Refusal {
+    let code = match &e {
+        Error::NoSuchProcess(_) => ErrorCode::NoSuchProcess,
+        Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
+        Error::EventUnsupported(_) => ErrorCode::Unsupported,
+        Error::InvalidSampling(_)
+        | Error::InvalidTarget { .. }
+        | Error::InvalidOutput(_)
+        | Error::InvalidTag(_) => ErrorCode::BadRequest,
+        _ => ErrorCode::Internal,
+    };
+    (code, e.to_string())
+}
+
+impl Runs {
+    /// Loads the runs kept in `store` (marking interrupted ones FAILED) and applies cleanup.
+    pub fn new(store: Store, limits: Limits) -> Runs {
+        let kept = store.load_all();
+        let deleted = store.cleanup(&kept);
+        let next_id = kept.iter().map(|r| r.run_id).max().unwrap_or(0) + 1;
+        let runs = kept
+            .into_iter()
+            .filter(|r| !deleted.contains(&r.run_id))
+            .map(|info| {
+                let (state, _) = watch::channel(info.state);
+                (
+                    info.run_id,
+                    RunEntry {
+                        info,
+                        stop: Arc::new(Notify::new()),
+                        state,
+                        slot: None,
+                    },
+                )
+            })
+            .collect();
+        Runs {
+            inner: Mutex::new(Inner {
+                runs,
+                instances: Vec::new(),
+                next_id,
+            }),
+            symbolizer: SymbolizerThread::spawn(),
+            store,
+            limits,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a run for client `uid`; returns once it samples.
+    pub fn start(self: &Arc<Self>, uid: u32, req: RunRequest) -> Result<Reply, Refusal> {
+        let validated = self.validate(&req)?;
+        let spec = match req.pid_ns {
+            Some(ns) => TargetSpec::NsPid { ns, pid: req.pid },
+            None => TargetSpec::Pid(req.pid),
+        };
+        if req.pid == 0 {
+            return Err((ErrorCode::BadRequest, "pid must be positive".into()));
+        }
+        let target = Target::resolve(&spec).map_err(refusal)?;
+        authorize(uid, &target)?;
+
+        let mut inner = self.lock();
+        let active = inner
+            .runs
+            .values()
+            .filter(|r| !r.info.state.is_final())
+            .count();
+        if active >= self.limits.max_runs {
+            return Err((
+                ErrorCode::TooManyRuns,
+                format!(
+                    "{active} runs are in progress, the limit is {}; try again when one ends",
+                    self.limits.max_runs
+                ),
+            ));
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let info = RunInfo {
+            run_id: id,
+            state: RunState::Preparing,
+            reason: None,
+            samples: 0,
+            pid: req.pid,
+            pid_ns: target.ns.ino,
+            comm: target.comm.clone(),
+            owner_uid: uid,
+            sample_tags: req.sample_tags.clone(),
+            tags: req.tags.clone(),
+            created_unix_ms: now_ms(),
+            ended_unix_ms: None,
+            files: BTreeMap::new(),
+            top: Vec::new(),
+            summary: None,
+        };
+        let dir = self
+            .store
+            .create_run_dir(id, uid)
+            .map_err(|e| (ErrorCode::Internal, format!("{e:#}")))?;
+        let (state, _) = watch::channel(RunState::Preparing);
+        inner.runs.insert(
+            id,
+            RunEntry {
+                info: info.clone(),
+                stop: Arc::new(Notify::new()),
+                state,
+                slot: None,
+            },
+        );
+        let _ = self.store.save(&info);
+
+        let attached = attach(&mut inner, &validated.plan, &target);
+        let (index, slot, recording, sampling) = match attached {
+            Ok(ok) => ok,
+            Err(e) => {
+                let refusal = refusal(e);
+                drop(inner);
+                self.finish(id, RunState::Failed, Some(refusal.1.clone()), None);
+                return Err(refusal);
+            }
+        };
+        let entry = inner.runs.get_mut(&id).expect("inserted above");
+        entry.slot = Some((index, slot));
+        entry.info.state = RunState::Running;
+        let _ = entry.state.send(RunState::Running);
+        let stop = entry.stop.clone();
+        let info = entry.info.clone();
+        drop(inner);
+        let _ = self.store.save(&info);
+        log::info!(
+            "run {id}: uid {uid} profiles pid {} ({}) with {}",
+            target.pid,
+            target.comm,
+            sampling.describe()
+        );
+        let runs = self.clone();
+        let duration = validated.duration;
+        tokio::spawn(async move {
+            runs.monitor(id, recording, sampling, duration, stop, validated, dir)
+                .await;
+        });
+        Ok(Reply::for_run(&info, false))
+    }
+
+    fn validate(&self, req: &RunRequest) -> Result<Validated, Refusal> {
+        let bad = |m: String| (ErrorCode::BadRequest, m);
+        if req.sample_tags.len() + req.tags.len() > MAX_TAGS {
+            return Err(bad(format!("at most {MAX_TAGS} tags per run")));
+        }
+        let mut tags = Vec::new();
+        for t in &req.sample_tags {
+            tags.push(Tag::new(Tag::BARE_KEY, t).map_err(bad)?);
+        }
+        for (k, v) in &req.tags {
+            tags.push(Tag::new(k, v).map_err(bad)?);
+        }
+        let max_stack_length = validate_max_stack_length(req.max_stack_length.unwrap_or(127))
+            .map_err(|e| bad(e.to_string()))?;
+        let request = SamplingRequest {
+            event: req
+                .event
+                .as_deref()
+                .unwrap_or("auto")
+                .parse()
+                .map_err(|e: Error| bad(e.to_string()))?,
+            sample_interval: req.sample_interval,
+            frequency: req.frequency,
+        };
+        let plan = request
+            .plan(&KernelLimits::read())
+            .map_err(|e| bad(e.to_string()))?;
+        let max_ms = self.limits.max_duration.as_millis() as u64;
+        let duration_ms = req.duration_ms.unwrap_or(max_ms);
+        if duration_ms == 0 || duration_ms > max_ms {
+            return Err(bad(format!(
+                "duration_ms must be between 1 and {max_ms}, got {duration_ms}"
+            )));
+        }
+        let formats = match &req.formats {
+            None => DEFAULT_FORMATS.to_vec(),
+            Some(names) => {
+                let mut formats = Vec::new();
+                for name in names {
+                    let f: Format = name.parse().map_err(|e: Error| bad(e.to_string()))?;
+                    if f != Format::SummaryJson && !formats.contains(&f) {
+                        formats.push(f);
+                    }
+                }
+                formats
+            }
+        };
+        Ok(Validated {
+            plan,
+            duration: Duration::from_millis(duration_ms),
+            options: AggregateOptions {
+                per_thread: false,
+                max_stack_length,
+                line_numbers: false,
+                tags,
+            },
+            formats,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn monitor(
+        self: Arc<Self>,
+        id: u64,
+        mut recording: TargetRecording,
+        sampling: Sampling,
+        duration: Duration,
+        stop: Arc<Notify>,
+        validated: Validated,
+        dir: PathBuf,
+    ) {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + duration);
+        let mut tick = tokio::time::interval(TICK);
+        let mut last_refresh = Instant::now();
+        let end = loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break RunEnd::Completed,
+                _ = stop.notified() => break RunEnd::Interrupted,
+                _ = tick.tick() => {
+                    let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
+                    if refresh {
+                        last_refresh = Instant::now();
+                    }
+                    if !recording.poll(refresh) {
+                        break RunEnd::TargetExited;
+                    }
+                    self.update_samples(id);
+                }
+            }
+        };
+        let elapsed = started.elapsed();
+        self.set_state(id, RunState::Processing);
+        let collected = {
+            let mut inner = self.lock();
+            let slot = inner.runs.get_mut(&id).and_then(|r| r.slot.take());
+            match slot {
+                Some((index, slot)) => {
+                    let instance = &mut inner.instances[index];
+                    let collected =
+                        collect(&mut instance.program, std::slice::from_mut(&mut recording));
+                    instance.slots.remove(&slot);
+                    if instance.slots.is_empty() {
+                        instance.program.clear_stacks();
+                    }
+                    collected
+                }
+                None => Err(Error::Other(anyhow::anyhow!("run {id} lost its slot"))),
+            }
+        };
+        let final_state = if end == RunEnd::Interrupted {
+            RunState::Stopped
+        } else {
+            RunState::Success
+        };
+        let runs = self.clone();
+        let result = self
+            .symbolizer
+            .run(move |symbolizer| -> Result<Processed, Error> {
+                let collected = collected?;
+                let finished = Finished {
+                    sampling,
+                    duration: elapsed,
+                    end,
+                };
+                let profile = assemble(
+                    collected,
+                    std::slice::from_ref(&recording),
+                    finished,
+                    symbolizer,
+                    &validated.options,
+                );
+                let owner = runs.owner(id);
+                let mut files = BTreeMap::new();
+                let mut formats = validated.formats.clone();
+                formats.push(Format::SummaryJson);
+                for format in formats {
+                    let path = dir.join(format!("profile.{}", format.extension()));
+                    Output::create(&path, format)?.write(&profile)?;
+                    store::chown(&path, owner)?;
+                    files.insert(format.to_string(), path.display().to_string());
+                }
+                let mut json = Vec::new();
+                summary::write(&profile, &mut json).map_err(|e| Error::Other(e.into()))?;
+                let summary = serde_json::from_slice(&json).ok();
+                let top = function_shares(&profile)
+                    .into_iter()
+                    .take(20)
+                    .map(|s| TopFunction {
+                        name: s.name,
+                        self_samples: s.self_samples,
+                        total_samples: s.total_samples,
+                    })
+                    .collect();
+                Ok(Processed {
+                    samples: profile.total_samples(),
+                    files,
+                    top,
+                    summary,
+                })
+            })
+            .await;
+        match result {
+            Ok(Ok(processed)) => self.finish(id, final_state, None, Some(processed)),
+            Ok(Err(e)) => self.finish(id, RunState::Failed, Some(e.to_string()), None),
+            Err(e) => self.finish(id, RunState::Failed, Some(e), None),
+        }
+    }
+
+    fn owner(&self, id: u64) -> u32 {
+        self.lock()
+            .runs
+            .get(&id)
+            .map(|r| r.info.owner_uid)
+            .unwrap_or(0)
+    }
+
+    fn update_samples(&self, id: u64) {
+        let mut inner = self.lock();
+        let Some((index, slot)) = inner.runs.get(&id).and_then(|r| r.slot) else {
+            return;
+        };
+        let samples = inner.instances[index]
+            .program
+            .counters(slot)
+            .map(|c| c.get(profiler_common::Counter::Samples))
+            .unwrap_or(0);
+        if let Some(run) = inner.runs.get_mut(&id) {
+            run.info.samples = samples;
+        }
+    }
+
+    fn set_state(&self, id: u64, state: RunState) {
+        let info = {
+            let mut inner = self.lock();
+            let Some(run) = inner.runs.get_mut(&id) else {
+                return;
+            };
+            run.info.state = state;
+            let _ = run.state.send(state);
+            run.info.clone()
+        };
+        let _ = self.store.save(&info);
+    }
+
+    fn finish(
+        &self,
+        id: u64,
+        state: RunState,
+        reason: Option<String>,
+        processed: Option<Processed>,
+    ) {
+        let info = {
+            let mut inner = self.lock();
+            let Some(run) = inner.runs.get_mut(&id) else {
+                return;
+            };
+            run.info.state = state;
+            run.info.reason = reason.clone();
+            run.info.ended_unix_ms = Some(now_ms());
+            if let Some(p) = processed {
+                run.info.samples = p.samples;
+                run.info.files = p.files;
+                run.info.top = p.top;
+                run.info.summary = p.summary;
+            }
+            let _ = run.state.send(state);
+            run.info.clone()
+        };
+        match &reason {
+            Some(r) => log::warn!("run {id}: {state}: {r}"),
+            None => log::info!("run {id}: {state}, {} samples", info.samples),
+        }
+        if let Err(e) = self.store.save(&info) {
+            log::warn!("saving run {id}: {e:#}");
+        }
+        let all: Vec<RunInfo> = self.lock().runs.values().map(|r| r.info.clone()).collect();
+        let deleted = self.store.cleanup(&all);
+        if !deleted.is_empty() {
+            let mut inner = self.lock();
+            for d in deleted {
+                inner.runs.remove(&d);
+            }
+        }
+    }
+
+    /// The run `id` as client `uid` may see it.
+    pub fn info(&self, uid: u32, id: u64) -> Result<RunInfo, Refusal> {
+        let inner = self.lock();
+        match inner.runs.get(&id) {
+            Some(r) if uid == 0 || r.info.owner_uid == uid => Ok(r.info.clone()),
+            _ => Err((ErrorCode::NotFound, format!("no run {id}"))),
+        }
+    }
+
+    /// Asks run `id` to stop; returns its state after the request.
+    pub fn stop(&self, uid: u32, id: u64) -> Result<RunInfo, Refusal> {
+        let info = self.info(uid, id)?;
+        if !info.state.is_final() {
+            if let Some(r) = self.lock().runs.get(&id) {
+                r.stop.notify_one();
+            }
+        }
+        Ok(info)
+    }
+
+    /// Stops every run in flight (daemon shutdown) and waits for them to end.
+    pub async fn stop_all(&self, timeout: Duration) {
+        let receivers: Vec<watch::Receiver<RunState>> = {
+            let inner = self.lock();
+            inner
+                .runs
+                .values()
+                .filter(|r| !r.info.state.is_final())
+                .map(|r| {
+                    r.stop.notify_one();
+                    r.state.subscribe()
+                })
+                .collect()
+        };
+        let wait_all = async {
+            for mut rx in receivers {
+                let _ = rx.wait_for(|s| s.is_final()).await;
+            }
+        };
+        let _ = tokio::time::timeout(timeout, wait_all).await;
+    }
+
+    /// Waits up to `wait` for run `id` to end, then returns it.
+    pub async fn results(&self, uid: u32, id: u64, wait: Duration) -> Result<RunInfo, Refusal> {
+        let info = self.info(uid, id)?;
+        if info.state.is_final() || wait.is_zero() {
+            return Ok(info);
+        }
+        let rx = self.lock().runs.get(&id).map(|r| r.state.subscribe());
+        if let Some(mut rx) = rx {
+            let _ = tokio::time::timeout(wait, rx.wait_for(|s| s.is_final())).await;
+        }
+        self.info(uid, id)
+    }
+
+    /// The runs client `uid` may see, oldest first.
+    pub fn list(&self, uid: u32) -> Vec<RunInfo> {
+        let inner = self.lock();
+        let mut runs: Vec<RunInfo> = inner
+            .runs
+            .values()
+            .filter(|r| uid == 0 || r.info.owner_uid == uid)
+            .map(|r| {
+                let mut info = r.info.clone();
+                info.summary = None;
+                info
+            })
+            .collect();
+        runs.sort_by_key(|r| r.run_id);
+        runs
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Symbolizer) + Send>;
+
+/// One thread owns the symbolizer (blazesym's caches are not `Send`), so its cache of
+/// resolved addresses serves every run; runs hand it their processing as jobs.
+struct SymbolizerThread {
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+}
+
+impl SymbolizerThread {
+    fn spawn() -> SymbolizerThread {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("symbolizer".into())
+            .spawn(move || {
+                let mut symbolizer = Symbolizer::new();
+                for job in rx {
+                    job(&mut symbolizer);
+                }
+            })
+            .expect("spawning the symbolizer thread");
+        SymbolizerThread {
+            jobs: Mutex::new(tx),
+        }
+    }
+
+    /// Runs `f` on the symbolizer thread and waits for its result.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Symbolizer) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |s| {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
+            let _ = tx.send(result);
+        });
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(job)
+            .map_err(|_| "the symbolizer thread is gone".to_string())?;
+        match rx.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(_)) => Err("processing panicked".into()),
+            Err(_) => Err("the symbolizer thread is gone".into()),
+        }
+    }
+}
+
+struct Validated {
+    plan: SamplingPlan,
+    duration: Duration,
+    options: AggregateOptions,
+    formats: Vec<Format>,
+}
+
+struct Processed {
+    samples: u64,
+    files: BTreeMap<String, String>,
+    top: Vec<TopFunction>,
+    summary: Option<serde_json::Value>,
+}
+
+/// Finds or creates the kernel program for `plan`, takes a free slot and registers `target`.
+fn attach(
+    inner: &mut Inner,
+    plan: &SamplingPlan,
+    target: &Target,
+) -> Result<(usize, u32, TargetRecording, Sampling), Error> {
+    let index = match inner.instances.iter().position(|i| &i.plan == plan) {
+        Some(index) => index,
+        None => {
+            let mut program = KernelProgram::load()?;
+            let sampling = program.attach(plan)?;
+            inner.instances.push(Instance {
+                plan: plan.clone(),
+                program,
+                sampling,
+                slots: HashSet::new(),
+            });
+            inner.instances.len() - 1
+        }
+    };
+    let instance = &mut inner.instances[index];
+    let slot = (0..MAX_RUNS)
+        .find(|s| !instance.slots.contains(s))
+        .ok_or_else(|| Error::Other(anyhow::anyhow!("no free run slot")))?;
+    let recording = TargetRecording::start(&mut instance.program, slot, target.clone())?;
+    instance.slots.insert(slot);
+    Ok((index, slot, recording, instance.sampling))
+}
+
+/// A non-root client may profile only its own processes.
+fn authorize(uid: u32, target: &Target) -> Result<(), Refusal> {
+    if uid == 0 {
+        return Ok(());
+    }
+    let owner = procfs::process::Process::new(target.pid as i32)
+        .and_then(|p| p.status())
+        .map(|s| s.ruid)
+        .map_err(|_| {
+            (
+                ErrorCode::NoSuchProcess,
+                format!("pid {} exited", target.pid),
+            )
+        })?;
+    if owner != uid {
+        return Err((
+            ErrorCode::PermissionDenied,
+            format!(
+                "pid {} belongs to uid {owner}; uid {uid} may only profile its own processes",
+                target.pid
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! Compiles the C workload programs in `workloads/` with the system C compiler
+//! and exports their paths as `WORKLOAD_<NAME>` (e.g. `WORKLOAD_HOTCOLD`).
+//!
+//! Flags: `-O0` plus frame pointers everywhere. Debian's gcc 12 drops the frame
+//! pointer of leaf functions at -O1/-O2 even with `-mno-omit-leaf-frame-pointer`,
+//! which would hide a leaf's caller from a frame-pointer unwinder; the workloads
+//! also keep their burn loops inside the leaf functions for the same reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::{env, fs};
+
+fn main() {
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let src_dir = manifest_dir.join("workloads");
+    let cc = env::var("WORKLOAD_CC").unwrap_or_else(|_| "cc".to_string());
+
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={}", src_dir.display());
+    println!("cargo:rerun-if-env-changed=WORKLOAD_CC");
+
+    let mut sources: Vec<PathBuf> = fs::read_dir(&src_dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", src_dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|ext| ext == "c"))
+        .collect();
+    sources.sort();
+
+    for src in &sources {
+        println!("cargo:rerun-if-changed={}", src.display());
+        let name = src
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("UTF-8 workload name");
+        let out = out_dir.join(name);
+        compile(&cc, src, &out);
+        println!(
+            "cargo:rustc-env=WORKLOAD_{}={}",
+            name.to_ascii_uppercase(),
+            out.display()
+        );
+    }
+}
+
+fn compile(cc: &str, src: &Path, out: &Path) {
+    let status = Command::new(cc)
+        .args([
+            "-O0",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-mno-omit-leaf-frame-pointer",
+            "-pthread",
+            "-Wall",
+            "-o",
+        ])
+        .arg(out)
+        .arg(src)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C compiler `{cc}` (install gcc, or set WORKLOAD_CC): {e}")
+        });
+    assert!(
+        status.success(),
+        "`{cc}` failed to compile {} ({status})",
+        src.display()
+    );
+}

@@ -1,0 +1,219 @@
+//! Bad input and bad environments: each case checks the exit code of the
+//! contract and that stderr tells a human what is wrong.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use bpfprof_tests::{
+    exit, has_hardware_pmu, read_proc_u64, require_root, run_bpfprof, spawn_bpfprof_command,
+    tempdir, workload_path, world_executable_bpfprof, RunResult, Workload,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs bpfprof against an existing process (this test process) with extra
+/// arguments and a short duration, so that a wrongly accepted setting still
+/// ends quickly.
+fn run_on_self(extra: &[&str]) -> RunResult {
+    let dir = tempdir();
+    let out = dir.path().join("out.folded");
+    let me = std::process::id().to_string();
+    let mut args = vec!["--pid", &me, "-d", "1s", "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run_bpfprof(args, TIMEOUT)
+}
+
+#[test]
+fn no_such_pid_above_pid_max() {
+    if !require_root() {
+        return;
+    }
+    let pid = read_proc_u64("/proc/sys/kernel/pid_max") + 1;
+    let dir = tempdir();
+    let out = dir.path().join("out.folded");
+    let run = run_bpfprof(
+        [
+            "--pid",
+            &pid.to_string(),
+            "-d",
+            "1s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::NO_SUCH_TARGET);
+    run.assert_stderr_mentions(&[&pid.to_string()]);
+    run.assert_stderr_mentions(&["no such", "not found", "does not exist", "not exist"]);
+}
+
+#[test]
+fn no_such_pid_reaped_child() {
+    if !require_root() {
+        return;
+    }
+    let mut child = Command::new("true").spawn().expect("spawn true");
+    let pid = child.id();
+    child.wait().expect("wait true");
+    let run = run_on_self(&["--pid", &pid.to_string()]);
+    run.assert_code(exit::NO_SUCH_TARGET);
+    run.assert_stderr_mentions(&[&pid.to_string()]);
+}
+
+#[test]
+fn pid_not_a_number() {
+    if !require_root() {
+        return;
+    }
+    let run = run_bpfprof(["--pid", "abc", "-d", "1s"], TIMEOUT);
+    run.assert_code(exit::USAGE);
+    run.assert_stderr_mentions(&["abc"]);
+    run.assert_stderr_mentions(&["--pid", "pid"]);
+}
+
+#[test]
+fn frequency_zero() {
+    if !require_root() {
+        return;
+    }
+    let run = run_on_self(&["-F", "0"]);
+    run.assert_code(exit::INVALID_SAMPLING);
+    run.assert_stderr_mentions(&["frequency", "-F"]);
+}
+
+#[test]
+fn frequency_above_max_sample_rate() {
+    if !require_root() {
+        return;
+    }
+    let max = read_proc_u64("/proc/sys/kernel/perf_event_max_sample_rate");
+    let too_high = (max + 1).max(10_000_000);
+    let run = run_on_self(&["-F", &too_high.to_string()]);
+    run.assert_code(exit::INVALID_SAMPLING);
+    run.assert_stderr_mentions(&["perf_event_max_sample_rate"]);
+}
+
+#[test]
+fn sample_interval_zero() {
+    if !require_root() {
+        return;
+    }
+    let run = run_on_self(&["--sample-interval", "0"]);
+    run.assert_code(exit::INVALID_SAMPLING);
+    run.assert_stderr_mentions(&["interval"]);
+}
+
+#[test]
+fn sample_interval_negative() {
+    if !require_root() {
+        return;
+    }
+    let run = run_on_self(&["--sample-interval", "-5"]);
+    let code = run.code();
+    assert!(
+        code == exit::INVALID_SAMPLING || code == exit::USAGE,
+        "--sample-interval -5: exit {code}, expected 5 or 2\n{}",
+        run.stderr
+    );
+    run.assert_stderr_mentions(&["interval", "-5"]);
+}
+
+#[test]
+fn unwritable_output_fails_before_sampling() {
+    if !require_root() {
+        return;
+    }
+    let target = Workload::spawn("hotcold", &["30"]);
+    let path = "/proc/nonexistent/x.folded";
+    let run = run_bpfprof(
+        ["--pid", &target.pid().to_string(), "-d", "5s", "-o", path],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OUTPUT_NOT_WRITABLE);
+    run.assert_stderr_mentions(&[path]);
+    // Checked before sampling starts: no 5 s profiling run first.
+    assert!(
+        run.elapsed < Duration::from_secs(2),
+        "took {:?}: the target was sampled before the output path was checked",
+        run.elapsed
+    );
+}
+
+#[test]
+fn output_parent_is_a_file() {
+    if !require_root() {
+        return;
+    }
+    // Root ignores directory permissions, so use a parent that is a file.
+    let dir = tempdir();
+    let file = dir.path().join("plainfile");
+    std::fs::write(&file, b"").unwrap();
+    let out = file.join("x.folded");
+    let me = std::process::id().to_string();
+    let run = run_bpfprof(
+        ["--pid", &me, "-d", "5s", "-o", out.to_str().unwrap()],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OUTPUT_NOT_WRITABLE);
+    run.assert_stderr_mentions(&[out.to_str().unwrap()]);
+    assert!(
+        run.elapsed < Duration::from_secs(2),
+        "took {:?}",
+        run.elapsed
+    );
+}
+
+#[test]
+fn event_cycles_without_pmu() {
+    if !require_root() {
+        return;
+    }
+    if has_hardware_pmu() {
+        eprintln!("hardware PMU present: --event cycles is supported here; not testing exit 8");
+        return;
+    }
+    let run = run_on_self(&["--event", "cycles"]);
+    run.assert_code(exit::EVENT_NOT_SUPPORTED);
+    run.assert_stderr_mentions(&["cycles"]);
+}
+
+#[test]
+fn not_root_is_permission_denied() {
+    if !require_root() {
+        return;
+    }
+    // A binary `nobody` can execute, an output dir `nobody` can write, and a
+    // target owned by `nobody`: the only thing missing is the capabilities.
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let out_dir = tempdir();
+    std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = out_dir.path().join("out.folded");
+
+    // The workload binary lives under the target dir, maybe not traversable
+    // by nobody: copy it next to the bpfprof copy.
+    let hotcold = bin_dir.path().join("hotcold");
+    std::fs::copy(workload_path("hotcold"), &hotcold).unwrap();
+    std::fs::set_permissions(&hotcold, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut target_cmd = Command::new("setpriv");
+    target_cmd
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&hotcold)
+        .arg("30");
+    let target = Workload::spawn_command(target_cmd);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        target.status().is_none(),
+        "hotcold as nobody exited: {:?}",
+        target.status()
+    );
+
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(["--pid", &target.pid().to_string(), "-d", "1s", "-o"])
+        .arg(&out);
+    let run = spawn_bpfprof_command(cmd).wait_timeout(TIMEOUT);
+    run.assert_code(exit::PERMISSION_DENIED);
+    run.assert_stderr_mentions(&["permission", "root", "CAP_BPF", "CAP_PERFMON", "privilege"]);
+}
