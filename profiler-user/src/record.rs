@@ -124,33 +124,68 @@ impl Recorder {
             reason: "no command given after --".into(),
         })?;
         let (program, sampling) = load_and_attach(plan, bpf_stats)?;
-        let gate = Gate::new()?;
+        // The child tells us its pid, then waits at the gate until that pid is registered
+        // with the kernel program, so the command is sampled from its first instruction.
+        // `spawn` itself waits for the exec, so it runs on a helper thread meanwhile.
+        let pid_pipe = Pipe::new()?;
+        let gate = Pipe::new()?;
         let mut cmd = Command::new(program_name);
         cmd.args(args);
-        let (read_end, write_end) = (gate.read, gate.write);
-        // SAFETY: only async-signal-safe calls (close, read) run between fork and exec.
+        let (pid_write, pid_read) = (pid_pipe.write, pid_pipe.read);
+        let (gate_read, gate_write) = (gate.read, gate.write);
+        // SAFETY: only async-signal-safe calls (close, getpid, write, read) run between fork
+        // and exec.
         unsafe {
             cmd.pre_exec(move || {
-                libc::close(write_end);
+                libc::close(gate_write);
+                libc::close(pid_read);
+                let pid = libc::getpid();
+                libc::write(pid_write, (&pid as *const i32).cast(), 4);
                 let mut byte = 0u8;
-                // Wait until the parent has registered this pid with the kernel program, so
-                // the command is sampled from its first instruction.
-                libc::read(read_end, (&mut byte as *mut u8).cast(), 1);
+                libc::read(gate_read, (&mut byte as *mut u8).cast(), 1);
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| {
-            Error::NoSuchProcess(format!(
-                "cannot run {}: {e}",
-                program_name.to_string_lossy()
-            ))
-        })?;
+        let spawner = std::thread::spawn(move || cmd.spawn());
+        let pid = match pid_pipe.read_pid(&spawner) {
+            Some(pid) => pid,
+            None => {
+                let e = match spawner.join() {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the child did not start".to_string(),
+                };
+                return Err(Error::NoSuchProcess(format!(
+                    "cannot run {}: {e}",
+                    program_name.to_string_lossy()
+                )));
+            }
+        };
         let mut recorder = Recorder::new(program, sampling);
-        let pid = child.id();
-        recorder.child = Some(child);
-        let target = Target::from_pid(pid)?;
-        recorder.add(target)?;
+        let registered = Target::from_pid(pid).and_then(|target| recorder.add(target));
         gate.open();
+        if let Err(e) = registered {
+            // Never leave the command running unprofiled behind an error.
+            if let Ok(Ok(mut child)) = spawner.join() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            return Err(e);
+        }
+        let child = match spawner.join() {
+            Ok(Ok(child)) => child,
+            Ok(Err(e)) => {
+                return Err(Error::NoSuchProcess(format!(
+                    "cannot run {}: {e}",
+                    program_name.to_string_lossy()
+                )))
+            }
+            Err(_) => {
+                return Err(Error::Other(anyhow::anyhow!(
+                    "spawning the command panicked"
+                )))
+            }
+        };
+        recorder.child = Some(child);
         wait_for_exec(pid);
         if let Some(t) = recorder.targets.first_mut() {
             if let Err(e) = t.maps.refresh() {
@@ -474,14 +509,14 @@ fn wait_for_exec(pid: u32) {
     }
 }
 
-/// A pipe a launched child blocks on until its pid is registered.
-struct Gate {
+/// A pipe between bpfprof and a command it launches.
+struct Pipe {
     read: RawFd,
     write: RawFd,
 }
 
-impl Gate {
-    fn new() -> Result<Gate> {
+impl Pipe {
+    fn new() -> Result<Pipe> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: fds is a valid array of two ints.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -489,10 +524,33 @@ impl Gate {
                 .context("creating the launch pipe")
                 .into());
         }
-        Ok(Gate {
+        Ok(Pipe {
             read: fds[0],
             write: fds[1],
         })
+    }
+
+    /// Reads the pid the child writes, giving up when the spawning thread ends without one
+    /// (the fork failed).
+    fn read_pid(&self, spawner: &std::thread::JoinHandle<std::io::Result<Child>>) -> Option<u32> {
+        loop {
+            let mut poll = libc::pollfd {
+                fd: self.read,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let ready = unsafe { libc::poll(&mut poll, 1, 50) };
+            if ready > 0 {
+                let mut pid: i32 = 0;
+                // SAFETY: reading 4 bytes into an i32.
+                let n = unsafe { libc::read(self.read, (&mut pid as *mut i32).cast(), 4) };
+                return (n == 4 && pid > 0).then_some(pid as u32);
+            }
+            if spawner.is_finished() {
+                return None;
+            }
+        }
     }
 
     fn open(&self) {
@@ -501,7 +559,7 @@ impl Gate {
     }
 }
 
-impl Drop for Gate {
+impl Drop for Pipe {
     fn drop(&mut self) {
         // SAFETY: closing fds this struct owns.
         unsafe {

@@ -59,7 +59,10 @@ pub enum ProfileError {
         waited: Duration,
     },
     /// The run ended with `FAILED`, or ended before the work started.
-    #[error("bpfprof run {run_id} ended {state}: {}", reason.as_deref().unwrap_or("no reason given"))]
+    #[error(
+        "bpfprof run {run_id} ended {state}: {}",
+        reason.as_deref().unwrap_or("no reason given")
+    )]
     RunFailed {
         /// The run.
         run_id: u64,
@@ -502,7 +505,11 @@ mod tests {
         assert_eq!(p.profile(|| 1).unwrap(), 1);
         assert!(matches!(
             p.last_error(),
-            Some(ProfileError::RunFailed { run_id: 7, state: RunState::Failed, reason: Some(r) }) if r == "boom"
+            Some(ProfileError::RunFailed {
+                run_id: 7,
+                state: RunState::Failed,
+                reason: Some(r),
+            }) if r == "boom"
         ));
         assert_eq!(p.last_result().unwrap().state, Some(RunState::Failed));
 

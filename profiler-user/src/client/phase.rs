@@ -89,9 +89,13 @@ impl PhaseConfig {
             }
         }
         if let Some(v) = get(MAX_PROFILE_TIME_ENV) {
-            match v.parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+            let secs = v.parse::<f64>().ok();
+            match secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) {
                 Some(d) if !d.is_zero() => config.options.max_profile_duration = d,
-                _ => log::warn!("bpfprof: ignoring {MAX_PROFILE_TIME_ENV}={v:?}: not a positive number of seconds"),
+                _ => log::warn!(
+                    "bpfprof: ignoring {MAX_PROFILE_TIME_ENV}={v:?}: not a positive number of \
+                     seconds"
+                ),
             }
         }
         config.filter = get(PHASE_FILTER_ENV);

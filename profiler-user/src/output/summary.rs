@@ -17,8 +17,11 @@ struct Summary<'a> {
     event: Event,
     event_fallback: bool,
     period: u64,
-    frequency_hz: Option<u64>,
-    nominal_hz: f64,
+    /// Samples per second per busy CPU that the event was set up for (requested, or the
+    /// equivalent of the period).
+    frequency_hz: f64,
+    /// Whether the kernel adjusts the period to hold `frequency_hz` (vs a fixed period).
+    frequency_mode: bool,
     effective_hz: f64,
     duration_secs: f64,
     lost: &'a Losses,
@@ -68,11 +71,8 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         event: meta.sampling.event,
         event_fallback: meta.sampling.fallback,
         period: meta.sampling.period(),
-        frequency_hz: match meta.sampling.rate {
-            Rate::Frequency(f) => Some(f),
-            Rate::Period(_) => None,
-        },
-        nominal_hz: meta.sampling.nominal_hz,
+        frequency_hz: meta.sampling.nominal_hz,
+        frequency_mode: matches!(meta.sampling.rate, Rate::Frequency(_)),
         effective_hz: effective_hz(profile),
         duration_secs: meta.duration.as_secs_f64(),
         lost: &meta.losses,
