@@ -1,18 +1,16 @@
 //! The kernel program: loading the embedded eBPF object, attaching it to a perf event on every
 //! online CPU, and telling it which processes to keep samples of.
 
-use std::{collections::HashMap as StdHashMap, io};
+use std::{
+    collections::HashMap as StdHashMap,
+    io,
+    os::fd::{AsFd, AsRawFd},
+};
 
 use anyhow::{anyhow, Context};
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap},
-    programs::{
-        perf_event::{
-            HardwareEvent, PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy,
-            SoftwareEvent,
-        },
-        PerfEvent, ProgramError,
-    },
+    programs::{PerfEvent, ProgramError},
     Ebpf, EbpfError,
 };
 use profiler_common::{
@@ -22,7 +20,8 @@ use profiler_common::{
 
 use crate::{
     error::{Error, Result},
-    sampling::{Event, Rate, Sampling, SamplingPlan},
+    perf_events::AttachedEvents,
+    sampling::{Sampling, SamplingPlan},
     target::Target,
 };
 
@@ -44,7 +43,7 @@ impl Counters {
 /// The loaded kernel program and its maps.
 pub struct KernelProgram {
     ebpf: Ebpf,
-    links: Vec<PerfEventLinkId>,
+    events: Option<AttachedEvents>,
     program_id: u32,
     namespaces: Array<MapData, PidNamespace>,
     /// Slot of each watched namespace, with the number of targets in it.
@@ -95,7 +94,7 @@ impl KernelProgram {
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         Ok(KernelProgram {
             ebpf,
-            links: Vec::new(),
+            events: None,
             program_id,
             namespaces,
             namespace_slots: StdHashMap::new(),
@@ -156,7 +155,7 @@ impl KernelProgram {
                 Err(e) if is_missing_event(&e) => match plan.cpu_clock {
                     Some(_) => {
                         log::warn!(
-                            "no hardware PMU on this machine ({e}); sampling with cpu-clock instead"
+                            "no hardware PMU on this machine (perf_event_open: {e}); sampling with cpu-clock instead"
                         );
                     }
                     None => {
@@ -176,40 +175,17 @@ impl KernelProgram {
         Ok(clock)
     }
 
-    fn attach_event(&mut self, sampling: &Sampling) -> Result<(), ProgramError> {
-        let config = match sampling.event {
-            Event::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
-            Event::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
-        };
-        let policy = match sampling.rate {
-            Rate::Period(p) => SamplePolicy::Period(p),
-            Rate::Frequency(f) => SamplePolicy::Frequency(f),
-        };
-        let cpus = aya::util::online_cpus().map_err(|(path, io_error)| {
-            ProgramError::SyscallError(aya::sys::SyscallError {
-                call: path,
-                io_error,
-            })
-        })?;
-        let program = self.program_mut();
-        let mut links = Vec::with_capacity(cpus.len());
-        for cpu in cpus {
-            match program.attach(
-                config,
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                policy,
-                false,
-            ) {
-                Ok(link) => links.push(link),
-                Err(e) => {
-                    for link in links {
-                        let _ = program.detach(link);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        self.links = links;
+    fn attach_event(&mut self, sampling: &Sampling) -> io::Result<()> {
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, e)| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+        let program_fd = self
+            .program_mut()
+            .fd()
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .as_fd()
+            .as_raw_fd();
+        let events = AttachedEvents::attach(sampling, &cpus, program_fd, sampling.jitter)?;
+        self.events = Some(events);
         self.stats_at_attach = self.raw_run_stats();
         Ok(())
     }
@@ -223,12 +199,8 @@ impl KernelProgram {
 
     /// Stops sampling on every CPU; counts and stacks stay readable.
     pub fn detach(&mut self) {
-        let links = std::mem::take(&mut self.links);
-        let program = self.program_mut();
-        for link in links {
-            if let Err(e) = program.detach(link) {
-                log::warn!("detaching a perf event: {e}");
-            }
+        if let Some(events) = self.events.take() {
+            events.detach();
         }
     }
 
@@ -337,23 +309,25 @@ fn is_permission(e: &io::Error) -> bool {
 }
 
 /// ENOENT (no such PMU event) and EOPNOTSUPP/ENODEV (no sampling support) mean "not here".
-fn is_missing_event(e: &ProgramError) -> bool {
-    matches!(e, ProgramError::SyscallError(s)
-        if matches!(s.io_error.raw_os_error(), Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)))
+fn is_missing_event(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)
+    )
 }
 
-fn attach_error(e: ProgramError) -> Error {
-    match &e {
-        ProgramError::SyscallError(s) if is_permission(&s.io_error) => Error::PermissionDenied(
-            format!("the kernel refused to open the perf event ({e}); need CAP_PERFMON or root"),
-        ),
-        ProgramError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL) => {
-            Error::InvalidSampling(format!(
-                "the kernel rejected the sampling rate ({e}); check kernel.perf_event_max_sample_rate"
-            ))
-        }
-        _ => Error::Kernel(anyhow!(e).context("attaching to perf events")),
+fn attach_error(e: io::Error) -> Error {
+    if is_permission(&e) {
+        return Error::PermissionDenied(format!(
+            "the kernel refused to open the perf event ({e}); need CAP_PERFMON or root"
+        ));
     }
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        return Error::InvalidSampling(format!(
+            "the kernel rejected the sampling rate ({e}); check kernel.perf_event_max_sample_rate"
+        ));
+    }
+    Error::Kernel(anyhow!(e).context("attaching to perf events"))
 }
 
 /// Fails early, with a message a person can act on, when the process cannot use BPF.

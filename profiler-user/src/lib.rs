@@ -14,6 +14,7 @@ pub mod drain;
 pub mod error;
 pub mod kernel;
 pub mod output;
+pub mod perf_events;
 pub mod procmaps;
 pub mod protocol;
 pub mod record;

@@ -173,6 +173,11 @@ struct RecordArgs {
     #[arg(short = 'F', long, allow_negative_numbers = true)]
     frequency: Option<i64>,
 
+    /// Keep the sampling period fixed. By default each CPU's period is redrawn around the
+    /// mean (±50%) every few milliseconds, so periodic workloads cannot alias with it.
+    #[arg(long)]
+    fixed_interval: bool,
+
     /// Where to write the profile; repeatable. The format comes from the extension (.svg,
     /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json), else from --format.
     /// Default: bpfprof.svg.
@@ -416,6 +421,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
         event: cli.event.parse::<EventChoice>()?,
         sample_interval: cli.sample_interval,
         frequency: cli.frequency,
+        fixed_interval: cli.fixed_interval,
     };
     let specs = cli
         .pids

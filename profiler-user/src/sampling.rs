@@ -76,6 +76,8 @@ pub struct SamplingRequest {
     pub sample_interval: Option<i64>,
     /// Samples per second.
     pub frequency: Option<i64>,
+    /// Keep the period fixed instead of re-randomizing it around its mean.
+    pub fixed_interval: bool,
 }
 
 /// One event with its rate, ready to attach.
@@ -89,6 +91,9 @@ pub struct Sampling {
     pub nominal_hz: f64,
     /// True when `auto` found no PMU and fell back to cpu-clock.
     pub fallback: bool,
+    /// Whether a fixed period is re-randomized around its mean while sampling, so that
+    /// periodic workloads do not alias with it.
+    pub jitter: bool,
 }
 
 impl Sampling {
@@ -114,7 +119,12 @@ impl Sampling {
         } else {
             ""
         };
-        format!("{} {rate}{fallback}", self.event)
+        let jitter = if self.jitter && matches!(self.rate, Rate::Period(_)) {
+            format!(", randomized ±{:.0}%", crate::perf_events::JITTER * 100.0)
+        } else {
+            String::new()
+        };
+        format!("{} {rate}{jitter}{fallback}", self.event)
     }
 }
 
@@ -213,17 +223,20 @@ impl SamplingRequest {
 
         // Cycles: the interval is in cycles; cpu-clock: in nanoseconds. With `auto` the
         // interval is in cycles (strobelight's meaning) and cpu-clock gets the same rate.
+        let jitter = !self.fixed_interval;
         let cycles = |rate: Rate, hz: f64| Sampling {
             event: Event::Cycles,
             rate,
             nominal_hz: hz,
             fallback: false,
+            jitter,
         };
         let clock = |hz: f64, fallback: bool| Sampling {
             event: Event::CpuClock,
             rate: Rate::Period(((1e9 / hz).round() as u64).max(1)),
             nominal_hz: hz,
             fallback,
+            jitter,
         };
         Ok(match (self.event, frequency, interval) {
             (EventChoice::CpuClock, Some(hz), _) => {
@@ -311,6 +324,7 @@ mod tests {
             event,
             sample_interval: interval,
             frequency: freq,
+            fixed_interval: false,
         }
         .plan(&LIMITS)
     }

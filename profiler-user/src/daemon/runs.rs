@@ -250,6 +250,7 @@ impl Runs {
                 .map_err(|e: Error| bad(e.to_string()))?,
             sample_interval: req.sample_interval,
             frequency: req.frequency,
+            fixed_interval: false,
         };
         let plan = request
             .plan(&KernelLimits::read())

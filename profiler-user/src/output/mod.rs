@@ -304,6 +304,7 @@ pub(crate) mod fixture {
                     rate: Rate::Period(1_001_001),
                     nominal_hz: 999.0,
                     fallback: true,
+                    jitter: true,
                 },
                 duration: Duration::from_millis(100),
                 samples_seen: 100,

@@ -709,6 +709,7 @@ mod tests {
             rate: Rate::Period(10_000_000),
             nominal_hz: 250.0,
             fallback: false,
+            jitter: true,
         };
         let p = decode(&encode(&profile));
         assert_eq!(
@@ -726,6 +727,7 @@ mod tests {
             rate: Rate::Frequency(1000),
             nominal_hz: 1000.0,
             fallback: false,
+            jitter: true,
         };
         let p = decode(&encode(&profile));
         assert_eq!(sums(&p), [100, 100 * 1_000_000]);
@@ -737,6 +739,7 @@ mod tests {
             rate: Rate::Frequency(99),
             nominal_hz: 99.0,
             fallback: false,
+            jitter: true,
         };
         let p = decode(&encode(&profile));
         assert_eq!(types(&p), [("samples".into(), "count".into())]);
