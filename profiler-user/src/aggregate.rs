@@ -79,6 +79,12 @@ pub struct Tag {
     pub label: String,
 }
 
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
 impl Tag {
     /// The key that `--sample-tags` values get.
     pub const BARE_KEY: &'static str = "tag";
@@ -222,6 +228,14 @@ pub struct ProfileMeta {
     pub max_stack_length: usize,
     /// What the profile cost to take.
     pub cost: RunCost,
+}
+
+impl ProfileMeta {
+    /// The tags as `key=value` joined by `sep`.
+    pub fn tag_list(&self, sep: &str) -> String {
+        let tags: Vec<String> = self.tags.iter().map(Tag::to_string).collect();
+        tags.join(sep)
+    }
 }
 
 /// What a recording cost, so that every profile states its own overhead.

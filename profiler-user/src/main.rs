@@ -572,12 +572,7 @@ fn summary(profile: &Profile) -> String {
         effective_hz(profile),
     );
     if !meta.tags.is_empty() {
-        let tags: Vec<String> = meta
-            .tags
-            .iter()
-            .map(|t| format!("{}={}", t.key, t.value))
-            .collect();
-        out.push_str(&format!("  tags: {}\n", tags.join(", ")));
+        out.push_str(&format!("  tags: {}\n", meta.tag_list(", ")));
     }
     let cost = &meta.cost;
     out.push_str(&format!(

@@ -129,7 +129,11 @@ impl Sampling {
 }
 
 fn fmt_ns(ns: u64) -> String {
-    humantime::format_duration(Duration::from_nanos(ns)).to_string()
+    if ns < 1_000_000_000 {
+        format!("{:.3} ms", ns as f64 / 1e6)
+    } else {
+        humantime::format_duration(Duration::from_millis(ns / 1_000_000)).to_string()
+    }
 }
 
 /// The events to try, in order, for a request: `auto` tries cycles first, then cpu-clock.

@@ -592,12 +592,7 @@ fn comments(profile: &Profile, measure: &Measure) -> Vec<String> {
         c.push(format!("target: {} (pid {})", target.comm, target.pid));
     }
     if !meta.tags.is_empty() {
-        let tags: Vec<String> = meta
-            .tags
-            .iter()
-            .map(|t| format!("{}={}", t.key, t.value))
-            .collect();
-        c.push(format!("tags: {}", tags.join(" ")));
+        c.push(format!("tags: {}", meta.tag_list(" ")));
     }
     c.push(format!(
         "ended: {}",

@@ -86,12 +86,7 @@ fn subtitle(profile: &Profile) -> String {
         format!("{} samples", profile.total_samples()),
     ];
     if !meta.tags.is_empty() {
-        let tags: Vec<String> = meta
-            .tags
-            .iter()
-            .map(|t| format!("{}={}", t.key, t.value))
-            .collect();
-        parts.push(format!("tags: {}", tags.join(", ")));
+        parts.push(format!("tags: {}", meta.tag_list(", ")));
     }
     let losses = meta.losses.nonzero();
     if !losses.is_empty() {
