@@ -169,7 +169,6 @@ async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
             let runs = runs.clone();
             // Attaching does blocking syscalls; keep the reactor free for other clients.
             tokio::task::spawn_blocking(move || {
-                let _guard = tokio::runtime::Handle::current();
                 runs.start(uid, run)
             })
             .await
