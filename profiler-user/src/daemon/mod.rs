@@ -168,11 +168,9 @@ async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
         Op::Run(run) => {
             let runs = runs.clone();
             // Attaching does blocking syscalls; keep the reactor free for other clients.
-            tokio::task::spawn_blocking(move || {
-                runs.start(uid, run)
-            })
-            .await
-            .unwrap_or_else(|e| Err((ErrorCode::Internal, format!("run start panicked: {e}"))))
+            tokio::task::spawn_blocking(move || runs.start(uid, run))
+                .await
+                .unwrap_or_else(|e| Err((ErrorCode::Internal, format!("run start panicked: {e}"))))
         }
         Op::Status { run_id } => runs.info(uid, run_id).map(|i| Reply::for_run(&i, false)),
         Op::Stop { run_id } => runs.stop(uid, run_id).map(|i| Reply::for_run(&i, false)),
