@@ -853,10 +853,10 @@ fn ci_steps() -> Vec<Step> {
         Step::cargo("build", "", &["build", "--workspace", "--all-targets"]),
         Step::new(
             "test",
-            "cargo test --workspace -- --test-threads=2 (with CI=true unless CI is set)",
+            "cargo test --workspace --no-fail-fast -- --test-threads=2 (with CI=true unless CI is set)",
             || {
                 let mut cmd = cargo();
-                cmd.args(["test", "--workspace", "--", "--test-threads=2"]);
+                cmd.args(["test", "--workspace", "--no-fail-fast", "--", "--test-threads=2"]);
                 // CI makes the end-to-end tests run (as root) instead of skipping.
                 if std::env::var_os("CI").is_none() {
                     cmd.env("CI", "true");
