@@ -210,16 +210,18 @@ fn kernel_frames_follow_user_frames() {
             );
         }
     }
-    // The syscall is issued from do_syscalls (inline asm), so the user part
-    // ends in main;do_syscalls right before the kernel frames.
+    // The syscall is issued from do_syscalls through the always_inline
+    // raw_syscall3, which DWARF records as inlined: bpfprof expands it, so the
+    // user part ends in main;do_syscalls;raw_syscall3 right before the kernel
+    // frames.
     assert!(
         profile.stacks.keys().any(|f| {
             let Some(k) = f.iter().position(|x| is_kernel_frame(x)) else {
                 return false;
             };
-            k >= 2 && f[k - 1] == "do_syscalls" && f[k - 2] == "main"
+            k >= 3 && f[k - 1] == "raw_syscall3" && f[k - 2] == "do_syscalls" && f[k - 3] == "main"
         }),
-        "no stack of the form syscalls;...;main;do_syscalls;<kernel>_[k]\n{ctx}"
+        "no stack of the form syscalls;...;main;do_syscalls;raw_syscall3;<kernel>_[k]\n{ctx}"
     );
 }
 
