@@ -31,6 +31,8 @@ pub struct MappedFile {
     pub id: FileId,
     /// Open handle, reachable as `/proc/self/fd/N`.
     pub file: File,
+    /// The GNU build id, read on first use.
+    build_id: std::sync::OnceLock<Option<String>>,
 }
 
 impl MappedFile {
@@ -38,6 +40,17 @@ impl MappedFile {
     pub fn open_path(&self) -> PathBuf {
         use std::os::fd::AsRawFd;
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// The file's GNU build id in hex, if it has one (pprof mappings carry it so that
+    /// symbols can be found again later).
+    pub fn build_id(&self) -> Option<&str> {
+        self.build_id
+            .get_or_init(|| {
+                let id = blazesym::helper::read_elf_build_id(&self.open_path()).ok()??;
+                Some(id.iter().map(|b| format!("{b:02x}")).collect())
+            })
+            .as_deref()
     }
 
     /// The file's name without directories, as shown in `module+0xOFFSET` frames.
@@ -163,6 +176,7 @@ impl ProcessMaps {
                                     path: path.clone(),
                                     id,
                                     file,
+                                    build_id: std::sync::OnceLock::new(),
                                 });
                                 self.files.insert(id, file.clone());
                                 Backing::File(file)

@@ -37,6 +37,8 @@ pub struct Frame {
     pub file: Option<String>,
     /// Source line of the sampled instruction in this frame, where debug info has it.
     pub line: Option<u32>,
+    /// GNU build id (hex) of the binary the frame is in, where it has one.
+    pub build_id: Option<String>,
 }
 
 /// Turns addresses into frames, caching every answer.
@@ -118,6 +120,7 @@ impl Symbolizer {
                     inlined: false,
                     file: None,
                     line: None,
+                    build_id: None,
                 }]);
             }
         }
@@ -201,6 +204,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
         inlined: false,
         file,
         line,
+        build_id: None,
     });
     for inlined in sym.inlined.iter() {
         let (file, line) = code_location(inlined.code_info.as_ref());
@@ -211,6 +215,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
             inlined: true,
             file,
             line,
+            build_id: None,
         });
     }
     frames.into()
@@ -237,5 +242,6 @@ fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
         inlined: false,
         file: None,
         line: None,
+        build_id: None,
     }])
 }

@@ -241,6 +241,7 @@ pub(crate) mod fixture {
             inlined,
             file: (kind == FrameKind::User).then(|| "/src/app.c".to_string()),
             line,
+            build_id: (kind == FrameKind::User).then(|| "0123abcd".to_string()),
         })
     }
 

@@ -331,9 +331,16 @@ impl Tables {
             };
             // Addresses are not kept past symbolization, so the range stays unknown (0..0);
             // has_functions tells pprof not to try symbolizing it again.
+            let build_id = profile.frames.iter().find_map(|frame| match frame {
+                ProfileFrame::Code(f) if f.module.as_deref() == Some(module) => {
+                    f.build_id.as_deref()
+                }
+                _ => None,
+            });
             mappings.push(proto::Mapping {
                 id,
                 filename: strings.id(module),
+                build_id: build_id.map_or(0, |b| strings.id(b)),
                 has_functions: true,
                 has_filenames: has(|f| f.file.is_some()),
                 has_line_numbers: has(|f| f.line.is_some()),
@@ -691,6 +698,8 @@ mod tests {
         }
         let mappings: Vec<&str> = p.mapping.iter().map(|m| s(&p, m.filename)).collect();
         assert_eq!(mappings, ["app", "[kernel]"]);
+        assert_eq!(s(&p, p.mapping[0].build_id), "0123abcd");
+        assert_eq!(p.mapping[1].build_id, 0);
         assert!(p.mapping[0].has_functions && p.mapping[0].has_filenames);
         assert!(p.mapping[0].has_inline_frames);
         assert!(!p.mapping[1].has_filenames && !p.mapping[1].has_inline_frames);

@@ -411,6 +411,7 @@ print(json.dumps(out))
             inlined: false,
             file: None,
             line: None,
+            build_id: None,
         }));
         let id = profile.frames.len() - 1;
         profile.stacks.push(StackCount {
