@@ -26,7 +26,8 @@
 //! hides the others), truncation is visible, and the run's tags show as the root entries.
 //! pstats has no other place for metadata. `total_tt` is the profile's sample time.
 //!
-//! An empty profile writes an empty dict, which `pstats.Stats` refuses to load.
+//! An empty profile writes one zero entry, `[no samples]`: `pstats.Stats` refuses an empty
+//! table.
 //!
 //! The marshal writer is this file's own: the crates that write marshal are unfit
 //! (`py-marshal` only reads and is unmaintained; `python_marshal` is GPL-3.0, which the
@@ -52,6 +53,17 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let functions = function_stats(profile);
     let time = |samples: u64| samples as f64 * dt;
     marshal::dict_start(w)?;
+    if functions.is_empty() {
+        // pstats refuses an empty table; one zero entry says what happened instead.
+        write_key(w, &("~".to_string(), 0, "[no samples]".to_string()))?;
+        marshal::tuple(w, 5)?;
+        marshal::int(w, 0)?;
+        marshal::int(w, 0)?;
+        marshal::float(w, 0.0)?;
+        marshal::float(w, 0.0)?;
+        marshal::dict_start(w)?;
+        marshal::dict_end(w)?;
+    }
     for f in &functions {
         write_key(w, &f.key)?;
         marshal::tuple(w, 5)?;
@@ -527,13 +539,23 @@ print(json.dumps([[list(k) if isinstance(k, tuple) else k, v] for k, v in d.item
     }
 
     #[test]
-    fn empty_profile_is_an_empty_dict() {
+    fn empty_profile_loads_with_one_zero_entry() {
         let mut profile = fixture::profile();
         profile.stacks.clear();
         profile.meta.sampling.nominal_hz = 0.0;
+        assert_eq!(sample_secs(&profile), FALLBACK_SAMPLE_SECS);
         let mut bytes = Vec::new();
         write(&profile, &mut bytes).unwrap();
-        assert_eq!(bytes, b"{0");
-        assert_eq!(sample_secs(&profile), FALLBACK_SAMPLE_SECS);
+        let file = TempFile::new("empty", &bytes);
+        let script = r#"
+import json, pstats, sys
+s = pstats.Stats(sys.argv[1])
+print(json.dumps({"functions": [k[2] for k in s.stats], "total_tt": s.total_tt}))
+"#;
+        let Some(out) = python(script, &file.0) else {
+            return;
+        };
+        assert_eq!(out["functions"], serde_json::json!(["[no samples]"]));
+        assert_eq!(out["total_tt"], 0.0);
     }
 }
