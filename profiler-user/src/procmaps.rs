@@ -322,6 +322,11 @@ mod tests {
                 assert_eq!(file.path, exe);
                 assert!(offset > 0);
                 assert!(file.open_path().exists());
+                let id = file.build_id().expect("test binaries have a GNU build id");
+                assert!(
+                    id.len() >= 16 && id.chars().all(|c| c.is_ascii_hexdigit()),
+                    "{id}"
+                );
             }
             other => panic!("expected a file location, got {other:?}"),
         }

@@ -92,8 +92,18 @@ impl Symbolizer {
                 .symbolize(&source, Input::FileOffset(&offsets))
             {
                 Ok(results) => {
+                    let build_id = file.build_id();
                     for (offset, result) in offsets.iter().zip(results) {
-                        let frames = to_frames(&result, &module, *offset, FrameKind::User);
+                        let mut frames = to_frames(&result, &module, *offset, FrameKind::User);
+                        if let Some(build_id) = build_id {
+                            frames = frames
+                                .iter()
+                                .map(|f| Frame {
+                                    build_id: Some(build_id.to_string()),
+                                    ..f.clone()
+                                })
+                                .collect();
+                        }
                         self.user.insert((id, *offset), frames);
                     }
                 }
