@@ -16,7 +16,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
             first = false;
             let frame = &profile.frames[id];
             // `;` separates frames and a trailing " N" is the count: neither may appear inside.
-            let name = frame.name().replace(';', ":").replace('\n', " ");
+            let name = frame.label().replace(';', ":").replace('\n', " ");
             w.write_all(name.as_bytes())?;
             if frame.is_kernel() {
                 w.write_all(b"_[k]")?;

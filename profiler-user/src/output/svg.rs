@@ -369,10 +369,11 @@ print(json.dumps(out))
                 .collect()
         };
         // leaf_hot is drawn twice (under parent_hot and under recursion): 60 + 10 samples.
+        // The fixture's frames carry lines, as with --line-numbers, so labels name them.
         let hot = titled("leaf_hot (");
         assert!(
             hot.iter()
-                .any(|(t, _)| t == "leaf_hot (60 samples, 60.00%)"),
+                .any(|(t, _)| t == "leaf_hot (app.c:30) (60 samples, 60.00%)"),
             "{hot:?}"
         );
         assert_eq!(hot.iter().map(|(t, _)| tooltip_samples(t)).sum::<u64>(), 70);

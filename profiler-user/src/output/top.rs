@@ -56,9 +56,9 @@ pub fn function_shares(profile: &Profile) -> Vec<FunctionShare> {
 
 fn display_name(frame: &ProfileFrame) -> String {
     if frame.is_kernel() {
-        format!("{}_[k]", frame.name())
+        format!("{}_[k]", frame.label())
     } else {
-        frame.name().to_string()
+        frame.label()
     }
 }
 
