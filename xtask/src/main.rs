@@ -867,14 +867,37 @@ fn ci_steps() -> Vec<Step> {
     ];
     if workspace_root().join("python/tests").is_dir() {
         steps.push(Step::new(
-            "pytest",
-            "python3 -m pytest python/tests",
+            "pip-install",
+            "pip install ./python into a fresh venv and import it",
             || {
-                run(command("python3").current_dir(workspace_root()).args([
+                let venv = workspace_root().join("target/py-venv");
+                let _ = std::fs::remove_dir_all(&venv);
+                run(command("python3").args(["-m", "venv"]).arg(&venv))?;
+                run(command(venv.join("bin/pip"))
+                    .args(["install", "--quiet"])
+                    .arg(workspace_root().join("python")))?;
+                run(command(venv.join("bin/python")).args([
+                    "-c",
+                    "import bpfprof; print('bpfprof', bpfprof.__version__, 'imports')",
+                ]))
+            },
+        ));
+        steps.push(Step::new(
+            "pytest",
+            "python3 -m pytest python/tests (with CI=true unless CI is set)",
+            || {
+                let mut cmd = command("python3");
+                cmd.current_dir(workspace_root()).args([
                     "-m",
                     "pytest",
+                    "-p",
+                    "no:cacheprovider",
                     "python/tests",
-                ]))
+                ]);
+                if std::env::var_os("CI").is_none() {
+                    cmd.env("CI", "true");
+                }
+                run(&mut cmd)
             },
         ));
     }

@@ -1,0 +1,69 @@
+"""End to end against the real bpfprof daemon (root): real samples of this Python process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bpfprof import FunctionProfiler, PhaseProfiler
+
+from conftest import folded_text
+
+
+def python_busy_loop(seconds: float) -> int:
+    end = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < end:
+        for i in range(10_000):
+            total += i * i
+    return total
+
+
+def test_a_python_function_shows_its_interpreter_frames_and_tags(real_daemon) -> None:
+    profiler = FunctionProfiler(
+        stop_at_error=True, sample_tags=["py-e2e"], tags={"phase": "loop"}, socket_path=real_daemon
+    )
+    assert profiler.profile(python_busy_loop, 1.5) > 0
+    result = profiler.profile_result
+    assert result is not None and result["state"] == "STOPPED", result
+    assert result["samples"] > 50, result
+    folded = folded_text(result)
+    # CPython's evaluation loop is the native frame every Python function runs in.
+    assert "_PyEval_EvalFrameDefault" in folded, folded[:2000]
+    tags = {(t["key"], t["value"]) for t in result["summary"]["tags"]}
+    assert tags == {("tag", "py-e2e"), ("phase", "loop")}
+    assert "[tag py-e2e]" in folded
+
+
+def test_numpy_matrix_products_show_blas_frames(real_daemon) -> None:
+    numpy = pytest.importorskip("numpy")
+    a = numpy.random.default_rng(0).random((400, 400))
+
+    def products(seconds: float) -> float:
+        end = time.monotonic() + seconds
+        acc = 0.0
+        while time.monotonic() < end:
+            acc += float((a @ a).sum())
+        return acc
+
+    profiler = FunctionProfiler(stop_at_error=True, socket_path=real_daemon)
+    profiler.profile(products, 1.5)
+    folded = folded_text(profiler.profile_result).lower()
+    assert "gemm" in folded, folded[:2000]
+
+
+def test_exceptions_propagate_from_a_real_run(real_daemon) -> None:
+    profiler = FunctionProfiler(stop_at_error=True, socket_path=real_daemon)
+    with pytest.raises(ZeroDivisionError):
+        profiler.profile(lambda: 1 / 0)
+    assert profiler.current_run_id is not None and profiler.profile_result is None
+
+
+def test_a_phase_session_against_the_real_daemon(real_daemon) -> None:
+    phases = PhaseProfiler.enable(socket_path=real_daemon, stop_at_error=True, env={})
+    assert phases.profile_phase(python_busy_loop, "warmup", 0.5) > 0
+    result = phases.results["warmup"]
+    tags = {(t["key"], t["value"]) for t in result["summary"]["tags"]}
+    assert ("phase", "warmup") in tags and ("session", phases.session) in tags
+    assert phases.stats.succeeded == 1
