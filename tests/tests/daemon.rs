@@ -600,3 +600,38 @@ fn function_profiler_profiles_the_calling_process() {
         profile.top(5)
     );
 }
+
+#[test]
+fn phase_profiler_tags_each_phase_and_skips_nested_ones() {
+    if !require_root() {
+        return;
+    }
+    use bpfprof::client::{PhaseConfig, PhaseProfiler};
+    let daemon = Daemon::start(&[]);
+    let socket = daemon.socket();
+    let mut config = PhaseConfig::from_lookup(|_| None);
+    config.options.socket = Some(socket);
+    config.options.frequency = Some(499);
+    let phases = PhaseProfiler::new(config);
+    let value = phases.profile_phase("compute", || {
+        let nested = phases.profile_phase("nested", || busy_rust_work(50));
+        busy_rust_work(800) ^ nested
+    });
+    assert_ne!(value, 0);
+    let stats = phases.stats();
+    assert_eq!((stats.successes, stats.skipped_nested), (1, 1), "{stats:?}");
+    let runs = phases.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let id = runs[0].run_id.expect("a run id");
+    let reply = daemon
+        .client()
+        .results(id, Duration::from_secs(30))
+        .unwrap();
+    let profile = folded_of(reply.files.as_ref().unwrap());
+    assert!(profile.has_frame("[phase=compute]"), "{}", profile.top(3));
+    assert!(
+        profile.has_frame(&format!("[session={}]", phases.session())),
+        "{}",
+        profile.top(3)
+    );
+}
