@@ -12,6 +12,8 @@
 //! end up in mangled symbol names), so it is always built from a copy of the sources in one
 //! fixed directory, wherever the checkout lives.
 
+mod bench;
+
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
@@ -112,6 +114,12 @@ enum Cmd {
         )]
         args: Vec<OsString>,
     },
+    /// Benchmark bpfprof against perf and bpftrace; writes BENCHMARKS.md and bench/overhead.svg.
+    Bench {
+        /// One round at fewer frequencies: a smoke run.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Run every CI check in order, stopping at the first failure.
     Ci {
         /// Only print the steps.
@@ -134,6 +142,7 @@ fn main() {
         // subcommand is argv[1].
         Cmd::Test { args: _ } => test(&std::env::args_os().skip(2).collect::<Vec<_>>()),
         Cmd::Ci { list, only } => ci(list, &only),
+        Cmd::Bench { quick } => bench::run(bench::BenchArgs { quick }),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");
