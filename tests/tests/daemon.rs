@@ -553,6 +553,10 @@ fn results_survive_a_restart_and_runs_in_flight_come_back_failed() {
     client.stop(next).unwrap();
 }
 
+/// The client libraries allow one profiling run per process at a time, and the tests of one
+/// file share a process: the tests that profile this process take turns.
+static SELF_PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Burns CPU in a function the profile can name. The clock is read only every million
 /// iterations: std is built without frame pointers, so a sample inside a std leaf would lose
 /// this function, its caller's caller being what the frame-pointer walk finds.
@@ -573,6 +577,7 @@ fn function_profiler_profiles_the_calling_process() {
     if !require_root() {
         return;
     }
+    let _turn = SELF_PROFILING.lock().unwrap_or_else(|e| e.into_inner());
     let daemon = Daemon::start(&[]);
     let mut profiler = FunctionProfiler::new(ProfileOptions {
         stop_at_error: true,
@@ -607,6 +612,7 @@ fn phase_profiler_tags_each_phase_and_skips_nested_ones() {
         return;
     }
     use bpfprof::client::{PhaseConfig, PhaseProfiler};
+    let _turn = SELF_PROFILING.lock().unwrap_or_else(|e| e.into_inner());
     let daemon = Daemon::start(&[]);
     let socket = daemon.socket();
     let mut config = PhaseConfig::from_lookup(|_| None);
