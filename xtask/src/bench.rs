@@ -197,7 +197,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     writeln!(md, "\n## 2. Accuracy\n")?;
-    writeln!(md, "Error of leaf_hot's share of (leaf_hot + leaf_cold) against the true 75%, in percentage points (median, min–max).\n")?;
+    writeln!(md, "Error of leaf_hot's share (samples with leaf_hot on the stack, of those with leaf_hot or leaf_cold) against the true 75%, in percentage points (median, min–max). perf's stacks are folded with inferno's perf collapser; bpftrace's are its printed `ustack` maps.\n")?;
     table(&mut md, &profilers, freqs, |p, hz| {
         stat(&accuracy[&(p, hz)], 2)
     })?;
@@ -374,7 +374,7 @@ impl Bench {
                     .stdout(Stdio::null())
                     .spawn()?;
                 let prog = format!(
-                    "profile:hz:{hz} /pid == {}/ {{ @[ustack(1)] = count(); }} interval:s:{secs} {{ exit(); }}",
+                    "profile:hz:{hz} /pid == {}/ {{ @[ustack] = count(); }} interval:s:{secs} {{ exit(); }}",
                     live.id()
                 );
                 attached_workload = Some(live);
@@ -407,7 +407,7 @@ impl Bench {
             }
             Profiler::Bpftrace => {
                 let mut c = Command::new("bpftrace");
-                let prog = format!("profile:hz:{hz} /pid == cpid/ {{ @[ustack(1)] = count(); }}");
+                let prog = format!("profile:hz:{hz} /pid == cpid/ {{ @[ustack] = count(); }}");
                 c.args(["-q", "-o"])
                     .arg(out.with_extension("bt"))
                     .arg("-e")
@@ -609,20 +609,25 @@ fn perf_leaves(data: &Path) -> Result<BTreeMap<String, u64>> {
     Ok(leaves_of_folded(&String::from_utf8_lossy(&folded)))
 }
 
-/// Parses bpftrace's printed map of `@[ustack(1)]`: each entry is `@[\n\tframe+off\n]: N`.
+/// Parses bpftrace's printed map of `@[ustack]`: each entry is `@[`, one `frame+off` line per
+/// frame, then `]: N`; counts the functions of interest found on each stack.
 fn bpftrace_leaves(text: &str) -> BTreeMap<String, u64> {
     let mut leaves = BTreeMap::new();
-    let mut current: Option<String> = None;
+    let mut frames: Vec<String> = Vec::new();
     for line in text.lines() {
         let t = line.trim();
         if t.starts_with("@[") {
-            current = None;
+            frames.clear();
         } else if let Some(count) = t.strip_prefix("]: ") {
-            if let (Some(f), Ok(n)) = (current.take(), count.parse::<u64>()) {
-                *leaves.entry(f).or_default() += n;
+            if let Ok(n) = count.parse::<u64>() {
+                for f in ["leaf_hot", "leaf_cold"] {
+                    if frames.iter().any(|x| x == f) {
+                        *leaves.entry(f.to_string()).or_default() += n;
+                    }
+                }
             }
-        } else if current.is_none() && !t.is_empty() {
-            current = Some(t.split('+').next().unwrap_or(t).to_string());
+        } else if !t.is_empty() {
+            frames.push(t.split('+').next().unwrap_or(t).to_string());
         }
     }
     leaves
@@ -709,6 +714,7 @@ fn plot(
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let max = overhead.values().flatten().cloned().fold(1.0f64, f64::max) * 1.05;
+    let min = overhead.values().flatten().cloned().fold(1.0f64, f64::min) * 0.95;
     let (lo, hi) = (
         *freqs.first().unwrap_or(&99) as f64 * 0.8,
         *freqs.last().unwrap_or(&4999) as f64 * 1.25,
@@ -721,7 +727,7 @@ fn plot(
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.95f64..max)?;
+        .build_cartesian_2d((lo..hi).log_scale(), min..max)?;
     chart
         .configure_mesh()
         .x_desc("sampling frequency (Hz, log)")
