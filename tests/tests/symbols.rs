@@ -372,6 +372,18 @@ fn a_target_whose_binary_is_deleted_and_that_exits_is_still_symbolized() {
     let dir = tempdir();
     let bin = dir.path().join("shortlived");
     std::fs::copy(workload_path("shortlived"), &bin).unwrap();
+    // A thread of this test process forking while the copy's write fd was open holds that fd
+    // until it execs, and exec of the copy fails with ETXTBSY meanwhile: wait it out.
+    let ready = poll_until(Duration::from_secs(5), || {
+        match Command::new(&bin).arg("0").status() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => None,
+            other => Some(other),
+        }
+    });
+    assert!(
+        matches!(ready, Some(Ok(_))),
+        "cannot run the copy: {ready:?}"
+    );
     let mut cmd = Command::new(&bin);
     cmd.arg("2");
     let target = Workload::spawn_command(cmd);
