@@ -807,9 +807,32 @@ pub fn world_executable_bpfprof() -> (tempfile::TempDir, PathBuf) {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod temp dir");
     let bin = dir.path().join("bpfprof");
-    std::fs::copy(bpfprof_bin(), &bin).expect("copy bpfprof");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod bpfprof");
+    copy_executable(bpfprof_bin(), &bin, &["--version"]);
     (dir, bin)
+}
+
+/// Copies an executable (mode 0755) and waits until it runs with `probe_args`: another test
+/// thread forking while the copy's write fd was open holds that fd until it execs, and exec
+/// of the copy fails with ETXTBSY meanwhile.
+pub fn copy_executable(src: &Path, dst: &Path, probe_args: &[&str]) {
+    std::fs::copy(src, dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let ran = poll_until(Duration::from_secs(5), || {
+        match Command::new(dst)
+            .args(probe_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => None,
+            other => Some(other),
+        }
+    });
+    assert!(
+        matches!(ran, Some(Ok(_))),
+        "cannot run {}: {ran:?}",
+        dst.display()
+    );
 }
 
 /// A temp directory for outputs.

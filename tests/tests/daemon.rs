@@ -294,7 +294,7 @@ fn unprivileged_clients_profile_only_their_own_processes() {
     let daemon = Daemon::start(&[]);
     let (bin_dir, bin) = world_executable_bpfprof();
     let hotcold = bin_dir.path().join("hotcold");
-    std::fs::copy(workload_path("hotcold"), &hotcold).unwrap();
+    copy_executable(&workload_path("hotcold"), &hotcold, &["0.001"]);
     let as_user = |program: &Path| {
         let mut cmd = Command::new("setpriv");
         cmd.args([

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use bpfprof_tests::{
-    exit, has_hardware_pmu, read_proc_u64, require_root, run_bpfprof, spawn_bpfprof_command,
-    tempdir, workload_path, world_executable_bpfprof, RunResult, Workload,
+    copy_executable, exit, has_hardware_pmu, read_proc_u64, require_root, run_bpfprof,
+    spawn_bpfprof_command, tempdir, workload_path, world_executable_bpfprof, RunResult, Workload,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -193,7 +193,7 @@ fn not_root_is_permission_denied() {
     // The workload binary lives under the target dir, maybe not traversable
     // by nobody: copy it next to the bpfprof copy.
     let hotcold = bin_dir.path().join("hotcold");
-    std::fs::copy(workload_path("hotcold"), &hotcold).unwrap();
+    copy_executable(&workload_path("hotcold"), &hotcold, &["0.001"]);
     std::fs::set_permissions(&hotcold, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut target_cmd = Command::new("setpriv");
     target_cmd
