@@ -16,8 +16,9 @@ pub const MAX_TARGETS: u32 = 1024;
 pub const MAX_RUNS: u32 = 64;
 /// Deepest stack the kernel collects; matches the kernel's default `perf_event_max_stack`.
 pub const MAX_STACK_DEPTH: usize = 127;
-/// Entries of the stack trace map: distinct user or kernel stacks kept per load.
-pub const STACK_MAP_ENTRIES: u32 = 16384;
+/// Entries of the stack map: distinct user or kernel stacks the kernel holds at once. The map
+/// allocates entries as stacks arrive, so a program that sees few stacks costs little.
+pub const STACK_MAP_ENTRIES: u32 = 65536;
 /// Entries of the sample map: distinct (run, thread, user stack, kernel stack) combinations.
 pub const SAMPLE_MAP_ENTRIES: u32 = 65536;
 
@@ -53,6 +54,21 @@ pub struct TargetInfo {
     pub reserved: u32,
 }
 
+/// Id of a stack in the stack map: a 64-bit hash of its frames, so the same stack always gets
+/// the same id and userspace may move stacks out of the kernel at any time. Zero means "no
+/// stack" (none taken, or it could not be stored).
+pub type StackId = u64;
+
+/// A stack as the kernel program stores it: instruction pointers, innermost frame first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackFrames {
+    /// Number of valid entries at the start of `ips`.
+    pub len: u64,
+    /// The frames; entries from `len` on are zero.
+    pub ips: [u64; MAX_STACK_DEPTH],
+}
+
 /// Key of the sample map; its value is the number of samples with this key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -63,12 +79,12 @@ pub struct SampleKey {
     pub pid: u32,
     /// Thread id as seen in the target's pid namespace.
     pub tid: u32,
-    /// Id of the user stack in the stack map, or a negative errno when it was not collected.
-    pub user_stack_id: i32,
-    /// Id of the kernel stack in the stack map, or a negative errno (no kernel stack: `-EFAULT`).
-    pub kernel_stack_id: i32,
     /// Always zero; keeps the key free of padding.
     pub reserved: u32,
+    /// The user stack, or 0 when none was recorded.
+    pub user_stack: StackId,
+    /// The kernel stack, or 0 when the sample was taken in user mode or none was recorded.
+    pub kernel_stack: StackId,
 }
 
 /// Per-run counters the kernel program keeps in a per-CPU array at `run * Counter::COUNT + counter`.
@@ -79,31 +95,25 @@ pub enum Counter {
     Samples = 0,
     /// Samples lost because the sample map was full.
     SampleMapFull = 1,
-    /// User stacks lost to a hash collision in the stack map.
-    UserStackCollision = 2,
     /// User stacks lost because the stack map was full.
-    UserStackMapFull = 3,
-    /// User stacks that could not be read (other errors).
-    UserStackError = 4,
-    /// Kernel stacks lost to a hash collision in the stack map.
-    KernelStackCollision = 5,
+    UserStackMapFull = 2,
+    /// User stacks that could not be read.
+    UserStackError = 3,
     /// Kernel stacks lost because the stack map was full.
-    KernelStackMapFull = 6,
-    /// Kernel stacks that could not be read for reasons other than "the sample was in user mode".
-    KernelStackError = 7,
+    KernelStackMapFull = 4,
+    /// Kernel stacks that could not be read.
+    KernelStackError = 5,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 6;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
         Counter::SampleMapFull,
-        Counter::UserStackCollision,
         Counter::UserStackMapFull,
         Counter::UserStackError,
-        Counter::KernelStackCollision,
         Counter::KernelStackMapFull,
         Counter::KernelStackError,
     ];
@@ -124,4 +134,5 @@ mod pod {
     unsafe impl aya::Pod for super::TargetKey {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::SampleKey {}
+    unsafe impl aya::Pod for super::StackFrames {}
 }

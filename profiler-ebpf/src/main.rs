@@ -11,21 +11,20 @@
 #![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
-    bindings::{bpf_pidns_info, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::bpf_get_ns_current_pid_tgid,
+    bindings::{bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_ns_current_pid_tgid, bpf_get_stack},
     macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, StackTrace},
-    programs::{tracing::StackIdContext, PerfEventContext},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::PerfEventContext,
+    EbpfContext,
 };
 use profiler_common::{
-    Counter, PidNamespace, SampleKey, TargetInfo, TargetKey, COUNTER_ENTRIES, MAX_PID_NAMESPACES,
-    MAX_RUNS, MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey, COUNTER_ENTRIES,
+    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES,
+    STACK_MAP_ENTRIES,
 };
 
-const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
-const E2BIG: i32 = 7;
 
 /// Pid namespaces that hold at least one target; slots with `ino == 0` are free.
 #[map]
@@ -35,9 +34,16 @@ static PID_NAMESPACES: Array<PidNamespace> = Array::with_max_entries(MAX_PID_NAM
 #[map]
 static TARGETS: HashMap<TargetKey, TargetInfo> = HashMap::with_max_entries(MAX_TARGETS, 0);
 
-/// User and kernel stacks, deduplicated by the kernel.
+/// User and kernel stacks by a hash of their frames. A hash map rather than the kernel's stack
+/// trace map: the latter keeps one stack per bucket and refuses a colliding stack, which loses
+/// samples long before it is full on a program with many distinct stacks.
 #[map]
-static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
+static STACKS: HashMap<StackId, StackFrames> =
+    HashMap::with_max_entries(STACK_MAP_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Per-CPU room to read a stack into: 1 KiB does not fit on the 512-byte BPF stack.
+#[map]
+static SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
 /// Sample counts by (run, thread, user stack, kernel stack).
 #[map]
@@ -96,29 +102,27 @@ fn target_run() -> Option<(u32, bpf_pidns_info)> {
 #[inline(always)]
 fn record(ctx: &PerfEventContext, run: u32, task: bpf_pidns_info) {
     count(run, Counter::Samples);
-    let user_stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            count(run, stack_error(e, Counter::UserStackCollision));
-            e
-        }
-    };
-    let kernel_stack_id = match ctx.get_stackid(&STACKS, 0) {
-        Ok(id) => id as i32,
-        // A sample taken in user mode has no kernel stack: that is not a loss.
-        Err(e) if e == -EFAULT => e,
-        Err(e) => {
-            count(run, stack_error(e, Counter::KernelStackCollision));
-            e
-        }
-    };
+    let user_stack = store_stack(
+        ctx,
+        run,
+        BPF_F_USER_STACK as u64,
+        Counter::UserStackMapFull,
+        Counter::UserStackError,
+    );
+    let kernel_stack = store_stack(
+        ctx,
+        run,
+        0,
+        Counter::KernelStackMapFull,
+        Counter::KernelStackError,
+    );
     let key = SampleKey {
         run,
         pid: task.tgid,
         tid: task.pid,
-        user_stack_id,
-        kernel_stack_id,
         reserved: 0,
+        user_stack,
+        kernel_stack,
     };
     if let Some(value) = SAMPLES.get_ptr_mut(&key) {
         atomic_add(value, 1);
@@ -136,18 +140,68 @@ fn record(ctx: &PerfEventContext, run: u32, task: bpf_pidns_info) {
     }
 }
 
-/// Maps a `bpf_get_stackid` error to its counter; `collision` is the user or kernel family's
-/// first counter (collision, map full, other error follow it in that order).
+/// Reads the current user or kernel stack (`flags`), stores it under its hash unless already
+/// there, and returns the hash; 0 for an empty stack (a kernel stack of a sample taken in user
+/// mode) or one that could not be read or stored, which `error` or `full` then counts.
 #[inline(always)]
-fn stack_error(e: i32, collision: Counter) -> Counter {
-    let user = collision == Counter::UserStackCollision;
-    match (-e, user) {
-        (EEXIST, true) => Counter::UserStackCollision,
-        (ENOMEM | E2BIG, true) => Counter::UserStackMapFull,
-        (_, true) => Counter::UserStackError,
-        (EEXIST, false) => Counter::KernelStackCollision,
-        (ENOMEM | E2BIG, false) => Counter::KernelStackMapFull,
-        (_, false) => Counter::KernelStackError,
+fn store_stack(
+    ctx: &PerfEventContext,
+    run: u32,
+    flags: u64,
+    full: Counter,
+    error: Counter,
+) -> StackId {
+    let Some(frames) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: `frames` is this CPU's scratch slot and perf_event programs do not nest on a CPU.
+    let frames = unsafe { &mut *frames };
+    let size = core::mem::size_of::<[u64; MAX_STACK_DEPTH]>() as u32;
+    // SAFETY: `ips` is writable for `size` bytes; the kernel zero-fills what it does not use.
+    let bytes = unsafe { bpf_get_stack(ctx.as_ptr(), frames.ips.as_mut_ptr().cast(), size, flags) };
+    if bytes <= 0 {
+        if bytes < 0 {
+            count(run, error);
+        }
+        return 0;
+    }
+    let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
+    frames.len = len as u64;
+    let id = stack_hash(&frames.ips, len);
+    // SAFETY: only tested for presence.
+    if unsafe { STACKS.get(&id) }.is_some() {
+        return id;
+    }
+    match STACKS.insert(&id, frames, BPF_NOEXIST as u64) {
+        Ok(()) => id,
+        Err(e) if e == -EEXIST => id,
+        Err(_) => {
+            count(run, full);
+            0
+        }
+    }
+}
+
+/// A 64-bit hash of the first `len` frames, never 0. With 64 bits, two distinct stacks of one
+/// run share an id with probability about n²/2⁶⁵: one in 10⁹ for a million stacks.
+#[inline(always)]
+fn stack_hash(ips: &[u64; MAX_STACK_DEPTH], len: usize) -> StackId {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = (len as u64).wrapping_mul(K);
+    for ip in ips.iter().take(len) {
+        h = (h ^ *ip).wrapping_mul(K);
+        h ^= h >> 29;
+    }
+    // murmur3's finalizer, so that every input bit reaches every output bit.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    if h == 0 {
+        1
+    } else {
+        h
     }
 }
 

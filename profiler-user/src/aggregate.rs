@@ -170,14 +170,10 @@ pub struct ProfiledTarget {
 pub struct Losses {
     /// Samples dropped because the kernel's sample map was full.
     pub sample_map_full: u64,
-    /// User stacks lost to stack-map hash collisions.
-    pub user_stack_collision: u64,
     /// User stacks lost because the stack map was full.
     pub user_stack_map_full: u64,
     /// User stacks that could not be read.
     pub user_stack_error: u64,
-    /// Kernel stacks lost to stack-map hash collisions.
-    pub kernel_stack_collision: u64,
     /// Kernel stacks lost because the stack map was full.
     pub kernel_stack_map_full: u64,
     /// Kernel stacks that could not be read.
@@ -191,10 +187,8 @@ impl Losses {
     pub fn nonzero(&self) -> Vec<(&'static str, u64)> {
         [
             ("sample map full", self.sample_map_full),
-            ("user stack collision", self.user_stack_collision),
             ("user stack map full", self.user_stack_map_full),
             ("user stack unreadable", self.user_stack_error),
-            ("kernel stack collision", self.kernel_stack_collision),
             ("kernel stack map full", self.kernel_stack_map_full),
             ("kernel stack unreadable", self.kernel_stack_error),
             ("truncated stacks", self.truncated),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use profiler_common::{SampleKey, MAX_STACK_DEPTH};
+use profiler_common::{SampleKey, StackId, MAX_STACK_DEPTH};
 
 use crate::{error::Result, kernel::KernelProgram, sample::Sample};
 
@@ -17,15 +17,15 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
         .filter_map(|k| k.ok())
         .filter(|k| k.run == run)
         .collect();
-    let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+    let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let Ok(count) = program.samples.get(&key, 0) else {
             continue;
         };
         let _ = program.samples.remove(&key);
-        let user_frames = stack(program, &mut stacks, key.user_stack_id)?;
-        let kernel_frames = stack(program, &mut stacks, key.kernel_stack_id)?;
+        let user_frames = stack(program, &mut stacks, key.user_stack)?;
+        let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
         out.push(Sample {
             run,
             tid: key.tid,
@@ -39,22 +39,15 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     Ok(out)
 }
 
-fn stack(program: &KernelProgram, cache: &mut HashMap<i32, Vec<u64>>, id: i32) -> Result<Vec<u64>> {
-    if id < 0 {
-        return Ok(Vec::new());
-    }
+fn stack(
+    program: &KernelProgram,
+    cache: &mut HashMap<StackId, Vec<u64>>,
+    id: StackId,
+) -> Result<Vec<u64>> {
     if let Some(frames) = cache.get(&id) {
         return Ok(frames.clone());
     }
-    let frames: Vec<u64> = match program.stacks.get(&(id as u32), 0) {
-        Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
-        Err(aya::maps::MapError::KeyNotFound) => Vec::new(),
-        Err(e) => {
-            return Err(anyhow::Error::from(e)
-                .context(format!("reading stack {id}"))
-                .into())
-        }
-    };
+    let frames = program.stack(id)?;
     cache.insert(id, frames.clone());
     Ok(frames)
 }

@@ -9,13 +9,13 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{PerfEvent, ProgramError},
-    Ebpf, EbpfError,
+    Ebpf, EbpfError, EbpfLoader,
 };
 use profiler_common::{
-    Counter, PidNamespace, SampleKey, TargetInfo, TargetKey, MAX_PID_NAMESPACES, MAX_RUNS,
-    PROGRAM_NAME,
+    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
+    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
 };
 
 use crate::{
@@ -50,7 +50,10 @@ pub struct KernelProgram {
     namespace_slots: StdHashMap<PidNamespace, (u32, usize)>,
     targets: HashMap<MapData, TargetKey, TargetInfo>,
     pub(crate) samples: HashMap<MapData, SampleKey, u64>,
-    pub(crate) stacks: StackTraceMap<MapData>,
+    stacks: HashMap<MapData, StackId, StackFrames>,
+    /// Stacks moved out of the kernel map by [`Self::offload_stacks`]. Stack ids are hashes of
+    /// the frames, so a stack that recurs after the move is stored again under the same id.
+    offloaded: StdHashMap<StackId, Vec<u64>>,
     counters: PerCpuArray<MapData, u64>,
     /// Run-time statistics at attach: (run time ns, run count), when stats are on.
     stats_at_attach: Option<(u64, u64)>,
@@ -62,14 +65,19 @@ impl KernelProgram {
     /// Loads the program and creates its maps; nothing is sampled until [`Self::attach`].
     pub fn load() -> Result<KernelProgram> {
         check_privileges()?;
-        let mut ebpf = Ebpf::load(PROGRAM_OBJECT).map_err(|e| match &e {
-            EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-                if is_permission(io_error) =>
-            {
-                Error::PermissionDenied(format!("the kernel refused to create BPF maps: {e}"))
-            }
-            _ => Error::Kernel(anyhow!(e).context("loading the eBPF object")),
-        })?;
+        // No BTF: the program reads no kernel structure, so it needs no CO-RE relocations, and
+        // parsing the kernel's BTF would cost tens of milliseconds and megabytes at start-up.
+        let mut ebpf = EbpfLoader::new()
+            .btf(None)
+            .load(PROGRAM_OBJECT)
+            .map_err(|e| match &e {
+                EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                    if is_permission(io_error) =>
+                {
+                    Error::PermissionDenied(format!("the kernel refused to create BPF maps: {e}"))
+                }
+                _ => Error::Kernel(anyhow!(e).context("loading the eBPF object")),
+            })?;
         let program: &mut PerfEvent = ebpf
             .program_mut(PROGRAM_NAME)
             .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no {PROGRAM_NAME}")))?
@@ -90,7 +98,7 @@ impl KernelProgram {
         let namespaces = Array::try_from(take("PID_NAMESPACES")?).map_err(kernel_err)?;
         let targets = HashMap::try_from(take("TARGETS")?).map_err(kernel_err)?;
         let samples = HashMap::try_from(take("SAMPLES")?).map_err(kernel_err)?;
-        let stacks = StackTraceMap::try_from(take("STACKS")?).map_err(kernel_err)?;
+        let stacks = HashMap::try_from(take("STACKS")?).map_err(kernel_err)?;
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         Ok(KernelProgram {
             ebpf,
@@ -101,6 +109,7 @@ impl KernelProgram {
             targets,
             samples,
             stacks,
+            offloaded: StdHashMap::new(),
             counters,
             stats_at_attach: None,
             stats_fd: None,
@@ -257,12 +266,47 @@ impl KernelProgram {
         Ok(())
     }
 
-    /// Deletes every stack trace; call when no run is recording, so the map never fills up
-    /// in a long-lived daemon.
+    /// Deletes every stack, in the kernel and offloaded; call when no run is recording, so
+    /// that a long-lived daemon does not keep the stacks of finished runs.
     pub fn clear_stacks(&mut self) {
-        let ids: Vec<u32> = self.stacks.stack_ids().filter_map(|id| id.ok()).collect();
+        let ids: Vec<StackId> = self.stacks.keys().filter_map(|id| id.ok()).collect();
         for id in ids {
             let _ = self.stacks.remove(&id);
+        }
+        self.offloaded = StdHashMap::new();
+    }
+
+    /// Moves every stack from the kernel map to userspace, so that the kernel map never fills
+    /// up however many distinct stacks a long run sees; returns how many were moved. Samples
+    /// keep referring to the same ids.
+    pub fn offload_stacks(&mut self) -> usize {
+        let ids: Vec<StackId> = self.stacks.keys().filter_map(|id| id.ok()).collect();
+        let mut moved = 0;
+        for id in ids {
+            if let Ok(frames) = self.stacks.get(&id, 0) {
+                self.offloaded.insert(id, frames_of(&frames));
+                moved += 1;
+            }
+            let _ = self.stacks.remove(&id);
+        }
+        moved
+    }
+
+    /// The frames of stack `id` (innermost first), wherever it is; empty for id 0 or a stack
+    /// that was never stored.
+    pub(crate) fn stack(&self, id: StackId) -> Result<Vec<u64>> {
+        if id == 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(frames) = self.offloaded.get(&id) {
+            return Ok(frames.clone());
+        }
+        match self.stacks.get(&id, 0) {
+            Ok(frames) => Ok(frames_of(&frames)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
+            Err(e) => Err(kernel_err(
+                anyhow!(e).context(format!("reading stack {id:#x}")),
+            )),
         }
     }
 
@@ -290,6 +334,11 @@ impl KernelProgram {
         }
         Ok(out)
     }
+}
+
+fn frames_of(stack: &StackFrames) -> Vec<u64> {
+    let len = (stack.len as usize).min(MAX_STACK_DEPTH);
+    stack.ips[..len].to_vec()
 }
 
 fn target_key(target: &Target) -> TargetKey {

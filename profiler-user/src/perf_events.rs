@@ -23,12 +23,14 @@ use crate::sampling::{Event, Rate, Sampling};
 
 /// Sampling rates are drawn uniformly from `mean rate * (1 ± JITTER)`.
 pub const JITTER: f64 = 0.5;
-/// The rate is redrawn every 25 to 75 mean periods (a random span, so redraws do not lock
-/// with the workload either).
-const REDRAW_PERIODS: (f64, f64) = (25.0, 75.0);
-/// A redraw restarts the CPU's timer and drops the interval in flight: half a period per
-/// redraw on average, which rates are raised by to keep the mean rate exact.
-const REDRAW_LOSS: f64 = 0.5 / ((REDRAW_PERIODS.0 + REDRAW_PERIODS.1) / 2.0);
+/// Each CPU's period is redrawn after a random span of 2 to 6 mean periods, but no sooner than
+/// every 5 to 15 ms, which bounds the redraws (one ioctl per CPU each) at high rates. Every
+/// redraw restarts the CPU's timer at a moment unrelated to the workload, so a periodic
+/// workload cannot stay in phase with the sampling for longer than one span.
+const SPAN_PERIODS: f64 = 2.0;
+const SPAN_MIN: Duration = Duration::from_millis(5);
+/// The longest span is this many times the shortest.
+const SPAN_RANGE: f64 = 3.0;
 
 /// The attached events of every online CPU.
 pub struct AttachedEvents {
@@ -141,21 +143,21 @@ fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (Arc<AtomicBool>, JoinHand
         .name("bpfprof-jitter".into())
         .spawn(move || {
             let mut rng = fastrand::Rng::new();
+            let shortest = (SPAN_PERIODS * mean as f64).max(SPAN_MIN.as_nanos() as f64);
             while !stop_thread.load(Ordering::Relaxed) {
+                let span = shortest * (1.0 + rng.f64() * (SPAN_RANGE - 1.0));
                 for fd in fds.iter() {
-                    let period = jittered(mean, rng.f64());
+                    let period = jittered(mean, span, rng.f64());
                     // SAFETY: PERIOD reads a u64 through the pointer passed as its argument.
                     unsafe {
                         sys::ioctls::PERIOD(fd.as_raw_fd(), &period as *const u64 as u64);
                     }
                 }
-                // Sleep in short steps so that detaching does not wait for a whole redraw.
-                let span = mean as f64
-                    * (REDRAW_PERIODS.0 + rng.f64() * (REDRAW_PERIODS.1 - REDRAW_PERIODS.0));
-                let mut left = ((span / 1e6) as u64).clamp(5, 1000);
-                while left > 0 && !stop_thread.load(Ordering::Relaxed) {
-                    let step = left.min(10);
-                    std::thread::sleep(Duration::from_millis(step));
+                // Sleep in short steps so that detaching does not wait for a whole span.
+                let mut left = Duration::from_nanos(span as u64);
+                while !left.is_zero() && !stop_thread.load(Ordering::Relaxed) {
+                    let step = left.min(Duration::from_millis(10));
+                    std::thread::sleep(step);
                     left -= step;
                 }
             }
@@ -164,12 +166,16 @@ fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (Arc<AtomicBool>, JoinHand
     (stop, handle)
 }
 
-/// A period whose rate is drawn uniformly from `(1 ± JITTER) / mean` for `u` in [0, 1).
+/// The period (ns or events) to hold for `span` ns, for a rate drawn uniformly from
+/// `(1 ± JITTER) / mean` by `u` in [0, 1).
+///
 /// Drawing the rate, not the period, keeps the mean rate exact: periods uniform around the
-/// mean would sample ~10% too often (the mean of 1/x is above 1/mean).
-fn jittered(mean: u64, u: f64) -> u64 {
-    let rate_factor = (1.0 - JITTER + 2.0 * JITTER * u) * (1.0 + REDRAW_LOSS);
-    ((mean as f64 / rate_factor).round() as u64).max(1)
+/// mean would sample ~10% too often (the mean of 1/x is above 1/mean). A redraw restarts the
+/// timer, so a span of length S at period P holds S/P − 1/2 samples on average, not S/P: the
+/// rate is raised by 1/(2S) to make up for it.
+fn jittered(mean: u64, span: f64, u: f64) -> u64 {
+    let rate = (1.0 - JITTER + 2.0 * JITTER * u) / mean as f64 + 0.5 / span;
+    ((1.0 / rate).round() as u64).max(1)
 }
 
 #[cfg(test)]
@@ -177,19 +183,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn jittered_periods_keep_the_mean_rate_and_the_bounds() {
+    fn jittered_periods_keep_the_mean_rate_over_a_span() {
         let mut rng = fastrand::Rng::with_seed(7);
         let n = 100_000;
         let mean = 1_000_000u64;
-        let mut rate_sum = 0f64;
-        for _ in 0..n {
-            let p = jittered(mean, rng.f64());
-            // Rates between half and 1.5 times the mean (plus the redraw compensation).
-            assert!((650_000..=2_000_000).contains(&p), "{p}");
-            rate_sum += mean as f64 / p as f64;
+        for span in [2e6, 5e6, 15e6, 60e6] {
+            let (mut samples, mut time) = (0f64, 0f64);
+            for _ in 0..n {
+                let p = jittered(mean, span, rng.f64());
+                // Rates between half and 1.5 times the mean, plus the restart compensation.
+                assert!(p as f64 >= mean as f64 / (1.5 + 0.5 * mean as f64 / span) - 1.0);
+                assert!(p as f64 <= mean as f64 / 0.5, "{p}");
+                // The timer restarts at the span's start: samples at P, 2P, ... up to the
+                // span's end.
+                let mut t = p as f64;
+                while t <= span {
+                    samples += 1.0;
+                    t += p as f64;
+                }
+                time += span;
+            }
+            let rate = samples / time * mean as f64;
+            // Within 3% of the requested rate.
+            assert!((rate - 1.0).abs() < 0.03, "span {span}: rate {rate}");
         }
-        let rate = rate_sum / n as f64;
-        // Mean rate is the requested one, raised by exactly the redraw loss.
-        assert!((rate / (1.0 + REDRAW_LOSS) - 1.0).abs() < 0.005, "{rate}");
     }
 }

@@ -270,6 +270,7 @@ impl Recorder {
                     let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
                     if refresh {
                         last_refresh = Instant::now();
+                        self.program.offload_stacks();
                     }
                     if let Some(end) = self.check_targets(refresh) {
                         break end;
@@ -421,10 +422,8 @@ pub fn assemble(
     let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
     let losses = Losses {
         sample_map_full: counters.get(Counter::SampleMapFull),
-        user_stack_collision: counters.get(Counter::UserStackCollision),
         user_stack_map_full: counters.get(Counter::UserStackMapFull),
         user_stack_error: counters.get(Counter::UserStackError),
-        kernel_stack_collision: counters.get(Counter::KernelStackCollision),
         kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
         kernel_stack_error: counters.get(Counter::KernelStackError),
         truncated,

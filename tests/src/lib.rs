@@ -143,6 +143,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "syscalls" => env!("WORKLOAD_SYSCALLS"),
         "multithread" => env!("WORKLOAD_MULTITHREAD"),
         "shortlived" => env!("WORKLOAD_SHORTLIVED"),
+        "manystacks" => env!("WORKLOAD_MANYSTACKS"),
         other => panic!("unknown workload {other:?}"),
     };
     PathBuf::from(path)

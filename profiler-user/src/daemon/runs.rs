@@ -315,7 +315,7 @@ impl Runs {
                     if !recording.poll(refresh) {
                         break RunEnd::TargetExited;
                     }
-                    self.update_samples(id);
+                    self.update_samples(id, refresh);
                 }
             }
         };
@@ -405,13 +405,18 @@ impl Runs {
             .unwrap_or(0)
     }
 
-    fn update_samples(&self, id: u64) {
+    /// Updates the run's live sample count and, on `refresh`, moves the program's stacks to
+    /// userspace so that its kernel map cannot fill up during long runs.
+    fn update_samples(&self, id: u64, refresh: bool) {
         let mut inner = self.lock();
         let Some((index, slot)) = inner.runs.get(&id).and_then(|r| r.slot) else {
             return;
         };
-        let samples = inner.instances[index]
-            .program
+        let program = &mut inner.instances[index].program;
+        if refresh {
+            program.offload_stacks();
+        }
+        let samples = program
             .counters(slot)
             .map(|c| c.get(profiler_common::Counter::Samples))
             .unwrap_or(0);
