@@ -65,8 +65,8 @@ impl KernelProgram {
     /// Loads the program and creates its maps; nothing is sampled until [`Self::attach`].
     pub fn load() -> Result<KernelProgram> {
         check_privileges()?;
-        // No BTF: the program reads no kernel structure, so it needs no CO-RE relocations, and
-        // parsing the kernel's BTF would cost tens of milliseconds and megabytes at start-up.
+        // The program reads no kernel structure, so it needs no BTF relocations; `Ebpf::load`
+        // would parse the kernel's BTF once more (on top of the loader's own parse) to do them.
         let mut ebpf = EbpfLoader::new()
             .btf(None)
             .load(PROGRAM_OBJECT)
