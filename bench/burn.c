@@ -3,15 +3,14 @@
  * profiler's own start-up and shutdown are not in it. With ITERS = 0 each thread works until
  * the process is killed: a target to attach to.
  *
- * usage: burn ITERS_PER_THREAD THREADS */
+ * usage: burn ITERS_PER_THREAD THREADS [DEPTH] */
 #include <pthread.h>
 
 #include "common.h"
 
-/* A stack a dozen frames deep, so that stack walking costs what it does in a real
- * program rather than the minimum. */
-#define DEPTH 8
-
+/* By default a stack a dozen frames deep, so that stack walking costs what it does in a real
+ * program rather than the minimum; DEPTH up to 1000 gives deep stacks. */
+static int depth = 8;
 static uint64_t iters;
 
 /* A multiply-add chain: each step needs the previous one, so the loop runs at the same speed
@@ -32,7 +31,7 @@ __attribute__((noinline)) uint64_t descend(int depth, uint64_t n) {
 
 static void *worker(void *arg) {
     (void)arg;
-    return (void *)(uintptr_t)descend(DEPTH, iters);
+    return (void *)(uintptr_t)descend(depth, iters);
 }
 
 int main(int argc, char **argv) {
@@ -42,7 +41,9 @@ int main(int argc, char **argv) {
     }
     iters = strtoull(argv[1], 0, 10);
     int threads = atoi(argv[2]);
-    if (threads < 1 || threads > 256)
+    if (argc > 3)
+        depth = atoi(argv[3]);
+    if (threads < 1 || threads > 256 || depth < 0 || depth > 1000)
         return 2;
     pthread_t t[256];
     uint64_t start = mono_ns();

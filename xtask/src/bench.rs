@@ -74,6 +74,8 @@ const SPLIT_CHUNKS: &str = "20000";
 const ALIAS_PERIODS: &str = "300";
 /// How long the attached runs (sections 4 to 6) sample.
 const ATTACH_SECS: f64 = 3.0;
+/// Extra frames of `burn` for the deep-stack overhead runs.
+const DEEP_DEPTH: usize = 120;
 /// Shape of the generated large binary: levels of the call tree, functions per level.
 const BIG_LEVELS: usize = 48;
 const BIG_PER_LEVEL: usize = 100;
@@ -137,7 +139,7 @@ impl Plan {
         } else {
             Plan {
                 quick,
-                rounds: 3,
+                rounds: 5,
                 overhead_hz: vec![99, 999, 4999],
                 accuracy_hz: vec![99, 999, 4999],
                 alias_hz: vec![97, 100, 101, 1000],
@@ -153,7 +155,7 @@ impl Plan {
         if self.quick {
             1
         } else {
-            5
+            9
         }
     }
 }
@@ -626,6 +628,7 @@ impl Bench {
             "| bpfprof's added time / perf's (target ≤ 0.5) | {} |",
             join(cells, " | ")
         )?;
+        self.deep_stacks(plan, md)?;
         self.findings.borrow_mut().overhead = plan
             .overhead_hz
             .iter()
@@ -642,6 +645,56 @@ impl Bench {
             .collect();
         writeln!(md, "\n![overhead vs frequency](bench/overhead.svg)")?;
         Ok(result)
+    }
+
+    /// Section 1, continued: the same work with stacks near the kernel's 127-frame limit, where
+    /// stack walking and copying weigh most against the interrupt itself.
+    fn deep_stacks(&self, plan: &Plan, md: &mut String) -> Result<()> {
+        let hz = *plan
+            .overhead_hz
+            .iter()
+            .max()
+            .context("no overhead frequency")?;
+        let argv = self.workload(
+            "burn",
+            &[BURN_ITERS, &self.cpus.to_string(), &DEEP_DEPTH.to_string()],
+        );
+        let mut ratios: BTreeMap<Option<Tool>, Vec<f64>> = BTreeMap::new();
+        let mut alone = Vec::new();
+        for round in 0..plan.overhead_rounds() {
+            let mut order: Vec<Option<Tool>> = vec![None];
+            order.extend(TOOLS_COMPARED.map(Some));
+            rotate(&mut order, round);
+            let mut times = BTreeMap::new();
+            for tool in order {
+                let secs = self.launch(tool, hz, &argv, false)?.value("secs")?;
+                let name = tool.map_or("alone", |t| t.name());
+                println!("    deep stacks, {hz} Hz round {round}: {name} {secs:.3}s");
+                times.insert(tool, secs);
+            }
+            let base = times[&None];
+            alone.push(base);
+            for (tool, secs) in times {
+                if tool.is_some() {
+                    ratios.entry(tool).or_default().push(secs / base);
+                }
+            }
+        }
+        writeln!(md, "\nThe same work {DEEP_DEPTH} frames deeper (stacks of about {} frames, near the kernel's limit of 127, which every profiler here walks and bpfprof hashes and perf copies to its ring buffer) at {hz} Hz; slowdown as above, median (min–max) over {} rounds, alone {} s.\n", DEEP_DEPTH + 4, plan.overhead_rounds(), stat(&alone, 3))?;
+        writeln!(
+            md,
+            "| profiler | slowdown, {DEEP_DEPTH}-deep stacks, {hz} Hz |"
+        )?;
+        writeln!(md, "|---|---|")?;
+        for tool in TOOLS_COMPARED {
+            writeln!(
+                md,
+                "| {} | {} |",
+                tool.name(),
+                stat(&ratios[&Some(tool)], 3)
+            )?;
+        }
+        Ok(())
     }
 
     /// Section 2: error against a known split, and on a workload that aliases with fixed
@@ -739,7 +792,7 @@ impl Bench {
         writeln!(md, "\n### Aliasing\n")?;
         write!(md, "`bench/alias.c` repeats a 10 ms period, exactly: 7.5 ms busy in `leaf_hot`, then 2.5 ms in `leaf_cold` (TSC deadlines, so the period does not drift). 10 ms is a multiple of the 100 Hz and 1000 Hz sampling periods. Share of samples in `leaf_hot`, in percent (truth: 75), median (min–max) over {} rounds of 3 s; binomial 1σ is about 2.5 points at 100 Hz.", plan.rounds)?;
         if self.has_fixed {
-            writeln!(md, " bpfprof redraws each CPU's sampling period around the requested mean (rates uniform within ±50%, redrawn every 25 to 75 periods) unless given `--fixed-interval`; perf and bpftrace always sample at a fixed interval.")?;
+            writeln!(md, " bpfprof redraws each CPU's sampling period around the requested mean (rates uniform within ±50%, redrawn after 2 to 6 mean periods but no more often than every 5 to 15 ms; each redraw restarts the CPU's timer at a moment unrelated to the workload) unless given `--fixed-interval`; perf and bpftrace always sample at a fixed interval.")?;
         }
         writeln!(md)?;
         table(md, &alias_tools, &plan.alias_hz, |tool, hz| {
@@ -1291,9 +1344,9 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
             format!(" (with `--fixed-interval`: {s:.1}% at {hz} Hz, {z:.1}σ)")
         });
         if z > 3.0 {
-            writeln!(md, "**Aliasing: randomized, but not enough at 100 Hz.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}. Its worst run, {share:.1}% at {hz} Hz, is {z:.1}σ from the truth{fixed}. The randomization holds each CPU's period for 25 to 75 sampling periods: at 100 Hz that is a quarter to three quarters of a second at one fixed period, only a handful of draws in a 3 s run, and a draw that lands near a multiple of the workload's 10 ms (a rate near the mean, or near half of it) samples one phase of the loop for up to 75 samples in a row. Redrawing every few periods instead (one `PERF_EVENT_IOC_PERIOD` per CPU each time, a few dozen a second at 100 Hz) would break those runs up. At 1000 Hz a hold lasts only 25 to 75 ms, which is why the higher rates fare better.\n")?;
+            writeln!(md, "**Aliasing: randomized, but a run strayed.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}. Its worst run, {share:.1}% at {hz} Hz, is {z:.1}σ from the truth{fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (5 to 15 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so at most a few consecutive samples share a phase of the loop; a run this far out means a longer stretch stayed in phase, which this bench cannot tell apart from the scheduler delaying the redraw thread.\n")?;
         } else {
-            writeln!(md, "**Aliasing.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}; its worst run is {z:.1}σ from the truth{fixed}. Note that the randomization holds each CPU's period for 25 to 75 periods (up to 0.75 s at 100 Hz), so a short run at a low rate can still meet a draw near a multiple of the workload's period.\n")?;
+            writeln!(md, "**Aliasing: none left.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}; its worst run is {z:.1}σ from the truth (binomial σ at that run's sample count){fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (5 to 15 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so no phase of the loop is sampled for more than a few samples in a row.\n")?;
         }
     }
     if f.stacks.iter().any(|(_, _, _, drops)| *drops > 0) {
@@ -1325,7 +1378,7 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
             }),
             Some((hz, d)) => format!(" Even with the few stacks of section 6's rate ladder bpfprof dropped {d} samples at {hz} Hz."),
         };
-        writeln!(md, "**Drops with many unique stacks.** On the generated binary at 4999 Hz: {rows}. Over the whole bench bpfprof counted {reasons}. They are stack-map collisions: the kernel program stores stacks with `bpf_get_stackid` in a 16384-bucket `BPF_MAP_TYPE_STACK_TRACE`, which keeps one stack per bucket (chosen by a hash of the stack) and, without `BPF_F_REUSE_STACKID`, refuses a new stack whose bucket is taken. The losses therefore start long before the map is full and grow with the number of stacks. perf copies every stack into its ring buffer and drops nothing here; bpftrace has the same collisions plus a 4096-key limit on its map. A larger map helps only linearly (each bucket preallocates room for 127 frames, about 1 KiB); storing stacks under a full 64-bit hash (`bpf_get_stack` into a per-CPU buffer, then a hash map), or draining the maps while the run goes, would remove the collisions. The counters make every drop visible in `--summary-json` and in the tables above.{ladder}\n")?;
+        writeln!(md, "**Drops with many unique stacks.** On the generated binary at 4999 Hz: {rows}. Over the whole bench bpfprof counted {reasons}. The kernel program stores each stack in a BPF hash map under a 64-bit hash of its frames (65536 entries, allocated as stacks arrive), and bpfprof moves the stacks to userspace every half second, so the map fills only if more than 65536 new stacks arrive within half a second; sample-map-full means more than 65536 distinct (thread, user stack, kernel stack) keys in one run. perf copies every stack into its ring buffer; bpftrace keeps stacks in a stack trace map, which refuses a stack whose bucket is taken, plus a 4096-key limit on its map.{ladder}\n")?;
     }
     if let (Some(b), Some(p)) = (
         f.peak_rss_mib.get(&Tool::Bpfprof),
@@ -1343,14 +1396,14 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
                 .get(&Tool::Bpftrace)
                 .copied()
                 .unwrap_or(f64::NAN);
-            writeln!(md, "**Peak memory: more than `perf record`** ({b:.1} MiB against {p:.1} MiB in section 5; bpftrace {bpftrace:.1} MiB). bpfprof's peak is a start-up transient: loading the kernel program, aya reads and parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, opened twice, about 7 and 30 ms after start when this bench was written) and the high-water mark is set there; the resident size then drops by about half for the rest of the run{last}. The same BTF work is the larger part of bpfprof's start-up{startup}: parsing it once, or not at all for a program that needs no relocations against kernel types, would cut both.\n")?;
+            writeln!(md, "**Peak memory: more than `perf record`** ({b:.1} MiB against {p:.1} MiB in section 5; bpftrace {bpftrace:.1} MiB). bpfprof's peak is a start-up transient: aya's loader (0.14) parses the kernel's BTF (`/sys/kernel/btf/vmlinux`) whenever it is created, which heaptrack showed as about 9 MiB of heap at the peak, although bpfprof's program needs no BTF relocation; the resident size then drops to about a third of the peak for the rest of the run{last}. The same parse is part of bpfprof's start-up{startup}; an aya release that lets a loader skip it would cut both.\n")?;
         }
     }
     if let (Some(b), Some(t)) = (f.bpf_ns.get(&Tool::Bpfprof), f.bpf_ns.get(&Tool::Bpftrace)) {
         if median(b) > median(t) {
             let (sb, st) = (sorted(b), sorted(t));
             let overlap = sb.first() <= st.last() && st.first() <= sb.last();
-            writeln!(md, "**Kernel program per sample: no cheaper than bpftrace's** ({} ns against {} ns{}). Both do the same work on a target's sample: two `bpf_get_stackid` calls (user and kernel stack, a frame-pointer walk each) and a hash-map update; bpfprof adds a pid-namespace lookup per sample so that it can tell targets apart across containers. The stack walks dominate.\n", stat(b, 0), stat(t, 0), if overlap { "; the spreads overlap" } else { "" })?;
+            writeln!(md, "**Kernel program per sample: no cheaper than bpftrace's** ({} ns against {} ns{}). Both walk the user and kernel stacks of a target's sample (frame pointers, then the kernel's unwinder) and update a hash map; bpfprof copies each stack with `bpf_get_stack` and hashes its frames itself (bpftrace's `bpf_get_stackid` hashes them in the kernel), and first looks up the sample's pid namespace so that it can tell targets apart across containers. The stack walks dominate.\n", stat(b, 0), stat(t, 0), if overlap { "; the spreads overlap" } else { "" })?;
         }
     }
     Ok(())
