@@ -16,9 +16,10 @@ pub const MAX_TARGETS: u32 = 1024;
 pub const MAX_RUNS: u32 = 64;
 /// Deepest stack the kernel collects; matches the kernel's default `perf_event_max_stack`.
 pub const MAX_STACK_DEPTH: usize = 127;
-/// Entries of the stack map: distinct user or kernel stacks the kernel holds at once. The map
-/// allocates entries as stacks arrive, so a program that sees few stacks costs little.
-pub const STACK_MAP_ENTRIES: u32 = 65536;
+/// Entries of the stack map: distinct user or kernel stacks the kernel holds at once (about
+/// 1 KiB each, preallocated). Userspace moves stacks out while recording, so this bounds the
+/// new stacks per offload interval, not per run.
+pub const STACK_MAP_ENTRIES: u32 = 16384;
 /// Entries of the sample map: distinct (run, thread, user stack, kernel stack) combinations.
 pub const SAMPLE_MAP_ENTRIES: u32 = 65536;
 
@@ -124,8 +125,11 @@ impl Counter {
     }
 }
 
-/// Entries of the per-CPU counter array.
-pub const COUNTER_ENTRIES: u32 = MAX_RUNS * Counter::COUNT;
+/// Index, in the counter array, of the program-wide count of recorded samples (all runs),
+/// which tells userspace how fast the sample map fills.
+pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
+/// Entries of the per-CPU counter array: every run's counters, then the program-wide count.
+pub const COUNTER_ENTRIES: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
 
 #[cfg(feature = "user")]
 mod pod {

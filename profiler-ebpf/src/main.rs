@@ -11,7 +11,7 @@
 #![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
-    bindings::{bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{bpf_pidns_info, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_ns_current_pid_tgid, bpf_get_stack},
     macros::{map, perf_event},
     maps::{Array, HashMap, PerCpuArray},
@@ -19,9 +19,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey, COUNTER_ENTRIES,
-    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES,
+    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
+    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
+    MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
 const EEXIST: i32 = 17;
@@ -36,10 +36,10 @@ static TARGETS: HashMap<TargetKey, TargetInfo> = HashMap::with_max_entries(MAX_T
 
 /// User and kernel stacks by a hash of their frames. A hash map rather than the kernel's stack
 /// trace map: the latter keeps one stack per bucket and refuses a colliding stack, which loses
-/// samples long before it is full on a program with many distinct stacks.
+/// samples long before it is full on a program with many distinct stacks. Preallocated:
+/// allocating 1 KiB entries in interrupt context fails (ENOMEM) in bursts of new stacks.
 #[map]
-static STACKS: HashMap<StackId, StackFrames> =
-    HashMap::with_max_entries(STACK_MAP_ENTRIES, BPF_F_NO_PREALLOC);
+static STACKS: HashMap<StackId, StackFrames> = HashMap::with_max_entries(STACK_MAP_ENTRIES, 0);
 
 /// Per-CPU room to read a stack into: 1 KiB does not fit on the 512-byte BPF stack.
 #[map]
@@ -102,6 +102,7 @@ fn target_run() -> Option<(u32, bpf_pidns_info)> {
 #[inline(always)]
 fn record(ctx: &PerfEventContext, run: u32, task: bpf_pidns_info) {
     count(run, Counter::Samples);
+    increment(ALL_RUNS_SAMPLES_INDEX);
     let user_stack = store_stack(
         ctx,
         run,
@@ -207,7 +208,12 @@ fn stack_hash(ips: &[u64; MAX_STACK_DEPTH], len: usize) -> StackId {
 
 #[inline(always)]
 fn count(run: u32, counter: Counter) {
-    if let Some(value) = COUNTERS.get_ptr_mut(counter.index(run)) {
+    increment(counter.index(run));
+}
+
+#[inline(always)]
+fn increment(index: u32) {
+    if let Some(value) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
         unsafe { *value += 1 };
     }

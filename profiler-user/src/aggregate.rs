@@ -178,6 +178,9 @@ pub struct Losses {
     pub kernel_stack_map_full: u64,
     /// Kernel stacks that could not be read.
     pub kernel_stack_error: u64,
+    /// Samples the kernel counted that are missing from the drained counts: increments that
+    /// raced with moving their count to userspace during the run.
+    pub lost_in_transfer: u64,
     /// Samples whose stack was cut at the depth limit (kept, marked `[truncated]`).
     pub truncated: u64,
 }
@@ -191,6 +194,7 @@ impl Losses {
             ("user stack unreadable", self.user_stack_error),
             ("kernel stack map full", self.kernel_stack_map_full),
             ("kernel stack unreadable", self.kernel_stack_error),
+            ("lost moving counts to userspace", self.lost_in_transfer),
             ("truncated stacks", self.truncated),
         ]
         .into_iter()

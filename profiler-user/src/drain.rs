@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use profiler_common::{SampleKey, StackId, MAX_STACK_DEPTH};
+use profiler_common::{StackId, MAX_STACK_DEPTH};
 
 use crate::{error::Result, kernel::KernelProgram, sample::Sample};
 
@@ -11,19 +11,10 @@ use crate::{error::Result, kernel::KernelProgram, sample::Sample};
 /// Call after [`KernelProgram::detach`] for a consistent snapshot; while sampling goes on,
 /// samples that arrive during the read are left for the next drain.
 pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
-    let keys: Vec<SampleKey> = program
-        .samples
-        .keys()
-        .filter_map(|k| k.ok())
-        .filter(|k| k.run == run)
-        .collect();
+    let counts = program.take_samples(run);
     let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
-    let mut out = Vec::with_capacity(keys.len());
-    for key in keys {
-        let Ok(count) = program.samples.get(&key, 0) else {
-            continue;
-        };
-        let _ = program.samples.remove(&key);
+    let mut out = Vec::with_capacity(counts.len());
+    for (key, count) in counts {
         let user_frames = stack(program, &mut stacks, key.user_stack)?;
         let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
         out.push(Sample {

@@ -15,7 +15,8 @@ use aya::{
 };
 use profiler_common::{
     Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
+    ALL_RUNS_SAMPLES_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
+    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
 use crate::{
@@ -24,6 +25,9 @@ use crate::{
     sampling::{Sampling, SamplingPlan},
     target::Target,
 };
+
+/// How often stacks move from the kernel map to userspace when few new ones arrive.
+const OFFLOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The eBPF object built from `profiler-ebpf` by `cargo xtask build-ebpf`.
 static PROGRAM_OBJECT: &[u8] =
@@ -49,11 +53,17 @@ pub struct KernelProgram {
     /// Slot of each watched namespace, with the number of targets in it.
     namespace_slots: StdHashMap<PidNamespace, (u32, usize)>,
     targets: HashMap<MapData, TargetKey, TargetInfo>,
-    pub(crate) samples: HashMap<MapData, SampleKey, u64>,
+    samples: HashMap<MapData, SampleKey, u64>,
+    /// Sample counts moved out of the kernel map by [`Self::offload_when_due`], added up.
+    offloaded_samples: StdHashMap<SampleKey, u64>,
+    /// The program-wide sample count when sample counts were last moved.
+    samples_at_last_move: u64,
     stacks: HashMap<MapData, StackId, StackFrames>,
     /// Stacks moved out of the kernel map by [`Self::offload_stacks`]. Stack ids are hashes of
     /// the frames, so a stack that recurs after the move is stored again under the same id.
     offloaded: StdHashMap<StackId, Vec<u64>>,
+    /// When stacks were last offloaded, and how many moved then.
+    last_offload: (std::time::Instant, usize),
     counters: PerCpuArray<MapData, u64>,
     /// Run-time statistics at attach: (run time ns, run count), when stats are on.
     stats_at_attach: Option<(u64, u64)>,
@@ -110,6 +120,9 @@ impl KernelProgram {
             samples,
             stacks,
             offloaded: StdHashMap::new(),
+            offloaded_samples: StdHashMap::new(),
+            samples_at_last_move: 0,
+            last_offload: (std::time::Instant::now(), 0),
             counters,
             stats_at_attach: None,
             stats_fd: None,
@@ -276,10 +289,69 @@ impl KernelProgram {
         self.offloaded = StdHashMap::new();
     }
 
-    /// Moves every stack from the kernel map to userspace, so that the kernel map never fills
-    /// up however many distinct stacks a long run sees; returns how many were moved. Samples
-    /// keep referring to the same ids.
-    pub fn offload_stacks(&mut self) -> usize {
+    /// Moves stacks and sample counts from the kernel maps to userspace when due, so that
+    /// neither map fills up however many distinct stacks a long run sees; call it often
+    /// (every 100-200 ms). Samples keep referring to the same stack ids.
+    ///
+    /// Stacks move every half second, and at every call while many new ones arrive. Sample
+    /// counts move once a quarter of the sample map's size in samples has been recorded since
+    /// the last move (so at most that many new keys can have appeared): a count incremented
+    /// between its read and its deletion loses that increment, which [`Self::take_samples`]'s
+    /// callers see as `samples_seen` above the samples drained, so moves are kept rare.
+    pub fn offload_when_due(&mut self) {
+        let (at, moved) = self.last_offload;
+        let busy = moved >= STACK_MAP_ENTRIES as usize / 16;
+        if busy || at.elapsed() >= OFFLOAD_INTERVAL {
+            let moved = self.offload_stacks();
+            self.last_offload = (std::time::Instant::now(), moved);
+        }
+        let Ok(recorded) = self.counters.get(&ALL_RUNS_SAMPLES_INDEX, 0) else {
+            return;
+        };
+        let recorded: u64 = recorded.iter().sum();
+        if recorded.saturating_sub(self.samples_at_last_move) >= SAMPLE_MAP_ENTRIES as u64 / 4 {
+            self.samples_at_last_move = recorded;
+            let keys: Vec<SampleKey> = self.samples.keys().filter_map(|k| k.ok()).collect();
+            for key in &keys {
+                if let Ok(count) = self.samples.get(key, 0) {
+                    let _ = self.samples.remove(key);
+                    *self.offloaded_samples.entry(*key).or_default() += count;
+                }
+            }
+            log::debug!("moved {} sample counts to userspace", keys.len());
+        }
+    }
+
+    /// Takes every sample count of `run`, from the kernel map and from userspace, so that the
+    /// run's slot can be reused. Call after [`Self::detach`] or [`Self::remove_target`] for a
+    /// complete count.
+    pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, u64)> {
+        let mut counts: StdHashMap<SampleKey, u64> = StdHashMap::new();
+        self.offloaded_samples.retain(|key, count| {
+            if key.run == run {
+                counts.insert(*key, *count);
+                false
+            } else {
+                true
+            }
+        });
+        let keys: Vec<SampleKey> = self
+            .samples
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| k.run == run)
+            .collect();
+        for key in keys {
+            if let Ok(count) = self.samples.get(&key, 0) {
+                let _ = self.samples.remove(&key);
+                *counts.entry(key).or_default() += count;
+            }
+        }
+        counts.into_iter().collect()
+    }
+
+    /// Moves every stack from the kernel map to userspace; returns how many moved.
+    fn offload_stacks(&mut self) -> usize {
         let ids: Vec<StackId> = self.stacks.keys().filter_map(|id| id.ok()).collect();
         let mut moved = 0;
         for id in ids {
@@ -288,6 +360,9 @@ impl KernelProgram {
                 moved += 1;
             }
             let _ = self.stacks.remove(&id);
+        }
+        if moved > 0 {
+            log::debug!("moved {moved} stacks to userspace");
         }
         moved
     }

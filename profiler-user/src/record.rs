@@ -270,8 +270,8 @@ impl Recorder {
                     let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
                     if refresh {
                         last_refresh = Instant::now();
-                        self.program.offload_stacks();
                     }
+                    self.program.offload_when_due();
                     if let Some(end) = self.check_targets(refresh) {
                         break end;
                     }
@@ -420,7 +420,11 @@ pub fn assemble(
         })
         .collect();
     let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
+    let drained: u64 = samples.iter().flatten().map(|s| s.count).sum();
     let losses = Losses {
+        lost_in_transfer: counters
+            .get(Counter::Samples)
+            .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
         sample_map_full: counters.get(Counter::SampleMapFull),
         user_stack_map_full: counters.get(Counter::UserStackMapFull),
         user_stack_error: counters.get(Counter::UserStackError),

@@ -315,7 +315,7 @@ impl Runs {
                     if !recording.poll(refresh) {
                         break RunEnd::TargetExited;
                     }
-                    self.update_samples(id, refresh);
+                    self.update_samples(id);
                 }
             }
         };
@@ -405,17 +405,15 @@ impl Runs {
             .unwrap_or(0)
     }
 
-    /// Updates the run's live sample count and, on `refresh`, moves the program's stacks to
-    /// userspace so that its kernel map cannot fill up during long runs.
-    fn update_samples(&self, id: u64, refresh: bool) {
+    /// Updates the run's live sample count and moves the program's stacks to userspace when
+    /// due, so that its kernel map cannot fill up during long runs.
+    fn update_samples(&self, id: u64) {
         let mut inner = self.lock();
         let Some((index, slot)) = inner.runs.get(&id).and_then(|r| r.slot) else {
             return;
         };
         let program = &mut inner.instances[index].program;
-        if refresh {
-            program.offload_stacks();
-        }
+        program.offload_when_due();
         let samples = program
             .counters(slot)
             .map(|c| c.get(profiler_common::Counter::Samples))
