@@ -493,7 +493,12 @@ impl Bench {
                 for round in 0..rounds {
                     // Alone, the floor and every profiler in a rotated order; each ratio is
                     // to the same round's run alone.
-                    let mut order = vec![Arm::Alone, Arm::Floor, Arm::PerfSystemWide];
+                    let mut order = vec![
+                        Arm::Alone,
+                        Arm::Floor,
+                        Arm::PerfSystemWide,
+                        Arm::Under(Tool::BpfprofFixed),
+                    ];
                     order.extend(TOOLS_COMPARED.map(Arm::Under));
                     rotate(&mut order, round);
                     let mut times = BTreeMap::new();
@@ -560,7 +565,7 @@ impl Bench {
         let ratios = &result.ratios;
         writeln!(md, "\n## 1. Overhead on the target\n")?;
         writeln!(md, "A fixed amount of CPU-bound work (`bench/burn.c`: {BURN_ITERS} multiply-adds per thread, one thread per core, a dozen frames deep) timed by the workload itself, alone and with each profiler attached before it starts (launch mode: `bpfprof -- CMD`, `perf record -- CMD`, `bpftrace -c CMD`). Slowdown = time under the profiler / time alone in the same round; median (min–max) over {rounds} rounds, the runs of a round in a rotated order.\n")?;
-        writeln!(md, "The *timer floor* row is bpfprof sampling an idle process (`--pid` of a `sleep`) while the workload runs alone: the sampling timers fire on every CPU and the kernel program runs and rejects every sample, but no stack is walked and nothing is recorded. It is the cost of `cpu-clock` sampling itself, which all three profilers pay. The `perf record -a -g` row is perf with one event per CPU for the whole system, as bpfprof and bpftrace sample, started before the workload and stopped after it; `perf record -- CMD` opens per-task events instead, whose timers run only while the command's threads run.\n")?;
+        writeln!(md, "The *timer floor* row is bpfprof sampling an idle process (`--pid` of a `sleep`) while the workload runs alone: the sampling timers fire on every CPU and the kernel program runs and rejects every sample, but no stack is walked and nothing is recorded. It is the cost of `cpu-clock` sampling itself, which all three profilers pay. The `bpfprof --fixed-interval` row is bpfprof without its randomized periods (each redraw is one `PERF_EVENT_IOC_PERIOD` per CPU, which restarts that CPU's timer): the difference to the bpfprof row is what protection against aliasing costs. The `perf record -a -g` row is perf with one event per CPU for the whole system, as bpfprof and bpftrace sample, started before the workload and stopped after it; `perf record -- CMD` opens per-task events instead, whose timers run only while the command's threads run.\n")?;
         writeln!(
             md,
             "| | {} |",
@@ -575,9 +580,13 @@ impl Bench {
                 " | "
             )
         )?;
-        for arm in [Arm::Floor, Arm::PerfSystemWide]
-            .into_iter()
-            .chain(TOOLS_COMPARED.map(Arm::Under))
+        for arm in [
+            Arm::Floor,
+            Arm::PerfSystemWide,
+            Arm::Under(Tool::BpfprofFixed),
+        ]
+        .into_iter()
+        .chain(TOOLS_COMPARED.map(Arm::Under))
         {
             writeln!(
                 md,
@@ -641,6 +650,14 @@ impl Bench {
                     excess(Arm::Under(Tool::Perf)),
                     excess(Arm::PerfSystemWide),
                 )
+            })
+            .collect();
+        self.findings.borrow_mut().overhead_fixed = plan
+            .overhead_hz
+            .iter()
+            .map(|&hz| {
+                let excess = |arm| median(&ratios[&(arm, hz)]) - 1.0;
+                (hz, excess(Arm::Under(Tool::BpfprofFixed)))
             })
             .collect();
         writeln!(md, "\n![overhead vs frequency](bench/overhead.svg)")?;
@@ -1255,6 +1272,8 @@ struct Findings {
     /// Section 1, by frequency: the median excess slowdown of the timer floor, bpfprof, perf
     /// and `perf record -a`.
     overhead: Vec<(u64, f64, f64, f64, f64)>,
+    /// Section 1, by frequency: the median excess slowdown of bpfprof --fixed-interval.
+    overhead_fixed: Vec<(u64, f64)>,
     /// Section 2: bpfprof's worst aliasing run (σ, share, Hz), the same for --fixed-interval,
     /// and bpfprof's shares by frequency.
     alias_worst: Option<(f64, f64, u64)>,
@@ -1328,7 +1347,17 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
         } else {
             format!(" Where perf did come out cheaper than the floor, at {per_task}, the likely difference is the kind of event: `perf record -- CMD` opens per-task events, whose timers run only while the target's threads run, while bpfprof, like bpftrace, opens one system-wide event per CPU so that one kernel program serves any set of targets (compare `perf record -a`, per-CPU as well, in the same rounds); the gap is a few points, of the order of the rounds' spread.")
         };
-        writeln!(md, "**Overhead: not half of perf's.** Medians of this run: {cells}. bpfprof costs what its timer floor costs: the sampling timers alone, with the kernel program rejecting every sample and no stack walked, slow the workload about as much as bpfprof recording it does, and about as much as perf does. At the highest frequency the floor works out to about {per_sample:.0} µs of the workload's time per sample, of which bpfprof's kernel program is {bpf_us:.1} µs (section 5): the rest is the `cpu-clock` interrupt itself, which all three profilers take at the same rate. This machine is a virtual machine without a PMU (a Firecracker guest), where timer interrupts and timer re-arms are trapped by the hypervisor; that, not what a profiler does with a sample, is the cost.{per_task} Halving perf's overhead would take fewer interrupts (a lower rate) or cheaper ones (a PMU on bare metal, where an interrupt costs a few µs and the per-sample work weighs more), not a cheaper kernel program. At 99 Hz all three are within noise of running alone, and so is the ratio.\n")?;
+        let randomizing = join(
+            f.overhead
+                .iter()
+                .zip(&f.overhead_fixed)
+                .map(|((hz, _, b, _, _), (_, fixed))| {
+                    format!("{hz} Hz: {:+.1} points", (b - fixed) * 100.0)
+                }),
+            ", ",
+        );
+        let randomizing = format!(" Randomized periods against `--fixed-interval` (bpfprof's slowdown less that of bpfprof with fixed periods, medians): {randomizing}; each redraw restarts one CPU's timer through an ioctl and an inter-processor interrupt, also trapped by the hypervisor here.");
+        writeln!(md, "**Overhead: not half of perf's.** Medians of this run: {cells}.{randomizing} bpfprof costs what its timer floor costs: the sampling timers alone, with the kernel program rejecting every sample and no stack walked, slow the workload about as much as bpfprof recording it does, and about as much as perf does. At the highest frequency the floor works out to about {per_sample:.0} µs of the workload's time per sample, of which bpfprof's kernel program is {bpf_us:.1} µs (section 5): the rest is the `cpu-clock` interrupt itself, which all three profilers take at the same rate. This machine is a virtual machine without a PMU (a Firecracker guest), where timer interrupts and timer re-arms are trapped by the hypervisor; that, not what a profiler does with a sample, is the cost.{per_task} Halving perf's overhead would take fewer interrupts (a lower rate) or cheaper ones (a PMU on bare metal, where an interrupt costs a few µs and the per-sample work weighs more), not a cheaper kernel program. At 99 Hz all three are within noise of running alone, and so is the ratio.\n")?;
     }
     if let Some((z, share, hz)) = f.alias_worst {
         let runs = join(
