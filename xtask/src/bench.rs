@@ -81,6 +81,8 @@ const BIG_LEVELS: usize = 48;
 const BIG_PER_LEVEL: usize = 100;
 /// Watchdog for any one profiler run: far above what a run takes, so only a hang trips it.
 const RUN_LIMIT: Duration = Duration::from_secs(300);
+/// Longest a launch-mode run may take: their workloads run for seconds.
+const LAUNCH_LIMIT: Duration = Duration::from_secs(60);
 
 /// The profilers compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -1571,7 +1573,23 @@ impl Bench {
     /// Runs `argv` under `tool` (or alone) in launch mode: the profiler starts the workload,
     /// sampling from its first instruction, and ends when it ends. With `stacks`, the profile
     /// is read back.
+    ///
+    /// A run that fails is run once more, with a warning: bpftrace has been seen to hang,
+    /// once in several full benches, after the SIGINT that ends it.
     fn launch(
+        &self,
+        tool: Option<Tool>,
+        hz: u64,
+        argv: &[OsString],
+        stacks: bool,
+    ) -> Result<Launched> {
+        self.launch_once(tool, hz, argv, stacks).or_else(|e| {
+            println!("    warning: run failed, running it again: {e:#}");
+            self.launch_once(tool, hz, argv, stacks)
+        })
+    }
+
+    fn launch_once(
         &self,
         tool: Option<Tool>,
         hz: u64,
@@ -1594,7 +1612,7 @@ impl Bench {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", crate::describe(&cmd)))?;
-        let monitor = Monitor::new(child.id() as i32, RUN_LIMIT);
+        let monitor = Monitor::new(child.id() as i32, LAUNCH_LIMIT);
         // The workload's stdout comes through the profiler (its child inherits it).
         let mut lines = Vec::new();
         for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
