@@ -1427,7 +1427,7 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
                 .get(&Tool::Bpftrace)
                 .copied()
                 .unwrap_or(f64::NAN);
-            writeln!(md, "**Peak memory: more than `perf record`** ({b:.1} MiB against {p:.1} MiB in section 5; bpftrace {bpftrace:.1} MiB). bpfprof's peak is a start-up transient: aya's loader (0.14) parses the kernel's BTF (`/sys/kernel/btf/vmlinux`) whenever it is created, which heaptrack showed as about 9 MiB of heap at the peak, although bpfprof's program needs no BTF relocation; the resident size then drops to about a third of the peak for the rest of the run{last}. The same parse is part of bpfprof's start-up{startup}; an aya release that lets a loader skip it would cut both.\n")?;
+            writeln!(md, "**Peak memory: more than `perf record`** ({b:.1} MiB against {p:.1} MiB in section 5; bpftrace {bpftrace:.1} MiB). bpfprof's peak is a start-up transient: aya's loader (0.14) parses the kernel's BTF (`/sys/kernel/btf/vmlinux`) whenever it is created, which heaptrack showed as about 9 MiB of heap at the peak, although bpfprof's program needs no BTF relocation; while it samples, bpfprof's resident size is about 9 MiB (`/proc/PID/smaps_rollup` during a run when this bench was written), and it grows again at the end, when stacks are symbolized{last}. With many distinct stacks the end is the peak instead (section 4: blazesym's view of a 13 MiB binary's DWARF plus every stack held for aggregation). The same parse is part of bpfprof's start-up{startup}; an aya release that lets a loader skip it would cut both.\n")?;
         }
     }
     if let (Some(b), Some(t)) = (f.bpf_ns.get(&Tool::Bpfprof), f.bpf_ns.get(&Tool::Bpftrace)) {
