@@ -61,7 +61,7 @@ pub struct KernelProgram {
     stacks: HashMap<MapData, StackId, StackFrames>,
     /// Stacks moved out of the kernel map by [`Self::offload_stacks`]. Stack ids are hashes of
     /// the frames, so a stack that recurs after the move is stored again under the same id.
-    offloaded: StdHashMap<StackId, Vec<u64>>,
+    offloaded_stacks: StdHashMap<StackId, Vec<u64>>,
     /// When stacks were last offloaded, and how many moved then.
     last_offload: (std::time::Instant, usize),
     counters: PerCpuArray<MapData, u64>,
@@ -119,7 +119,7 @@ impl KernelProgram {
             targets,
             samples,
             stacks,
-            offloaded: StdHashMap::new(),
+            offloaded_stacks: StdHashMap::new(),
             offloaded_samples: StdHashMap::new(),
             samples_at_last_move: 0,
             last_offload: (std::time::Instant::now(), 0),
@@ -286,7 +286,7 @@ impl KernelProgram {
         for id in ids {
             let _ = self.stacks.remove(&id);
         }
-        self.offloaded = StdHashMap::new();
+        self.offloaded_stacks = StdHashMap::new();
     }
 
     /// Moves stacks and sample counts from the kernel maps to userspace when due, so that
@@ -311,43 +311,46 @@ impl KernelProgram {
         let recorded: u64 = recorded.iter().sum();
         if recorded.saturating_sub(self.samples_at_last_move) >= SAMPLE_MAP_ENTRIES as u64 / 4 {
             self.samples_at_last_move = recorded;
-            let keys: Vec<SampleKey> = self.samples.keys().filter_map(|k| k.ok()).collect();
-            for key in &keys {
-                if let Ok(count) = self.samples.get(key, 0) {
-                    let _ = self.samples.remove(key);
-                    *self.offloaded_samples.entry(*key).or_default() += count;
-                }
-            }
-            log::debug!("moved {} sample counts to userspace", keys.len());
+            let moved = self.move_sample_counts(|_| true);
+            log::debug!("moved {moved} sample counts to userspace");
         }
+    }
+
+    /// Moves the kernel's sample counts whose key `select` picks into `offloaded_samples`,
+    /// adding them up; returns how many keys moved.
+    fn move_sample_counts(&mut self, select: impl Fn(&SampleKey) -> bool) -> usize {
+        let keys: Vec<SampleKey> = self
+            .samples
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| select(k))
+            .collect();
+        let mut moved = 0;
+        for key in keys {
+            if let Ok(count) = self.samples.get(&key, 0) {
+                let _ = self.samples.remove(&key);
+                *self.offloaded_samples.entry(key).or_default() += count;
+                moved += 1;
+            }
+        }
+        moved
     }
 
     /// Takes every sample count of `run`, from the kernel map and from userspace, so that the
     /// run's slot can be reused. Call after [`Self::detach`] or [`Self::remove_target`] for a
     /// complete count.
     pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, u64)> {
-        let mut counts: StdHashMap<SampleKey, u64> = StdHashMap::new();
+        self.move_sample_counts(|key| key.run == run);
+        let mut counts = Vec::new();
         self.offloaded_samples.retain(|key, count| {
             if key.run == run {
-                counts.insert(*key, *count);
+                counts.push((*key, *count));
                 false
             } else {
                 true
             }
         });
-        let keys: Vec<SampleKey> = self
-            .samples
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| k.run == run)
-            .collect();
-        for key in keys {
-            if let Ok(count) = self.samples.get(&key, 0) {
-                let _ = self.samples.remove(&key);
-                *counts.entry(key).or_default() += count;
-            }
-        }
-        counts.into_iter().collect()
+        counts
     }
 
     /// Moves every stack from the kernel map to userspace; returns how many moved.
@@ -356,7 +359,7 @@ impl KernelProgram {
         let mut moved = 0;
         for id in ids {
             if let Ok(frames) = self.stacks.get(&id, 0) {
-                self.offloaded.insert(id, frames_of(&frames));
+                self.offloaded_stacks.insert(id, frames_of(&frames));
                 moved += 1;
             }
             let _ = self.stacks.remove(&id);
@@ -373,7 +376,7 @@ impl KernelProgram {
         if id == 0 {
             return Ok(Vec::new());
         }
-        if let Some(frames) = self.offloaded.get(&id) {
+        if let Some(frames) = self.offloaded_stacks.get(&id) {
             return Ok(frames.clone());
         }
         match self.stacks.get(&id, 0) {
