@@ -104,6 +104,10 @@ struct ResultsArgs {
     /// Wait this long for the run to end first: 30s, 5m.
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
+    /// Also copy the result files into DIR, read through the daemon's socket (works where
+    /// the daemon's state directory is out of reach).
+    #[arg(long, value_name = "DIR")]
+    copy_to: Option<std::path::PathBuf>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -294,9 +298,31 @@ fn client_command(command: Command) -> Result<i32, Error> {
         }
         Command::Status(a) => client.status(a.run_id).map_err(client_error)?,
         Command::Stop(a) => client.stop(a.run_id).map_err(client_error)?,
-        Command::Results(a) => client
-            .results(a.run_id, a.wait.unwrap_or_default())
-            .map_err(client_error)?,
+        Command::Results(a) => {
+            let mut reply = client
+                .results(a.run_id, a.wait.unwrap_or_default())
+                .map_err(client_error)?;
+            if let Some(dir) = &a.copy_to {
+                let mut copied = std::collections::BTreeMap::new();
+                for format in reply.files.iter().flatten().map(|(f, _)| f.clone()) {
+                    let bytes = client
+                        .read_result(a.run_id, &format)
+                        .map_err(client_error)?;
+                    let name = std::path::Path::new(&reply.files.as_ref().unwrap()[&format])
+                        .file_name()
+                        .map(|n| n.to_os_string())
+                        .unwrap_or_else(|| format.clone().into());
+                    let path = dir.join(name);
+                    std::fs::write(&path, bytes).map_err(|source| Error::Output {
+                        path: path.clone(),
+                        source,
+                    })?;
+                    copied.insert(format, path.display().to_string());
+                }
+                reply.files = Some(copied);
+            }
+            reply
+        }
         Command::List(_) => Reply {
             runs: Some(client.list().map_err(client_error)?),
             ..Reply::ok()

@@ -70,7 +70,21 @@ pub enum Op {
     },
     /// The caller's runs.
     List,
+    /// A chunk of one of an ended run's result files, so an owner can fetch results through
+    /// the socket where the state directory is out of reach (a hardened unit, a container).
+    Read {
+        /// The run.
+        run_id: u64,
+        /// The result's format name, as in the `files` of a results reply.
+        format: String,
+        /// Where in the file the chunk starts.
+        #[serde(default)]
+        offset: u64,
+    },
 }
+
+/// Largest chunk of a result file one `read` reply carries, before base64.
+pub const READ_CHUNK_BYTES: usize = 1 << 20;
 
 /// What a `run` asks for.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -263,6 +277,12 @@ pub struct Reply {
     /// Runs (list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<Vec<RunInfo>>,
+    /// A chunk of a result file, base64 (read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// The result file's size in bytes (read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
 }
 
 impl Reply {
@@ -280,6 +300,8 @@ impl Reply {
             top: None,
             summary: None,
             runs: None,
+            data: None,
+            size: None,
         }
     }
 

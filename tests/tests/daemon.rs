@@ -4,7 +4,7 @@
 use std::{
     io::{Read, Write},
     os::unix::{fs::MetadataExt, net::UnixStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     thread,
     time::Duration,
@@ -19,87 +19,6 @@ use bpfprof_tests::*;
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// A uid the tests run unprivileged clients and targets as (nobody).
 const USER: u32 = 65534;
-
-/// A daemon on a private socket and state directory, stopped on drop.
-struct Daemon {
-    process: Option<BpfprofProcess>,
-    dir: tempfile::TempDir,
-    extra: Vec<String>,
-}
-
-impl Daemon {
-    fn start(extra: &[&str]) -> Daemon {
-        let dir = tempdir();
-        // Unprivileged clients must reach the socket inside.
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let mut daemon = Daemon {
-            process: None,
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        daemon.spawn();
-        daemon
-    }
-
-    fn spawn(&mut self) {
-        let mut args = vec![
-            "daemon".to_string(),
-            "--socket".into(),
-            self.socket().display().to_string(),
-            "--state-dir".into(),
-            self.state().display().to_string(),
-        ];
-        args.extend(self.extra.iter().cloned());
-        let process = spawn_bpfprof(&args);
-        let socket = self.socket();
-        poll_until(Duration::from_secs(10), || {
-            UnixStream::connect(&socket).ok().map(|_| ())
-        })
-        .unwrap_or_else(|| panic!("daemon did not listen:\n{}", process.stderr_so_far()));
-        self.process = Some(process);
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("bpfprof.sock")
-    }
-
-    fn state(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(Some(&self.socket())).expect("connect to the daemon")
-    }
-
-    /// Kills the daemon without letting it finish its runs (a crash).
-    fn crash(&mut self) {
-        if let Some(p) = self.process.take() {
-            p.signal(libc::SIGKILL);
-            let _ = p.wait_timeout(TIMEOUT);
-        }
-    }
-
-    /// Runs a CLI client command against this daemon.
-    fn cli(&self, args: &[&str]) -> RunResult {
-        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        all.push("--socket".into());
-        all.push(self.socket().display().to_string());
-        run_bpfprof(&all, TIMEOUT)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(p) = self.process.take() {
-            p.signal(libc::SIGTERM);
-            let _ = p.wait_timeout(TIMEOUT);
-        }
-    }
-}
 
 fn run_request(pid: u32, tags: &[&str]) -> RunRequest {
     RunRequest {

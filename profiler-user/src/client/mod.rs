@@ -172,6 +172,31 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol("list reply without runs".into()))
     }
 
+    /// The whole of result file `format` (a format name of the results' `files`) of run
+    /// `run_id`, read through the socket in chunks.
+    pub fn read_result(&mut self, run_id: u64, format: &str) -> Result<Vec<u8>, ClientError> {
+        use base64::Engine as _;
+        let mut bytes = Vec::new();
+        loop {
+            let reply = self.request(Op::Read {
+                run_id,
+                format: format.to_string(),
+                offset: bytes.len() as u64,
+            })?;
+            let (Some(data), Some(size)) = (reply.data, reply.size) else {
+                return Err(ClientError::Protocol("read reply without data".into()));
+            };
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|e| ClientError::Protocol(format!("read reply: {e}")))?;
+            if chunk.is_empty() || bytes.len() as u64 + chunk.len() as u64 >= size {
+                bytes.extend_from_slice(&chunk);
+                return Ok(bytes);
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+    }
+
     fn exchange(&mut self, request: &Request, timeout: Duration) -> Result<Reply, ClientError> {
         if self.out_of_step {
             return Err(ClientError::Protocol(
@@ -430,6 +455,7 @@ pub(crate) mod testutil {
                     Op::Stop { .. } => "stop",
                     Op::Results { .. } => "results",
                     Op::List => "list",
+                    Op::Read { .. } => "read",
                 })
                 .collect()
         }
@@ -454,6 +480,11 @@ pub(crate) mod testutil {
             },
             Op::List => Reply {
                 runs: Some(vec![]),
+                ..Reply::ok()
+            },
+            Op::Read { .. } => Reply {
+                data: Some(String::new()),
+                size: Some(0),
                 ..Reply::ok()
             },
         }

@@ -178,6 +178,11 @@ async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
             .results(uid, run_id, Duration::from_millis(wait_ms.min(600_000)))
             .await
             .map(|i| Reply::for_run(&i, true)),
+        Op::Read {
+            run_id,
+            format,
+            offset,
+        } => runs.read(uid, run_id, &format, offset),
         Op::List => Ok(Reply {
             runs: Some(runs.list(uid)),
             ..Reply::ok()

@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -13,11 +12,13 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     aggregate::{AggregateOptions, RunEnd, Tag},
-    daemon::store::{self, now_ms, Store},
+    daemon::store::{now_ms, Store},
     error::Error,
     kernel::KernelProgram,
     output::{summary, top::function_shares, Format, Output},
-    protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, MAX_TAGS},
+    protocol::{
+        ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, MAX_TAGS, READ_CHUNK_BYTES,
+    },
     record::{assemble, collect, Finished, TargetRecording},
     sampling::{validate_max_stack_length, KernelLimits, Sampling, SamplingPlan, SamplingRequest},
     symbolize::Symbolizer,
@@ -95,10 +96,11 @@ fn refusal(e: Error) -> Refusal {
 impl Runs {
     /// Loads the runs kept in `store` (marking interrupted ones FAILED) and applies cleanup.
     pub fn new(store: Store, limits: Limits) -> Runs {
-        let kept = store.load_all();
-        let deleted = store.cleanup(&kept);
-        let next_id = kept.iter().map(|r| r.run_id).max().unwrap_or(0) + 1;
-        let runs = kept
+        let loaded = store.load_all();
+        let deleted = store.cleanup(&loaded.runs);
+        let next_id = loaded.next_id;
+        let runs = loaded
+            .runs
             .into_iter()
             .filter(|r| !deleted.contains(&r.run_id))
             .map(|info| {
@@ -178,9 +180,8 @@ impl Runs {
             top: Vec::new(),
             summary: None,
         };
-        let dir = self
-            .store
-            .create_run_dir(id, uid)
+        self.store
+            .create_run_dir(id)
             .map_err(|e| (ErrorCode::Internal, format!("{e:#}")))?;
         let (state, _) = watch::channel(RunState::Preparing);
         inner.runs.insert(
@@ -221,7 +222,7 @@ impl Runs {
         let runs = self.clone();
         let duration = validated.duration;
         tokio::spawn(async move {
-            runs.monitor(id, recording, sampling, duration, stop, validated, dir)
+            runs.monitor(id, recording, sampling, duration, stop, validated)
                 .await;
         });
         Ok(Reply::for_run(&info, false))
@@ -297,7 +298,6 @@ impl Runs {
         duration: Duration,
         stop: Arc<Notify>,
         validated: Validated,
-        dir: PathBuf,
     ) {
         let started = Instant::now();
         let deadline = tokio::time::Instant::from_std(started + duration);
@@ -365,10 +365,30 @@ impl Runs {
                 let mut formats = validated.formats.clone();
                 formats.push(Format::SummaryJson);
                 for format in formats {
-                    let path = dir.join(format!("profile.{}", format.extension()));
-                    Output::create(&path, format)?.write(&profile)?;
-                    store::chown(&path, owner)?;
-                    files.insert(format.to_string(), path.display().to_string());
+                    let name = result_file_name(format);
+                    let written = runs
+                        .store
+                        .create_result(id, &name, owner)
+                        .map_err(Error::Other)
+                        .and_then(|(file, path)| {
+                            Output::to_file(file, path.clone(), format).write(&profile)?;
+                            Ok(path)
+                        });
+                    match written {
+                        Ok(path) => {
+                            files.insert(format.to_string(), path.display().to_string());
+                        }
+                        Err(e) => {
+                            // A full disk must not leave empty or partial files behind.
+                            runs.store.remove_result(id, &name);
+                            for f in files.keys() {
+                                if let Ok(f) = f.parse::<Format>() {
+                                    runs.store.remove_result(id, &result_file_name(f));
+                                }
+                            }
+                            return Err(e);
+                        }
+                    }
                 }
                 let mut json = Vec::new();
                 summary::write(&profile, &mut json).map_err(|e| Error::Other(e.into()))?;
@@ -532,6 +552,41 @@ impl Runs {
         self.info(uid, id)
     }
 
+    /// A chunk of result file `format` of run `id`, starting at `offset`.
+    pub fn read(&self, uid: u32, id: u64, format: &str, offset: u64) -> Result<Reply, Refusal> {
+        use std::io::{Read, Seek, SeekFrom};
+        let info = self.info(uid, id)?;
+        let not_found = || {
+            (
+                ErrorCode::NotFound,
+                format!("run {id} has no {format} result"),
+            )
+        };
+        let format: Format = format.parse().map_err(|_| not_found())?;
+        if !info.state.is_final() || !info.files.contains_key(&format.to_string()) {
+            return Err(not_found());
+        }
+        let internal = |e: std::io::Error| (ErrorCode::Internal, format!("reading run {id}: {e}"));
+        let mut file = self
+            .store
+            .open_result(id, &result_file_name(format))
+            .map_err(|e| (ErrorCode::Internal, format!("{e:#}")))?;
+        let size = file.metadata().map_err(internal)?.len();
+        file.seek(SeekFrom::Start(offset.min(size)))
+            .map_err(internal)?;
+        let mut chunk = Vec::with_capacity(READ_CHUNK_BYTES.min(size as usize));
+        file.take(READ_CHUNK_BYTES as u64)
+            .read_to_end(&mut chunk)
+            .map_err(internal)?;
+        use base64::Engine as _;
+        Ok(Reply {
+            run_id: Some(id),
+            data: Some(base64::engine::general_purpose::STANDARD.encode(&chunk)),
+            size: Some(size),
+            ..Reply::ok()
+        })
+    }
+
     /// The runs client `uid` may see, oldest first.
     pub fn list(&self, uid: u32) -> Vec<RunInfo> {
         let inner = self.lock();
@@ -610,6 +665,11 @@ struct Processed {
     files: BTreeMap<String, String>,
     top: Vec<TopFunction>,
     summary: Option<serde_json::Value>,
+}
+
+/// The name of a run's result file in `format`.
+fn result_file_name(format: Format) -> String {
+    format!("profile.{}", format.extension())
 }
 
 /// Finds or creates the kernel program for `plan`, takes a free slot and registers `target`.

@@ -164,6 +164,15 @@ impl Output {
         })
     }
 
+    /// Writes `format` to `file`, already open (created safely by the caller), named `path`.
+    pub fn to_file(file: File, path: PathBuf, format: Format) -> Output {
+        Output {
+            path: Some(path),
+            format,
+            sink: Some(Sink::File(file)),
+        }
+    }
+
     /// Writes `format` to standard output.
     pub fn stdout(format: Format) -> Output {
         Output {
