@@ -7,13 +7,25 @@
 
 /// Name of the perf_event program in the kernel object (and in `bpftool prog list`).
 pub const PROGRAM_NAME: &str = "bpfprof_sample";
+/// Names of the `sched:sched_process_fork` tracepoint programs that follow targets' children,
+/// one per record layout, in the order of [`FORK_CHILD_PID_OFFSETS`].
+pub const FORK_PROGRAM_NAMES: [&str; 2] = ["bpfprof_fork", "bpfprof_fork_data_loc"];
+/// Byte offsets of `child_pid` in the `sched_process_fork` record: before 6.10 (inline comm
+/// arrays) and from 6.10 on (`__data_loc` comms).
+pub const FORK_CHILD_PID_OFFSETS: [usize; 2] = [44, 20];
+/// Name of the `sched:sched_process_exit` tracepoint program that forgets exited children.
+pub const EXIT_PROGRAM_NAME: &str = "bpfprof_exit";
 
 /// How many distinct pid namespaces the kernel program can watch at once.
 pub const MAX_PID_NAMESPACES: u32 = 8;
 /// How many target processes, over all runs, the kernel program can watch at once.
 pub const MAX_TARGETS: u32 = 1024;
-/// How many runs (sets of targets with their own samples and counters) can be active at once.
+/// How many runs (sets of targets with their own samples and counters) can be active at once:
+/// the bits of [`TargetInfo::runs`].
 pub const MAX_RUNS: u32 = 64;
+/// How many children of targets (processes, or threads until userspace prunes them) the kernel
+/// program can follow at once.
+pub const MAX_FOLLOWED: u32 = 8192;
 /// Deepest stack the kernel collects; matches the kernel's default `perf_event_max_stack`.
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Entries of the stack map: distinct user or kernel stacks the kernel holds at once (about
@@ -45,14 +57,29 @@ pub struct TargetKey {
     pub reserved: u32,
 }
 
-/// Value of the target map: which run a target's samples belong to.
+/// Value of the target and followed-children maps: which runs a process's samples belong to.
+/// Several runs may watch one process; each gets every sample.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TargetInfo {
-    /// Run slot, below [`MAX_RUNS`].
-    pub run: u32,
-    /// Always zero; room for per-target flags.
-    pub reserved: u32,
+    /// Bit `r` set: run slot `r` records this process.
+    pub runs: u64,
+    /// Bit `r` set: run slot `r` also records the children this process forks from now on
+    /// (and theirs): perf's `--inherit`.
+    pub follow: u64,
+}
+
+/// Indexes of the kernel program's configuration array, written by userspace before attach.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// Number of runs that follow children; zero skips the followed-children lookup.
+    Following = 0,
+}
+
+impl Config {
+    /// Entries of the configuration array.
+    pub const COUNT: u32 = 1;
 }
 
 /// Id of a stack in the stack map: a 64-bit hash of its frames, so the same stack always gets
@@ -74,14 +101,13 @@ pub struct StackFrames {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SampleKey {
-    /// Run slot the sampled process belongs to; a run slot has exactly one target process.
-    pub run: u32,
+    /// The run slots the sample was recorded for (bit `r` for slot `r`): one increment serves
+    /// every run watching the process; userspace splits counts per run when it moves them.
+    pub runs: u64,
     /// Process id as seen in the target's pid namespace.
     pub pid: u32,
     /// Thread id as seen in the target's pid namespace.
     pub tid: u32,
-    /// Always zero; keeps the key free of padding.
-    pub reserved: u32,
     /// The user stack, or 0 when none was recorded.
     pub user_stack: StackId,
     /// The kernel stack, or 0 when the sample was taken in user mode or none was recorded.
@@ -125,8 +151,8 @@ impl Counter {
     }
 }
 
-/// Index, in the counter array, of the program-wide count of recorded samples (all runs),
-/// which tells userspace how fast the sample map fills.
+/// Index, in the counter array, of the program-wide count of recorded samples (all runs; one
+/// per sample, however many runs it serves), which tells userspace how fast the sample map fills.
 pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
 /// Entries of the per-CPU counter array: every run's counters, then the program-wide count.
 pub const COUNTER_ENTRIES: u32 = ALL_RUNS_SAMPLES_INDEX + 1;

@@ -12,16 +12,16 @@
 
 use aya_ebpf::{
     bindings::{bpf_pidns_info, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_ns_current_pid_tgid, bpf_get_stack},
-    macros::{map, perf_event},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid, bpf_get_stack},
+    macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
-    programs::PerfEventContext,
+    programs::{PerfEventContext, TracePointContext},
     EbpfContext,
 };
 use profiler_common::{
-    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
-    MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    Config, Counter, PidNamespace, FORK_CHILD_PID_OFFSETS, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
+    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS,
+    MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
 const EEXIST: i32 = 17;
@@ -30,9 +30,19 @@ const EEXIST: i32 = 17;
 #[map]
 static PID_NAMESPACES: Array<PidNamespace> = Array::with_max_entries(MAX_PID_NAMESPACES, 0);
 
-/// Target processes, by namespace and in-namespace tgid, and the run each belongs to.
+/// Target processes, by namespace and in-namespace tgid, and the runs each belongs to.
 #[map]
 static TARGETS: HashMap<TargetKey, TargetInfo> = HashMap::with_max_entries(MAX_TARGETS, 0);
+
+/// Children of targets forked while a run follows children, by global pid (the fork
+/// tracepoint knows no other), and the runs they belong to. Thread creations land here too
+/// (the tracepoint does not tell them apart); userspace prunes them.
+#[map]
+static FOLLOWED: HashMap<u32, TargetInfo> = HashMap::with_max_entries(MAX_FOLLOWED, 0);
+
+/// Settings userspace writes before attaching (`Config`).
+#[map]
+static CONFIG: Array<u64> = Array::with_max_entries(Config::COUNT, 0);
 
 /// User and kernel stacks by a hash of their frames. A hash map rather than the kernel's stack
 /// trace map: the latter keeps one stack per bucket and refuses a colliding stack, which loses
@@ -55,16 +65,75 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIE
 
 #[perf_event]
 pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
-    if let Some((run, task)) = target_run() {
-        record(&ctx, run, task);
+    if let Some(target) = current_target() {
+        record(&ctx, &target);
     }
     0
 }
 
-/// Returns the run of the current task's process, if it is a target, with the task's ids as
-/// seen in the target's pid namespace.
+/// sched_process_fork with the record layout of kernels before 6.10 (`child_pid` at byte 44,
+/// after two inline 16-byte comm arrays). Tracepoint records can only be read at constant
+/// offsets, so each layout gets its own program and userspace loads the one this kernel has.
+#[tracepoint]
+pub fn bpfprof_fork(ctx: TracePointContext) -> u32 {
+    follow_fork::<{ FORK_CHILD_PID_OFFSETS[0] }>(&ctx)
+}
+
+/// sched_process_fork with the record layout of 6.10 and later (`child_pid` at byte 20, comms
+/// moved out of line as `__data_loc` strings).
+#[tracepoint]
+pub fn bpfprof_fork_data_loc(ctx: TracePointContext) -> u32 {
+    follow_fork::<{ FORK_CHILD_PID_OFFSETS[1] }>(&ctx)
+}
+
+/// Follows a target's new child (or thread) into the runs that follow the target's children.
 #[inline(always)]
-fn target_run() -> Option<(u32, bpf_pidns_info)> {
+fn follow_fork<const CHILD_PID_OFFSET: usize>(ctx: &TracePointContext) -> u32 {
+    // The parent is the current task.
+    let Some(parent) = current_target() else {
+        return 0;
+    };
+    if parent.follow == 0 {
+        return 0;
+    }
+    // SAFETY: a constant offset inside this kernel's record, checked by userspace against the
+    // tracepoint's format before this program was chosen.
+    let child = match unsafe { ctx.read_at::<i32>(CHILD_PID_OFFSET) } {
+        Ok(child) => child,
+        Err(_) => return 0,
+    };
+    if child > 0 {
+        let inherited = TargetInfo {
+            runs: parent.follow,
+            follow: parent.follow,
+        };
+        let _ = FOLLOWED.insert(&(child as u32), &inherited, 0);
+    }
+    0
+}
+
+/// Forgets a followed child (or thread) when it exits, so that its pid can be reused.
+#[tracepoint]
+pub fn bpfprof_exit(_ctx: TracePointContext) -> u32 {
+    // The exiting task is the current one; the low half is its global thread id.
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: only tested for presence.
+    if unsafe { FOLLOWED.get(&tid) }.is_some() {
+        let _ = FOLLOWED.remove(&tid);
+    }
+    0
+}
+
+/// The current task as a target: the runs it belongs to and its ids in its pid namespace.
+struct CurrentTarget {
+    runs: u64,
+    follow: u64,
+    task: bpf_pidns_info,
+}
+
+/// Returns the current task as a target, if its process is one or a followed child.
+#[inline(always)]
+fn current_target() -> Option<CurrentTarget> {
     let mut i = 0;
     while i < MAX_PID_NAMESPACES {
         if let Some(ns) = PID_NAMESPACES.get(i) {
@@ -81,16 +150,7 @@ fn target_run() -> Option<(u32, bpf_pidns_info)> {
                 };
                 // A task has one active pid namespace, so at most one slot can match.
                 if rc == 0 {
-                    let key = TargetKey {
-                        ns: *ns,
-                        tgid: info.tgid,
-                        reserved: 0,
-                    };
-                    // SAFETY: the value is copied out at once; a concurrent removal can only
-                    // make us attribute one sample to a run that just ended.
-                    return unsafe { TARGETS.get(&key) }
-                        .map(|t| (t.run, info))
-                        .filter(|(run, _)| *run < MAX_RUNS);
+                    return lookup(ns, info);
                 }
             }
         }
@@ -100,86 +160,133 @@ fn target_run() -> Option<(u32, bpf_pidns_info)> {
 }
 
 #[inline(always)]
-fn record(ctx: &PerfEventContext, run: u32, task: bpf_pidns_info) {
-    count(run, Counter::Samples);
-    increment(ALL_RUNS_SAMPLES_INDEX);
-    let user_stack = store_stack(
-        ctx,
-        run,
-        BPF_F_USER_STACK as u64,
-        Counter::UserStackMapFull,
-        Counter::UserStackError,
-    );
-    let kernel_stack = store_stack(
-        ctx,
-        run,
-        0,
-        Counter::KernelStackMapFull,
-        Counter::KernelStackError,
-    );
-    let key = SampleKey {
-        run,
-        pid: task.tgid,
-        tid: task.pid,
+fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
+    let key = TargetKey {
+        ns: *ns,
+        tgid: task.tgid,
         reserved: 0,
-        user_stack,
-        kernel_stack,
     };
-    if let Some(value) = SAMPLES.get_ptr_mut(&key) {
-        atomic_add(value, 1);
+    // SAFETY: the value is copied out at once; a concurrent removal can only make us
+    // attribute one sample to a run that just ended.
+    if let Some(t) = unsafe { TARGETS.get(&key) } {
+        return Some(CurrentTarget {
+            runs: t.runs,
+            follow: t.follow,
+            task,
+        });
+    }
+    let following = match CONFIG.get(Config::Following as u32) {
+        Some(n) => *n,
+        None => 0,
+    };
+    if following == 0 {
+        return None;
+    }
+    let global_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: as above.
+    match unsafe { FOLLOWED.get(&global_tgid) } {
+        Some(t) => Some(CurrentTarget {
+            runs: t.runs,
+            follow: t.follow,
+            task,
+        }),
+        None => None,
+    }
+}
+
+/// Records one sample for every run of `target`: the stacks are stored once and one count
+/// (keyed by the set of runs) goes up; only the per-run counters are kept per run.
+#[inline(always)]
+fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
+    let runs = target.runs;
+    if runs == 0 {
         return;
     }
-    match SAMPLES.insert(&key, &1, BPF_NOEXIST as u64) {
-        Ok(()) => {}
-        // Another CPU inserted the same key between our lookup and insert.
-        Err(e) if e == -EEXIST => {
-            if let Some(value) = SAMPLES.get_ptr_mut(&key) {
-                atomic_add(value, 1);
+    increment(ALL_RUNS_SAMPLES_INDEX);
+    let user_stack = store_stack(ctx, BPF_F_USER_STACK as u64);
+    let kernel_stack = store_stack(ctx, 0);
+    let key = SampleKey {
+        runs,
+        pid: target.task.tgid,
+        tid: target.task.pid,
+        user_stack: user_stack.unwrap_or(0),
+        kernel_stack: kernel_stack.unwrap_or(0),
+    };
+    let map_full = !increment_sample(&key);
+    let mut run = 0;
+    while run < MAX_RUNS {
+        if runs & (1u64 << run) != 0 {
+            count(run, Counter::Samples);
+            if let Err(e) = user_stack {
+                count(run, e);
+            }
+            if let Err(e) = kernel_stack {
+                count(run, e);
+            }
+            if map_full {
+                count(run, Counter::SampleMapFull);
             }
         }
-        Err(_) => count(run, Counter::SampleMapFull),
+        run += 1;
+    }
+}
+
+/// Adds one to the count of `key`, inserting it if new; false when the map is full.
+#[inline(always)]
+fn increment_sample(key: &SampleKey) -> bool {
+    if let Some(value) = SAMPLES.get_ptr_mut(key) {
+        atomic_add(value, 1);
+        return true;
+    }
+    match SAMPLES.insert(key, &1, BPF_NOEXIST as u64) {
+        Ok(()) => true,
+        // Another CPU inserted the same key between our lookup and insert.
+        Err(e) if e == -EEXIST => {
+            if let Some(value) = SAMPLES.get_ptr_mut(key) {
+                atomic_add(value, 1);
+            }
+            true
+        }
+        Err(_) => false,
     }
 }
 
 /// Reads the current user or kernel stack (`flags`), stores it under its hash unless already
 /// there, and returns the hash; 0 for an empty stack (a kernel stack of a sample taken in user
-/// mode) or one that could not be read or stored, which `error` or `full` then counts.
+/// mode). A stack that could not be read or stored gives the counter that says why.
 #[inline(always)]
-fn store_stack(
-    ctx: &PerfEventContext,
-    run: u32,
-    flags: u64,
-    full: Counter,
-    error: Counter,
-) -> StackId {
+fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
+    let user = flags & BPF_F_USER_STACK as u64 != 0;
+    let (full, error) = if user {
+        (Counter::UserStackMapFull, Counter::UserStackError)
+    } else {
+        (Counter::KernelStackMapFull, Counter::KernelStackError)
+    };
     let Some(frames) = SCRATCH.get_ptr_mut(0) else {
-        return 0;
+        return Err(error);
     };
     // SAFETY: `frames` is this CPU's scratch slot and perf_event programs do not nest on a CPU.
     let frames = unsafe { &mut *frames };
     let size = core::mem::size_of::<[u64; MAX_STACK_DEPTH]>() as u32;
     // SAFETY: `ips` is writable for `size` bytes; the kernel zero-fills what it does not use.
     let bytes = unsafe { bpf_get_stack(ctx.as_ptr(), frames.ips.as_mut_ptr().cast(), size, flags) };
-    if bytes <= 0 {
-        if bytes < 0 {
-            count(run, error);
-        }
-        return 0;
+    if bytes < 0 {
+        return Err(error);
+    }
+    if bytes == 0 {
+        return Ok(0);
     }
     let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
     frames.len = len as u64;
     let id = stack_hash(&frames.ips, len);
     // SAFETY: only tested for presence.
     if unsafe { STACKS.get(&id) }.is_some() {
-        return id;
+        return Ok(id);
     }
     match STACKS.insert(&id, frames, BPF_NOEXIST as u64) {
-        Ok(()) => id,
-        Err(e) if e == -EEXIST => id,
-        Err(_) => {
-            count(run, full);
-            0
-        }
+        Ok(()) => Ok(id),
+        Err(e) if e == -EEXIST => Ok(id),
+        Err(_) => Err(full),
     }
 }
 

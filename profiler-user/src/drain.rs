@@ -19,6 +19,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
         let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
         out.push(Sample {
             run,
+            pid: key.pid,
             tid: key.tid,
             truncated: user_frames.len() >= MAX_STACK_DEPTH
                 || kernel_frames.len() >= MAX_STACK_DEPTH,

@@ -53,6 +53,9 @@ pub enum Error {
     /// No daemon answers on the socket.
     #[error("the bpfprof daemon is not available: {0}")]
     DaemonUnavailable(String),
+    /// Every run slot or program the profiler may hold is in use.
+    #[error("busy: {0}")]
+    Busy(String),
     /// The kernel refused to load or attach the program, or a map operation failed.
     #[error("kernel program: {0:#}")]
     Kernel(anyhow::Error),
@@ -116,6 +119,7 @@ impl Error {
                     C::Internal => exit_code::FAILURE,
                 }
             }
+            Error::Busy(_) => exit_code::TOO_MANY_RUNS,
             Error::Kernel(_) | Error::Other(_) => exit_code::FAILURE,
         }
     }

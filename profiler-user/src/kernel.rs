@@ -10,13 +10,14 @@ use std::{
 use anyhow::{anyhow, Context};
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{PerfEvent, ProgramError},
+    programs::{PerfEvent, ProgramError, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use profiler_common::{
-    Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
-    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
+    ALL_RUNS_SAMPLES_INDEX, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES,
+    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME, SAMPLE_MAP_ENTRIES,
+    STACK_MAP_ENTRIES,
 };
 
 use crate::{
@@ -53,8 +54,16 @@ pub struct KernelProgram {
     /// Slot of each watched namespace, with the number of targets in it.
     namespace_slots: StdHashMap<PidNamespace, (u32, usize)>,
     targets: HashMap<MapData, TargetKey, TargetInfo>,
+    /// Children of targets, by global pid, found by the fork tracepoint.
+    followed: HashMap<MapData, u32, TargetInfo>,
+    config: Array<MapData, u64>,
+    /// Runs that follow their targets' children.
+    following_runs: u64,
+    /// Whether the fork and exit tracepoints are attached (on the first run that follows).
+    tracepoints_attached: bool,
     samples: HashMap<MapData, SampleKey, u64>,
-    /// Sample counts moved out of the kernel map by [`Self::offload_when_due`], added up.
+    /// Sample counts moved out of the kernel map, split per run (the key's `runs` holds the
+    /// one run's bit), added up.
     offloaded_samples: StdHashMap<SampleKey, u64>,
     /// The program-wide sample count when sample counts were last moved.
     samples_at_last_move: u64,
@@ -110,6 +119,8 @@ impl KernelProgram {
         let samples = HashMap::try_from(take("SAMPLES")?).map_err(kernel_err)?;
         let stacks = HashMap::try_from(take("STACKS")?).map_err(kernel_err)?;
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
+        let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
+        let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
         Ok(KernelProgram {
             ebpf,
             events: None,
@@ -117,6 +128,10 @@ impl KernelProgram {
             namespaces,
             namespace_slots: StdHashMap::new(),
             targets,
+            followed,
+            config,
+            following_runs: 0,
+            tracepoints_attached: false,
             samples,
             stacks,
             offloaded_stacks: StdHashMap::new(),
@@ -226,10 +241,14 @@ impl KernelProgram {
         }
     }
 
-    /// Starts keeping the samples of `target` under `run`.
-    pub fn add_target(&mut self, run: u32, target: &Target) -> Result<()> {
+    /// Starts keeping the samples of `target` under `run`, and with `follow` those of the
+    /// children it forks from now on (and theirs).
+    pub fn add_target(&mut self, run: u32, target: &Target, follow: bool) -> Result<()> {
         if run >= MAX_RUNS {
             return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        if follow {
+            self.follow_children(run)?;
         }
         let slot = match self.namespace_slots.get_mut(&target.ns) {
             Some((slot, users)) => {
@@ -240,10 +259,11 @@ impl KernelProgram {
                 let used: Vec<u32> = self.namespace_slots.values().map(|(s, _)| *s).collect();
                 let slot = (0..MAX_PID_NAMESPACES)
                     .find(|s| !used.contains(s))
-                    .ok_or_else(|| {
-                        Error::Kernel(anyhow!(
+                    .ok_or_else(|| Error::InvalidTarget {
+                        spec: format!("{}:{}", target.ns.ino, target.ns_pid),
+                        reason: format!(
                             "at most {MAX_PID_NAMESPACES} pid namespaces can be profiled at once"
-                        ))
+                        ),
                     })?;
                 self.namespaces
                     .set(slot, target.ns, 0)
@@ -258,14 +278,30 @@ impl KernelProgram {
             target.ns.ino,
             target.ns_pid
         );
+        let key = target_key(target);
+        // Another run may watch the same process: add this run's bit to its entry.
+        let mut info = self.targets.get(&key, 0).unwrap_or_default();
+        info.runs |= 1 << run;
+        if follow {
+            info.follow |= 1 << run;
+        }
         self.targets
-            .insert(target_key(target), TargetInfo { run, reserved: 0 }, 0)
+            .insert(key, info, 0)
             .map_err(|e| Error::Kernel(anyhow!(e).context("registering the target")))
     }
 
-    /// Stops keeping the samples of `target`.
-    pub fn remove_target(&mut self, target: &Target) -> Result<()> {
-        let _ = self.targets.remove(&target_key(target));
+    /// Stops keeping the samples of `target` for `run`; other runs watching it keep theirs.
+    pub fn remove_target(&mut self, run: u32, target: &Target) -> Result<()> {
+        let key = target_key(target);
+        if let Ok(mut info) = self.targets.get(&key, 0) {
+            info.runs &= !(1 << run);
+            info.follow &= !(1 << run);
+            let _ = if info.runs == 0 {
+                self.targets.remove(&key)
+            } else {
+                self.targets.insert(key, info, 0)
+            };
+        }
         if let Some((slot, users)) = self.namespace_slots.get_mut(&target.ns) {
             *users -= 1;
             if *users == 0 {
@@ -277,6 +313,90 @@ impl KernelProgram {
             }
         }
         Ok(())
+    }
+
+    /// Makes the kernel follow the children of `run`'s targets: attaches the fork and exit
+    /// tracepoints the first time.
+    fn follow_children(&mut self, run: u32) -> Result<()> {
+        if !self.tracepoints_attached {
+            let offset = fork_child_pid_offset()?;
+            let fork_program = FORK_CHILD_PID_OFFSETS
+                .iter()
+                .position(|o| *o as u64 == offset)
+                .map(|i| FORK_PROGRAM_NAMES[i])
+                .ok_or_else(|| {
+                    Error::EventUnsupported(format!(
+                        "cannot follow children on this kernel: its sched_process_fork record \
+                         has child_pid at byte {offset}, a layout bpfprof does not know"
+                    ))
+                })?;
+            for (program, name) in [
+                (fork_program, "sched_process_fork"),
+                (EXIT_PROGRAM_NAME, "sched_process_exit"),
+            ] {
+                let tp: &mut TracePoint = self
+                    .ebpf
+                    .program_mut(program)
+                    .ok_or_else(|| kernel_err(anyhow!("the eBPF object has no {program}")))?
+                    .try_into()
+                    .map_err(|e: ProgramError| kernel_err(e))?;
+                tp.load()
+                    .map_err(|e| kernel_err(anyhow!(e).context(format!("verifying {program}"))))?;
+                tp.attach("sched", name).map_err(|e| {
+                    kernel_err(anyhow!(e).context(format!("attaching to sched:{name}")))
+                })?;
+            }
+            self.tracepoints_attached = true;
+        }
+        self.following_runs |= 1 << run;
+        self.write_following()
+    }
+
+    fn write_following(&mut self) -> Result<()> {
+        self.config
+            .set(
+                Config::Following as u32,
+                u64::from(self.following_runs.count_ones()),
+                0,
+            )
+            .map_err(kernel_err)
+    }
+
+    /// Global pids of the children the kernel follows for `run`.
+    pub fn followed(&self, run: u32) -> Vec<u32> {
+        self.followed
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, info)| info.runs & (1 << run) != 0)
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+
+    /// Stops following `pid` (a thread, not a process, or one no longer wanted).
+    pub fn forget_followed(&mut self, pid: u32) {
+        let _ = self.followed.remove(&pid);
+    }
+
+    /// Stops following children for `run`: its bit leaves every followed child.
+    pub fn end_following(&mut self, run: u32) {
+        if self.following_runs & (1 << run) == 0 {
+            return;
+        }
+        let entries: Vec<(u32, TargetInfo)> = self.followed.iter().filter_map(|e| e.ok()).collect();
+        for (pid, mut info) in entries {
+            if info.runs & (1 << run) == 0 {
+                continue;
+            }
+            info.runs &= !(1 << run);
+            info.follow &= !(1 << run);
+            let _ = if info.runs == 0 {
+                self.followed.remove(&pid)
+            } else {
+                self.followed.insert(pid, info, 0)
+            };
+        }
+        self.following_runs &= !(1 << run);
+        let _ = self.write_following();
     }
 
     /// Deletes every stack, in the kernel and offloaded; call when no run is recording, so
@@ -317,7 +437,7 @@ impl KernelProgram {
     }
 
     /// Moves the kernel's sample counts whose key `select` picks into `offloaded_samples`,
-    /// adding them up; returns how many keys moved.
+    /// one count per run the key serves; returns how many keys moved.
     fn move_sample_counts(&mut self, select: impl Fn(&SampleKey) -> bool) -> usize {
         let keys: Vec<SampleKey> = self
             .samples
@@ -329,7 +449,15 @@ impl KernelProgram {
         for key in keys {
             if let Ok(count) = self.samples.get(&key, 0) {
                 let _ = self.samples.remove(&key);
-                *self.offloaded_samples.entry(key).or_default() += count;
+                for run in 0..MAX_RUNS {
+                    if key.runs & (1 << run) != 0 {
+                        let per_run = SampleKey {
+                            runs: 1 << run,
+                            ..key
+                        };
+                        *self.offloaded_samples.entry(per_run).or_default() += count;
+                    }
+                }
                 moved += 1;
             }
         }
@@ -340,10 +468,11 @@ impl KernelProgram {
     /// run's slot can be reused. Call after [`Self::detach`] or [`Self::remove_target`] for a
     /// complete count.
     pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, u64)> {
-        self.move_sample_counts(|key| key.run == run);
+        let bit = 1u64 << run;
+        self.move_sample_counts(|key| key.runs & bit != 0);
         let mut counts = Vec::new();
         self.offloaded_samples.retain(|key, count| {
-            if key.run == run {
+            if key.runs == bit {
                 counts.push((*key, *count));
                 false
             } else {
@@ -417,6 +546,51 @@ impl KernelProgram {
 fn frames_of(stack: &StackFrames) -> Vec<u64> {
     let len = (stack.len as usize).min(MAX_STACK_DEPTH);
     stack.ips[..len].to_vec()
+}
+
+/// Where the sched_process_fork tracepoint record keeps `child_pid` on this kernel, from its
+/// format file in tracefs (mounted here if nothing has mounted it yet).
+fn fork_child_pid_offset() -> Result<u64> {
+    let tracefs = ensure_tracefs()?;
+    let path = tracefs.join("events/sched/sched_process_fork/format");
+    let format = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {}", path.display()))
+        .map_err(Error::Kernel)?;
+    format
+        .lines()
+        .find(|l| l.contains(" child_pid;"))
+        .and_then(|l| l.split("offset:").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| Error::Kernel(anyhow!("no child_pid field in {}", path.display())))
+}
+
+/// The tracefs mount, mounting it at /sys/kernel/tracing when no one has (as perf needs too).
+pub fn ensure_tracefs() -> Result<std::path::PathBuf> {
+    for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if std::path::Path::new(dir).join("events").is_dir() {
+            return Ok(dir.into());
+        }
+    }
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(Error::EventUnsupported(format!(
+            "following children needs tracefs, which is not mounted and could not be mounted \
+             at /sys/kernel/tracing ({e}); mount it, or profile without following children"
+        )));
+    }
+    Ok("/sys/kernel/tracing".into())
 }
 
 fn target_key(target: &Target) -> TargetKey {

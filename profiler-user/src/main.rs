@@ -15,7 +15,7 @@ use bpfprof::{
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
     protocol::{self, Reply, RunRequest},
-    record::{Progress, Recorder, StopConditions},
+    record::{CommandOutcome, Progress, Recorder, StopConditions},
     sampling::{validate_max_stack_length, EventChoice, KernelLimits, SamplingRequest},
     symbolize::Symbolizer,
     target::TargetSpec,
@@ -144,6 +144,9 @@ struct RunArgs {
     /// Formats to write (default: svg, folded, pprof, speedscope, pstats).
     #[arg(long, value_delimiter = ',')]
     formats: Option<Vec<String>>,
+    /// Also profile the children the process forks during the run (and theirs).
+    #[arg(long)]
+    follow_children: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -224,8 +227,21 @@ struct RecordArgs {
     bpf_stats: bool,
 
     /// Print nothing but errors.
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
+
+    /// Say more about what bpfprof does (repeat for debug output).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    /// With --pid: also profile the children each target forks during the run (and theirs),
+    /// as perf's --inherit does. On by default for a command after --.
+    #[arg(long, conflicts_with = "no_inherit")]
+    follow_children: bool,
+
+    /// With a command after --: profile only the command's own process, not its children.
+    #[arg(long)]
+    no_inherit: bool,
 
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "COMMAND")]
@@ -235,7 +251,10 @@ struct RecordArgs {
 const EXIT_CODES: &str = "Exit codes: 0 done; 2 usage; 3 no such process; 4 permission denied; \
 5 invalid sampling settings; 6 output not writable; 7 target exited before the run ended \
 (profile written); 8 event not supported here; 9 no such run; 10 daemon unavailable; \
-11 too many runs; 130 interrupted (profile written); 1 other errors.";
+11 too many runs; 130 interrupted (profile written); 1 other errors. \
+With a command after --, bpfprof exits with the command's own status (128+N when signal N \
+ended it), as `time` does; when --duration ends first, the command is stopped with SIGTERM \
+(SIGKILL 5 s later) and bpfprof exits 0.";
 
 async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
     let config = DaemonConfig {
@@ -286,6 +305,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 tags,
                 max_stack_length: args.max_stack_length,
                 formats: args.formats.clone(),
+                follow_children: args.follow_children,
             };
             let started = client.run(request).map_err(client_error)?;
             if args.run_async {
@@ -412,7 +432,12 @@ fn client_error(e: ClientError) -> Error {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let level = if cli.record.quiet { "error" } else { "info" };
+    let level = match (cli.record.quiet, cli.record.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, _) => "debug",
+    };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
         .format_target(false)
@@ -461,6 +486,21 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
                 .into(),
         });
     }
+    let launch = !cli.command.is_empty();
+    if cli.no_inherit && !launch {
+        return Err(Error::InvalidTarget {
+            spec: String::new(),
+            reason: "--no-inherit applies to a command after --; --pid targets are followed \
+                     into their children only with --follow-children"
+                .into(),
+        });
+    }
+    let follow_children = if launch {
+        !cli.no_inherit
+    } else {
+        cli.follow_children
+    };
+    check_duration(&cli)?;
     let mut tags = Vec::new();
     for t in &cli.sample_tags {
         tags.push(Tag::new(Tag::BARE_KEY, t).map_err(Error::InvalidTag)?);
@@ -478,13 +518,14 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
         tags,
     };
     bpfprof::kernel::check_privileges()?;
-    let plan = request.plan(&KernelLimits::read())?;
+    // Validated here so that a bad rate fails before outputs are created.
+    request.plan(&KernelLimits::read())?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
-    let recorder = if cli.command.is_empty() {
-        Recorder::attach(&plan, &specs, cli.bpf_stats)
+    let recorder = if launch {
+        Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
     } else {
-        Recorder::launch(&plan, &cli.command, cli.bpf_stats)
+        Recorder::attach(&request, &specs, follow_children, cli.bpf_stats)
     };
     let mut recorder = match recorder {
         Ok(r) => r,
@@ -493,7 +534,17 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             return Err(e);
         }
     };
-    let bar = progress_bar(cli.quiet);
+    if !cli.quiet {
+        if let Some(sampling) = recorder.sampling() {
+            // The program id lets a user find the program with `bpftool prog show id N`.
+            eprintln!(
+                "bpfprof: loaded program id {}; sampling with {}",
+                recorder.program_id(),
+                sampling.describe()
+            );
+        }
+    }
+    let bar = progress_bar(cli.quiet, cli.duration.is_none());
     let stop = StopConditions {
         duration: cli.duration,
         max_duration: cli.max_duration,
@@ -509,7 +560,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .await?;
     bar.finish_and_clear();
     let mut symbolizer = Symbolizer::new();
-    let profile = recorder.finish(end, &mut symbolizer, &options)?;
+    let (profile, outcome) = recorder.finish(end, &mut symbolizer, &options)?;
     for output in outputs.drain(..) {
         let path = output.path().map(|p| p.display().to_string());
         let format = output.format();
@@ -520,6 +571,9 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     }
     if !cli.quiet {
         eprint!("{}", summary(&profile));
+    }
+    if let Some(outcome) = outcome {
+        return Ok(command_exit(outcome, cli.quiet));
     }
     Ok(match end {
         RunEnd::Completed => exit_code::OK,
@@ -534,6 +588,47 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
         }
         RunEnd::Interrupted => exit_code::INTERRUPTED,
     })
+}
+
+/// The exit code of a launch-mode run: the command's own status, as `time` and `perf stat`
+/// pass it through; 0 when bpfprof stopped it at the end of --duration.
+fn command_exit(outcome: CommandOutcome, quiet: bool) -> i32 {
+    match outcome {
+        CommandOutcome::Exited(status) => {
+            let code = CommandOutcome::exit_code(status);
+            if code != 0 && !quiet {
+                eprintln!("bpfprof: the command {status}; exiting with its status {code}");
+            }
+            code
+        }
+        CommandOutcome::StoppedAtDuration(status) => {
+            if !quiet {
+                eprintln!("bpfprof: --duration ended before the command; stopped it ({status})");
+            }
+            exit_code::OK
+        }
+        CommandOutcome::Interrupted(_) => exit_code::INTERRUPTED,
+    }
+}
+
+/// A duration of zero, or one beyond --max-duration, is a usage error before anything starts.
+fn check_duration(cli: &RecordArgs) -> Result<(), Error> {
+    let usage = |reason: String| Error::InvalidTarget {
+        spec: String::new(),
+        reason,
+    };
+    if cli.max_duration.is_zero() {
+        return Err(usage("--max-duration must be longer than 0".into()));
+    }
+    match cli.duration {
+        Some(d) if d.is_zero() => Err(usage("--duration must be longer than 0".into())),
+        Some(d) if d > cli.max_duration => Err(usage(format!(
+            "--duration {} is longer than --max-duration {}; raise --max-duration",
+            humantime::format_duration(d),
+            humantime::format_duration(cli.max_duration)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Opens every requested output, so that a bad path or format fails before sampling.
@@ -554,7 +649,22 @@ fn open_outputs(cli: &RecordArgs) -> Result<Vec<Output>, Error> {
             None => outputs.push(Output::create(Path::new("bpfprof.svg"), Format::Svg)?),
         }
     }
+    if let (Some(format), false) = (fallback, cli.outputs.is_empty()) {
+        if cli.outputs.iter().all(|p| Format::from_path(p).is_some()) {
+            return Err(Error::InvalidOutput(format!(
+                "--format {format} is not used: every --output names its format by its \
+                 extension (--format applies to outputs without one)"
+            )));
+        }
+    }
     for path in &cli.outputs {
+        if path.is_dir() {
+            return Err(Error::InvalidOutput(format!(
+                "{} is a directory; give a file name such as {}",
+                path.display(),
+                path.join("profile.svg").display()
+            )));
+        }
         let format = Format::from_path(path).or(fallback).ok_or_else(|| {
             Error::InvalidOutput(format!(
                 "cannot tell the format of {} from its extension: add --format",
@@ -569,14 +679,18 @@ fn open_outputs(cli: &RecordArgs) -> Result<Vec<Output>, Error> {
     Ok(outputs)
 }
 
-fn progress_bar(quiet: bool) -> ProgressBar {
+fn progress_bar(quiet: bool, until_interrupted: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    let template = if until_interrupted {
+        "{spinner} sampling  {msg}  (Ctrl-C to stop)"
+    } else {
+        "{spinner} sampling  {msg}"
+    };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} sampling  {msg}  (Ctrl-C to stop)")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     bar.enable_steady_tick(Duration::from_millis(100));
     bar

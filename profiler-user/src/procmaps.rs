@@ -133,6 +133,20 @@ impl ProcessMaps {
         Ok(maps)
     }
 
+    /// Maps of a process that exited before they could be read: every address is unknown.
+    pub fn gone(ns_pid: u32) -> ProcessMaps {
+        ProcessMaps {
+            pid: 0,
+            comm: "[exited child]".into(),
+            generations: Vec::new(),
+            files: HashMap::new(),
+            threads: HashMap::new(),
+            ns_pid,
+            jit: Vec::new(),
+            jit_stamp: None,
+        }
+    }
+
     /// The process name at the last capture.
     pub fn comm(&self) -> &str {
         &self.comm

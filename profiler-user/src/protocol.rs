@@ -119,6 +119,9 @@ pub struct RunRequest {
     /// Output formats to write (names as `--format` takes them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub formats: Option<Vec<String>>,
+    /// Also profile the children the target forks during the run (and theirs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub follow_children: bool,
 }
 
 /// A run's life-cycle state.

@@ -1,10 +1,14 @@
-//! A recording: the kernel program attached, its targets registered, sampling until a stop
-//! condition, then the samples drained, symbolized and aggregated into a [`Profile`].
+//! The command line's recording: a thin driver over the [`Recording`] pipeline that adds what
+//! only the CLI has: launching a command (sampled from its first instruction, its exit status
+//! passed through), signals, and stop conditions.
 
 use std::{
     ffi::OsString,
-    os::{fd::RawFd, unix::process::CommandExt},
-    process::{Child, Command},
+    os::{
+        fd::RawFd,
+        unix::process::{CommandExt, ExitStatusExt},
+    },
+    process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
 };
 
@@ -12,25 +16,19 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    aggregate::{
-        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
-        TargetSamples,
-    },
-    drain::drain,
+    aggregate::{AggregateOptions, Profile, RunEnd},
     error::{Error, Result},
-    kernel::{Counters, KernelProgram},
-    procmaps::ProcessMaps,
-    sample::Sample,
-    sampling::{Sampling, SamplingPlan},
+    pool::ProgramPool,
+    recording::Recording,
+    sampling::{Sampling, SamplingRequest},
     symbolize::Symbolizer,
     target::{Target, TargetSpec},
 };
-use profiler_common::{Counter, MAX_RUNS};
 
 /// How often the run loop checks targets and reports progress.
 const TICK: Duration = Duration::from_millis(200);
-/// How often target memory maps are re-read, to catch libraries loaded during the run.
-const MAPS_REFRESH: Duration = Duration::from_millis(500);
+/// How long a launched command gets to exit after SIGTERM at the end of `--duration`.
+const COMMAND_GRACE: Duration = Duration::from_secs(5);
 
 /// When a recording stops, besides its targets exiting and SIGINT/SIGTERM.
 #[derive(Clone, Copy, Debug)]
@@ -50,80 +48,66 @@ pub struct Progress {
     pub samples: u64,
 }
 
-/// One process being recorded under a run slot of the kernel program.
-pub struct TargetRecording {
-    /// The run slot its samples go to.
-    pub run: u32,
-    /// The process.
-    pub target: Target,
-    /// Its memory layout, refreshed while it lives.
-    pub maps: ProcessMaps,
-    /// Whether it has been seen to exit.
-    pub exited: bool,
+/// What became of a launched command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandOutcome {
+    /// It exited by itself with this status.
+    Exited(ExitStatus),
+    /// The duration ended first: it was stopped with SIGTERM (SIGKILL after a grace period).
+    StoppedAtDuration(ExitStatus),
+    /// bpfprof was interrupted; the command got the same signal from the terminal.
+    Interrupted(Option<ExitStatus>),
 }
 
-impl TargetRecording {
-    /// Captures what symbolization needs and registers `target` under `run`.
-    pub fn start(program: &mut KernelProgram, run: u32, target: Target) -> Result<Self> {
-        let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
-        program.reset_counters(run)?;
-        program.add_target(run, &target)?;
-        Ok(TargetRecording {
-            run,
-            target,
-            maps,
-            exited: false,
-        })
-    }
-
-    /// Notes whether the process still lives, re-reading its maps when `refresh`; returns
-    /// true while it lives.
-    pub fn poll(&mut self, refresh: bool) -> bool {
-        if self.exited {
-            return false;
-        }
-        if !self.target.is_alive() {
-            log::info!("pid {} ({}) exited", self.target.pid, self.target.comm);
-            self.exited = true;
-            return false;
-        }
-        if refresh {
-            let _ = self.maps.refresh();
-        }
-        true
+impl CommandOutcome {
+    /// The exit code a shell would report for the command: its own code, or 128 + signal.
+    pub fn exit_code(status: ExitStatus) -> i32 {
+        status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(1)
     }
 }
 
 /// A recording in progress.
 pub struct Recorder {
-    program: KernelProgram,
-    sampling: Sampling,
-    targets: Vec<TargetRecording>,
+    pool: ProgramPool,
+    recording: Recording,
     child: Option<Child>,
-    started: Instant,
+    outcome: Option<CommandOutcome>,
 }
 
 impl Recorder {
-    /// Loads and attaches the kernel program and starts sampling the processes `specs` name.
-    /// With `bpf_stats`, the kernel program's own run time is measured.
-    pub fn attach(plan: &SamplingPlan, specs: &[TargetSpec], bpf_stats: bool) -> Result<Recorder> {
+    /// Starts sampling the processes `specs` name (and, with `follow_children`, the children
+    /// they fork from now on).
+    pub fn attach(
+        request: &SamplingRequest,
+        specs: &[TargetSpec],
+        follow_children: bool,
+        bpf_stats: bool,
+    ) -> Result<Recorder> {
         let targets = resolve_targets(specs)?;
-        let (program, sampling) = load_and_attach(plan, bpf_stats)?;
-        let mut recorder = Recorder::new(program, sampling);
+        let mut recorder = Recorder::new(request, follow_children, bpf_stats);
         for target in targets {
-            recorder.add(target)?;
+            recorder.recording.add_target(&mut recorder.pool, target)?;
         }
+        recorder.log_start();
         Ok(recorder)
     }
 
-    /// Loads and attaches the kernel program, then runs `command` with sampling on from its
-    /// first instruction.
-    pub fn launch(plan: &SamplingPlan, command: &[OsString], bpf_stats: bool) -> Result<Recorder> {
+    /// Runs `command` with sampling on from its first instruction (and, with
+    /// `follow_children`, in every process it forks).
+    pub fn launch(
+        request: &SamplingRequest,
+        command: &[OsString],
+        follow_children: bool,
+        bpf_stats: bool,
+    ) -> Result<Recorder> {
         let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
             spec: String::new(),
             reason: "no command given after --".into(),
         })?;
-        let (program, sampling) = load_and_attach(plan, bpf_stats)?;
+        let mut recorder = Recorder::new(request, follow_children, bpf_stats);
         // The child tells us its pid, then waits at the gate until that pid is registered
         // with the kernel program, so the command is sampled from its first instruction.
         // `spawn` itself waits for the exec, so it runs on a helper thread meanwhile.
@@ -147,6 +131,12 @@ impl Recorder {
             });
         }
         let spawner = std::thread::spawn(move || cmd.spawn());
+        let cannot_run = |e: String| {
+            Error::NoSuchProcess(format!(
+                "cannot run {}: {e}",
+                program_name.to_string_lossy()
+            ))
+        };
         let pid = match pid_pipe.read_pid(&spawner) {
             Some(pid) => pid,
             None => {
@@ -154,14 +144,11 @@ impl Recorder {
                     Ok(Err(e)) => e.to_string(),
                     _ => "the child did not start".to_string(),
                 };
-                return Err(Error::NoSuchProcess(format!(
-                    "cannot run {}: {e}",
-                    program_name.to_string_lossy()
-                )));
+                return Err(cannot_run(e));
             }
         };
-        let mut recorder = Recorder::new(program, sampling);
-        let registered = Target::from_pid(pid).and_then(|target| recorder.add(target));
+        let registered = Target::from_pid(pid)
+            .and_then(|target| recorder.recording.add_target(&mut recorder.pool, target));
         gate.open();
         if let Err(e) = registered {
             // Never leave the command running unprofiled behind an error.
@@ -173,12 +160,7 @@ impl Recorder {
         }
         let child = match spawner.join() {
             Ok(Ok(child)) => child,
-            Ok(Err(e)) => {
-                return Err(Error::NoSuchProcess(format!(
-                    "cannot run {}: {e}",
-                    program_name.to_string_lossy()
-                )))
-            }
+            Ok(Err(e)) => return Err(cannot_run(e.to_string())),
             Err(_) => {
                 return Err(Error::Other(anyhow::anyhow!(
                     "spawning the command panicked"
@@ -187,59 +169,34 @@ impl Recorder {
         };
         recorder.child = Some(child);
         wait_for_exec(pid);
-        if let Some(t) = recorder.targets.first_mut() {
-            if let Err(e) = t.maps.refresh() {
-                log::debug!("maps of launched pid {pid}: {e}");
-            }
-        }
+        recorder.recording.refresh_maps(pid);
+        recorder.log_start();
         Ok(recorder)
     }
 
-    fn new(program: KernelProgram, sampling: Sampling) -> Recorder {
-        log::info!("sampling with {}", sampling.describe());
+    fn new(request: &SamplingRequest, follow_children: bool, bpf_stats: bool) -> Recorder {
         Recorder {
-            program,
-            sampling,
-            targets: Vec::new(),
+            pool: ProgramPool::new(bpf_stats),
+            recording: Recording::new(*request, follow_children),
             child: None,
-            started: Instant::now(),
+            outcome: None,
         }
     }
 
-    fn add(&mut self, target: Target) -> Result<()> {
-        let run = self.targets.len() as u32;
-        if run >= MAX_RUNS {
-            return Err(Error::InvalidTarget {
-                spec: target.pid.to_string(),
-                reason: format!("at most {MAX_RUNS} processes can be profiled at once"),
-            });
+    fn log_start(&self) {
+        if let Some(sampling) = self.recording.sampling() {
+            log::info!("sampling with {}", sampling.describe());
         }
-        let recording = TargetRecording::start(&mut self.program, run, target)?;
-        self.targets.push(recording);
-        self.started = Instant::now();
-        Ok(())
     }
 
     /// The kernel id of the sampling program.
     pub fn program_id(&self) -> u32 {
-        self.program.program_id()
+        self.recording.program_id().unwrap_or(0)
     }
 
     /// The event and rate in use.
-    pub fn sampling(&self) -> Sampling {
-        self.sampling
-    }
-
-    fn counters(&self) -> Counters {
-        let mut sum = Counters::default();
-        for t in &self.targets {
-            if let Ok(c) = self.program.counters(t.run) {
-                for (total, value) in sum.0.iter_mut().zip(c.0) {
-                    *total += value;
-                }
-            }
-        }
-        sum
+    pub fn sampling(&self) -> Option<Sampling> {
+        self.recording.sampling()
     }
 
     /// Samples until a stop condition, reporting progress every tick.
@@ -251,11 +208,11 @@ impl Recorder {
         let limit = stop
             .duration
             .map_or(stop.max_duration, |d| d.min(stop.max_duration));
-        let deadline = tokio::time::Instant::from_std(self.started + limit);
+        let started = self.recording.started();
+        let deadline = tokio::time::Instant::from_std(started + limit);
         let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
         let mut tick = tokio::time::interval(TICK);
-        let mut last_refresh = Instant::now();
         let end = loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
@@ -267,17 +224,19 @@ impl Recorder {
                 _ = sigint.recv() => break RunEnd::Interrupted,
                 _ = sigterm.recv() => break RunEnd::Interrupted,
                 _ = tick.tick() => {
-                    let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
-                    if refresh {
-                        last_refresh = Instant::now();
-                    }
-                    self.program.offload_when_due();
-                    if let Some(end) = self.check_targets(refresh) {
-                        break end;
+                    let status = self.recording.tick(&mut self.pool);
+                    if let Some(child) = &mut self.child {
+                        if let Ok(Some(exit)) = child.try_wait() {
+                            log::info!("command exited: {exit}");
+                            self.outcome = Some(CommandOutcome::Exited(exit));
+                            break RunEnd::Completed;
+                        }
+                    } else if status.all_exited {
+                        break RunEnd::TargetExited;
                     }
                     progress(Progress {
-                        elapsed: self.started.elapsed(),
-                        samples: self.counters().get(Counter::Samples),
+                        elapsed: started.elapsed(),
+                        samples: status.samples,
                     });
                 }
             }
@@ -285,207 +244,44 @@ impl Recorder {
         Ok(end)
     }
 
-    /// Notes exited targets and refreshes the maps of live ones; returns how the run ends
-    /// when no target is left.
-    fn check_targets(&mut self, refresh: bool) -> Option<RunEnd> {
-        if let Some(child) = &mut self.child {
-            if let Ok(Some(status)) = child.try_wait() {
-                log::info!("command exited: {status}");
-                for t in &mut self.targets {
-                    t.exited = true;
-                }
-                return Some(RunEnd::Completed);
-            }
-        }
-        for t in &mut self.targets {
-            t.poll(refresh);
-        }
-        if self.child.is_none() && self.targets.iter().all(|t| t.exited) {
-            return Some(RunEnd::TargetExited);
-        }
-        None
-    }
-
-    /// Stops sampling and builds the profile from everything recorded.
+    /// Stops sampling and builds the profile from everything recorded; a launched command
+    /// still running is stopped (at the end of the duration) or reaped (when interrupted),
+    /// and what became of it is returned with the profile.
     pub fn finish(
         mut self,
         end: RunEnd,
         symbolizer: &mut Symbolizer,
         options: &AggregateOptions,
-    ) -> Result<Profile> {
-        let duration = self.started.elapsed();
-        self.program.detach();
-        let (bpf_run_time_ns, bpf_run_count) = match self.program.run_stats() {
-            Some((t, n)) => (Some(t), Some(n)),
-            None => (None, None),
-        };
-        let mut profile = build_profile(
-            &mut self.program,
-            &mut self.targets,
-            Finished {
-                sampling: self.sampling,
-                duration,
-                end,
-            },
-            symbolizer,
-            options,
-        )?;
-        profile.meta.cost.bpf_run_time_ns = bpf_run_time_ns;
-        profile.meta.cost.bpf_run_count = bpf_run_count;
+    ) -> Result<(Profile, Option<CommandOutcome>)> {
+        let collected = self.recording.collect(&mut self.pool)?;
         if let Some(mut child) = self.child.take() {
-            // Interrupted before the command ended: it got the terminal's SIGINT too; reap it.
-            if end == RunEnd::Interrupted {
-                let _ = child.wait();
+            if self.outcome.is_none() {
+                self.outcome = Some(match end {
+                    // It got the terminal's SIGINT too: wait for it to go.
+                    RunEnd::Interrupted => CommandOutcome::Interrupted(child.wait().ok()),
+                    _ => CommandOutcome::StoppedAtDuration(stop_child(&mut child)),
+                });
             }
         }
-        Ok(profile)
+        Ok((collected.assemble(end, symbolizer, options), self.outcome))
     }
 }
 
-/// How a recording ended, for [`build_profile`].
-#[derive(Clone, Copy, Debug)]
-pub struct Finished {
-    /// The event and rate used.
-    pub sampling: Sampling,
-    /// Wall-clock length of the recording.
-    pub duration: Duration,
-    /// Why it ended.
-    pub end: RunEnd,
-}
-
-/// Stops keeping samples of `targets`, drains what they recorded and builds their profile.
-pub fn build_profile(
-    program: &mut KernelProgram,
-    targets: &mut [TargetRecording],
-    finished: Finished,
-    symbolizer: &mut Symbolizer,
-    options: &AggregateOptions,
-) -> Result<Profile> {
-    let collected = collect(program, targets)?;
-    Ok(assemble(collected, targets, finished, symbolizer, options))
-}
-
-/// What the kernel recorded for some targets, read out of its maps.
-pub struct Collected {
-    counters: Counters,
-    samples: Vec<Vec<Sample>>,
-    program_id: u32,
-}
-
-/// Stops keeping samples of `targets` and drains what they recorded: the only step that
-/// needs the kernel program, so that a shared program is held briefly.
-pub fn collect(program: &mut KernelProgram, targets: &mut [TargetRecording]) -> Result<Collected> {
-    for t in targets.iter_mut() {
-        let _ = program.remove_target(&t.target);
-        if !t.exited && t.target.is_alive() {
-            let _ = t.maps.refresh();
+/// Stops a launched command: SIGTERM, then SIGKILL if it is still there after a grace period.
+fn stop_child(child: &mut Child) -> ExitStatus {
+    // SAFETY: signalling our own child, which has not been reaped (so its pid is not reused).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + COMMAND_GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let mut counters = Counters::default();
-    let mut samples = Vec::with_capacity(targets.len());
-    for t in targets.iter() {
-        let c = program.counters(t.run)?;
-        for (total, value) in counters.0.iter_mut().zip(c.0) {
-            *total += value;
-        }
-        samples.push(drain(program, t.run)?);
-    }
-    Ok(Collected {
-        counters,
-        samples,
-        program_id: program.program_id(),
-    })
-}
-
-/// Symbolizes and aggregates collected samples into a profile.
-pub fn assemble(
-    collected: Collected,
-    targets: &[TargetRecording],
-    finished: Finished,
-    symbolizer: &mut Symbolizer,
-    options: &AggregateOptions,
-) -> Profile {
-    let Collected {
-        counters,
-        samples,
-        program_id,
-    } = collected;
-    let inputs: Vec<TargetSamples<'_>> = targets
-        .iter()
-        .zip(&samples)
-        .map(|(t, samples)| TargetSamples {
-            target: &t.target,
-            maps: &t.maps,
-            samples,
-        })
-        .collect();
-    let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
-    let drained: u64 = samples.iter().flatten().map(|s| s.count).sum();
-    let losses = Losses {
-        lost_in_transfer: counters
-            .get(Counter::Samples)
-            .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
-        sample_map_full: counters.get(Counter::SampleMapFull),
-        user_stack_map_full: counters.get(Counter::UserStackMapFull),
-        user_stack_error: counters.get(Counter::UserStackError),
-        kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
-        kernel_stack_error: counters.get(Counter::KernelStackError),
-        truncated,
-    };
-    let profiled = targets
-        .iter()
-        .map(|t| ProfiledTarget {
-            pid: t.target.pid,
-            ns_pid: t.target.ns_pid,
-            pid_ns: t.target.ns.ino,
-            comm: if t.maps.comm().is_empty() {
-                t.target.comm.clone()
-            } else {
-                t.maps.comm().to_string()
-            },
-        })
-        .collect();
-    Profile {
-        meta: ProfileMeta {
-            targets: profiled,
-            sampling: finished.sampling,
-            duration: finished.duration,
-            samples_seen: counters.get(Counter::Samples),
-            losses,
-            end: finished.end,
-            program_id,
-            tags: options.tags.clone(),
-            max_stack_length: options.max_stack_length,
-            cost: own_cost(),
-        },
-        frames,
-        stacks,
-    }
-}
-
-fn load_and_attach(plan: &SamplingPlan, bpf_stats: bool) -> Result<(KernelProgram, Sampling)> {
-    let mut program = KernelProgram::load()?;
-    if bpf_stats {
-        program.enable_run_stats()?;
-    }
-    let sampling = program.attach(plan)?;
-    Ok((program, sampling))
-}
-
-/// bpfprof's own CPU time and peak memory so far.
-fn own_cost() -> RunCost {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    RunCost {
-        profiler_cpu_secs: secs(usage.ru_utime) + secs(usage.ru_stime),
-        profiler_peak_rss_bytes: usage.ru_maxrss as u64 * 1024,
-        ..RunCost::default()
-    }
+    let _ = child.kill();
+    child
+        .wait()
+        .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
 }
 
 fn resolve_targets(specs: &[TargetSpec]) -> Result<Vec<Target>> {

@@ -7,6 +7,8 @@
 pub struct Sample {
     /// Run slot: which target (and its tags) the sample belongs to.
     pub run: u32,
+    /// Process id as seen in the target's pid namespace.
+    pub pid: u32,
     /// Thread id as seen in the target's pid namespace.
     pub tid: u32,
     /// User-space instruction pointers, leaf first; return addresses after the first.

@@ -13,7 +13,7 @@ const FALLBACK_CPU_HZ: f64 = 2.0e9;
 const MIN_RATE_HZ: f64 = 1.0 / 60.0;
 
 /// The event a user asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum EventChoice {
     /// Hardware cycles where the CPU has a PMU, else `cpu-clock` at the same rate.
     #[default]
@@ -68,7 +68,8 @@ pub enum Rate {
 }
 
 /// What the user asked for, before validation; signed so that negative input gets a clear error.
-#[derive(Clone, Copy, Debug, Default)]
+/// Plain integers, so that identical requests compare equal and share one kernel program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SamplingRequest {
     /// The event.
     pub event: EventChoice,

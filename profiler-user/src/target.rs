@@ -113,7 +113,17 @@ impl Target {
                 stat.comm
             )));
         }
-        let ns_meta = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map_err(|_| missing())?;
+        let ns_meta = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                Error::PermissionDenied(format!(
+                    "cannot read /proc/{pid}/ns/pid ({e}): pid {pid} ({}) belongs to another \
+                     user; run bpfprof as root (or with CAP_SYS_PTRACE)",
+                    stat.comm
+                ))
+            } else {
+                missing()
+            }
+        })?;
         let status = process.status().map_err(|_| missing())?;
         let ns_pid = status
             .nspid

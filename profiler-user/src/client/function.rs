@@ -150,6 +150,7 @@ impl ProfileOptions {
             tags: self.tags.clone(),
             max_stack_length: Some(self.max_stack_length),
             formats: self.formats.clone(),
+            follow_children: false,
         }
     }
 }

@@ -3,9 +3,9 @@
 //! task, and the processing of its results.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use tokio::sync::{watch, Notify};
@@ -14,17 +14,16 @@ use crate::{
     aggregate::{AggregateOptions, RunEnd, Tag},
     daemon::store::{now_ms, Store},
     error::Error,
-    kernel::KernelProgram,
     output::{summary, top::function_shares, Format, Output},
+    pool::ProgramPool,
     protocol::{
         ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, MAX_TAGS, READ_CHUNK_BYTES,
     },
-    record::{assemble, collect, Finished, TargetRecording},
-    sampling::{validate_max_stack_length, KernelLimits, Sampling, SamplingPlan, SamplingRequest},
+    recording::Recording,
+    sampling::{validate_max_stack_length, KernelLimits, SamplingRequest},
     symbolize::Symbolizer,
     target::{Target, TargetSpec},
 };
-use profiler_common::MAX_RUNS;
 
 /// Formats a run writes when the request names none.
 const DEFAULT_FORMATS: [Format; 5] = [
@@ -35,7 +34,9 @@ const DEFAULT_FORMATS: [Format; 5] = [
     Format::Pstats,
 ];
 const TICK: Duration = Duration::from_millis(100);
-const MAPS_REFRESH: Duration = Duration::from_millis(500);
+/// Highest sampling rate a non-root client may ask for: a run's timer fires on every CPU of
+/// the machine, so its rate is a cost every user pays.
+pub const MAX_USER_HZ: f64 = 1000.0;
 
 /// Limits of the daemon.
 #[derive(Clone, Debug)]
@@ -46,25 +47,16 @@ pub struct Limits {
     pub max_duration: Duration,
 }
 
-/// A loaded, attached kernel program shared by every run with the same sampling settings.
-struct Instance {
-    plan: SamplingPlan,
-    program: KernelProgram,
-    sampling: Sampling,
-    slots: HashSet<u32>,
-}
-
 struct RunEntry {
     info: RunInfo,
     stop: Arc<Notify>,
     state: watch::Sender<RunState>,
-    /// Instance index and slot while sampling.
-    slot: Option<(usize, u32)>,
 }
 
 struct Inner {
     runs: HashMap<u64, RunEntry>,
-    instances: Vec<Instance>,
+    /// The kernel programs of the runs in flight; empty (nothing attached) when none is.
+    pool: ProgramPool,
     next_id: u64,
 }
 
@@ -84,6 +76,7 @@ fn refusal(e: Error) -> Refusal {
         Error::NoSuchProcess(_) => ErrorCode::NoSuchProcess,
         Error::PermissionDenied(_) => ErrorCode::PermissionDenied,
         Error::EventUnsupported(_) => ErrorCode::Unsupported,
+        Error::Busy(_) => ErrorCode::TooManyRuns,
         Error::InvalidSampling(_)
         | Error::InvalidTarget { .. }
         | Error::InvalidOutput(_)
@@ -111,7 +104,6 @@ impl Runs {
                         info,
                         stop: Arc::new(Notify::new()),
                         state,
-                        slot: None,
                     },
                 )
             })
@@ -119,7 +111,7 @@ impl Runs {
         Runs {
             inner: Mutex::new(Inner {
                 runs,
-                instances: Vec::new(),
+                pool: ProgramPool::new(false),
                 next_id,
             }),
             symbolizer: SymbolizerThread::spawn(),
@@ -133,16 +125,17 @@ impl Runs {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts a run for client `uid`; returns once it samples.
+    /// Starts a run for client `uid`; returns once it samples. A refused request leaves
+    /// nothing behind: no run, no run id, nothing attached.
     pub fn start(self: &Arc<Self>, uid: u32, req: RunRequest) -> Result<Reply, Refusal> {
-        let validated = self.validate(&req)?;
+        let validated = self.validate(uid, &req)?;
+        if req.pid == 0 {
+            return Err((ErrorCode::BadRequest, "pid must be positive".into()));
+        }
         let spec = match req.pid_ns {
             Some(ns) => TargetSpec::NsPid { ns, pid: req.pid },
             None => TargetSpec::Pid(req.pid),
         };
-        if req.pid == 0 {
-            return Err((ErrorCode::BadRequest, "pid must be positive".into()));
-        }
         let target = Target::resolve(&spec).map_err(refusal)?;
         authorize(uid, &target)?;
 
@@ -161,11 +154,22 @@ impl Runs {
                 ),
             ));
         }
+        let mut recording = Recording::new(validated.request, req.follow_children);
+        if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
+            // Release whatever the failed attach took.
+            let _ = recording.collect(&mut inner.pool);
+            return Err(refusal(e));
+        }
+        let sampling = recording.sampling().expect("a target was added");
         let id = inner.next_id;
+        if let Err(e) = self.store.create_run_dir(id) {
+            let _ = recording.collect(&mut inner.pool);
+            return Err((ErrorCode::Internal, format!("{e:#}")));
+        }
         inner.next_id += 1;
         let info = RunInfo {
             run_id: id,
-            state: RunState::Preparing,
+            state: RunState::Running,
             reason: None,
             samples: 0,
             pid: req.pid,
@@ -180,37 +184,16 @@ impl Runs {
             top: Vec::new(),
             summary: None,
         };
-        self.store
-            .create_run_dir(id)
-            .map_err(|e| (ErrorCode::Internal, format!("{e:#}")))?;
-        let (state, _) = watch::channel(RunState::Preparing);
+        let (state, _) = watch::channel(RunState::Running);
+        let stop = Arc::new(Notify::new());
         inner.runs.insert(
             id,
             RunEntry {
                 info: info.clone(),
-                stop: Arc::new(Notify::new()),
+                stop: stop.clone(),
                 state,
-                slot: None,
             },
         );
-        let _ = self.store.save(&info);
-
-        let attached = attach(&mut inner, &validated.plan, &target);
-        let (index, slot, recording, sampling) = match attached {
-            Ok(ok) => ok,
-            Err(e) => {
-                let refusal = refusal(e);
-                drop(inner);
-                self.finish(id, RunState::Failed, Some(refusal.1.clone()), None);
-                return Err(refusal);
-            }
-        };
-        let entry = inner.runs.get_mut(&id).expect("inserted above");
-        entry.slot = Some((index, slot));
-        entry.info.state = RunState::Running;
-        let _ = entry.state.send(RunState::Running);
-        let stop = entry.stop.clone();
-        let info = entry.info.clone();
         drop(inner);
         let _ = self.store.save(&info);
         log::info!(
@@ -220,15 +203,13 @@ impl Runs {
             sampling.describe()
         );
         let runs = self.clone();
-        let duration = validated.duration;
         tokio::spawn(async move {
-            runs.monitor(id, recording, sampling, duration, stop, validated)
-                .await;
+            runs.monitor(id, recording, stop, validated).await;
         });
         Ok(Reply::for_run(&info, false))
     }
 
-    fn validate(&self, req: &RunRequest) -> Result<Validated, Refusal> {
+    fn validate(&self, uid: u32, req: &RunRequest) -> Result<Validated, Refusal> {
         let bad = |m: String| (ErrorCode::BadRequest, m);
         if req.sample_tags.len() + req.tags.len() > MAX_TAGS {
             return Err(bad(format!("at most {MAX_TAGS} tags per run")));
@@ -256,6 +237,13 @@ impl Runs {
         let plan = request
             .plan(&KernelLimits::read())
             .map_err(|e| bad(e.to_string()))?;
+        let hz = plan.cycles.or(plan.cpu_clock).map_or(0.0, |s| s.nominal_hz);
+        if uid != 0 && hz > MAX_USER_HZ {
+            return Err(bad(format!(
+                "{hz:.0} samples/s is above the {MAX_USER_HZ:.0} a non-root user may ask for \
+                 (every CPU of the machine pays for the rate); ask for less"
+            )));
+        }
         let max_ms = self.limits.max_duration.as_millis() as u64;
         let duration_ms = req.duration_ms.unwrap_or(max_ms);
         if duration_ms == 0 || duration_ms > max_ms {
@@ -277,7 +265,7 @@ impl Runs {
             }
         };
         Ok(Validated {
-            plan,
+            request,
             duration: Duration::from_millis(duration_ms),
             options: AggregateOptions {
                 per_thread: false,
@@ -289,54 +277,38 @@ impl Runs {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn monitor(
         self: Arc<Self>,
         id: u64,
-        mut recording: TargetRecording,
-        sampling: Sampling,
-        duration: Duration,
+        mut recording: Recording,
         stop: Arc<Notify>,
         validated: Validated,
     ) {
-        let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + duration);
+        let deadline = tokio::time::Instant::from_std(recording.started() + validated.duration);
         let mut tick = tokio::time::interval(TICK);
-        let mut last_refresh = Instant::now();
         let end = loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break RunEnd::Completed,
                 _ = stop.notified() => break RunEnd::Interrupted,
                 _ = tick.tick() => {
-                    let refresh = last_refresh.elapsed() >= MAPS_REFRESH;
-                    if refresh {
-                        last_refresh = Instant::now();
-                    }
-                    if !recording.poll(refresh) {
+                    let status = {
+                        let mut inner = self.lock();
+                        let status = recording.tick(&mut inner.pool);
+                        if let Some(run) = inner.runs.get_mut(&id) {
+                            run.info.samples = status.samples;
+                        }
+                        status
+                    };
+                    if status.all_exited {
                         break RunEnd::TargetExited;
                     }
-                    self.update_samples(id);
                 }
             }
         };
-        let elapsed = started.elapsed();
         self.set_state(id, RunState::Processing);
         let collected = {
             let mut inner = self.lock();
-            let slot = inner.runs.get_mut(&id).and_then(|r| r.slot.take());
-            match slot {
-                Some((index, slot)) => {
-                    let instance = &mut inner.instances[index];
-                    let collected =
-                        collect(&mut instance.program, std::slice::from_mut(&mut recording));
-                    instance.slots.remove(&slot);
-                    if instance.slots.is_empty() {
-                        instance.program.clear_stacks();
-                    }
-                    collected
-                }
-                None => Err(Error::Other(anyhow::anyhow!("run {id} lost its slot"))),
-            }
+            recording.collect(&mut inner.pool)
         };
         let final_state = if end == RunEnd::Interrupted {
             RunState::Stopped
@@ -347,19 +319,7 @@ impl Runs {
         let result = self
             .symbolizer
             .run(move |symbolizer| -> Result<Processed, Error> {
-                let collected = collected?;
-                let finished = Finished {
-                    sampling,
-                    duration: elapsed,
-                    end,
-                };
-                let profile = assemble(
-                    collected,
-                    std::slice::from_ref(&recording),
-                    finished,
-                    symbolizer,
-                    &validated.options,
-                );
+                let profile = collected?.assemble(end, symbolizer, &validated.options);
                 let owner = runs.owner(id);
                 let mut files = BTreeMap::new();
                 let mut formats = validated.formats.clone();
@@ -423,24 +383,6 @@ impl Runs {
             .get(&id)
             .map(|r| r.info.owner_uid)
             .unwrap_or(0)
-    }
-
-    /// Updates the run's live sample count and moves the program's stacks to userspace when
-    /// due, so that its kernel map cannot fill up during long runs.
-    fn update_samples(&self, id: u64) {
-        let mut inner = self.lock();
-        let Some((index, slot)) = inner.runs.get(&id).and_then(|r| r.slot) else {
-            return;
-        };
-        let program = &mut inner.instances[index].program;
-        program.offload_when_due();
-        let samples = program
-            .counters(slot)
-            .map(|c| c.get(profiler_common::Counter::Samples))
-            .unwrap_or(0);
-        if let Some(run) = inner.runs.get_mut(&id) {
-            run.info.samples = samples;
-        }
     }
 
     fn set_state(&self, id: u64, state: RunState) {
@@ -654,7 +596,7 @@ impl SymbolizerThread {
 }
 
 struct Validated {
-    plan: SamplingPlan,
+    request: SamplingRequest,
     duration: Duration,
     options: AggregateOptions,
     formats: Vec<Format>,
@@ -670,35 +612,6 @@ struct Processed {
 /// The name of a run's result file in `format`.
 fn result_file_name(format: Format) -> String {
     format!("profile.{}", format.extension())
-}
-
-/// Finds or creates the kernel program for `plan`, takes a free slot and registers `target`.
-fn attach(
-    inner: &mut Inner,
-    plan: &SamplingPlan,
-    target: &Target,
-) -> Result<(usize, u32, TargetRecording, Sampling), Error> {
-    let index = match inner.instances.iter().position(|i| &i.plan == plan) {
-        Some(index) => index,
-        None => {
-            let mut program = KernelProgram::load()?;
-            let sampling = program.attach(plan)?;
-            inner.instances.push(Instance {
-                plan: plan.clone(),
-                program,
-                sampling,
-                slots: HashSet::new(),
-            });
-            inner.instances.len() - 1
-        }
-    };
-    let instance = &mut inner.instances[index];
-    let slot = (0..MAX_RUNS)
-        .find(|s| !instance.slots.contains(s))
-        .ok_or_else(|| Error::Other(anyhow::anyhow!("no free run slot")))?;
-    let recording = TargetRecording::start(&mut instance.program, slot, target.clone())?;
-    instance.slots.insert(slot);
-    Ok((index, slot, recording, instance.sampling))
 }
 
 /// A non-root client may profile only its own processes.

@@ -1,0 +1,133 @@
+//! The kernel programs in use: one loaded and attached program per distinct sampling request,
+//! each with up to [`MAX_RUNS`] run slots. A program is detached and unloaded when its last
+//! slot is released, so nothing samples while no run needs it.
+
+use std::collections::BTreeMap;
+
+use profiler_common::MAX_RUNS;
+
+use crate::{
+    error::{Error, Result},
+    kernel::KernelProgram,
+    sampling::{KernelLimits, Sampling, SamplingRequest},
+};
+
+/// Most programs attached at once: each one costs a perf event and a timer per CPU, so a
+/// client cannot multiply them by asking for many distinct rates.
+pub const MAX_PROGRAMS: usize = 4;
+
+/// A run slot of one pooled program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// The kernel id of the program the slot belongs to.
+    pub program_id: u32,
+    /// The run slot in that program.
+    pub run: u32,
+}
+
+struct Pooled {
+    request: SamplingRequest,
+    program: KernelProgram,
+    sampling: Sampling,
+    /// Bit `r` set: run slot `r` is taken.
+    used: u64,
+}
+
+/// The attached kernel programs, by kernel program id.
+#[derive(Default)]
+pub struct ProgramPool {
+    programs: BTreeMap<u32, Pooled>,
+    bpf_stats: bool,
+}
+
+impl ProgramPool {
+    /// An empty pool; with `bpf_stats` each program measures its own run time.
+    pub fn new(bpf_stats: bool) -> ProgramPool {
+        ProgramPool {
+            programs: BTreeMap::new(),
+            bpf_stats,
+        }
+    }
+
+    /// Takes a free run slot of the program that samples as `request` asks, loading and
+    /// attaching one when none has a free slot.
+    pub fn acquire(&mut self, request: &SamplingRequest) -> Result<(Slot, Sampling)> {
+        for (id, p) in &mut self.programs {
+            if p.request == *request && p.used != u64::MAX {
+                let run = p.used.trailing_ones();
+                p.used |= 1 << run;
+                p.program.reset_counters(run)?;
+                let slot = Slot {
+                    program_id: *id,
+                    run,
+                };
+                return Ok((slot, p.sampling));
+            }
+        }
+        if self.programs.len() >= MAX_PROGRAMS {
+            return Err(Error::Busy(format!(
+                "{MAX_PROGRAMS} distinct sampling settings are in use, the most at once; \
+                 use the same event and rate as a running profile, or wait for one to end"
+            )));
+        }
+        let plan = request.plan(&KernelLimits::read())?;
+        let mut program = KernelProgram::load()?;
+        if self.bpf_stats {
+            program.enable_run_stats()?;
+        }
+        let sampling = program.attach(&plan)?;
+        program.reset_counters(0)?;
+        let id = program.program_id();
+        log::info!("attached program {id}: {}", sampling.describe());
+        self.programs.insert(
+            id,
+            Pooled {
+                request: *request,
+                program,
+                sampling,
+                used: 1,
+            },
+        );
+        Ok((
+            Slot {
+                program_id: id,
+                run: 0,
+            },
+            sampling,
+        ))
+    }
+
+    /// The program a slot belongs to.
+    pub fn program(&mut self, slot: Slot) -> Result<&mut KernelProgram> {
+        self.programs
+            .get_mut(&slot.program_id)
+            .map(|p| &mut p.program)
+            .ok_or_else(|| Error::Other(anyhow::anyhow!("program {} is gone", slot.program_id)))
+    }
+
+    /// Frees a slot; the last slot of a program detaches and unloads it.
+    pub fn release(&mut self, slot: Slot) {
+        let Some(p) = self.programs.get_mut(&slot.program_id) else {
+            return;
+        };
+        p.used &= !(1 << slot.run);
+        if p.used == 0 {
+            if let Some(mut p) = self.programs.remove(&slot.program_id) {
+                p.program.detach();
+                log::info!("detached program {}: no run uses it", slot.program_id);
+            }
+        }
+    }
+
+    /// How many programs are attached.
+    pub fn len(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// Whether no program is attached.
+    pub fn is_empty(&self) -> bool {
+        self.programs.is_empty()
+    }
+}
+
+const _: () = assert!(MAX_RUNS == 64, "slots are the bits of a u64");

@@ -1,0 +1,451 @@
+//! One recording, from its targets to a [`Profile`]: the single pipeline behind both the
+//! command line (`record`) and the daemon. [`Recording::add_target`] registers processes with a
+//! pooled kernel program, [`Recording::tick`] keeps the run healthy while it samples (moves
+//! stacks out of the kernel, refreshes memory maps, picks up followed children, notes exits),
+//! [`Recording::collect`] takes what the kernel recorded, and [`Collected::assemble`]
+//! symbolizes and aggregates it. Only `add_target`, `tick` and `collect` need the kernel
+//! program; `assemble` can run anywhere (the daemon runs it on its symbolizer thread).
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use profiler_common::{Counter, PidNamespace};
+
+use crate::{
+    aggregate::{
+        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
+        TargetSamples,
+    },
+    drain::drain,
+    error::Result,
+    kernel::Counters,
+    pool::{ProgramPool, Slot},
+    procmaps::ProcessMaps,
+    sample::Sample,
+    sampling::{Sampling, SamplingRequest},
+    symbolize::Symbolizer,
+    target::Target,
+};
+
+/// How often target memory maps are re-read, to catch libraries loaded during the run.
+pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
+
+/// One process of a recording: a target, or a child the kernel followed.
+pub struct ProcessRecording {
+    /// The run slot its samples go to.
+    pub slot: Slot,
+    /// The process.
+    pub target: Target,
+    /// Its memory layout, refreshed while it lives.
+    pub maps: ProcessMaps,
+    /// Whether it was named by the request (not found as a child).
+    pub direct: bool,
+    /// Whether it has been seen to exit.
+    pub exited: bool,
+}
+
+impl ProcessRecording {
+    /// Notes whether the process still lives, re-reading its maps when `refresh`.
+    fn poll(&mut self, refresh: bool) {
+        if self.exited {
+            return;
+        }
+        if !self.target.is_alive() {
+            log::debug!("pid {} ({}) exited", self.target.pid, self.target.comm);
+            self.exited = true;
+        } else if refresh {
+            let _ = self.maps.refresh();
+        }
+    }
+}
+
+/// A recording in progress.
+pub struct Recording {
+    request: SamplingRequest,
+    sampling: Option<Sampling>,
+    follow_children: bool,
+    /// One run slot per pid namespace of the targets: a sample names its process by its pid in
+    /// its namespace, so processes of two namespaces never share a slot.
+    slots: Vec<(Slot, PidNamespace)>,
+    /// Every process, by its slot's run and its pid in its namespace.
+    processes: BTreeMap<(u32, u32, u32), ProcessRecording>,
+    /// Global pids the kernel followed that are not processes (threads), or are gone.
+    ignored: HashSet<u32>,
+    started: Instant,
+    last_refresh: Instant,
+}
+
+/// Where a recording stands after a tick.
+#[derive(Clone, Copy, Debug)]
+pub struct TickStatus {
+    /// Samples of the recording's processes so far.
+    pub samples: u64,
+    /// Whether every process of the recording has exited.
+    pub all_exited: bool,
+}
+
+impl Recording {
+    /// A recording that samples as `request` asks, following children of its targets when
+    /// `follow_children`; nothing is attached until the first target is added.
+    pub fn new(request: SamplingRequest, follow_children: bool) -> Recording {
+        Recording {
+            request,
+            sampling: None,
+            follow_children,
+            slots: Vec::new(),
+            processes: BTreeMap::new(),
+            ignored: HashSet::new(),
+            started: Instant::now(),
+            last_refresh: Instant::now(),
+        }
+    }
+
+    /// The event and rate in use, once a target was added.
+    pub fn sampling(&self) -> Option<Sampling> {
+        self.sampling
+    }
+
+    /// When sampling started (the first target was added).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The kernel program's id, once a target was added.
+    pub fn program_id(&self) -> Option<u32> {
+        self.slots.first().map(|(s, _)| s.program_id)
+    }
+
+    /// Captures what symbolization needs and starts keeping the samples of `target`.
+    pub fn add_target(&mut self, pool: &mut ProgramPool, target: Target) -> Result<()> {
+        let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+        let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
+            Some((slot, _)) => *slot,
+            None => {
+                let (slot, sampling) = pool.acquire(&self.request)?;
+                if self.slots.is_empty() {
+                    self.started = Instant::now();
+                }
+                self.sampling = Some(sampling);
+                self.slots.push((slot, target.ns));
+                slot
+            }
+        };
+        let registered = pool
+            .program(slot)?
+            .add_target(slot.run, &target, self.follow_children);
+        if let Err(e) = registered {
+            if !self
+                .processes
+                .keys()
+                .any(|k| k.0 == slot.program_id && k.1 == slot.run)
+            {
+                self.slots.retain(|(s, _)| *s != slot);
+                pool.release(slot);
+            }
+            return Err(e);
+        }
+        self.processes.insert(
+            (slot.program_id, slot.run, target.ns_pid),
+            ProcessRecording {
+                slot,
+                target,
+                maps,
+                direct: true,
+                exited: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Re-reads the memory maps of `pid` now (a launched command that just exec'd).
+    pub fn refresh_maps(&mut self, pid: u32) {
+        for p in self.processes.values_mut() {
+            if p.target.pid == pid {
+                if let Err(e) = p.maps.refresh() {
+                    log::debug!("maps of pid {pid}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Keeps the recording healthy: moves stacks out of the kernel when due, picks up the
+    /// children the kernel followed, notes exits and refreshes memory maps.
+    pub fn tick(&mut self, pool: &mut ProgramPool) -> TickStatus {
+        let refresh = self.last_refresh.elapsed() >= MAPS_REFRESH;
+        if refresh {
+            self.last_refresh = Instant::now();
+        }
+        let mut samples = 0;
+        let mut seen_programs = HashSet::new();
+        for (slot, _) in self.slots.clone() {
+            let Ok(program) = pool.program(slot) else {
+                continue;
+            };
+            if seen_programs.insert(slot.program_id) {
+                program.offload_when_due();
+            }
+            samples += program
+                .counters(slot.run)
+                .map(|c| c.get(Counter::Samples))
+                .unwrap_or(0);
+            if self.follow_children {
+                for pid in program.followed(slot.run) {
+                    self.adopt(program, slot, pid);
+                }
+            }
+        }
+        for p in self.processes.values_mut() {
+            p.poll(refresh);
+        }
+        TickStatus {
+            samples,
+            all_exited: self.processes.values().all(|p| p.exited),
+        }
+    }
+
+    /// Takes in a child the kernel followed for `slot`, unless it is a thread or known.
+    fn adopt(&mut self, program: &mut crate::kernel::KernelProgram, slot: Slot, pid: u32) {
+        if self.ignored.contains(&pid) || self.processes.values().any(|p| p.target.pid == pid) {
+            return;
+        }
+        let is_process = procfs::process::Process::new(pid as i32)
+            .and_then(|p| p.status())
+            .map(|s| s.tgid == pid as i32)
+            .unwrap_or(false);
+        if !is_process {
+            // A thread of a target (the fork tracepoint sees those too), or gone already.
+            program.forget_followed(pid);
+            self.ignored.insert(pid);
+            return;
+        }
+        let adopted = Target::from_pid(pid).and_then(|target| {
+            let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+            Ok((target, maps))
+        });
+        match adopted {
+            Ok((target, maps)) => {
+                log::debug!("following child pid {pid} ({})", target.comm);
+                self.processes.insert(
+                    (slot.program_id, slot.run, target.ns_pid),
+                    ProcessRecording {
+                        slot,
+                        target,
+                        maps,
+                        direct: false,
+                        exited: false,
+                    },
+                );
+            }
+            Err(_) => {
+                self.ignored.insert(pid);
+            }
+        }
+    }
+
+    /// Stops keeping samples, takes everything recorded out of the kernel and frees the run
+    /// slots (unloading programs no run needs any more).
+    pub fn collect(mut self, pool: &mut ProgramPool) -> Result<Collected> {
+        for p in self.processes.values_mut() {
+            if p.direct {
+                if let Ok(program) = pool.program(p.slot) {
+                    let _ = program.remove_target(p.slot.run, &p.target);
+                }
+            }
+            if !p.exited && p.target.is_alive() {
+                let _ = p.maps.refresh();
+            }
+        }
+        let mut counters = Counters::default();
+        let mut samples = Vec::new();
+        let mut bpf_run = None;
+        let mut result = Ok(());
+        for (slot, _) in &self.slots {
+            let Ok(program) = pool.program(*slot) else {
+                continue;
+            };
+            program.end_following(slot.run);
+            let drained = program.counters(slot.run).and_then(|c| {
+                for (total, value) in counters.0.iter_mut().zip(c.0) {
+                    *total += value;
+                }
+                drain(program, slot.run)
+            });
+            match drained {
+                Ok(s) => samples.extend(s.into_iter().map(|s| (slot.program_id, s))),
+                Err(e) => result = Err(e),
+            }
+            bpf_run = bpf_run.or_else(|| program.run_stats());
+        }
+        for (slot, _) in &self.slots {
+            pool.release(*slot);
+        }
+        result?;
+        Ok(Collected {
+            sampling: self.sampling,
+            program_id: self.program_id().unwrap_or(0),
+            duration: self.started.elapsed(),
+            processes: std::mem::take(&mut self.processes),
+            samples,
+            counters,
+            bpf_run,
+        })
+    }
+
+    /// The processes recorded so far.
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessRecording> {
+        self.processes.values()
+    }
+}
+
+/// What the kernel recorded for a recording, out of the kernel.
+pub struct Collected {
+    sampling: Option<Sampling>,
+    program_id: u32,
+    duration: Duration,
+    processes: BTreeMap<(u32, u32, u32), ProcessRecording>,
+    /// Samples with the id of the program that recorded them.
+    samples: Vec<(u32, Sample)>,
+    counters: Counters,
+    bpf_run: Option<(u64, u64)>,
+}
+
+impl Collected {
+    /// Samples seen by the kernel so far (recorded or lost).
+    pub fn samples_seen(&self) -> u64 {
+        self.counters.get(Counter::Samples)
+    }
+
+    /// Symbolizes and aggregates the samples into a profile that ended as `end`.
+    pub fn assemble(
+        self,
+        end: RunEnd,
+        symbolizer: &mut Symbolizer,
+        options: &AggregateOptions,
+    ) -> Profile {
+        let Collected {
+            sampling,
+            program_id,
+            duration,
+            mut processes,
+            samples,
+            counters,
+            bpf_run,
+        } = self;
+        // Samples of processes that came and went between two ticks: counted, not symbolized.
+        let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
+        for (program_id, sample) in samples {
+            let key = (program_id, sample.run, sample.pid);
+            processes.entry(key).or_insert_with(|| {
+                let slot = Slot {
+                    program_id,
+                    run: sample.run,
+                };
+                ProcessRecording::gone(slot, sample.pid)
+            });
+            by_process.entry(key).or_default().push(sample);
+        }
+        let empty = Vec::new();
+        let inputs: Vec<TargetSamples<'_>> = processes
+            .iter()
+            .map(|(key, p)| TargetSamples {
+                target: &p.target,
+                maps: &p.maps,
+                samples: by_process.get(key).unwrap_or(&empty),
+            })
+            .collect();
+        let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
+        let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
+        let losses = Losses {
+            lost_in_transfer: counters
+                .get(Counter::Samples)
+                .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
+            sample_map_full: counters.get(Counter::SampleMapFull),
+            user_stack_map_full: counters.get(Counter::UserStackMapFull),
+            user_stack_error: counters.get(Counter::UserStackError),
+            kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
+            kernel_stack_error: counters.get(Counter::KernelStackError),
+            truncated,
+        };
+        let targets = processes
+            .values()
+            .filter(|p| p.direct || by_process.keys().any(|k| k.2 == p.target.ns_pid))
+            .map(|p| ProfiledTarget {
+                pid: p.target.pid,
+                ns_pid: p.target.ns_pid,
+                pid_ns: p.target.ns.ino,
+                comm: if p.maps.comm().is_empty() {
+                    p.target.comm.clone()
+                } else {
+                    p.maps.comm().to_string()
+                },
+            })
+            .collect();
+        let mut cost = own_cost();
+        cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
+        cost.bpf_run_count = bpf_run.map(|(_, n)| n);
+        Profile {
+            meta: ProfileMeta {
+                targets,
+                sampling: sampling.unwrap_or_else(placeholder_sampling),
+                duration,
+                samples_seen: counters.get(Counter::Samples),
+                losses,
+                end,
+                program_id,
+                tags: options.tags.clone(),
+                max_stack_length: options.max_stack_length,
+                cost,
+            },
+            frames,
+            stacks,
+        }
+    }
+}
+
+impl ProcessRecording {
+    /// A process known only by the pid its samples carry: it exited before it was seen.
+    fn gone(slot: Slot, ns_pid: u32) -> ProcessRecording {
+        ProcessRecording {
+            slot,
+            target: Target {
+                pid: 0,
+                ns: PidNamespace::default(),
+                ns_pid,
+                comm: "[exited child]".into(),
+                start_time: 0,
+            },
+            maps: ProcessMaps::gone(ns_pid),
+            direct: false,
+            exited: true,
+        }
+    }
+}
+
+/// What a profile says of its sampling when nothing was ever attached (no target was added).
+fn placeholder_sampling() -> Sampling {
+    Sampling {
+        event: crate::sampling::Event::CpuClock,
+        rate: crate::sampling::Rate::Frequency(0),
+        nominal_hz: 0.0,
+        fallback: false,
+        jitter: false,
+    }
+}
+
+/// bpfprof's own CPU time and peak memory so far.
+fn own_cost() -> RunCost {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    RunCost {
+        profiler_cpu_secs: secs(usage.ru_utime) + secs(usage.ru_stime),
+        profiler_peak_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        ..RunCost::default()
+    }
+}
