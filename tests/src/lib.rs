@@ -984,6 +984,11 @@ impl Daemon {
         self.dir.path().join("bpfprof.sock")
     }
 
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().expect("the daemon runs").pid()
+    }
+
     pub fn state(&self) -> PathBuf {
         self.dir.path().join("state")
     }
@@ -1016,6 +1021,18 @@ impl Drop for Daemon {
             let _ = p.wait_timeout(DAEMON_TIMEOUT);
         }
     }
+}
+
+/// How many perf events process `pid` holds open (`anon_inode:[perf_event]` descriptors).
+pub fn perf_event_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|target| target.to_string_lossy() == "anon_inode:[perf_event]")
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// A real non-root user of this machine, created for the tests.
