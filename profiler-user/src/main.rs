@@ -66,6 +66,15 @@ struct DaemonArgs {
     /// Most runs sampling at once.
     #[arg(long, default_value_t = 16)]
     max_runs: usize,
+    /// Most runs one non-root user may have sampling at once.
+    #[arg(long, default_value_t = 8)]
+    max_runs_per_user: usize,
+    /// Most ended runs kept per non-root user.
+    #[arg(long, default_value_t = 50)]
+    keep_runs_per_user: usize,
+    /// Connections that send no request for this long are closed.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    client_idle_timeout: Duration,
     /// Longest run.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     max_duration: Duration,
@@ -261,6 +270,9 @@ async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         socket: protocol::socket_path(args.socket.as_deref()),
         state_dir: args.state_dir,
         max_runs: args.max_runs.max(1),
+        max_runs_per_user: args.max_runs_per_user.max(1),
+        keep_runs_per_user: args.keep_runs_per_user,
+        idle_timeout: args.client_idle_timeout,
         max_duration: args.max_duration,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
@@ -452,6 +464,13 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::FAILURE as u8);
         }
     };
+    if !matches!(cli.command, Some(Command::Daemon(_))) {
+        // A reader that goes away (`bpfprof list | head -2`) ends the command quietly, as for
+        // any Unix filter, instead of a panic on the failed write. The daemon keeps ignoring
+        // SIGPIPE: a client hanging up must not kill it.
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         None => runtime.block_on(record(cli.record)),
         Some(Command::Daemon(args)) => runtime.block_on(daemon(args)),

@@ -68,8 +68,9 @@ pub enum Op {
         #[serde(default)]
         wait_ms: u64,
     },
-    /// The caller's runs.
-    List,
+    /// The caller's runs (a struct variant, so that unknown fields are refused as for every
+    /// other op).
+    List {},
     /// A chunk of one of an ended run's result files, so an owner can fetch results through
     /// the socket where the state directory is out of reach (a hardened unit, a container).
     Read {
@@ -362,7 +363,7 @@ mod tests {
             serde_json::from_str(r#"{"version":1,"op":"status","run_id":3}"#).unwrap();
         assert_eq!(status.op, Op::Status { run_id: 3 });
         let list: Request = serde_json::from_str(r#"{"version":1,"op":"list"}"#).unwrap();
-        assert_eq!(list.op, Op::List);
+        assert_eq!(list.op, Op::List {});
     }
 
     #[test]

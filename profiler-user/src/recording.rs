@@ -312,6 +312,13 @@ pub struct Collected {
 }
 
 impl Collected {
+    /// Forgets every kernel frame: for a client the kernel would not show them to.
+    pub fn drop_kernel_frames(&mut self) {
+        for (_, sample) in &mut self.samples {
+            sample.kernel_frames.clear();
+        }
+    }
+
     /// Samples seen by the kernel so far (recorded or lost).
     pub fn samples_seen(&self) -> u64 {
         self.counters.get(Counter::Samples)

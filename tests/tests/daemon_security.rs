@@ -301,3 +301,465 @@ fn planted_state_neither_stalls_the_daemon_nor_spoofs_runs() {
         .unwrap();
     assert_eq!(reply.run_id, Some(7));
 }
+
+/// Starts a run as `user` on `pid`; returns the CLI's result.
+fn run_as(user: &TestUser, bin: &Path, daemon: &Daemon, pid: u32, extra: &[&str]) -> RunResult {
+    let pid = pid.to_string();
+    let mut args = vec![
+        "run",
+        "--async",
+        "--pid",
+        &pid,
+        "-F",
+        "499",
+        "--duration-ms",
+        "60000",
+    ];
+    args.extend(extra);
+    cli_as(user, bin, daemon, &args)
+}
+
+/// A folder every user can enter, for copies of programs the test users run.
+fn shared_bin_dir() -> tempfile::TempDir {
+    let dir = tempdir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn setuid_and_undumpable_processes_are_not_the_invokers_to_profile() {
+    if !require_root() {
+        return;
+    }
+    let alice = test_user("bpfprof-t1");
+    let daemon = Daemon::start(&[]);
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let programs = shared_bin_dir();
+
+    // A setuid-root copy of a workload, started by alice: real uid alice, effective root.
+    let setuid = programs.path().join("spinner-setuid");
+    copy_executable(&workload_path("spinner"), &setuid, &["0.001"]);
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let mut cmd = alice.command(&setuid);
+    cmd.arg("60");
+    let elevated = Workload::spawn_command(cmd);
+    thread::sleep(Duration::from_millis(200));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", elevated.pid())).unwrap();
+    assert!(
+        status.contains(&format!("Uid:\t{}\t0\t0\t0", alice.uid)),
+        "the workload runs setuid for alice:\n{status}"
+    );
+    let refused = run_as(&alice, &bin, &daemon, elevated.pid(), &[]);
+    refused.assert_code(4);
+    assert!(
+        !refused.stderr.contains("uid 0") && !refused.stderr.contains("belongs to"),
+        "the refusal tells whose the process is: {}",
+        refused.stderr
+    );
+
+    // A process of alice's that made itself undumpable (as ssh-agent and gpg-agent do).
+    let mut cmd = alice.command("/usr/bin/python3");
+    cmd.args([
+        "-c",
+        "import ctypes,time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); time.sleep(60)",
+    ]);
+    let undumpable = Workload::spawn_command(cmd);
+    thread::sleep(Duration::from_millis(500));
+    run_as(&alice, &bin, &daemon, undumpable.pid(), &[]).assert_code(4);
+
+    // Her ordinary process is still hers to profile (the refusals are not blanket).
+    let own = workload_as(&alice, bin_dir.path(), "spinner", &["60"]);
+    let ok = run_as(&alice, &bin, &daemon, own.pid(), &[]);
+    ok.assert_code(0);
+}
+
+#[test]
+fn kernel_frames_follow_perf_event_paranoid_for_non_root_users() {
+    if !require_root() {
+        return;
+    }
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alice = test_user("bpfprof-t1");
+    let daemon = Daemon::start(&[]);
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let own = workload_as(&alice, bin_dir.path(), "syscalls", &["60"]);
+    let kernel_frames = |result: &RunResult| {
+        let reply: serde_json::Value = serde_json::from_str(&result.stdout).unwrap();
+        let folded = reply["files"]["folded"].as_str().unwrap().to_string();
+        let profile = Profile::read(Path::new(&folded));
+        assert!(profile.total() > 50, "{}", profile.top(5));
+        profile.count_where(|frames| frames.iter().any(|f| is_kernel_frame(f)))
+    };
+    let as_alice = cli_as(
+        &alice,
+        &bin,
+        &daemon,
+        &[
+            "run",
+            "--pid",
+            &own.pid().to_string(),
+            "-F",
+            "499",
+            "--duration-ms",
+            "1500",
+            "--json",
+        ],
+    );
+    as_alice.assert_code(0);
+    let as_root = daemon.cli(&[
+        "run",
+        "--pid",
+        &own.pid().to_string(),
+        "-F",
+        "499",
+        "--duration-ms",
+        "1500",
+        "--json",
+    ]);
+    as_root.assert_code(0);
+    assert!(kernel_frames(&as_root) > 0, "root sees no kernel frames");
+    let alice_sees = kernel_frames(&as_alice);
+    if paranoid >= 2 {
+        assert_eq!(
+            alice_sees, 0,
+            "perf_event_paranoid {paranoid} hides the kernel"
+        );
+    } else {
+        assert!(
+            alice_sees > 0,
+            "perf_event_paranoid {paranoid} shows the kernel"
+        );
+    }
+}
+
+#[test]
+fn one_user_cannot_use_up_runs_ids_or_kept_results() {
+    if !require_root() {
+        return;
+    }
+    let alice = test_user("bpfprof-t1");
+    let bob = test_user("bpfprof-t2");
+    let daemon = Daemon::start(&["--max-runs-per-user", "2", "--keep-runs-per-user", "2"]);
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let hers = workload_as(&alice, bin_dir.path(), "spinner", &["60"]);
+    let his = workload_as(&bob, bin_dir.path(), "spinner", &["60"]);
+
+    // Bob's one result, kept from before.
+    let bobs = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
+    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &bobs]).assert_code(0);
+
+    // Alice: two runs at once, a third refused (and it reveals nothing of others).
+    let a1 = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
+    let _a2 = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
+    let third = run_as(&alice, &bin, &daemon, hers.pid(), &[]);
+    third.assert_code(11);
+    // Bob is not refused for her runs.
+    let b2 = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
+    // Refused requests (another user's process, too fast a rate) create no run, use no id.
+    for _ in 0..20 {
+        run_as(&alice, &bin, &daemon, his.pid(), &[]).assert_code(4);
+        let pid = hers.pid().to_string();
+        let args = ["run", "--async", "--pid", &pid, "-F", "5000"];
+        cli_as(&alice, &bin, &daemon, &args).assert_code(5);
+    }
+    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &b2]).assert_code(0);
+    let b3 = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
+    assert_eq!(
+        b3.parse::<u64>().unwrap(),
+        b2.parse::<u64>().unwrap() + 1,
+        "refused requests consumed run ids"
+    );
+    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &b3]).assert_code(0);
+    // Alice runs and ends many more; her oldest go, Bob's stay.
+    cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &a1]).assert_code(0);
+    for _ in 0..3 {
+        let id = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
+        cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &id]).assert_code(0);
+        cli_as(
+            &alice,
+            &bin,
+            &daemon,
+            &["results", "--run-id", &id, "--wait", "30s"],
+        )
+        .assert_code(0);
+    }
+    let listed = cli_as(&bob, &bin, &daemon, &["list", "--json"]);
+    listed.assert_code(0);
+    let reply: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    let ids: Vec<u64> = reply["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_u64().unwrap())
+        .collect();
+    // Bob keeps his newest two (his own cap), whatever alice did.
+    let mut expected: Vec<u64> = vec![b2.parse().unwrap(), b3.parse().unwrap()];
+    let mut ids = ids;
+    ids.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(ids, expected, "bob's kept results");
+    let _ = bobs;
+    let hers = cli_as(&alice, &bin, &daemon, &["list", "--json"]);
+    let reply: serde_json::Value = serde_json::from_str(&hers.stdout).unwrap();
+    let ended = reply["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| ["SUCCESS", "STOPPED", "FAILED"].contains(&r["state"].as_str().unwrap()))
+        .count();
+    assert!(ended <= 2, "alice keeps {ended} ended runs");
+}
+
+#[test]
+fn a_connection_flood_by_one_user_does_not_shut_others_out() {
+    if !require_root() {
+        return;
+    }
+    let mallory = test_user("bpfprof-t1");
+    let daemon = Daemon::start(&["--client-idle-timeout", "2s"]);
+    // Mallory opens 300 connections and holds them, writing a blank line to each now and
+    // then (which used to keep them alive forever).
+    let script = format!(
+        "import socket,time,sys\n\
+         socks=[]\n\
+         refused=0\n\
+         for i in range(300):\n\
+         \x20   s=socket.socket(socket.AF_UNIX); s.connect('{}'); socks.append(s)\n\
+         time.sleep(0.5)\n\
+         for s in socks:\n\
+         \x20   s.setblocking(False)\n\
+         \x20   try:\n\
+         \x20       d=s.recv(4096)\n\
+         \x20       refused += b'connections open' in d\n\
+         \x20   except BlockingIOError: pass\n\
+         print(refused, flush=True)\n\
+         end=time.time()+4\n\
+         closed=0\n\
+         while time.time()<end:\n\
+         \x20   for s in socks[:10]:\n\
+         \x20       try: s.send(b'\\n')\n\
+         \x20       except OSError: pass\n\
+         \x20   time.sleep(0.2)\n\
+         for s in socks[:10]:\n\
+         \x20   s.setblocking(False)\n\
+         \x20   try: closed += s.recv(1)==b''\n\
+         \x20   except BlockingIOError: pass\n\
+         \x20   except OSError: closed += 1\n\
+         print(closed, flush=True)\n",
+        daemon.socket().display()
+    );
+    let before = process_cpu_time(daemon.pid()).unwrap();
+    let mut flood = mallory.command("/usr/bin/python3");
+    flood.args(["-c", &script]);
+    let flood = flood
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    // Meanwhile others are served at once.
+    let started = std::time::Instant::now();
+    daemon.cli(&["list"]).assert_code(0);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "list took {:?} during the flood",
+        started.elapsed()
+    );
+    let out = flood.wait_with_output().unwrap();
+    let lines: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "flood script output: {lines:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        lines[0] >= 300 - 64,
+        "only {} of 300 connections were refused for one user",
+        lines[0]
+    );
+    assert_eq!(
+        lines[1], 10,
+        "blank lines kept connections past the idle timeout"
+    );
+    let used = process_cpu_time(daemon.pid()).unwrap() - before;
+    assert!(
+        used < Duration::from_secs(2),
+        "the flood cost the daemon {used:?} of CPU"
+    );
+}
+
+#[test]
+fn the_daemon_works_under_the_shipped_units_capabilities() {
+    if !require_root() {
+        return;
+    }
+    // The capabilities the unit grants, read from the unit itself so the two cannot drift.
+    let unit = std::fs::read_to_string(workspace_root().join("contrib/bpfprof.service")).unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert!(
+        !caps.iter().any(|c| c == "+dac_override" || c == "+fowner"),
+        "the unit grants {caps:?}"
+    );
+    let bounding = format!("--bounding-set=-all,{}", caps.join(","));
+    let dir = tempdir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("bpfprof.sock");
+    let state = dir.path().join("state");
+    let mut cmd = Command::new("setpriv");
+    cmd.args([&bounding, "--inh-caps=-all", "--"])
+        .arg(bpfprof_bin())
+        .args(["daemon", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(&state);
+    let daemon_process = spawn_bpfprof_command(cmd);
+    poll_until(Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).ok()
+    })
+    .unwrap_or_else(|| panic!("daemon did not listen:\n{}", daemon_process.stderr_so_far()));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon_process.pid())).unwrap();
+    assert!(
+        status.contains("CapEff:\t") && !status.contains("CapEff:\t000001ffffffffff"),
+        "the daemon kept every capability:\n{status}"
+    );
+
+    let alice = test_user("bpfprof-t1");
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let own = workload_as(&alice, bin_dir.path(), "hotcold", &["60"]);
+    let copies = tempdir();
+    std::fs::set_permissions(copies.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut run = alice.command(&bin);
+    run.args(["run", "--pid", &own.pid().to_string(), "-F", "499"])
+        .args(["--duration-ms", "1500", "--json", "--socket"])
+        .arg(&socket);
+    let result = spawn_bpfprof_command(run).wait_timeout(DAEMON_TIMEOUT);
+    result.assert_code(0);
+    let reply: serde_json::Value = serde_json::from_str(&result.stdout).unwrap();
+    assert_eq!(
+        reply["state"],
+        "SUCCESS",
+        "{reply:#}\n{}",
+        daemon_process.stderr_so_far()
+    );
+    let id = reply["run_id"].as_u64().unwrap().to_string();
+    let mut copy = alice.command(&bin);
+    copy.args(["results", "--run-id", &id, "--copy-to"])
+        .arg(copies.path())
+        .arg("--socket")
+        .arg(&socket);
+    spawn_bpfprof_command(copy)
+        .wait_timeout(DAEMON_TIMEOUT)
+        .assert_code(0);
+    let folded = std::fs::read_to_string(copies.path().join("profile.folded")).unwrap();
+    assert!(folded.contains("leaf_hot"), "{folded}");
+    daemon_process.signal(libc::SIGTERM);
+    let _ = daemon_process.wait_timeout(DAEMON_TIMEOUT);
+}
+
+#[test]
+fn protocol_answers_follow_the_documented_contract() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let spin = Workload::spawn("spinner", &["60"]);
+    let mut client = daemon.client();
+    let id = client
+        .run(bpfprof::protocol::RunRequest {
+            pid: spin.pid(),
+            frequency: Some(199),
+            duration_ms: Some(60_000),
+            ..Default::default()
+        })
+        .unwrap()
+        .run_id
+        .unwrap();
+    let stopped = client.stop(id).unwrap();
+    assert_eq!(
+        stopped.state,
+        Some(bpfprof::protocol::RunState::Processing),
+        "stop answers PROCESSING (protocol.md)"
+    );
+    // `list` refuses unknown fields as `run` does.
+    let mut stream = std::os::unix::net::UnixStream::connect(daemon.socket()).unwrap();
+    use std::io::{BufRead, Write};
+    stream
+        .write_all(b"{\"version\":1,\"op\":\"list\",\"bogus\":1}\n")
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut line)
+        .unwrap();
+    let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bogus"),
+        "{reply}"
+    );
+}
+
+#[test]
+fn the_cli_ends_quietly_on_a_closed_pipe_and_says_when_the_daemon_dies() {
+    if !require_root() {
+        return;
+    }
+    let mut daemon = Daemon::start(&[]);
+    let spin = Workload::spawn("spinner", &["60"]);
+    let pid = spin.pid().to_string();
+    let id = run_id_of(&daemon.cli(&[
+        "run",
+        "--async",
+        "--pid",
+        &pid,
+        "-F",
+        "99",
+        "--duration-ms",
+        "60000",
+    ]));
+    // A reader that is gone before bpfprof writes (as `| head -0`): no panic, no backtrace.
+    let mut cmd = Command::new(bpfprof_bin());
+    cmd.args(["list", "--socket"])
+        .arg(daemon.socket())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked") && out.status.code() != Some(101),
+        "{:?}: {stderr}",
+        out.status
+    );
+    // The daemon dies while a client waits for results: exit 10, daemon unavailable.
+    let waiting = spawn_bpfprof([
+        "results",
+        "--run-id",
+        &id,
+        "--wait",
+        "60s",
+        "--socket",
+        &daemon.socket().display().to_string(),
+    ]);
+    thread::sleep(Duration::from_millis(500));
+    daemon.crash();
+    let result = waiting.wait_timeout(DAEMON_TIMEOUT);
+    result.assert_code(10);
+}

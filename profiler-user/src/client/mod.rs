@@ -166,7 +166,7 @@ impl Client {
 
     /// The caller's runs (every run for root).
     pub fn list(&mut self) -> Result<Vec<RunInfo>, ClientError> {
-        let reply = self.request(Op::List)?;
+        let reply = self.request(Op::List {})?;
         reply
             .runs
             .ok_or_else(|| ClientError::Protocol("list reply without runs".into()))
@@ -237,9 +237,14 @@ impl Client {
             .read_until(b'\n', &mut buf)
             .map_err(|e| timeout_or_io(e, timeout))?;
         if n == 0 {
-            return Err(ClientError::Protocol(
-                "daemon closed the connection without replying".into(),
-            ));
+            // The daemon went away (stopped or crashed) while we waited.
+            return Err(ClientError::Unavailable {
+                path: self.path.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the daemon closed the connection without replying",
+                ),
+            });
         }
         if buf.last() != Some(&b'\n') {
             return Err(ClientError::Protocol(if n as u64 >= MAX_REPLY_BYTES {
@@ -454,7 +459,7 @@ pub(crate) mod testutil {
                     Op::Status { .. } => "status",
                     Op::Stop { .. } => "stop",
                     Op::Results { .. } => "results",
-                    Op::List => "list",
+                    Op::List {} => "list",
                     Op::Read { .. } => "read",
                 })
                 .collect()
@@ -478,7 +483,7 @@ pub(crate) mod testutil {
                 top: Some(vec![]),
                 ..run(end)
             },
-            Op::List => Reply {
+            Op::List {} => Reply {
                 runs: Some(vec![]),
                 ..Reply::ok()
             },

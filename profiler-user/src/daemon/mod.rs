@@ -24,11 +24,90 @@ use crate::{
     error::Result,
     protocol::{ErrorCode, Op, Reply, Request, MAX_REQUEST_BYTES, VERSION},
 };
-use runs::{Limits, Runs};
+use runs::{Limits, Peer, Runs};
 use store::Store;
 
-/// Idle connections are closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most connections one non-root user may hold open at once.
+const MAX_CONNECTIONS_PER_USER: usize = 64;
+/// How long the accept loop pauses when the daemon is out of file descriptors, so that it
+/// waits for connections to close instead of spinning.
+const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
+/// The accept error is logged at most this often.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Open connections by user, with a cap per user and one in total, so that no client can
+/// take the file descriptors that runs need.
+struct Connections {
+    by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    max_total: usize,
+}
+
+/// A counted connection; dropping it gives the slot back.
+struct ConnectionSlot {
+    connections: Arc<Connections>,
+    uid: u32,
+}
+
+impl Connections {
+    fn new(max_total: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            by_uid: Default::default(),
+            max_total,
+        })
+    }
+
+    /// Takes a slot for `uid`, or says why not.
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<ConnectionSlot, String> {
+        let mut by_uid = self.by_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = by_uid.values().sum();
+        let own = by_uid.get(&uid).copied().unwrap_or(0);
+        if uid != 0 && own >= MAX_CONNECTIONS_PER_USER {
+            return Err(format!(
+                "you have {own} connections open, the most one user may; close some"
+            ));
+        }
+        if total >= self.max_total && uid != 0 {
+            return Err("the daemon has as many connections as it may; try again".into());
+        }
+        *by_uid.entry(uid).or_default() += 1;
+        Ok(ConnectionSlot {
+            connections: self.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut by_uid = self
+            .connections
+            .by_uid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit and returns it: each connection and
+/// each attached program (one perf event per CPU, its maps) takes descriptors.
+fn raise_nofile_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    if setrlimit(Resource::Nofile, raised).is_ok() {
+        limit.maximum.unwrap_or(u64::MAX)
+    } else {
+        limit.current.unwrap_or(1024)
+    }
+}
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -39,6 +118,12 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Most runs sampling at once.
     pub max_runs: usize,
+    /// Most runs one non-root user may have sampling at once.
+    pub max_runs_per_user: usize,
+    /// Most ended runs kept per user.
+    pub keep_runs_per_user: usize,
+    /// Idle connections (no request) are closed after this long.
+    pub idle_timeout: Duration,
     /// Longest run.
     pub max_duration: Duration,
     /// Most ended runs kept.
@@ -50,14 +135,23 @@ pub struct DaemonConfig {
 /// Serves until SIGINT or SIGTERM, then stops every run (results are written) and exits.
 pub async fn serve(config: DaemonConfig) -> Result<()> {
     crate::kernel::check_privileges()?;
-    let store = Store::open(&config.state_dir, config.keep_runs, config.keep_age)?;
+    let store = Store::open(
+        &config.state_dir,
+        config.keep_runs,
+        config.keep_runs_per_user,
+        config.keep_age,
+    )?;
     let runs = Arc::new(Runs::new(
         store,
         Limits {
             max_runs: config.max_runs,
+            max_runs_per_user: config.max_runs_per_user,
             max_duration: config.max_duration,
         },
     ));
+    let nofile = raise_nofile_limit();
+    // Half of the descriptors for connections; the rest stay for runs and result files.
+    let connections = Connections::new((nofile / 2).clamp(16, 65536) as usize);
     let listener = bind(&config.socket)?;
     log::info!(
         "listening on {} (state in {})",
@@ -66,14 +160,26 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
     );
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let idle_timeout = config.idle_timeout;
+    let mut last_accept_log: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let runs = runs.clone();
-                    tokio::spawn(async move { serve_connection(stream, runs).await });
+                    let connections = connections.clone();
+                    tokio::spawn(async move {
+                        serve_connection(stream, runs, connections, idle_timeout).await
+                    });
                 }
-                Err(e) => log::warn!("accept: {e}"),
+                Err(e) => {
+                    if last_accept_log.is_none_or(|t| t.elapsed() >= ACCEPT_LOG_INTERVAL) {
+                        log::warn!("accept: {e} (logged at most every {ACCEPT_LOG_INTERVAL:?})");
+                        last_accept_log = Some(std::time::Instant::now());
+                    }
+                    // Out of descriptors (EMFILE/ENFILE) or memory: wait for some to free up.
+                    tokio::time::sleep(EMFILE_BACKOFF).await;
+                }
             },
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
@@ -107,17 +213,34 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-async fn serve_connection(stream: UnixStream, runs: Arc<Runs>) {
-    let uid = match stream.peer_cred() {
-        Ok(cred) => cred.uid(),
+async fn serve_connection(
+    stream: UnixStream,
+    runs: Arc<Runs>,
+    connections: Arc<Connections>,
+    idle_timeout: Duration,
+) {
+    let peer = match stream.peer_cred() {
+        Ok(cred) => Peer {
+            uid: cred.uid(),
+            gid: cred.gid(),
+        },
         Err(e) => {
             log::warn!("no peer credentials: {e}");
             return;
         }
     };
     let mut lines = Framed::new(stream, LinesCodec::new_with_max_length(MAX_REQUEST_BYTES));
+    let _slot = match connections.admit(peer.uid) {
+        Ok(slot) => slot,
+        Err(message) => {
+            let _ = send(&mut lines, &Reply::error(ErrorCode::TooManyRuns, message)).await;
+            return;
+        }
+    };
+    // Only a request resets the idle clock: blank lines keep no connection alive.
+    let mut deadline = tokio::time::Instant::now() + idle_timeout;
     loop {
-        let line = match tokio::time::timeout(IDLE_TIMEOUT, lines.next()).await {
+        let line = match tokio::time::timeout_at(deadline, lines.next()).await {
             Err(_) | Ok(None) => return,
             Ok(Some(Ok(line))) => line,
             Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {
@@ -137,7 +260,8 @@ async fn serve_connection(stream: UnixStream, runs: Arc<Runs>) {
         if line.trim().is_empty() {
             continue;
         }
-        let reply = handle(&line, uid, &runs).await;
+        let reply = handle(&line, peer, &runs).await;
+        deadline = tokio::time::Instant::now() + idle_timeout;
         if send(&mut lines, &reply).await.is_err() {
             return;
         }
@@ -150,7 +274,8 @@ async fn send(lines: &mut Framed<UnixStream, LinesCodec>, reply: &Reply) -> anyh
     Ok(())
 }
 
-async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
+async fn handle(line: &str, peer: Peer, runs: &Arc<Runs>) -> Reply {
+    let uid = peer.uid;
     let request: Request = match serde_json::from_str(line) {
         Ok(r) => r,
         Err(e) => return Reply::error(ErrorCode::BadRequest, format!("malformed request: {e}")),
@@ -168,7 +293,7 @@ async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
         Op::Run(run) => {
             let runs = runs.clone();
             // Attaching does blocking syscalls; keep the reactor free for other clients.
-            tokio::task::spawn_blocking(move || runs.start(uid, run))
+            tokio::task::spawn_blocking(move || runs.start(peer, run))
                 .await
                 .unwrap_or_else(|e| Err((ErrorCode::Internal, format!("run start panicked: {e}"))))
         }
@@ -183,7 +308,7 @@ async fn handle(line: &str, uid: u32, runs: &Arc<Runs>) -> Reply {
             format,
             offset,
         } => runs.read(uid, run_id, &format, offset),
-        Op::List => Ok(Reply {
+        Op::List {} => Ok(Reply {
             runs: Some(runs.list(uid)),
             ..Reply::ok()
         }),

@@ -43,8 +43,23 @@ pub const MAX_USER_HZ: f64 = 1000.0;
 pub struct Limits {
     /// Most runs sampling at once.
     pub max_runs: usize,
+    /// Most runs one non-root user may have sampling at once.
+    pub max_runs_per_user: usize,
     /// Longest run.
     pub max_duration: Duration,
+}
+
+/// Most distinct pid namespaces one non-root user's runs may watch at once: the kernel
+/// program watches at most `MAX_PID_NAMESPACES` for everyone.
+pub const MAX_NAMESPACES_PER_USER: usize = 2;
+
+/// Who sent a request, from the socket's peer credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The client's user id.
+    pub uid: u32,
+    /// The client's group id.
+    pub gid: u32,
 }
 
 struct RunEntry {
@@ -127,7 +142,8 @@ impl Runs {
 
     /// Starts a run for client `uid`; returns once it samples. A refused request leaves
     /// nothing behind: no run, no run id, nothing attached.
-    pub fn start(self: &Arc<Self>, uid: u32, req: RunRequest) -> Result<Reply, Refusal> {
+    pub fn start(self: &Arc<Self>, peer: Peer, req: RunRequest) -> Result<Reply, Refusal> {
+        let uid = peer.uid;
         let validated = self.validate(uid, &req)?;
         if req.pid == 0 {
             return Err((ErrorCode::BadRequest, "pid must be positive".into()));
@@ -137,22 +153,46 @@ impl Runs {
             None => TargetSpec::Pid(req.pid),
         };
         let target = Target::resolve(&spec).map_err(refusal)?;
-        authorize(uid, &target)?;
+        authorize(peer, &target)?;
 
         let mut inner = self.lock();
-        let active = inner
+        let active: Vec<&RunInfo> = inner
             .runs
             .values()
-            .filter(|r| !r.info.state.is_final())
-            .count();
-        if active >= self.limits.max_runs {
+            .map(|r| &r.info)
+            .filter(|i| !i.state.is_final())
+            .collect();
+        // The global count is not told to clients: it says what other users do.
+        if active.len() >= self.limits.max_runs {
             return Err((
                 ErrorCode::TooManyRuns,
-                format!(
-                    "{active} runs are in progress, the limit is {}; try again when one ends",
-                    self.limits.max_runs
-                ),
+                "the daemon is at its limit of runs in progress; try again when one ends".into(),
             ));
+        }
+        if uid != 0 {
+            let own: Vec<&&RunInfo> = active.iter().filter(|i| i.owner_uid == uid).collect();
+            if own.len() >= self.limits.max_runs_per_user {
+                return Err((
+                    ErrorCode::TooManyRuns,
+                    format!(
+                        "you have {} runs in progress, the most one user may; stop one or \
+                         wait for one to end",
+                        own.len()
+                    ),
+                ));
+            }
+            let mut namespaces: Vec<u64> = own.iter().map(|i| i.pid_ns).collect();
+            namespaces.sort_unstable();
+            namespaces.dedup();
+            if !namespaces.contains(&target.ns.ino) && namespaces.len() >= MAX_NAMESPACES_PER_USER {
+                return Err((
+                    ErrorCode::TooManyRuns,
+                    format!(
+                        "your runs already watch {MAX_NAMESPACES_PER_USER} pid namespaces, the \
+                         most one user may; wait for one of them to end"
+                    ),
+                ));
+            }
         }
         let mut recording = Recording::new(validated.request, req.follow_children);
         if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
@@ -310,6 +350,12 @@ impl Runs {
             let mut inner = self.lock();
             recording.collect(&mut inner.pool)
         };
+        let collected = collected.map(|mut c| {
+            if !may_see_kernel_frames(self.owner(id)) {
+                c.drop_kernel_frames();
+            }
+            c
+        });
         let final_state = if end == RunEnd::Interrupted {
             RunState::Stopped
         } else {
@@ -448,13 +494,15 @@ impl Runs {
         }
     }
 
-    /// Asks run `id` to stop; returns its state after the request.
+    /// Asks run `id` to stop; returns its state after the request: PROCESSING for a run
+    /// that was sampling (it now writes its results), as protocol.md says.
     pub fn stop(&self, uid: u32, id: u64) -> Result<RunInfo, Refusal> {
-        let info = self.info(uid, id)?;
+        let mut info = self.info(uid, id)?;
         if !info.state.is_final() {
             if let Some(r) = self.lock().runs.get(&id) {
                 r.stop.notify_one();
             }
+            info.state = RunState::Processing;
         }
         Ok(info)
     }
@@ -614,28 +662,49 @@ fn result_file_name(format: Format) -> String {
     format!("profile.{}", format.extension())
 }
 
-/// A non-root client may profile only its own processes.
-fn authorize(uid: u32, target: &Target) -> Result<(), Refusal> {
-    if uid == 0 {
+/// Whether user `uid` may see kernel frames: root always, others where
+/// `kernel.perf_event_paranoid` lets unprivileged users profile the kernel (1 or less), as
+/// `perf record` run by that user would.
+fn may_see_kernel_frames(uid: u32) -> bool {
+    uid == 0
+        || std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .is_some_and(|level| level <= 1)
+}
+
+/// A non-root client may profile a process only where the kernel would let it attach perf to
+/// the process itself (ptrace read access): every uid of the process (real, effective, saved,
+/// filesystem) is the client's, every gid is the client's, and the process is dumpable (a
+/// setuid program, or one that made itself undumpable, is not). Refusals say the same thing
+/// whatever the reason, so that they reveal nothing about other users' processes.
+fn authorize(peer: Peer, target: &Target) -> Result<(), Refusal> {
+    if peer.uid == 0 {
         return Ok(());
     }
-    let owner = procfs::process::Process::new(target.pid as i32)
-        .and_then(|p| p.status())
-        .map(|s| s.ruid)
-        .map_err(|_| {
-            (
-                ErrorCode::NoSuchProcess,
-                format!("pid {} exited", target.pid),
-            )
-        })?;
-    if owner != uid {
-        return Err((
+    let refused = || {
+        (
             ErrorCode::PermissionDenied,
             format!(
-                "pid {} belongs to uid {owner}; uid {uid} may only profile its own processes",
+                "you may not profile pid {}: only processes that run entirely as you (not \
+                 setuid, not marked undumpable) can be profiled by a non-root user",
                 target.pid
             ),
-        ));
+        )
+    };
+    let process = procfs::process::Process::new(target.pid as i32).map_err(|_| refused())?;
+    let status = process.status().map_err(|_| refused())?;
+    let uids = [status.ruid, status.euid, status.suid, status.fuid];
+    let gids = [status.rgid, status.egid, status.sgid, status.fgid];
+    if uids.iter().any(|u| *u != peer.uid) || gids.iter().any(|g| *g != peer.gid) {
+        return Err(refused());
+    }
+    // The kernel makes the files in /proc/PID root-owned while a process is not dumpable.
+    let dumpable = std::fs::metadata(format!("/proc/{}/status", target.pid))
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == peer.uid)
+        .unwrap_or(false);
+    if !dumpable {
+        return Err(refused());
     }
     Ok(())
 }

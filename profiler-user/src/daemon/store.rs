@@ -45,6 +45,8 @@ pub struct Store {
     runs: OwnedFd,
     /// Most ended runs kept; older ones are deleted first.
     pub keep_runs: usize,
+    /// Most ended runs kept per owner, so that one user's many runs cannot evict another's.
+    pub keep_runs_per_user: usize,
     /// Ended runs older than this are deleted.
     pub keep_age: Duration,
 }
@@ -60,7 +62,12 @@ pub struct Loaded {
 
 impl Store {
     /// Opens (creating) the state directory and makes sure only the daemon can write in it.
-    pub fn open(root: &Path, keep_runs: usize, keep_age: Duration) -> Result<Store> {
+    pub fn open(
+        root: &Path,
+        keep_runs: usize,
+        keep_runs_per_user: usize,
+        keep_age: Duration,
+    ) -> Result<Store> {
         std::fs::create_dir_all(root)
             .with_context(|| format!("creating state directory {}", root.display()))?;
         let root_fd = open_own_dir(CWD, root)
@@ -75,6 +82,7 @@ impl Store {
             root: root.to_path_buf(),
             runs,
             keep_runs,
+            keep_runs_per_user,
             keep_age,
         })
     }
@@ -256,14 +264,21 @@ impl Store {
         ended.sort_by_key(|r| std::cmp::Reverse(r.run_id));
         let cutoff = now_ms().saturating_sub(self.keep_age.as_millis() as u64);
         let mut deleted = Vec::new();
-        for (i, run) in ended.iter().enumerate() {
+        let mut per_owner: std::collections::HashMap<u32, usize> = Default::default();
+        let mut kept = 0;
+        for run in ended.iter() {
             let too_old = run.ended_unix_ms.unwrap_or(run.created_unix_ms) < cutoff;
-            if i >= self.keep_runs || too_old {
+            let owned = per_owner.entry(run.owner_uid).or_default();
+            let over_owner = run.owner_uid != 0 && *owned >= self.keep_runs_per_user;
+            if kept >= self.keep_runs || over_owner || too_old {
                 if let Err(e) = self.delete(run.run_id) {
                     log::warn!("deleting run {}: {e:#}", run.run_id);
                 } else {
                     deleted.push(run.run_id);
                 }
+            } else {
+                *owned += 1;
+                kept += 1;
             }
         }
         deleted
@@ -424,7 +439,7 @@ mod tests {
     #[test]
     fn in_flight_runs_come_back_failed_and_old_runs_are_cleaned() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 2, Duration::from_secs(3600)).unwrap();
+        let store = Store::open(dir.path(), 2, 2, Duration::from_secs(3600)).unwrap();
         for (id, state) in [
             (1, RunState::Success),
             (2, RunState::Success),
@@ -450,7 +465,7 @@ mod tests {
     #[test]
     fn planted_links_and_fifos_are_never_followed() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 10, Duration::from_secs(3600)).unwrap();
+        let store = Store::open(dir.path(), 10, 10, Duration::from_secs(3600)).unwrap();
         store.create_run_dir(7).unwrap();
         let victim = dir.path().join("victim");
         std::fs::write(&victim, b"precious").unwrap();
