@@ -149,3 +149,47 @@ def test_phase_filter_and_environment_defaults(fake_daemon, caplog) -> None:
         broken = PhaseProfiler.enable(socket_path=daemon.path, env={"BPFPROF_PHASE_FILTER": "("})
     assert broken.profile_phase(lambda: 5, "anything") == 5
     assert broken.stats.filtered_out == 1 and "BPFPROF_PHASE_FILTER" in caplog.text
+
+
+def test_a_hung_daemon_delays_the_function_by_the_start_budget_only(tmp_path) -> None:
+    """A daemon that accepts and never answers: the function still runs, within the budget."""
+    import socket
+    import time
+
+    path = str(tmp_path / "hung.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)  # connections queue up and are never answered
+    try:
+        assert FunctionProfiler().timeout_wait_for_running_sec <= 10
+        profiler = FunctionProfiler(socket_path=path, timeout_wait_for_running_sec=1)
+        started = time.monotonic()
+        assert profiler.profile(lambda: time.sleep(0.2) or "ran") == "ran"
+        elapsed = time.monotonic() - started
+        # One second of budget plus the function; before, the orphan check added 10 s more.
+        assert elapsed < 3.5, f"took {elapsed:.1f} s"
+        assert profiler.profile_result is None
+    finally:
+        server.close()
+
+
+def test_async_functions_are_profiled_around_the_await(fake_daemon) -> None:
+    import asyncio
+
+    daemon = fake_daemon()
+
+    @bpfprof.profile(socket_path=daemon.path)
+    async def work(x: int) -> int:
+        await asyncio.sleep(0.05)
+        assert daemon.ops() == ["run"], "the run must be going while the coroutine runs"
+        return x * 2
+
+    assert asyncio.run(work(21)) == 42
+    assert daemon.ops() == ["run", "stop", "results"]
+    assert work.profiler.profile_result["samples"] == 42
+
+    async def bare() -> None:
+        return None
+
+    with pytest.raises(TypeError, match="coroutine function"):
+        FunctionProfiler(socket_path=daemon.path).profile(bare)

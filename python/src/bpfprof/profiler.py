@@ -15,7 +15,9 @@ or, as a decorator::
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -73,7 +75,10 @@ class FunctionProfiler:
             (``SUCCESS``) and the function carries on unprofiled.
         sample_each: Sampling period, in CPU cycles (``event`` auto: where there is no PMU the
             daemon samples on cpu-clock instead).
-        timeout_wait_for_running_sec: How long to wait for the run to start sampling.
+        timeout_wait_for_running_sec: The whole budget, in seconds, for starting a run before
+            the function is called: connecting, the ``run`` request, waiting for ``RUNNING``
+            and, when the daemon does not answer, looking for a run it made anyway. With a
+            hung daemon the function starts at most this late, unprofiled (default 10 s).
         timeout_wait_for_finished_sec: How long to wait for the results after the stop.
         sample_tags: Bare tags stored with every sample and in the run's summary.
         stack_max_len: Deepest stack kept, in frames.
@@ -95,7 +100,7 @@ class FunctionProfiler:
         stop_at_error: bool = False,
         max_profile_duration_sec: float = 600,
         sample_each: float = 1e7,
-        timeout_wait_for_running_sec: float = 60,
+        timeout_wait_for_running_sec: float = 10,
         timeout_wait_for_finished_sec: float = 60,
         sample_tags: Optional[Sequence[str]] = None,
         stack_max_len: int = 127,
@@ -135,7 +140,15 @@ class FunctionProfiler:
         Raises:
             Whatever the function raises, unchanged.
             BpfprofError: only with ``stop_at_error``, when profiling fails.
+            TypeError: for a coroutine function (``async def``): calling it only creates the
+                coroutine, so there would be nothing to profile; use :meth:`profile_async`.
         """
+        if inspect.iscoroutinefunction(work_function):
+            raise TypeError(
+                f"{_name(work_function)} is a coroutine function: profile() would only time "
+                "creating the coroutine; await profiler.profile_async(...) instead (the "
+                "@bpfprof.profile decorator does this for async def functions)"
+            )
         self.profile_result = None
         self.current_run_id = None
         lock = _active_run_lock
@@ -186,6 +199,58 @@ class FunctionProfiler:
         finally:
             client.close()
 
+    async def profile_async(
+        self, work_function: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Awaits ``work_function(*args, **kwargs)`` (an ``async def`` function) while the daemon
+        samples this process.
+
+        The run covers the whole await, so it also samples whatever else the event loop runs
+        meanwhile; tag the run to tell it apart. Talking to the daemon happens on a worker
+        thread, so a slow daemon never blocks the event loop.
+
+        Returns:
+            What the coroutine returns.
+
+        Raises:
+            Whatever the coroutine raises, unchanged.
+            BpfprofError: only with ``stop_at_error``, when profiling fails.
+        """
+        self.profile_result = None
+        self.current_run_id = None
+        loop = asyncio.get_running_loop()
+        lock = _active_run_lock
+        if not lock.acquire(blocking=False):
+            self._failed(
+                BpfprofError("another bpfprof run is active in this process", "busy"),
+                "not profiling %s",
+                work_function,
+            )
+            return await work_function(*args, **kwargs)
+        client = Client(self.socket_path, timeout=self.timeout_wait_for_finished_sec)
+        try:
+            try:
+                run_id = await loop.run_in_executor(None, self._start, client)
+            except BpfprofError as err:
+                self._failed(err, "not profiling %s", work_function)
+                return await work_function(*args, **kwargs)
+            self.current_run_id = run_id
+            try:
+                result = await work_function(*args, **kwargs)
+            except BaseException:
+                await loop.run_in_executor(None, self._stop_quietly, client, run_id)
+                raise
+            try:
+                self.profile_result = await loop.run_in_executor(
+                    None, self._finish, client, run_id
+                )
+            except BpfprofError as err:
+                self._failed(err, "profiling %s failed", work_function)
+            return result
+        finally:
+            client.close()
+            lock.release()
+
     # -- steps --------------------------------------------------------------------------------
 
     def _start(self, client: Client) -> int:
@@ -207,8 +272,9 @@ class FunctionProfiler:
             )
         except BpfprofError as err:
             if err.code == "timeout":
-                # The daemon may have made the run anyway: do not leave it sampling us.
-                self._cancel_orphans(sent_unix_ms)
+                # The daemon may have made the run anyway: do not leave it sampling us. This
+                # look is part of the same budget (at least a second, so it can happen).
+                self._cancel_orphans(sent_unix_ms, max(1.0, deadline - time.monotonic()))
             raise
         run_id = reply.get("run_id")
         if not isinstance(run_id, int):
@@ -263,11 +329,11 @@ class FunctionProfiler:
         else:
             logger.debug("bpfprof: stopped run %d without collecting its results", run_id)
 
-    def _cancel_orphans(self, sent_unix_ms: int) -> None:
+    def _cancel_orphans(self, sent_unix_ms: int, timeout: float) -> None:
         """Stops runs on this process made from a `run` request whose reply never came."""
         pid, pid_ns = os.getpid(), current_pid_namespace()
         try:
-            with Client(self.socket_path, timeout=10) as client:
+            with Client(self.socket_path, timeout=timeout) as client:
                 for run in client.list_runs():
                     if (
                         run.get("pid") == pid
@@ -331,6 +397,15 @@ def profile(
 
     def decorate(function: F) -> F:
         chosen = profiler if profiler is not None else FunctionProfiler(**options)
+
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return await chosen.profile_async(function, *args, **kwargs)
+
+            async_wrapper.profiler = chosen  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
