@@ -84,14 +84,37 @@ impl Target {
         match *spec {
             TargetSpec::Pid(pid) => Target::from_pid(pid),
             TargetSpec::NsPid { ns, pid } => {
+                // A process has a pid in its own namespace and in every ancestor of it:
+                // `NSpid` lists them from bpfprof's namespace inwards. So NS:PID may name a
+                // containerized process by its own namespace and pid, or by the host's (or any
+                // namespace in between) and the pid it has there.
                 let candidates = procfs::process::all_processes()
                     .map_err(|e| anyhow::anyhow!("listing /proc: {e}"))?;
+                let mut seen = Vec::new();
+                let mut depth_of_ns = std::collections::HashMap::new();
                 for process in candidates.flatten() {
-                    let Ok(target) = Target::from_pid(process.pid as u32) else {
+                    let Ok(status) = process.status() else {
                         continue;
                     };
-                    if target.ns.ino == ns && target.ns_pid == pid {
-                        return Ok(target);
+                    let Ok(meta) = std::fs::metadata(format!("/proc/{}/ns/pid", process.pid))
+                    else {
+                        continue;
+                    };
+                    let nspid: Vec<u32> = status
+                        .nspid
+                        .unwrap_or_else(|| vec![process.pid])
+                        .into_iter()
+                        .map(|p| p as u32)
+                        .collect();
+                    depth_of_ns.insert(meta.ino(), nspid.len() - 1);
+                    seen.push((process.pid as u32, nspid));
+                }
+                if let Some(&depth) = depth_of_ns.get(&ns) {
+                    if let Some((host_pid, _)) = seen
+                        .iter()
+                        .find(|(_, nspid)| nspid.get(depth) == Some(&pid))
+                    {
+                        return Target::from_pid(*host_pid);
                     }
                 }
                 Err(Error::NoSuchProcess(format!(

@@ -179,6 +179,21 @@ fn pid_in_another_pid_namespace() {
         "summary: {}",
         summary.0
     );
+
+    // The same process by the host's namespace and its host pid.
+    let host_ns = pid_ns_inode(std::process::id());
+    let (by_host, summary) = profile_pids(&[format!("{host_ns}:{host_pid}")], "1s");
+    assert!(
+        by_host.has_frame("leaf_hot"),
+        "{host_ns}:{host_pid} not sampled\n{}",
+        by_host.top(5)
+    );
+    assert_eq!(
+        summary.targets()[0]["ns_pid"].as_u64(),
+        Some(ns_pid as u64),
+        "summary: {}",
+        summary.0
+    );
 }
 
 #[test]
