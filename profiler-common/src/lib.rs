@@ -154,8 +154,11 @@ impl Counter {
 /// Index, in the counter array, of the program-wide count of recorded samples (all runs; one
 /// per sample, however many runs it serves), which tells userspace how fast the sample map fills.
 pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
-/// Entries of the per-CPU counter array: every run's counters, then the program-wide count.
-pub const COUNTER_ENTRIES: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
+/// Index, in the counter array, of how often the program ran (every sample of every process on
+/// every CPU): against the events' own counts it tells whether the kernel throttled sampling.
+pub const INVOCATIONS_INDEX: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
+/// Entries of the per-CPU counter array: every run's counters, then the program-wide counts.
+pub const COUNTER_ENTRIES: u32 = INVOCATIONS_INDEX + 1;
 
 #[cfg(feature = "user")]
 mod pod {

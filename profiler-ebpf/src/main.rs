@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     Config, Counter, PidNamespace, FORK_CHILD_PID_OFFSETS, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS,
+    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, INVOCATIONS_INDEX, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS,
     MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
@@ -65,6 +65,7 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIE
 
 #[perf_event]
 pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
+    increment(INVOCATIONS_INDEX);
     if let Some(target) = current_target() {
         record(&ctx, &target);
     }

@@ -226,6 +226,44 @@ pub struct ProfileMeta {
     pub max_stack_length: usize,
     /// What the profile cost to take.
     pub cost: RunCost,
+    /// Samples the kernel did not take (it throttles events that fire faster than
+    /// `kernel.perf_event_max_sample_rate` or that use more than `perf_cpu_time_max_percent`
+    /// of CPU time), where that was measured and more than a tenth were missing.
+    pub throttled: Option<Throttled>,
+}
+
+/// How far the events fell short of the requested rate over a recording, on every CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Throttled {
+    /// Samples the events should have delivered at the requested rate.
+    pub expected_samples: u64,
+    /// Samples they did deliver.
+    pub taken_samples: u64,
+    /// Why, as far as can be told.
+    pub cause: ShortfallCause,
+}
+
+/// Why sampling delivered fewer samples than asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShortfallCause {
+    /// The kernel throttled the events: the rate is near `kernel.perf_event_max_sample_rate`,
+    /// or the kernel lowered that limit during the run (interrupts over
+    /// `kernel.perf_cpu_time_max_percent`).
+    KernelThrottling,
+    /// Well below the kernel's limits: timer interrupts came late or were merged (a loaded
+    /// machine, or a VM whose virtual CPUs wait for the host).
+    LateTimerInterrupts,
+}
+
+impl Throttled {
+    /// Below this share of the expected samples, a recording is reported as throttled.
+    pub const THRESHOLD: f64 = 0.9;
+
+    /// The share of the expected samples that were taken.
+    pub fn taken_share(&self) -> f64 {
+        self.taken_samples as f64 / self.expected_samples.max(1) as f64
+    }
 }
 
 impl ProfileMeta {

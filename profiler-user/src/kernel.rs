@@ -16,8 +16,8 @@ use aya::{
 use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES,
-    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES,
+    INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
+    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
 use crate::{
@@ -49,6 +49,8 @@ impl Counters {
 pub struct KernelProgram {
     ebpf: Ebpf,
     events: Option<AttachedEvents>,
+    /// The event and rate attached.
+    sampling: Option<Sampling>,
     program_id: u32,
     namespaces: Array<MapData, PidNamespace>,
     /// Slot of each watched namespace, with the number of targets in it.
@@ -124,6 +126,7 @@ impl KernelProgram {
         Ok(KernelProgram {
             ebpf,
             events: None,
+            sampling: None,
             program_id,
             namespaces,
             namespace_slots: StdHashMap::new(),
@@ -223,6 +226,7 @@ impl KernelProgram {
             .as_raw_fd();
         let events = AttachedEvents::attach(sampling, &cpus, program_fd, sampling.jitter)?;
         self.events = Some(events);
+        self.sampling = Some(*sampling);
         self.stats_at_attach = self.raw_run_stats();
         Ok(())
     }
@@ -515,6 +519,22 @@ impl KernelProgram {
                 anyhow!(e).context(format!("reading stack {id:#x}")),
             )),
         }
+    }
+
+    /// Samples the attached events should have delivered so far (from their own counts and the
+    /// mean period), and how many the program was run for; None where the expectation is
+    /// unknown (cycles at a frequency, which the kernel retunes) or nothing is attached.
+    pub fn delivery(&self) -> Option<(f64, u64)> {
+        let events = self.events.as_ref()?;
+        let sampling = self.sampling?;
+        let count = events.count().ok()? as f64;
+        let expected = match (sampling.event, sampling.rate) {
+            (crate::sampling::Event::CpuClock, _) => count * sampling.nominal_hz / 1e9,
+            (crate::sampling::Event::Cycles, crate::sampling::Rate::Period(p)) => count / p as f64,
+            (crate::sampling::Event::Cycles, crate::sampling::Rate::Frequency(_)) => return None,
+        };
+        let taken: u64 = self.counters.get(&INVOCATIONS_INDEX, 0).ok()?.iter().sum();
+        Some((expected, taken))
     }
 
     /// Zeroes the counters of `run`, before a new run takes the slot.

@@ -9,7 +9,7 @@ use std::{
 };
 
 use bpfprof::{
-    aggregate::{AggregateOptions, Profile, RunEnd, Tag},
+    aggregate::{AggregateOptions, Profile, RunEnd, ShortfallCause, Tag},
     client::{Client, ClientError},
     daemon::DaemonConfig,
     error::{exit_code, Error},
@@ -715,6 +715,12 @@ fn progress_bar(quiet: bool, until_interrupted: bool) -> ProgressBar {
     bar
 }
 
+fn read_sysctl(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 fn summary(profile: &Profile) -> String {
     let meta = &profile.meta;
     let targets: Vec<String> = meta
@@ -742,6 +748,25 @@ fn summary(profile: &Profile) -> String {
     match cost.bpf_ns_per_run() {
         Some(ns) => out.push_str(&format!("; kernel program {ns:.0} ns per run\n")),
         None => out.push('\n'),
+    }
+    match meta.throttled {
+        Some(t) if t.cause == ShortfallCause::KernelThrottling => out.push_str(&format!(
+            "  throttled by the kernel: {:.0}% of the {} samples asked for (all CPUs) were \
+             taken (kernel.perf_event_max_sample_rate {}, kernel.perf_cpu_time_max_percent {}); \
+             ask for a lower rate\n",
+            100.0 * t.taken_share(),
+            t.expected_samples,
+            read_sysctl("perf_event_max_sample_rate"),
+            read_sysctl("perf_cpu_time_max_percent"),
+        )),
+        Some(t) => out.push_str(&format!(
+            "  sampling fell short: {:.0}% of the {} samples asked for (all CPUs) were taken, \
+             well below the kernel's limits: timer interrupts came late (a loaded machine, or \
+             a VM waiting for its host)\n",
+            100.0 * t.taken_share(),
+            t.expected_samples,
+        )),
+        None => {}
     }
     let losses = meta.losses.nonzero();
     if losses.is_empty() {

@@ -65,6 +65,21 @@ impl AttachedEvents {
         Ok(AttachedEvents { fds, jitter })
     }
 
+    /// The events' own counts summed over CPUs: nanoseconds for cpu-clock, cycles for cycles.
+    pub fn count(&self) -> io::Result<u64> {
+        let mut total = 0u64;
+        for fd in self.fds.iter() {
+            let mut value = 0u64;
+            // SAFETY: reading the 8-byte count (read_format 0) into a u64.
+            let n = unsafe { libc::read(fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+            if n != 8 {
+                return Err(io::Error::last_os_error());
+            }
+            total += value;
+        }
+        Ok(total)
+    }
+
     /// Stops sampling: disables every event and closes it, which detaches the program.
     pub fn detach(mut self) {
         self.stop();

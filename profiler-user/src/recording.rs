@@ -16,7 +16,7 @@ use profiler_common::{Counter, PidNamespace};
 use crate::{
     aggregate::{
         aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
-        TargetSamples,
+        ShortfallCause, TargetSamples, Throttled,
     },
     drain::drain,
     error::Result,
@@ -24,7 +24,7 @@ use crate::{
     pool::{ProgramPool, Slot},
     procmaps::ProcessMaps,
     sample::Sample,
-    sampling::{Sampling, SamplingRequest},
+    sampling::{KernelLimits, Sampling, SamplingRequest},
     symbolize::Symbolizer,
     target::Target,
 };
@@ -73,6 +73,10 @@ pub struct Recording {
     processes: BTreeMap<(u32, u32, u32), ProcessRecording>,
     /// Global pids the kernel followed that are not processes (threads), or are gone.
     ignored: HashSet<u32>,
+    /// The program's delivery (expected, taken samples) when this recording attached, and the
+    /// kernel's sample-rate limit then.
+    delivery_at_start: Option<(f64, u64)>,
+    max_sample_rate_at_start: u64,
     started: Instant,
     last_refresh: Instant,
 }
@@ -97,6 +101,8 @@ impl Recording {
             slots: Vec::new(),
             processes: BTreeMap::new(),
             ignored: HashSet::new(),
+            delivery_at_start: None,
+            max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
         }
@@ -126,6 +132,8 @@ impl Recording {
                 let (slot, sampling) = pool.acquire(&self.request)?;
                 if self.slots.is_empty() {
                     self.started = Instant::now();
+                    self.delivery_at_start = pool.program(slot)?.delivery();
+                    self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
                 }
                 self.sampling = Some(sampling);
                 self.slots.push((slot, target.ns));
@@ -260,6 +268,7 @@ impl Recording {
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut bpf_run = None;
+        let throttled = self.throttled(pool);
         let mut result = Ok(());
         for (slot, _) in &self.slots {
             let Ok(program) = pool.program(*slot) else {
@@ -290,7 +299,33 @@ impl Recording {
             samples,
             counters,
             bpf_run,
+            throttled,
         })
+    }
+
+    /// How far the kernel throttled the program since this recording attached, when it cut
+    /// more than a tenth of the samples.
+    fn throttled(&self, pool: &mut ProgramPool) -> Option<Throttled> {
+        let (slot, _) = self.slots.first()?;
+        let (expected0, taken0) = self.delivery_at_start?;
+        let (expected1, taken1) = pool.program(*slot).ok()?.delivery()?;
+        // The kernel throttles an event per tick beyond its share of the limit, and the
+        // randomized periods reach 1.5 times the mean rate.
+        let limit = KernelLimits::read().max_sample_rate;
+        let hz = self.sampling.map_or(0.0, |s| s.nominal_hz);
+        let cause = if limit < self.max_sample_rate_at_start || 1.5 * hz >= limit as f64 {
+            ShortfallCause::KernelThrottling
+        } else {
+            ShortfallCause::LateTimerInterrupts
+        };
+        let throttled = Throttled {
+            expected_samples: (expected1 - expected0).max(0.0).round() as u64,
+            taken_samples: taken1.saturating_sub(taken0),
+            cause,
+        };
+        // Too few samples to tell a shortfall from the randomized periods' spread.
+        (throttled.expected_samples >= 200 && throttled.taken_share() < Throttled::THRESHOLD)
+            .then_some(throttled)
     }
 
     /// The processes recorded so far.
@@ -309,6 +344,7 @@ pub struct Collected {
     samples: Vec<(u32, Sample)>,
     counters: Counters,
     bpf_run: Option<(u64, u64)>,
+    throttled: Option<Throttled>,
 }
 
 impl Collected {
@@ -339,6 +375,7 @@ impl Collected {
             samples,
             counters,
             bpf_run,
+            throttled,
         } = self;
         // Samples of processes that came and went between two ticks: counted, not symbolized.
         let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
@@ -404,6 +441,7 @@ impl Collected {
                 tags: options.tags.clone(),
                 max_stack_length: options.max_stack_length,
                 cost,
+                throttled,
             },
             frames,
             stacks,

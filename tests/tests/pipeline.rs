@@ -397,3 +397,73 @@ fn distinct_sampling_settings_are_bounded_and_refusals_leave_nothing() {
         "programs left attached after every run ended"
     );
 }
+
+#[test]
+fn kernel_throttling_is_reported_as_what_it_is() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let spin = Workload::spawn("spinner", &["60"]);
+    let pid = spin.pid().to_string();
+    let max_rate = read_proc_u64("/proc/sys/kernel/perf_event_max_sample_rate");
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    for rate in [999, max_rate] {
+        let summary_path = dir.path().join(format!("{rate}.json"));
+        let rate_arg = rate.to_string();
+        let run = run_bpfprof(
+            [
+                "-p",
+                pid.as_str(),
+                "-F",
+                rate_arg.as_str(),
+                "-d",
+                "2s",
+                "-o",
+                dir.path().join("x.folded").to_str().unwrap(),
+                "--summary-json",
+                summary_path.to_str().unwrap(),
+            ],
+            TIMEOUT,
+        );
+        run.assert_code(exit::OK);
+        let summary = Summary::read(&summary_path);
+        let throttled = summary.field("throttled");
+        let secs = summary.f64("duration_secs");
+        if rate == 999 {
+            // Far below the kernel's limit: never blamed on the kernel (a VM may still deliver
+            // timer interrupts late, and that is said as what it is).
+            assert!(
+                throttled.is_null() || throttled["cause"] == "late_timer_interrupts",
+                "999 Hz reported as kernel throttling: {}",
+                summary.0
+            );
+            continue;
+        }
+        if throttled.is_null() {
+            // Not reported: then the target really got (nearly) every sample asked for.
+            let effective = summary.f64("effective_hz");
+            assert!(
+                effective >= 0.85 * rate as f64,
+                "{effective:.0} of {rate} samples/s and no throttling reported: {}",
+                summary.0
+            );
+        } else {
+            let expected = throttled["expected_samples"].as_u64().unwrap() as f64;
+            let taken = throttled["taken_samples"].as_u64().unwrap();
+            let asked = secs * cpus * rate as f64;
+            assert!(
+                (expected - asked).abs() < 0.15 * asked,
+                "expected {expected} samples, the rate asks {asked:.0}: {}",
+                summary.0
+            );
+            assert!(
+                (taken as f64) < 0.9 * expected && taken >= summary.u64("samples_seen"),
+                "taken {taken} of {expected}: {}",
+                summary.0
+            );
+            assert_eq!(throttled["cause"], "kernel_throttling", "{}", summary.0);
+            run.assert_stderr_mentions(&["throttled by the kernel"]);
+        }
+    }
+}

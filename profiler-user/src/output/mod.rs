@@ -327,6 +327,7 @@ pub(crate) mod fixture {
                 tags: vec![tag],
                 max_stack_length: 127,
                 cost: RunCost::default(),
+                throttled: None,
             },
             frames,
             stacks,

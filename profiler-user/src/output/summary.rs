@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag},
+    aggregate::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled},
     output::top::{function_shares, FunctionShare},
     sampling::{Event, Rate},
 };
@@ -25,6 +25,8 @@ struct Summary<'a> {
     effective_hz: f64,
     duration_secs: f64,
     lost: &'a Losses,
+    /// Set when the kernel throttled sampling below nine tenths of the requested rate.
+    throttled: Option<Throttled>,
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
@@ -76,6 +78,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         effective_hz: effective_hz(profile),
         duration_secs: meta.duration.as_secs_f64(),
         lost: &meta.losses,
+        throttled: meta.throttled,
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,
