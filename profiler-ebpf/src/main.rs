@@ -109,7 +109,7 @@ fn follow_fork<const CHILD_PID_OFFSET: usize>(ctx: &TracePointContext) -> u32 {
             runs: parent.follow,
             follow: parent.follow,
         };
-        let _ = FOLLOWED.insert(&(child as u32), &inherited, 0);
+        let _ = FOLLOWED.insert(child as u32, inherited, 0);
     }
     0
 }
@@ -120,8 +120,8 @@ pub fn bpfprof_exit(_ctx: TracePointContext) -> u32 {
     // The exiting task is the current one; the low half is its global thread id.
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: only tested for presence.
-    if unsafe { FOLLOWED.get(&tid) }.is_some() {
-        let _ = FOLLOWED.remove(&tid);
+    if unsafe { FOLLOWED.get(tid) }.is_some() {
+        let _ = FOLLOWED.remove(tid);
     }
     0
 }
@@ -170,7 +170,7 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
     };
     // SAFETY: the value is copied out at once; a concurrent removal can only make us
     // attribute one sample to a run that just ended.
-    if let Some(t) = unsafe { TARGETS.get(&key) } {
+    if let Some(t) = unsafe { TARGETS.get(key) } {
         return Some(CurrentTarget {
             runs: t.runs,
             follow: t.follow,
@@ -185,8 +185,11 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
         return None;
     }
     let global_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // An explicit match, not `Option::map`: with the closure LLVM emitted a read of a register
+    // left unset on the None path, which the verifier rejects ("R2 !read_ok").
+    #[allow(clippy::manual_map)]
     // SAFETY: as above.
-    match unsafe { FOLLOWED.get(&global_tgid) } {
+    match unsafe { FOLLOWED.get(global_tgid) } {
         Some(t) => Some(CurrentTarget {
             runs: t.runs,
             follow: t.follow,
@@ -240,7 +243,7 @@ fn increment_sample(key: &SampleKey) -> bool {
         atomic_add(value, 1);
         return true;
     }
-    match SAMPLES.insert(key, &1, BPF_NOEXIST as u64) {
+    match SAMPLES.insert(key, 1, BPF_NOEXIST as u64) {
         Ok(()) => true,
         // Another CPU inserted the same key between our lookup and insert.
         Err(e) if e == -EEXIST => {
@@ -282,10 +285,10 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
     frames.len = len as u64;
     let id = stack_hash(&frames.ips, len);
     // SAFETY: only tested for presence.
-    if unsafe { STACKS.get(&id) }.is_some() {
+    if unsafe { STACKS.get(id) }.is_some() {
         return Ok(id);
     }
-    match STACKS.insert(&id, frames, BPF_NOEXIST as u64) {
+    match STACKS.insert(id, frames, BPF_NOEXIST as u64) {
         Ok(()) => Ok(id),
         Err(e) if e == -EEXIST => Ok(id),
         Err(_) => Err(full),

@@ -855,6 +855,28 @@ fn ci_steps() -> Vec<Step> {
             ],
         ),
         Step::new(
+            "clippy-ebpf",
+            format!(
+                "cargo clippy in {EBPF_CRATE}/ for the host target (lints the kernel program's \
+                 Rust; the bpf target has no clippy here), -D warnings"
+            ),
+            || {
+                let mut cmd = cargo();
+                cmd.current_dir(workspace_root().join(EBPF_CRATE))
+                    .env("RUSTC_BOOTSTRAP", "1")
+                    .args([
+                        "clippy",
+                        "--target",
+                        "x86_64-unknown-linux-gnu",
+                        "--release",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ]);
+                run(&mut cmd)
+            },
+        ),
+        Step::new(
             "check-ebpf",
             format!("cargo xtask check-ebpf ({COMMITTED_OBJECT} matches the sources)"),
             || check_ebpf(false),
