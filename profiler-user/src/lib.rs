@@ -9,7 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod aggregate;
-pub mod client;
 pub mod daemon;
 pub mod drain;
 pub mod error;
@@ -18,7 +17,6 @@ pub mod output;
 pub mod perf_events;
 pub mod pool;
 pub mod procmaps;
-pub mod protocol;
 pub mod record;
 pub mod recording;
 pub mod sample;
@@ -26,4 +24,6 @@ pub mod sampling;
 pub mod symbolize;
 pub mod target;
 
+pub use bpfprof_client as client;
+pub use bpfprof_client::protocol;
 pub use error::{Error, Result};

@@ -1,5 +1,7 @@
 //! A blocking client of the `bpfprof daemon` (docs/protocol.md), and the profilers built on it
-//! that let a program profile its own work.
+//! that let a program profile its own work. A crate of its own, so that a program embedding a
+//! profiler pulls in no BPF loader, symbolizer or async runtime; `bpfprof::client` and
+//! `bpfprof::protocol` re-export it.
 //!
 //! The client is synchronous on purpose: libraries call it from plain code without bringing
 //! up an async runtime. [`Client`] speaks the protocol one request at a time;
@@ -7,7 +9,7 @@
 //! profiles the named phases of a long program under one session tag.
 //!
 //! ```no_run
-//! use bpfprof::client::{FunctionProfiler, ProfileOptions};
+//! use bpfprof_client::{FunctionProfiler, ProfileOptions};
 //!
 //! let mut profiler = FunctionProfiler::new(ProfileOptions::default());
 //! // Profiling failures are logged, never returned, unless `stop_at_error` is set.
@@ -20,6 +22,7 @@
 
 pub mod function;
 pub mod phase;
+pub mod protocol;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -27,7 +30,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{self, ErrorCode, Op, Reply, Request, RunInfo, RunRequest};
+use crate::protocol::{ErrorCode, Op, Reply, Request, RunInfo, RunRequest};
 
 pub use function::{FunctionProfiler, ProfileError, ProfileOptions};
 pub use phase::{PhaseConfig, PhaseProfiler, PhaseRun, PhaseStats};
@@ -563,10 +566,12 @@ mod tests {
     }
 
     #[test]
-    fn closed_connection_and_garbage_are_protocol_errors() {
+    fn a_closed_connection_is_an_absent_daemon_and_garbage_a_protocol_error() {
+        // The daemon went away between request and reply (stopped, crashed): callers treat it
+        // as they treat a daemon that is not there.
         let daemon = FakeDaemon::start(|_| None);
         let mut c = Client::connect(Some(&daemon.path)).unwrap();
-        assert!(matches!(c.list(), Err(ClientError::Protocol(_))));
+        assert!(matches!(c.list(), Err(ClientError::Unavailable { .. })));
 
         let daemon = FakeDaemon::start(|_| {
             Some(Reply {

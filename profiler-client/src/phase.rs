@@ -2,7 +2,7 @@
 //! one session.
 //!
 //! ```no_run
-//! use bpfprof::client::PhaseProfiler;
+//! use bpfprof_client::PhaseProfiler;
 //!
 //! let phases = PhaseProfiler::enable();
 //! let data = phases.profile_phase("load", || vec![1u64; 1 << 20]);
