@@ -16,7 +16,9 @@ use bpfprof::{
     output::{summary::effective_hz, top, Format, Output},
     protocol::{self, Reply, RunRequest},
     record::{CommandOutcome, Progress, Recorder, StopConditions},
-    sampling::{validate_max_stack_length, EventChoice, KernelLimits, SamplingRequest},
+    sampling::{
+        validate_max_stack_length, EventChoice, IntervalArg, KernelLimits, SamplingRequest,
+    },
     symbolize::Symbolizer,
     target::TargetSpec,
 };
@@ -181,9 +183,17 @@ struct RecordArgs {
     #[arg(long, default_value = "auto")]
     event: String,
 
-    /// Sampling period in event units: cycles (default 10000000), or nanoseconds for cpu-clock.
-    #[arg(long, allow_negative_numbers = true, conflicts_with = "frequency")]
-    sample_interval: Option<i64>,
+    /// Sampling period. A plain number is in the event's unit: cycles for auto and cycles
+    /// (default 10000000; where auto falls back to cpu-clock it keeps the same rate), or
+    /// nanoseconds for cpu-clock. A time (250us, 1ms, 0.01s) is CPU time between samples on any
+    /// event. The period in use is printed when sampling starts.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        conflicts_with = "frequency",
+        value_name = "N|TIME"
+    )]
+    sample_interval: Option<IntervalArg>,
 
     /// Samples per second per CPU, instead of a period.
     #[arg(short = 'F', long, allow_negative_numbers = true)]
@@ -489,7 +499,14 @@ fn main() -> ExitCode {
 async fn record(cli: RecordArgs) -> Result<i32, Error> {
     let request = SamplingRequest {
         event: cli.event.parse::<EventChoice>()?,
-        sample_interval: cli.sample_interval,
+        sample_interval: match cli.sample_interval {
+            Some(IntervalArg::Events(n)) => Some(n),
+            _ => None,
+        },
+        sample_period_ns: match cli.sample_interval {
+            Some(IntervalArg::TimeNs(ns)) => Some(ns),
+            _ => None,
+        },
         frequency: cli.frequency,
         fixed_interval: cli.fixed_interval,
     };

@@ -75,6 +75,9 @@ pub struct SamplingRequest {
     pub event: EventChoice,
     /// Period in the event's unit: cycles, or nanoseconds for cpu-clock.
     pub sample_interval: Option<i64>,
+    /// Period as CPU time, whatever the event: cpu-clock samples every this many nanoseconds
+    /// of CPU time, cycles every as many cycles as the CPU's clock runs in that time.
+    pub sample_period_ns: Option<i64>,
     /// Samples per second.
     pub frequency: Option<i64>,
     /// Keep the period fixed instead of re-randomizing it around its mean.
@@ -188,7 +191,12 @@ fn cpu_hz() -> Option<f64> {
 impl SamplingRequest {
     /// Validates the request and works out the event(s) to try.
     pub fn plan(&self, limits: &KernelLimits) -> Result<SamplingPlan> {
-        if self.sample_interval.is_some() && self.frequency.is_some() {
+        let given = [
+            self.sample_interval.is_some(),
+            self.sample_period_ns.is_some(),
+            self.frequency.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
             return Err(Error::InvalidSampling(
                 "give either --sample-interval or --frequency, not both".into(),
             ));
@@ -225,6 +233,9 @@ impl SamplingRequest {
             .sample_interval
             .map(|i| positive(i, "--sample-interval"))
             .transpose()?;
+        if let Some(ns) = self.sample_period_ns {
+            return self.plan_time_period(positive(ns, "--sample-interval")?, limits);
+        }
 
         // Cycles: the interval is in cycles; cpu-clock: in nanoseconds. With `auto` the
         // interval is in cycles (strobelight's meaning) and cpu-clock gets the same rate.
@@ -288,6 +299,98 @@ impl SamplingRequest {
     }
 }
 
+impl SamplingRequest {
+    /// The plan for a period given as CPU time: the same rate on either event.
+    fn plan_time_period(&self, ns: u64, limits: &KernelLimits) -> Result<SamplingPlan> {
+        let hz = 1e9 / ns as f64;
+        if hz > limits.max_sample_rate as f64 {
+            return Err(Error::InvalidSampling(format!(
+                "a period of {} means {hz:.0} samples/s, above the kernel's limit of {} \
+                 (sysctl kernel.perf_event_max_sample_rate)",
+                fmt_ns(ns),
+                limits.max_sample_rate
+            )));
+        }
+        if hz < MIN_RATE_HZ {
+            return Err(Error::InvalidSampling(format!(
+                "a period of {} means fewer than one sample a minute",
+                fmt_ns(ns)
+            )));
+        }
+        let jitter = !self.fixed_interval;
+        let clock = |fallback| Sampling {
+            event: Event::CpuClock,
+            rate: Rate::Period(ns),
+            nominal_hz: hz,
+            fallback,
+            jitter,
+        };
+        let cycles = Sampling {
+            event: Event::Cycles,
+            rate: Rate::Period(((limits.cpu_hz / hz).round() as u64).max(1)),
+            nominal_hz: hz,
+            fallback: false,
+            jitter,
+        };
+        Ok(match self.event {
+            EventChoice::CpuClock => SamplingPlan {
+                cycles: None,
+                cpu_clock: Some(clock(false)),
+            },
+            EventChoice::Cycles => SamplingPlan {
+                cycles: Some(cycles),
+                cpu_clock: None,
+            },
+            EventChoice::Auto => SamplingPlan {
+                cycles: Some(cycles),
+                cpu_clock: Some(clock(true)),
+            },
+        })
+    }
+}
+
+/// A `--sample-interval` as given: a plain number is in the event's own unit (cycles, or
+/// nanoseconds for cpu-clock); a number with a time unit (`250us`, `1ms`, `0.01s`) is CPU time
+/// between samples on any event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntervalArg {
+    /// In the event's unit.
+    Events(i64),
+    /// CPU time, in nanoseconds.
+    TimeNs(i64),
+}
+
+impl FromStr for IntervalArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        if let Ok(n) = s.parse::<i64>() {
+            return Ok(IntervalArg::Events(n));
+        }
+        let split = s
+            .find(|c: char| c.is_ascii_alphabetic())
+            .ok_or_else(|| format!("{s:?} is neither a number nor a time such as 1ms"))?;
+        let (number, unit) = s.split_at(split);
+        let value: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?}: {number:?} is not a number"))?;
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown unit {other:?} (use ns, us, ms or s)"
+                ))
+            }
+        };
+        Ok(IntervalArg::TimeNs((value * scale).round() as i64))
+    }
+}
+
 /// Checks a requested stack depth against the kernel program's limit and the kernel's
 /// `perf_event_max_stack`.
 pub fn validate_max_stack_length(requested: i64) -> Result<usize> {
@@ -329,9 +432,44 @@ mod tests {
             event,
             sample_interval: interval,
             frequency: freq,
-            fixed_interval: false,
+            ..SamplingRequest::default()
         }
         .plan(&LIMITS)
+    }
+
+    #[test]
+    fn a_time_interval_is_cpu_time_on_every_event() {
+        assert_eq!("1ms".parse(), Ok(IntervalArg::TimeNs(1_000_000)));
+        assert_eq!("250us".parse(), Ok(IntervalArg::TimeNs(250_000)));
+        assert_eq!("0.01s".parse(), Ok(IntervalArg::TimeNs(10_000_000)));
+        assert_eq!("1000000".parse(), Ok(IntervalArg::Events(1_000_000)));
+        assert!("1 fortnight".parse::<IntervalArg>().is_err());
+        let time = |event| {
+            SamplingRequest {
+                event,
+                sample_period_ns: Some(1_000_000),
+                ..SamplingRequest::default()
+            }
+            .plan(&LIMITS)
+            .unwrap()
+        };
+        let auto = time(EventChoice::Auto);
+        // 1 ms of CPU time: 1000 Hz on cpu-clock, and 2.5 million cycles at 2.5 GHz.
+        assert_eq!(auto.cpu_clock.unwrap().rate, Rate::Period(1_000_000));
+        assert_eq!(auto.cycles.unwrap().rate, Rate::Period(2_500_000));
+        assert!((auto.cpu_clock.unwrap().nominal_hz - 1000.0).abs() < 1e-6);
+        assert_eq!(
+            time(EventChoice::CpuClock).cpu_clock.unwrap().rate,
+            Rate::Period(1_000_000)
+        );
+        let too_fast = SamplingRequest {
+            sample_period_ns: Some(1_000),
+            ..SamplingRequest::default()
+        };
+        assert!(matches!(
+            too_fast.plan(&LIMITS),
+            Err(Error::InvalidSampling(_))
+        ));
     }
 
     #[test]

@@ -467,3 +467,53 @@ fn kernel_throttling_is_reported_as_what_it_is() {
         }
     }
 }
+
+#[test]
+fn sample_interval_takes_a_time_and_the_period_is_printed() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let spin = Workload::spawn("spinner", &["30"]);
+    let summary_path = dir.path().join("s.json");
+    let run = run_bpfprof(
+        [
+            "-p",
+            &spin.pid().to_string(),
+            "--sample-interval",
+            "2ms",
+            "-d",
+            "1s",
+            "-o",
+            dir.path().join("x.folded").to_str().unwrap(),
+            "--summary-json",
+            summary_path.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OK);
+    let summary = Summary::read(&summary_path);
+    assert!(
+        (summary.f64("frequency_hz") - 500.0).abs() < 1e-6,
+        "{}",
+        summary.0
+    );
+    if summary.event() == "cpu-clock" {
+        assert_eq!(summary.u64("period"), 2_000_000, "{}", summary.0);
+        run.assert_stderr_mentions(&["every 2.000 ms (500 Hz)"]);
+    }
+    // A plain number under cpu-clock is nanoseconds, and a unit that is not one is refused.
+    let bad = run_bpfprof(
+        [
+            "-p",
+            &spin.pid().to_string(),
+            "--sample-interval",
+            "2 parsecs",
+            "-d",
+            "1s",
+        ],
+        TIMEOUT,
+    );
+    bad.assert_code(exit::USAGE);
+    bad.assert_stderr_mentions(&["unknown unit"]);
+}

@@ -271,6 +271,7 @@ impl Runs {
                 .parse()
                 .map_err(|e: Error| bad(e.to_string()))?,
             sample_interval: req.sample_interval,
+            sample_period_ns: None,
             frequency: req.frequency,
             fixed_interval: false,
         };
