@@ -8,8 +8,9 @@ use crate::{error::Result, kernel::KernelProgram, sample::Sample};
 
 /// Reads every sample of `run`, removing them from the kernel map so the slot can be reused.
 ///
-/// Call after [`KernelProgram::detach`] for a consistent snapshot; while sampling goes on,
-/// samples that arrive during the read are left for the next drain.
+/// Call after the run's targets were removed for a complete count. A count that another CPU
+/// increments between its read and its deletion loses that increment; the kernel's per-run
+/// sample counter still has it, so the profile's `lost_in_transfer` shows it.
 pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     let counts = program.take_samples(run);
     let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
