@@ -19,6 +19,7 @@ pub mod pool;
 pub mod procmaps;
 pub mod record;
 pub mod recording;
+pub mod request;
 pub mod sample;
 pub mod sampling;
 pub mod symbolize;

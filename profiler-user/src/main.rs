@@ -9,16 +9,15 @@ use std::{
 };
 
 use bpfprof::{
-    aggregate::{AggregateOptions, Profile, RunEnd, ShortfallCause, Tag},
+    aggregate::{Profile, RunEnd, ShortfallCause},
     client::{Client, ClientError},
     daemon::DaemonConfig,
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
     protocol::{self, Reply, RunRequest},
     record::{CommandOutcome, Progress, Recorder, StopConditions},
-    sampling::{
-        validate_max_stack_length, EventChoice, IntervalArg, KernelLimits, SamplingRequest,
-    },
+    request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
+    sampling::{EventChoice, IntervalArg, SamplingRequest},
     symbolize::Symbolizer,
     target::TargetSpec,
 };
@@ -229,7 +228,7 @@ struct RecordArgs {
 
     /// Deepest stack kept, in frames (leaf-most frames are kept; cut stacks get a
     /// `[truncated]` root frame). At most kernel.perf_event_max_stack.
-    #[arg(long, default_value_t = 127, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_MAX_STACK_LENGTH, allow_negative_numbers = true)]
     max_stack_length: i64,
 
     /// Keep threads apart: each thread's stacks under its own frame below the process.
@@ -311,9 +310,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
             };
             let mut tags = std::collections::BTreeMap::new();
             for t in &args.tags {
-                let (k, v) = t
-                    .split_once('=')
-                    .ok_or_else(|| Error::InvalidTag(format!("--tag {t:?} must be KEY=VALUE")))?;
+                let (k, v) = split_tag(t)?;
                 tags.insert(k.to_string(), v.to_string());
             }
             let request = RunRequest {
@@ -536,26 +533,26 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     } else {
         cli.follow_children
     };
-    check_duration(&cli)?;
-    let mut tags = Vec::new();
-    for t in &cli.sample_tags {
-        tags.push(Tag::new(Tag::BARE_KEY, t).map_err(Error::InvalidTag)?);
-    }
-    for t in &cli.tags {
-        if !t.contains('=') {
-            return Err(Error::InvalidTag(format!("--tag {t:?} must be KEY=VALUE")));
-        }
-        tags.push(Tag::parse(t).map_err(Error::InvalidTag)?);
-    }
-    let options = AggregateOptions {
-        per_thread: cli.per_thread,
-        max_stack_length: validate_max_stack_length(cli.max_stack_length)?,
-        line_numbers: cli.line_numbers,
-        tags,
-    };
+    let tags = cli
+        .tags
+        .iter()
+        .map(|t| split_tag(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let validated = RecordingRequest::validate(
+        request,
+        follow_children,
+        cli.duration,
+        cli.max_duration,
+        TagsAndStacks {
+            sample_tags: &cli.sample_tags,
+            tags,
+            max_stack_length: Some(cli.max_stack_length),
+            per_thread: cli.per_thread,
+            line_numbers: cli.line_numbers,
+        },
+    )?;
+    let options = validated.options;
     bpfprof::kernel::check_privileges()?;
-    // Validated here so that a bad rate fails before outputs are created.
-    request.plan(&KernelLimits::read())?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     let recorder = if launch {
@@ -644,26 +641,6 @@ fn command_exit(outcome: CommandOutcome, quiet: bool) -> i32 {
             exit_code::OK
         }
         CommandOutcome::Interrupted(_) => exit_code::INTERRUPTED,
-    }
-}
-
-/// A duration of zero, or one beyond --max-duration, is a usage error before anything starts.
-fn check_duration(cli: &RecordArgs) -> Result<(), Error> {
-    let usage = |reason: String| Error::InvalidTarget {
-        spec: String::new(),
-        reason,
-    };
-    if cli.max_duration.is_zero() {
-        return Err(usage("--max-duration must be longer than 0".into()));
-    }
-    match cli.duration {
-        Some(d) if d.is_zero() => Err(usage("--duration must be longer than 0".into())),
-        Some(d) if d > cli.max_duration => Err(usage(format!(
-            "--duration {} is longer than --max-duration {}; raise --max-duration",
-            humantime::format_duration(d),
-            humantime::format_duration(cli.max_duration)
-        ))),
-        _ => Ok(()),
     }
 }
 

@@ -11,16 +11,14 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 use crate::{
-    aggregate::{AggregateOptions, RunEnd, Tag},
+    aggregate::RunEnd,
     daemon::store::{now_ms, Store},
     error::Error,
     output::{summary, top::function_shares, Format, Output},
     pool::ProgramPool,
-    protocol::{
-        ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, MAX_TAGS, READ_CHUNK_BYTES,
-    },
+    protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
     recording::Recording,
-    sampling::{validate_max_stack_length, KernelLimits, SamplingRequest},
+    request::RecordingRequest,
     symbolize::Symbolizer,
     target::{Target, TargetSpec},
 };
@@ -194,7 +192,10 @@ impl Runs {
                 ));
             }
         }
-        let mut recording = Recording::new(validated.request, req.follow_children);
+        let mut recording = Recording::new(
+            validated.recording.sampling,
+            validated.recording.follow_children,
+        );
         if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
             // Release whatever the failed attach took.
             let _ = recording.collect(&mut inner.pool);
@@ -251,45 +252,13 @@ impl Runs {
 
     fn validate(&self, uid: u32, req: &RunRequest) -> Result<Validated, Refusal> {
         let bad = |m: String| (ErrorCode::BadRequest, m);
-        if req.sample_tags.len() + req.tags.len() > MAX_TAGS {
-            return Err(bad(format!("at most {MAX_TAGS} tags per run")));
-        }
-        let mut tags = Vec::new();
-        for t in &req.sample_tags {
-            tags.push(Tag::new(Tag::BARE_KEY, t).map_err(bad)?);
-        }
-        for (k, v) in &req.tags {
-            tags.push(Tag::new(k, v).map_err(bad)?);
-        }
-        let max_stack_length = validate_max_stack_length(req.max_stack_length.unwrap_or(127))
-            .map_err(|e| bad(e.to_string()))?;
-        let request = SamplingRequest {
-            event: req
-                .event
-                .as_deref()
-                .unwrap_or("auto")
-                .parse()
-                .map_err(|e: Error| bad(e.to_string()))?,
-            sample_interval: req.sample_interval,
-            sample_period_ns: None,
-            frequency: req.frequency,
-            fixed_interval: false,
-        };
-        let plan = request
-            .plan(&KernelLimits::read())
-            .map_err(|e| bad(e.to_string()))?;
-        let hz = plan.cycles.or(plan.cpu_clock).map_or(0.0, |s| s.nominal_hz);
+        let recording =
+            RecordingRequest::from_run_request(req, self.limits.max_duration).map_err(refusal)?;
+        let hz = recording.nominal_hz();
         if uid != 0 && hz > MAX_USER_HZ {
             return Err(bad(format!(
                 "{hz:.0} samples/s is above the {MAX_USER_HZ:.0} a non-root user may ask for \
                  (every CPU of the machine pays for the rate); ask for less"
-            )));
-        }
-        let max_ms = self.limits.max_duration.as_millis() as u64;
-        let duration_ms = req.duration_ms.unwrap_or(max_ms);
-        if duration_ms == 0 || duration_ms > max_ms {
-            return Err(bad(format!(
-                "duration_ms must be between 1 and {max_ms}, got {duration_ms}"
             )));
         }
         let formats = match &req.formats {
@@ -305,17 +274,7 @@ impl Runs {
                 formats
             }
         };
-        Ok(Validated {
-            request,
-            duration: Duration::from_millis(duration_ms),
-            options: AggregateOptions {
-                per_thread: false,
-                max_stack_length,
-                line_numbers: false,
-                tags,
-            },
-            formats,
-        })
+        Ok(Validated { recording, formats })
     }
 
     async fn monitor(
@@ -325,7 +284,11 @@ impl Runs {
         stop: Arc<Notify>,
         validated: Validated,
     ) {
-        let deadline = tokio::time::Instant::from_std(recording.started() + validated.duration);
+        let duration = validated
+            .recording
+            .duration
+            .unwrap_or(self.limits.max_duration);
+        let deadline = tokio::time::Instant::from_std(recording.started() + duration);
         let mut tick = tokio::time::interval(TICK);
         let end = loop {
             tokio::select! {
@@ -366,7 +329,7 @@ impl Runs {
         let result = self
             .symbolizer
             .run(move |symbolizer| -> Result<Processed, Error> {
-                let profile = collected?.assemble(end, symbolizer, &validated.options);
+                let profile = collected?.assemble(end, symbolizer, &validated.recording.options);
                 let owner = runs.owner(id);
                 let mut files = BTreeMap::new();
                 let mut formats = validated.formats.clone();
@@ -645,9 +608,7 @@ impl SymbolizerThread {
 }
 
 struct Validated {
-    request: SamplingRequest,
-    duration: Duration,
-    options: AggregateOptions,
+    recording: RecordingRequest,
     formats: Vec<Format>,
 }
 

@@ -1,0 +1,205 @@
+//! One validated recording request, built in one place whether it comes from the command
+//! line's flags or from a protocol `RunRequest`: tags parsed by one parser, the stack depth and
+//! the duration checked against one set of limits, the event and rate validated before anything
+//! is loaded.
+
+use std::time::Duration;
+
+use crate::{
+    aggregate::{AggregateOptions, Tag},
+    error::{Error, Result},
+    protocol::{RunRequest, MAX_TAGS},
+    sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
+};
+
+/// Deepest stack kept when a request names none: all the kernel program records.
+pub const DEFAULT_MAX_STACK_LENGTH: i64 = profiler_common::MAX_STACK_DEPTH as i64;
+
+/// Tags and stack settings of a request, before validation.
+#[derive(Clone, Debug, Default)]
+pub struct TagsAndStacks<'a> {
+    /// Bare tags (`--sample-tags a,b`).
+    pub sample_tags: &'a [String],
+    /// `key=value` tags.
+    pub tags: Vec<(&'a str, &'a str)>,
+    /// Deepest stack kept; `None` for the default.
+    pub max_stack_length: Option<i64>,
+    /// Keep threads apart.
+    pub per_thread: bool,
+    /// Show source lines.
+    pub line_numbers: bool,
+}
+
+/// A recording request that passed every check: what the pipeline is handed.
+#[derive(Clone, Debug)]
+pub struct RecordingRequest {
+    /// The event and rate asked for (validated: [`Self::plan`] is what it will try).
+    pub sampling: SamplingRequest,
+    /// The events to try, from `sampling`.
+    pub plan: SamplingPlan,
+    /// Follow the children targets fork.
+    pub follow_children: bool,
+    /// How long to record; `None` until the targets exit or the run is stopped.
+    pub duration: Option<Duration>,
+    /// How samples become a profile.
+    pub options: AggregateOptions,
+}
+
+impl RecordingRequest {
+    /// Validates a request; `max_duration` bounds `duration`.
+    pub fn validate(
+        sampling: SamplingRequest,
+        follow_children: bool,
+        duration: Option<Duration>,
+        max_duration: Duration,
+        stacks: TagsAndStacks<'_>,
+    ) -> Result<RecordingRequest> {
+        let tags = parse_tags(stacks.sample_tags, &stacks.tags)?;
+        let max_stack_length =
+            validate_max_stack_length(stacks.max_stack_length.unwrap_or(DEFAULT_MAX_STACK_LENGTH))?;
+        check_duration(duration, max_duration)?;
+        let plan = sampling.plan(&KernelLimits::read())?;
+        Ok(RecordingRequest {
+            sampling,
+            plan,
+            follow_children,
+            duration,
+            options: AggregateOptions {
+                per_thread: stacks.per_thread,
+                max_stack_length,
+                line_numbers: stacks.line_numbers,
+                tags,
+            },
+        })
+    }
+
+    /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
+    pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
+        let sampling = SamplingRequest {
+            event: req.event.as_deref().unwrap_or("auto").parse()?,
+            sample_interval: req.sample_interval,
+            sample_period_ns: None,
+            frequency: req.frequency,
+            fixed_interval: false,
+        };
+        let duration =
+            Duration::from_millis(req.duration_ms.unwrap_or(max_duration.as_millis() as u64));
+        RecordingRequest::validate(
+            sampling,
+            req.follow_children,
+            Some(duration),
+            max_duration,
+            TagsAndStacks {
+                sample_tags: &req.sample_tags,
+                tags: req
+                    .tags
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect(),
+                max_stack_length: req.max_stack_length,
+                per_thread: false,
+                line_numbers: false,
+            },
+        )
+    }
+
+    /// The samples per second the request means.
+    pub fn nominal_hz(&self) -> f64 {
+        self.plan
+            .cycles
+            .or(self.plan.cpu_clock)
+            .map_or(0.0, |s| s.nominal_hz)
+    }
+}
+
+/// The one tag parser: bare tags and `key=value` pairs, at most [`MAX_TAGS`] in all.
+pub fn parse_tags(bare: &[String], pairs: &[(&str, &str)]) -> Result<Vec<Tag>> {
+    if bare.len() + pairs.len() > MAX_TAGS {
+        return Err(Error::InvalidTag(format!(
+            "at most {MAX_TAGS} tags per run"
+        )));
+    }
+    let mut tags = Vec::with_capacity(bare.len() + pairs.len());
+    for t in bare {
+        tags.push(Tag::new(Tag::BARE_KEY, t).map_err(Error::InvalidTag)?);
+    }
+    for (k, v) in pairs {
+        tags.push(Tag::new(k, v).map_err(Error::InvalidTag)?);
+    }
+    Ok(tags)
+}
+
+/// Splits a `--tag KEY=VALUE` argument.
+pub fn split_tag(arg: &str) -> Result<(&str, &str)> {
+    arg.split_once('=')
+        .ok_or_else(|| Error::InvalidTag(format!("--tag {arg:?} must be KEY=VALUE")))
+}
+
+/// A duration of zero, or one beyond `max`, is refused before anything starts.
+fn check_duration(duration: Option<Duration>, max: Duration) -> Result<()> {
+    let usage = |reason: String| Error::InvalidTarget {
+        spec: String::new(),
+        reason,
+    };
+    if max.is_zero() {
+        return Err(usage(
+            "the longest run (--max-duration) must be longer than 0".into(),
+        ));
+    }
+    match duration {
+        Some(d) if d.is_zero() => Err(usage("--duration must be longer than 0".into())),
+        Some(d) if d > max => Err(usage(format!(
+            "--duration {} is longer than --max-duration {}; raise --max-duration",
+            humantime::format_duration(d),
+            humantime::format_duration(max)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_parser_for_every_tag_and_one_limit() {
+        let bare = vec!["fwd".to_string()];
+        let tags = parse_tags(&bare, &[("phase", "step7")]).unwrap();
+        assert_eq!(tags.len(), 2);
+        assert!(parse_tags(&[], &[("bad key", "x")]).is_err());
+        let many: Vec<String> = (0..=MAX_TAGS).map(|i| format!("t{i}")).collect();
+        assert!(matches!(parse_tags(&many, &[]), Err(Error::InvalidTag(_))));
+        assert_eq!(split_tag("a=b").unwrap(), ("a", "b"));
+        assert!(split_tag("ab").is_err());
+    }
+
+    #[test]
+    fn protocol_and_cli_requests_get_the_same_checks() {
+        let req = RunRequest {
+            pid: 1,
+            duration_ms: Some(0),
+            ..RunRequest::default()
+        };
+        let err = RecordingRequest::from_run_request(&req, Duration::from_secs(60)).unwrap_err();
+        assert!(err.to_string().contains("--duration"), "{err}");
+        let req = RunRequest {
+            pid: 1,
+            duration_ms: Some(120_000),
+            ..RunRequest::default()
+        };
+        assert!(RecordingRequest::from_run_request(&req, Duration::from_secs(60)).is_err());
+        let ok = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                ..RunRequest::default()
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(ok.duration, Some(Duration::from_secs(60)));
+        assert_eq!(
+            ok.options.max_stack_length,
+            profiler_common::MAX_STACK_DEPTH
+        );
+    }
+}
