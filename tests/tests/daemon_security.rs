@@ -763,3 +763,118 @@ fn the_cli_ends_quietly_on_a_closed_pipe_and_says_when_the_daemon_dies() {
     let result = waiting.wait_timeout(DAEMON_TIMEOUT);
     result.assert_code(10);
 }
+
+#[test]
+fn one_user_cannot_fill_the_kernel_programs_namespace_slots() {
+    if !require_root() {
+        return;
+    }
+    let alice = test_user("bpfprof-t1");
+    let daemon = Daemon::start(&[]);
+    let (bin_dir, bin) = world_executable_bpfprof();
+    let spinner = bin_dir.path().join("spinner");
+    copy_executable(&workload_path("spinner"), &spinner, &["0.001"]);
+    // Three of alice's processes, each in a pid namespace of its own.
+    let in_new_namespace = || {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--kill-child", "setpriv"])
+            .arg(format!("--reuid={}", alice.uid))
+            .arg(format!("--regid={}", alice.gid))
+            .args(["--clear-groups", "--"])
+            .arg(&spinner)
+            .arg("60");
+        let w = Workload::spawn_command(cmd);
+        let unshare = w.pid();
+        let pid = poll_until(Duration::from_secs(5), || {
+            all_pids().into_iter().find(|p| {
+                proc_status(*p).is_some_and(|s| s.name == "spinner" && s.nspid.len() == 2)
+                    && is_descendant_of(*p, unshare)
+            })
+        })
+        .expect("the spinner in its namespace");
+        (w, pid)
+    };
+    let (_a, first) = in_new_namespace();
+    let (_b, second) = in_new_namespace();
+    let (_c, third) = in_new_namespace();
+    run_as(&alice, &bin, &daemon, first, &[]).assert_code(0);
+    run_as(&alice, &bin, &daemon, second, &[]).assert_code(0);
+    let refused = run_as(&alice, &bin, &daemon, third, &[]);
+    refused.assert_code(11);
+    refused.assert_stderr_mentions(&["pid namespaces"]);
+    // Root is not bound by it.
+    let pid = third.to_string();
+    daemon
+        .cli(&["run", "--async", "--pid", &pid, "-F", "99"])
+        .assert_code(0);
+}
+
+#[test]
+fn a_full_disk_fails_the_run_cleanly() {
+    if !require_root() {
+        return;
+    }
+    // A state folder on a tiny tmpfs: the run folder fits, the result files do not.
+    let dir = tempdir();
+    let state = dir.path().join("small");
+    std::fs::create_dir(&state).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48k", "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(state.clone());
+    let socket = dir.path().join("bpfprof.sock");
+    let daemon_process = spawn_bpfprof([
+        "daemon".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+    ]);
+    poll_until(Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).ok()
+    })
+    .unwrap_or_else(|| panic!("daemon did not listen:\n{}", daemon_process.stderr_so_far()));
+    let many = Workload::spawn("manystacks", &["30"]);
+    let mut client = bpfprof::client::Client::connect(Some(&socket)).unwrap();
+    let id = client
+        .run(bpfprof::protocol::RunRequest {
+            pid: many.pid(),
+            frequency: Some(999),
+            duration_ms: Some(1500),
+            ..Default::default()
+        })
+        .unwrap()
+        .run_id
+        .unwrap();
+    let done = client.results(id, DAEMON_TIMEOUT).unwrap();
+    assert_eq!(
+        done.state,
+        Some(bpfprof::protocol::RunState::Failed),
+        "{done:?}\n{}",
+        daemon_process.stderr_so_far()
+    );
+    let reason = done.reason.unwrap_or_default();
+    assert!(reason.contains("No space left"), "reason: {reason}");
+    // No empty or partial result files are left, and the run is not left RUNNING on disk.
+    let run_dir = state.join("runs").join(id.to_string());
+    let left: Vec<String> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("profile."))
+        .collect();
+    assert!(left.is_empty(), "partial results left: {left:?}");
+    let saved = std::fs::read_to_string(run_dir.join("run.json")).unwrap_or_default();
+    assert!(!saved.contains("\"RUNNING\""), "run.json: {saved}");
+    daemon_process.signal(libc::SIGTERM);
+    let _ = daemon_process.wait_timeout(DAEMON_TIMEOUT);
+}
