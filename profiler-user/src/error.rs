@@ -90,6 +90,8 @@ pub mod exit_code {
     pub const DAEMON_UNAVAILABLE: i32 = 10;
     /// The daemon's concurrent run limit is reached.
     pub const TOO_MANY_RUNS: i32 = 11;
+    /// `bpfprof doctor` found a check that fails.
+    pub const DOCTOR_FAILED: i32 = 12;
     /// Interrupted by SIGINT or SIGTERM; the profile was written.
     pub const INTERRUPTED: i32 = 130;
 }

@@ -10,6 +10,7 @@
 
 pub mod aggregate;
 pub mod daemon;
+pub mod doctor;
 pub mod drain;
 pub mod error;
 pub mod kernel;

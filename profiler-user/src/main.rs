@@ -54,6 +54,19 @@ enum Command {
     Results(ResultsArgs),
     /// List your runs (root sees all).
     List(ClientArgs),
+    /// Check this machine: kernel settings, capabilities, PMU, program load and attach,
+    /// helpers, daemon; says what to do about each problem (exit 12 when a check fails).
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+struct DoctorArgs {
+    /// Daemon socket to check [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Print the checks as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -269,7 +282,7 @@ struct RecordArgs {
 const EXIT_CODES: &str = "Exit codes: 0 done; 2 usage; 3 no such process; 4 permission denied; \
 5 invalid sampling settings; 6 output not writable; 7 target exited before the run ended \
 (profile written); 8 event not supported here; 9 no such run; 10 daemon unavailable; \
-11 too many runs; 130 interrupted (profile written); 1 other errors. \
+11 too many runs; 12 a doctor check failed; 130 interrupted (profile written); 1 other errors. \
 With a command after --, bpfprof exits with the command's own status (128+N when signal N \
 ended it), as `time` does; when --duration ends first, the command is stopped with SIGTERM \
 (SIGKILL 5 s later) and bpfprof exits 0.";
@@ -290,6 +303,24 @@ async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
     Ok(exit_code::OK)
 }
 
+/// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.
+fn doctor(args: DoctorArgs) -> Result<i32, Error> {
+    let report = bpfprof::doctor::run(args.socket.as_deref());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?
+        );
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.failed() {
+        exit_code::DOCTOR_FAILED
+    } else {
+        exit_code::OK
+    })
+}
+
 /// Runs a client command against the daemon; failures map to exit codes by error code.
 fn client_command(command: Command) -> Result<i32, Error> {
     let client_args = match &command {
@@ -297,7 +328,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
         Command::Status(a) | Command::Stop(a) => &a.client,
         Command::Results(a) => &a.client,
         Command::List(a) => a,
-        Command::Daemon(_) => unreachable!("handled by main"),
+        Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
     };
     let socket = protocol::socket_path(client_args.socket.as_deref());
     let mut client = Client::connect(Some(&socket)).map_err(client_error)?;
@@ -366,7 +397,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
             runs: Some(client.list().map_err(client_error)?),
             ..Reply::ok()
         },
-        Command::Daemon(_) => unreachable!("handled by main"),
+        Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
     };
     if client_args.json {
         println!(
@@ -481,6 +512,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => runtime.block_on(record(cli.record)),
         Some(Command::Daemon(args)) => runtime.block_on(daemon(args)),
+        Some(Command::Doctor(args)) => doctor(args),
         Some(command) => client_command(command),
     };
     let code = match result {

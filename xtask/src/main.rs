@@ -13,6 +13,7 @@
 //! fixed directory, wherever the checkout lives.
 
 mod bench;
+mod vm;
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -57,6 +58,8 @@ const APT_PACKAGES: &[&str] = &[
     "gcc",
     "util-linux",
     "bpftool",
+    "qemu-system-x86",
+    "cpio",
 ];
 
 /// npm packages the tests use as independent readers of bpfprof's output formats.
@@ -120,6 +123,13 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Boot the tested kernels (Debian's 6.1 and 6.12, the host's 6.18 when /boot has it)
+    /// under QEMU and run bpfprof's smoke suite inside each.
+    VmTest {
+        /// Which kernel, or all of them.
+        #[arg(long, default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(vm::KERNEL_CHOICES))]
+        kernel: String,
+    },
     /// Run every CI check in order, stopping at the first failure.
     Ci {
         /// Only print the steps.
@@ -142,6 +152,7 @@ fn main() {
         // subcommand is argv[1].
         Cmd::Test { args: _ } => test(&std::env::args_os().skip(2).collect::<Vec<_>>()),
         Cmd::Ci { list, only } => ci(list, &only),
+        Cmd::VmTest { kernel } => vm::vm_test(&kernel),
         Cmd::Bench { quick } => bench::run(bench::BenchArgs { quick }),
     };
     if let Err(err) = result {
@@ -280,6 +291,7 @@ fn setup() -> Result<()> {
     setup_bpf_linker()?;
     setup_validators()?;
     setup_python()?;
+    vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
 }

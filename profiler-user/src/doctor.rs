@@ -1,0 +1,531 @@
+//! `bpfprof doctor`: checks what a recording needs on this machine (kernel settings,
+//! capabilities, the PMU, the kernel program's load and attach, the helpers it calls, the
+//! daemon) and says what to do about each problem.
+//!
+//! Features are probed, never inferred from the kernel version: the kernel program is loaded
+//! and attached exactly as a recording does, and helpers are probed by loading a program that
+//! calls them.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aya::{
+    programs::ProgramType,
+    sys::{is_helper_supported, BpfHelper},
+};
+use perf_event_open_sys as sys;
+use serde::Serialize;
+
+use crate::{
+    client::{Client, ClientError},
+    error::Error,
+    kernel::KernelProgram,
+    protocol,
+    sampling::{EventChoice, KernelLimits, SamplingRequest},
+};
+
+/// Capability numbers from `linux/capability.h` that bpfprof cares about.
+const CAPABILITIES: [(&str, u32); 4] = [
+    ("CAP_SYS_ADMIN", 21),
+    ("CAP_SYS_PTRACE", 19),
+    ("CAP_PERFMON", 38),
+    ("CAP_BPF", 39),
+];
+/// The deepest stack bpfprof asks for by default (`--max-stack-length`).
+const DEFAULT_STACK_DEPTH: u64 = 127;
+/// Below this `perf_event_max_sample_rate`, the default sampling rate cannot be honoured.
+const LOW_SAMPLE_RATE: u64 = 1000;
+/// How long the daemon check waits for the socket to accept.
+const DAEMON_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The outcome of one check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    /// Fine as it is.
+    Ok,
+    /// Works, but something is missing or degraded.
+    Warn,
+    /// bpfprof cannot record here until this is fixed.
+    Fail,
+}
+
+/// One check: what was looked at, what was found and what to do about it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// Stable identifier, for tools (`capabilities`, `program_load`, ...).
+    pub name: &'static str,
+    /// The outcome.
+    pub status: Status,
+    /// What was found.
+    pub found: String,
+    /// What to do about it; empty when nothing needs doing.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub advice: String,
+}
+
+/// Every check of one `bpfprof doctor` run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The checks, in the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Whether any check failed.
+    pub fn failed(&self) -> bool {
+        self.checks.iter().any(|c| c.status == Status::Fail)
+    }
+
+    /// The report as aligned text, one check a line, advice indented below it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for check in &self.checks {
+            let status = match check.status {
+                Status::Ok => "OK",
+                Status::Warn => "WARN",
+                Status::Fail => "FAIL",
+            };
+            let _ = writeln!(out, "{status:<4}  {:<31} {}", check.name, check.found);
+            if !check.advice.is_empty() {
+                let _ = writeln!(out, "      -> {}", check.advice);
+            }
+        }
+        out
+    }
+}
+
+fn check(name: &'static str, status: Status, found: impl Into<String>, advice: &str) -> Check {
+    Check {
+        name,
+        status,
+        found: found.into(),
+        advice: advice.to_string(),
+    }
+}
+
+/// Runs every check; `socket` is the daemon socket to try (else `BPFPROF_SOCKET` or the default).
+pub fn run(socket: Option<&Path>) -> Report {
+    let mut checks = vec![
+        kernel_version(),
+        btf(),
+        capabilities(),
+        perf_event_paranoid(),
+        sysctl_at_least(
+            "perf_event_max_sample_rate",
+            LOW_SAMPLE_RATE,
+            "the kernel lowers this when sampling interrupts take too long; high --frequency \
+             values are refused above it (sysctl -w kernel.perf_event_max_sample_rate=100000)",
+        ),
+        perf_cpu_time_max_percent(),
+        sysctl_at_least(
+            "perf_event_max_stack",
+            DEFAULT_STACK_DEPTH,
+            "stacks deeper than this are cut; raise it for deep programs \
+             (sysctl -w kernel.perf_event_max_stack=127)",
+        ),
+        lockdown(),
+        unprivileged_bpf(),
+        hardware_pmu(),
+    ];
+    checks.extend(program_load_and_attach());
+    checks.extend(helpers());
+    checks.push(daemon(socket));
+    Report { checks }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn kernel_version() -> Check {
+    match read_trimmed("/proc/sys/kernel/osrelease") {
+        Some(release) => check("kernel", Status::Ok, release, ""),
+        None => check(
+            "kernel",
+            Status::Warn,
+            "/proc/sys/kernel/osrelease unreadable",
+            "mount /proc",
+        ),
+    }
+}
+
+fn btf() -> Check {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        check("btf", Status::Ok, "/sys/kernel/btf/vmlinux present", "")
+    } else {
+        check(
+            "btf",
+            Status::Warn,
+            "no /sys/kernel/btf/vmlinux",
+            "the sampling program needs no BTF, but the coming unwinders will: use a kernel \
+             built with CONFIG_DEBUG_INFO_BTF=y (every Debian kernel since 11 is)",
+        )
+    }
+}
+
+/// The effective capability set of this process.
+fn effective_capabilities() -> Option<u64> {
+    procfs::process::Process::myself()
+        .and_then(|p| p.status())
+        .ok()
+        .map(|s| s.capeff)
+}
+
+fn has_capability(effective: u64, name: &str) -> bool {
+    CAPABILITIES
+        .iter()
+        .any(|(n, bit)| *n == name && effective & (1u64 << bit) != 0)
+}
+
+fn capabilities() -> Check {
+    let Some(effective) = effective_capabilities() else {
+        return check(
+            "capabilities",
+            Status::Fail,
+            "/proc/self/status unreadable",
+            "mount /proc",
+        );
+    };
+    let held: Vec<&str> = CAPABILITIES
+        .iter()
+        .filter(|(name, _)| has_capability(effective, name))
+        .map(|(name, _)| *name)
+        .collect();
+    let missing: Vec<&str> = CAPABILITIES
+        .iter()
+        .filter(|(name, _)| !has_capability(effective, name))
+        .map(|(name, _)| *name)
+        .collect();
+    let found = format!(
+        "held: {}; missing: {}",
+        if held.is_empty() {
+            "none".into()
+        } else {
+            held.join(" ")
+        },
+        if missing.is_empty() {
+            "none".into()
+        } else {
+            missing.join(" ")
+        },
+    );
+    let has = |name| has_capability(effective, name);
+    if !(has("CAP_SYS_ADMIN") || (has("CAP_BPF") && has("CAP_PERFMON"))) {
+        return check(
+            "capabilities",
+            Status::Fail,
+            found,
+            "loading the kernel program needs root, or CAP_BPF and CAP_PERFMON: run \
+             `sudo bpfprof ...`, or `sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep bpfprof`; \
+             unprivileged users can profile their own processes through the daemon \
+             (`bpfprof run --pid ...`)",
+        );
+    }
+    if !(has("CAP_SYS_ADMIN") || has("CAP_SYS_PTRACE")) {
+        return check(
+            "capabilities",
+            Status::Warn,
+            found,
+            "without CAP_SYS_PTRACE, other users' processes cannot be symbolized \
+             (their /proc/PID/map_files is closed)",
+        );
+    }
+    check("capabilities", Status::Ok, found, "")
+}
+
+fn privileged() -> bool {
+    effective_capabilities()
+        .is_some_and(|e| has_capability(e, "CAP_SYS_ADMIN") || has_capability(e, "CAP_PERFMON"))
+}
+
+fn perf_event_paranoid() -> Check {
+    const NAME: &str = "perf_event_paranoid";
+    let Some(value) = read_trimmed("/proc/sys/kernel/perf_event_paranoid") else {
+        return check(
+            NAME,
+            Status::Fail,
+            "no /proc/sys/kernel/perf_event_paranoid",
+            "this kernel has no perf events (CONFIG_PERF_EVENTS): bpfprof cannot sample here",
+        );
+    };
+    let level: i64 = value.parse().unwrap_or(i64::MAX);
+    if level > 1 && !privileged() {
+        return check(
+            NAME,
+            Status::Warn,
+            value,
+            "per-CPU sampling is closed to processes without CAP_PERFMON at this level: run \
+             as root or with CAP_PERFMON (lowering it to -1 also works but opens perf to all users)",
+        );
+    }
+    check(NAME, Status::Ok, value, "")
+}
+
+fn sysctl_at_least(name: &'static str, minimum: u64, advice: &str) -> Check {
+    let path = format!("/proc/sys/kernel/{name}");
+    match read_trimmed(&path).and_then(|v| v.parse::<u64>().ok()) {
+        Some(v) if v >= minimum => check(name, Status::Ok, v.to_string(), ""),
+        Some(v) => check(name, Status::Warn, format!("{v} (below {minimum})"), advice),
+        None => check(
+            name,
+            Status::Warn,
+            format!("{path} unreadable"),
+            "this kernel may lack perf events",
+        ),
+    }
+}
+
+fn perf_cpu_time_max_percent() -> Check {
+    const NAME: &str = "perf_cpu_time_max_percent";
+    match read_trimmed("/proc/sys/kernel/perf_cpu_time_max_percent") {
+        // 0 turns the limit off; otherwise the kernel lowers perf_event_max_sample_rate when
+        // sample handling takes more than this share of CPU time.
+        Some(v) if v == "0" => check(NAME, Status::Ok, "0 (no limit)", ""),
+        Some(v) if v.parse::<u64>().is_ok_and(|p| p < 10) => check(
+            NAME,
+            Status::Warn,
+            v,
+            "the kernel throttles sampling when interrupts use more than this share of CPU; \
+             the default is 25 (sysctl -w kernel.perf_cpu_time_max_percent=25)",
+        ),
+        Some(v) => check(NAME, Status::Ok, v, ""),
+        None => check(
+            NAME,
+            Status::Warn,
+            "unreadable",
+            "this kernel may lack perf events",
+        ),
+    }
+}
+
+fn lockdown() -> Check {
+    const NAME: &str = "lockdown";
+    let Some(modes) = read_trimmed("/sys/kernel/security/lockdown") else {
+        return check(
+            NAME,
+            Status::Ok,
+            "no lockdown LSM (or securityfs not mounted)",
+            "",
+        );
+    };
+    // The active mode is the one in brackets: "none [integrity] confidentiality".
+    let active = modes
+        .split_whitespace()
+        .find(|m| m.starts_with('['))
+        .map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string())
+        .unwrap_or(modes);
+    match active.as_str() {
+        "confidentiality" => check(
+            NAME,
+            Status::Warn,
+            active,
+            "confidentiality lockdown forbids BPF programs from reading kernel memory; if the \
+             program_load check fails, boot without lockdown=confidentiality (or turn off \
+             Secure Boot's lockdown)",
+        ),
+        _ => check(NAME, Status::Ok, active, ""),
+    }
+}
+
+fn unprivileged_bpf() -> Check {
+    const NAME: &str = "unprivileged_bpf_disabled";
+    match read_trimmed("/proc/sys/kernel/unprivileged_bpf_disabled") {
+        Some(v) => {
+            let meaning = match v.as_str() {
+                "0" => "unprivileged BPF allowed",
+                "1" => "unprivileged BPF off until reboot",
+                "2" => "unprivileged BPF off",
+                _ => "unknown setting",
+            };
+            // bpfprof needs CAP_BPF either way; unprivileged users go through the daemon.
+            check(NAME, Status::Ok, format!("{v} ({meaning})"), "")
+        }
+        None => check(
+            NAME,
+            Status::Warn,
+            "unreadable",
+            "this kernel may lack the bpf() syscall (CONFIG_BPF_SYSCALL)",
+        ),
+    }
+}
+
+fn hardware_pmu() -> Check {
+    const NAME: &str = "hardware_pmu";
+    let mut attr = sys::bindings::perf_event_attr {
+        size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+        type_: sys::bindings::PERF_TYPE_HARDWARE,
+        config: sys::bindings::PERF_COUNT_HW_CPU_CYCLES as u64,
+        ..Default::default()
+    };
+    attr.set_disabled(1);
+    attr.set_exclude_kernel(1);
+    attr.set_exclude_hv(1);
+    // SAFETY: a fully initialized attr; counting this process on any CPU needs no privilege at
+    // perf_event_paranoid <= 2.
+    let fd = unsafe {
+        sys::perf_event_open(
+            &mut attr,
+            0,
+            -1,
+            -1,
+            sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: we own the fd just opened.
+        unsafe { libc::close(fd) };
+        return check(NAME, Status::Ok, "cycles event opens", "");
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => check(
+            NAME,
+            Status::Warn,
+            format!("no cycles event ({e})"),
+            "no hardware PMU (common in VMs): bpfprof samples with the cpu-clock timer \
+             (--event auto does this; --event cycles is refused)",
+        ),
+        _ => check(
+            NAME,
+            Status::Warn,
+            format!("cannot tell: {e}"),
+            "run doctor as root to probe the PMU",
+        ),
+    }
+}
+
+/// Loads the kernel program as a recording does, then attaches it to cpu-clock on every CPU.
+fn program_load_and_attach() -> Vec<Check> {
+    let mut program = match KernelProgram::load() {
+        Ok(p) => p,
+        Err(e) => {
+            let advice = match &e {
+                Error::PermissionDenied(_) => "run as root or with CAP_BPF and CAP_PERFMON",
+                _ => {
+                    "the verifier or the kernel rejected the program: report it with this \
+                      output and the kernel version"
+                }
+            };
+            return vec![
+                check("program_load", Status::Fail, e.to_string(), advice),
+                check(
+                    "program_attach",
+                    Status::Fail,
+                    "not tried: the program did not load",
+                    "fix program_load first",
+                ),
+            ];
+        }
+    };
+    let load = check(
+        "program_load",
+        Status::Ok,
+        format!("loaded and verified (program id {})", program.program_id()),
+        "",
+    );
+    let request = SamplingRequest {
+        event: EventChoice::CpuClock,
+        frequency: Some(99),
+        ..SamplingRequest::default()
+    };
+    let attach = match request
+        .plan(&KernelLimits::read())
+        .and_then(|plan| program.attach(&plan))
+    {
+        Ok(sampling) => {
+            let cpus = aya::util::online_cpus().map(|c| c.len()).unwrap_or(0);
+            program.detach();
+            check(
+                "program_attach",
+                Status::Ok,
+                format!("attached to {} on {cpus} CPUs", sampling.describe()),
+                "",
+            )
+        }
+        Err(e) => check(
+            "program_attach",
+            Status::Fail,
+            e.to_string(),
+            "perf events could not carry the program: check perf_event_paranoid and \
+             capabilities above",
+        ),
+    };
+    vec![load, attach]
+}
+
+/// Helpers the kernel program calls (required) or the coming unwinders will (optional).
+const HELPERS: [(&str, BpfHelper, bool); 3] = [
+    (
+        "helper_get_ns_current_pid_tgid",
+        BpfHelper::BPF_FUNC_get_ns_current_pid_tgid,
+        true,
+    ),
+    ("helper_get_stack", BpfHelper::BPF_FUNC_get_stack, true),
+    ("helper_loop", BpfHelper::BPF_FUNC_loop, false),
+];
+
+fn helpers() -> Vec<Check> {
+    HELPERS
+        .iter()
+        .map(|(name, helper, required)| {
+            match is_helper_supported(ProgramType::PerfEvent, *helper) {
+                Ok(true) => check(name, Status::Ok, "available to perf_event programs", ""),
+                Ok(false) if *required => check(
+                    name,
+                    Status::Fail,
+                    "missing",
+                    "the sampling program calls it: use kernel 5.8 or newer",
+                ),
+                Ok(false) => check(
+                    name,
+                    Status::Warn,
+                    "missing",
+                    "needed by the coming unwinders (kernel 5.17 or newer); sampling works",
+                ),
+                Err(e) => check(
+                    name,
+                    Status::Warn,
+                    format!("cannot probe: {e}"),
+                    "probing loads a BPF program: run doctor as root",
+                ),
+            }
+        })
+        .collect()
+}
+
+fn daemon(socket: Option<&Path>) -> Check {
+    const NAME: &str = "daemon";
+    let path: PathBuf = protocol::socket_path(socket);
+    let reached = Client::connect_timeout(Some(&path), DAEMON_TIMEOUT).and_then(|mut c| c.list());
+    match reached {
+        Ok(runs) => check(
+            NAME,
+            Status::Ok,
+            format!(
+                "answers at {} ({} runs visible)",
+                path.display(),
+                runs.len()
+            ),
+            "",
+        ),
+        Err(ClientError::Unavailable { source, .. }) => check(
+            NAME,
+            Status::Warn,
+            format!("nothing answers at {}: {source}", path.display()),
+            "only `bpfprof run/status/results` and the libraries need it: start it with \
+             `sudo bpfprof daemon` (contrib/bpfprof.service), or set BPFPROF_SOCKET",
+        ),
+        Err(e) => check(
+            NAME,
+            Status::Fail,
+            format!("{} answers but: {e}", path.display()),
+            "the socket is not a working bpfprof daemon of this version: restart the daemon",
+        ),
+    }
+}
