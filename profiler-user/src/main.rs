@@ -411,7 +411,12 @@ fn client_error(e: ClientError) -> Error {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Called `strobeclient` (or `bpfprof strobeclient ...`): PyTorch's strobelight front end.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(args) = bpfprof::strobeclient::invocation(&argv) {
+        return ExitCode::from(bpfprof::strobeclient::main(args) as u8);
+    }
+    let cli = Cli::parse_from(argv);
     let level = if cli.record.quiet { "error" } else { "info" };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
