@@ -39,10 +39,8 @@ pub const NAME: &str = "strobeclient";
 const PYPERF: &str = "pyperf";
 /// Longest run a `run` without `--async` waits for, beyond its duration, for the results.
 const RESULTS_GRACE: Duration = Duration::from_secs(60);
-/// Longest stopRun waits for sampling to end after asking the daemon to stop.
-const STOP_WAIT: Duration = Duration::from_secs(10);
-/// How often stopRun asks whether sampling has ended.
-const STOP_POLL: Duration = Duration::from_millis(20);
+/// Longest stopRun waits for the run to end (results written) after asking it to stop.
+const STOP_WAIT: Duration = Duration::from_secs(30);
 /// Default run length when `--duration-ms` is not given: the daemon's maximum.
 const DEFAULT_DURATION_MS: u64 = 600_000;
 
@@ -294,18 +292,16 @@ fn get_run_status(args: &RunIdArgs, err: &mut impl Write) -> Result<i32, Error> 
 fn stop_run(args: &RunIdArgs, err: &mut impl Write) -> Result<i32, Error> {
     let id = run_id(args.run_id)?;
     let mut client = connect(&args.socket)?;
-    let mut reply = client.stop(id).map_err(client_error)?;
-    // The daemon takes the stop asynchronously; strobelight's stopRun returns once sampling
-    // has ended, and PyTorch's next getRunStatus must see PROCESSING or the end, not RUNNING.
-    let deadline = std::time::Instant::now() + STOP_WAIT;
-    while reply
-        .state
-        .is_some_and(|s| matches!(s, RunState::Preparing | RunState::Running))
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(STOP_POLL);
-        reply = client.status(id).map_err(client_error)?;
-    }
+    let stopped = client.stop(id).map_err(client_error)?;
+    // The daemon takes the stop asynchronously. Waiting here for the run to end (its results
+    // written) means PyTorch's next getRunStatus sees SUCCESS at once, instead of PROCESSING
+    // and a 10 s sleep per profiled function; a run still processing after the wait is
+    // reported PROCESSING there, which PyTorch retries.
+    let reply = if stopped.state.is_some_and(|s| !s.is_final()) {
+        client.results(id, STOP_WAIT).map_err(client_error)?
+    } else {
+        stopped
+    };
     match reply.state {
         Some(RunState::Failed) => {
             let _ = writeln!(

@@ -45,17 +45,18 @@ def test_a_too_long_run_takes_the_daemons_longest(fake_daemon) -> None:
     assert "longer than the daemon allows" in err
 
 
-def test_stop_run_returns_once_sampling_has_ended(fake_daemon) -> None:
-    states = iter(["RUNNING", "RUNNING", "PROCESSING"])
-
+def test_stop_run_returns_once_the_run_has_ended(fake_daemon) -> None:
     def handler(request: Dict[str, Any]) -> Dict[str, Any]:
-        return {"run_id": request["run_id"], "state": next(states)}
+        if request["op"] == "stop":
+            return {"run_id": request["run_id"], "state": "RUNNING"}
+        assert request["op"] == "results" and request["wait_ms"] > 0
+        return {"run_id": request["run_id"], "state": "STOPPED", "files": {}}
 
     daemon = fake_daemon(handler)
     code, err = strobe(daemon, ["stopRun", "--run-id", "3"])
     assert code == 0, err
     assert "Success!" in re.search("INFO ::1:(.*)", err).group(1)
-    assert daemon.ops() == ["stop", "status", "status"]
+    assert daemon.ops() == ["stop", "results"]
 
 
 def test_unreadable_results_are_fetched_into_the_cache(fake_daemon, tmp_path, monkeypatch) -> None:

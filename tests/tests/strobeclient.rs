@@ -21,9 +21,11 @@ use bpfprof_tests::*;
 use regex::Regex;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-/// PyTorch's defaults: a sample every 10M cycles, runs of at most 10 minutes.
+/// PyTorch's defaults: a sample every 10M cycles, function runs of at most 10 minutes, and
+/// 30 minutes for the compile-time profiler (more than the daemon's longest run).
 const SAMPLE_EACH: u64 = 10_000_000;
 const MAX_PROFILE_DURATION_MS: u64 = 600_000;
+const COMPILE_MAX_PROFILE_TIME_MS: u64 = 1_800_000;
 /// PyTorch sleeps 10 s between polls; the test sleeps less, the logic is the same.
 const POLL_SLEEP: Duration = Duration::from_millis(200);
 /// The test user the front ends and their targets run as.
@@ -58,10 +60,10 @@ struct Profiled {
 }
 
 /// `_run_async`: starts a run on `NS:PID` and reads its id from stderr.
-fn run_async(strobe: &Strobe, pid: u32, sample_tags: &[String]) -> (i64, String) {
+fn run_async(strobe: &Strobe, pid: u32, sample_tags: &[String], max_ms: u64) -> (i64, String) {
     let target = format!("{}:{pid}", pid_ns_inode(pid));
     let interval = SAMPLE_EACH.to_string();
-    let duration = MAX_PROFILE_DURATION_MS.to_string();
+    let duration = max_ms.to_string();
     let mut args = vec![
         "run",
         "--profiler",
@@ -149,8 +151,14 @@ fn get_results(strobe: &Strobe, id: i64) -> Vec<String> {
 
 /// `StrobelightCLIFunctionProfiler.profile`: start, wait for RUNNING, let the work run for
 /// `work`, stop, collect.
-fn profile(strobe: &Strobe, pid: u32, sample_tags: &[String], work: Duration) -> Profiled {
-    let (run_id, run_stderr) = run_async(strobe, pid, sample_tags);
+fn profile(
+    strobe: &Strobe,
+    pid: u32,
+    sample_tags: &[String],
+    max_ms: u64,
+    work: Duration,
+) -> Profiled {
+    let (run_id, run_stderr) = run_async(strobe, pid, sample_tags, max_ms);
     wait_for_running(strobe, run_id, 0);
     thread::sleep(work);
     stop_run(strobe, run_id);
@@ -370,7 +378,13 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
     let target = spawn_hotcold(&bins, "120");
     for (name, strobe) in front_ends(&daemon, &bins) {
         let tags = vec![format!("{name}-e2e")];
-        let p = profile(&strobe, target.pid(), &tags, Duration::from_millis(1500));
+        let p = profile(
+            &strobe,
+            target.pid(),
+            &tags,
+            MAX_PROFILE_DURATION_MS,
+            Duration::from_millis(1500),
+        );
         assert_eq!(p.profile_result.len(), 3, "{name}: {:#?}", p.profile_result);
         check_profile(&p, &tags);
         assert!(
@@ -394,7 +408,13 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
         socket: daemon.socket(),
         user,
     };
-    let p = profile(&sub, target.pid(), &[], Duration::from_millis(800));
+    let p = profile(
+        &sub,
+        target.pid(),
+        &[],
+        MAX_PROFILE_DURATION_MS,
+        Duration::from_millis(800),
+    );
     check_profile(&p, &[]);
 }
 
@@ -414,7 +434,19 @@ fn phase_profiler_many_short_tagged_runs_on_one_process() {
         // Alternate the front ends: the runs follow one another whichever client made them.
         let (name, strobe) = &strobes[phase % strobes.len()];
         let tags = vec![session.clone(), format!("phase{phase}")];
-        let p = profile(strobe, target.pid(), &tags, Duration::from_millis(400));
+        let p = profile(
+            strobe,
+            target.pid(),
+            &tags,
+            COMPILE_MAX_PROFILE_TIME_MS,
+            Duration::from_millis(400),
+        );
+        // 30 minutes is above the daemon's limit: the run takes the longest it allows.
+        assert!(
+            p.run_stderr.contains("longer than the daemon allows"),
+            "{name}: {}",
+            p.run_stderr
+        );
         assert_eq!(p.profile_result.len(), 3, "{name}: {:#?}", p.profile_result);
         check_profile(&p, &tags);
         // Each run has its own profile, with only its own phase tag.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Dict, Optional, Sequence, TextIO
 
 from .client import FINAL_STATES, BpfprofError, Client, Reply
@@ -34,10 +33,8 @@ PYPERF = "pyperf"
 DEFAULT_DURATION_MS = 600_000
 #: How long a ``run`` without ``--async`` waits beyond its duration for the results.
 RESULTS_GRACE_MS = 60_000
-#: Longest ``stopRun`` waits for sampling to end after asking the daemon to stop.
-STOP_WAIT_SEC = 10.0
-#: How often ``stopRun`` asks whether sampling has ended.
-STOP_POLL_SEC = 0.02
+#: Longest ``stopRun`` waits for the run to end (results written) after asking it to stop.
+STOP_WAIT_MS = 30_000
 #: Where the kernel lists its PMUs; a hardware one is ``cpu`` (``cpu_core`` on hybrid x86,
 #: ``armv8_pmuv3*`` on arm64).
 _EVENT_SOURCES = "/sys/bus/event_source/devices"
@@ -187,12 +184,11 @@ def _stop_run(args: argparse.Namespace, err: TextIO) -> int:
     run_id = _run_id(args.run_id)
     with Client(args.socket) as client:
         reply = client.stop(run_id)
-        # The daemon takes the stop asynchronously; PyTorch's next getRunStatus must see
-        # PROCESSING or the end, not RUNNING.
-        deadline = time.monotonic() + STOP_WAIT_SEC
-        while reply.get("state") in ("PREPARING", "RUNNING") and time.monotonic() < deadline:
-            time.sleep(STOP_POLL_SEC)
-            reply = client.status(run_id)
+        # The daemon takes the stop asynchronously. Waiting here for the run to end (results
+        # written) means PyTorch's next getRunStatus sees SUCCESS at once instead of
+        # PROCESSING and a 10 s sleep; a run still processing after the wait is retried there.
+        if reply.get("state") not in FINAL_STATES:
+            reply = client.results(run_id, wait_ms=STOP_WAIT_MS)
     if reply.get("state") == "FAILED":
         print(f"INFO ::1: Run {run_id} had failed: {reply.get('reason')}", file=err)
         return EXIT_FAILURE
