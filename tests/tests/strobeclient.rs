@@ -149,24 +149,35 @@ fn get_results(strobe: &Strobe, id: i64) -> Vec<String> {
         .collect()
 }
 
-/// `StrobelightCLIFunctionProfiler.profile`: start, wait for RUNNING, let the work run for
-/// `work`, stop, collect.
+/// `StrobelightCLIFunctionProfiler.profile`: start, wait for RUNNING, let the work run until
+/// the target has burnt `work` of CPU, stop, collect.
 fn profile(
     strobe: &Strobe,
-    pid: u32,
+    target: &Workload,
     sample_tags: &[String],
     max_ms: u64,
     work: Duration,
 ) -> Profiled {
-    let (run_id, run_stderr) = run_async(strobe, pid, sample_tags, max_ms);
+    let (run_id, run_stderr) = run_async(strobe, target.pid(), sample_tags, max_ms);
     wait_for_running(strobe, run_id, 0);
-    thread::sleep(work);
+    burn(target, work);
     stop_run(strobe, run_id);
     Profiled {
         run_id,
         run_stderr,
         profile_result: get_results(strobe, run_id),
     }
+}
+
+/// Waits until `target` has used `cpu` more CPU time: the samples a run gets follow from
+/// the target's CPU time, not from wall time, which a loaded machine stretches.
+fn burn(target: &Workload, cpu: Duration) {
+    let start = target.cpu_time();
+    let burnt = poll_until(TIMEOUT, || (target.cpu_time() >= start + cpu).then_some(()));
+    assert!(
+        burnt.is_some(),
+        "the target did not get {cpu:?} of CPU in {TIMEOUT:?}"
+    );
 }
 
 /// The value after `prefix` in the one result line starting with it.
@@ -380,10 +391,10 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
         let tags = vec![format!("{name}-e2e")];
         let p = profile(
             &strobe,
-            target.pid(),
+            &target,
             &tags,
             MAX_PROFILE_DURATION_MS,
-            Duration::from_millis(1500),
+            Duration::from_millis(1000),
         );
         assert_eq!(p.profile_result.len(), 3, "{name}: {:#?}", p.profile_result);
         check_profile(&p, &tags);
@@ -410,10 +421,10 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
     };
     let p = profile(
         &sub,
-        target.pid(),
+        &target,
         &[],
         MAX_PROFILE_DURATION_MS,
-        Duration::from_millis(800),
+        Duration::from_millis(500),
     );
     check_profile(&p, &[]);
 }
@@ -436,7 +447,7 @@ fn phase_profiler_many_short_tagged_runs_on_one_process() {
         let tags = vec![session.clone(), format!("phase{phase}")];
         let p = profile(
             strobe,
-            target.pid(),
+            &target,
             &tags,
             COMPILE_MAX_PROFILE_TIME_MS,
             Duration::from_millis(400),
