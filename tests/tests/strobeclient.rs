@@ -38,6 +38,8 @@ struct Strobe {
     prefix: Vec<String>,
     socket: PathBuf,
     user: TestUser,
+    /// `XDG_CACHE_HOME`, where results out of the user's reach are copied.
+    cache: Option<PathBuf>,
 }
 
 impl Strobe {
@@ -47,7 +49,11 @@ impl Strobe {
             .args(args)
             .env("BPFPROF_SOCKET", &self.socket)
             // The test user has no home; nothing may need one when results are readable.
-            .env("HOME", "/nonexistent");
+            .env("HOME", "/nonexistent")
+            .env_remove("XDG_CACHE_HOME");
+        if let Some(cache) = &self.cache {
+            cmd.env("XDG_CACHE_HOME", cache);
+        }
         spawn_bpfprof_command(cmd).wait_timeout(TIMEOUT)
     }
 }
@@ -357,6 +363,7 @@ fn front_ends(daemon: &Daemon, bins: &Bins) -> Vec<(&'static str, Strobe)> {
                 prefix: vec![],
                 socket: daemon.socket(),
                 user: user.clone(),
+                cache: None,
             },
         ),
         (
@@ -366,6 +373,7 @@ fn front_ends(daemon: &Daemon, bins: &Bins) -> Vec<(&'static str, Strobe)> {
                 prefix: vec![],
                 socket: daemon.socket(),
                 user,
+                cache: None,
             },
         ),
     ]
@@ -418,6 +426,7 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
         prefix: vec!["strobeclient".into()],
         socket: daemon.socket(),
         user,
+        cache: None,
     };
     let p = profile(
         &sub,
@@ -536,4 +545,77 @@ fn bad_command_lines_get_clear_errors_and_non_zero_exits() {
         not_owned.assert_code(4);
     }
     client.stop(root_run.parse().unwrap()).unwrap();
+}
+
+#[test]
+fn results_out_of_reach_are_copied_through_the_socket_and_runs_can_wait() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    // The state folder out of the user's reach, as under a hardened unit or in a container.
+    std::fs::set_permissions(
+        daemon.state(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let bins = bins();
+    let target = spawn_hotcold(&bins, "120");
+    let user = test_user(USER);
+    let status_line = Regex::new("INFO ::1:(.*)").unwrap();
+    let total_line = Regex::new(r"Total samples: \d+").unwrap();
+    for (name, strobe) in front_ends(&daemon, &bins) {
+        let cache = tempdir();
+        std::os::unix::fs::chown(cache.path(), Some(user.uid), Some(user.gid)).unwrap();
+        let strobe = Strobe {
+            cache: Some(cache.path().to_path_buf()),
+            ..strobe
+        };
+        let tags = vec![format!("{name}-copied")];
+        let p = profile(
+            &strobe,
+            &target,
+            &tags,
+            MAX_PROFILE_DURATION_MS,
+            Duration::from_millis(500),
+        );
+        // The lines name the user's copies, which hold the profile.
+        let svg = result_line(&p.profile_result, "Icicle view (python stack)");
+        let copies = cache.path().join("bpfprof/runs").join(p.run_id.to_string());
+        assert!(
+            Path::new(svg).starts_with(&copies),
+            "{name}: {svg} is not under {}",
+            copies.display()
+        );
+        check_profile(&p, &tags);
+
+        // Without --async, run waits for the end and reports like getRunStatus.
+        let pid = format!("{}:{}", pid_ns_inode(target.pid()), target.pid());
+        let waited = strobe.run(&[
+            "run",
+            "--profiler",
+            "pyperf",
+            "--event",
+            "cycles",
+            "--duration-ms",
+            "800",
+            "--pid",
+            &pid,
+        ]);
+        waited.assert_code(0);
+        let status = status_line
+            .captures(&waited.stderr)
+            .unwrap_or_else(|| panic!("{name}: no status in:\n{}", waited.stderr))[1]
+            .to_string();
+        assert!(
+            status.contains("Profile run finished with SUCCESS"),
+            "{name}: {}",
+            waited.stderr
+        );
+        assert!(
+            total_line.is_match(&waited.stderr),
+            "{name}: {}",
+            waited.stderr
+        );
+    }
 }

@@ -116,7 +116,10 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
             "(a CPU profile of the process)"
         )
     if args.event not in ("cycles", "cpu-cycles", "cpu-clock", "auto"):
-        raise _UsageError(f"unknown --event {args.event!r}: expected cycles, cpu-clock or auto")
+        # Invalid sampling settings: exit 5, as the bpfprof binary.
+        raise BpfprofError(
+            f"unknown --event {args.event!r}: expected cycles, cpu-clock or auto", "bad_request"
+        )
     pid, pid_ns = _parse_target(args.pid)
     event = args.event
     if event in ("cycles", "cpu-cycles"):
