@@ -214,7 +214,7 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
         Err(ClientError::Refused {
             code: protocol::ErrorCode::BadRequest,
             message,
-        }) if message.contains("duration_ms") => {
+        }) if duration_ms > 0 && message.contains("duration_ms") => {
             let _ = writeln!(
                 err,
                 "INFO --duration-ms {duration_ms} is longer than the daemon allows ({message}); \

@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
         except BpfprofError as e:
             # PyTorch's compile-time profiler asks for 30 minutes, longer than the daemon's
             # longest run: take the longest the daemon allows (no duration) instead of failing.
-            if e.code != "bad_request" or "duration_ms" not in e.reason:
+            if e.code != "bad_request" or duration_ms <= 0 or "duration_ms" not in e.reason:
                 raise
             print(
                 f"INFO --duration-ms {duration_ms} is longer than the daemon allows ({e.reason}); "
