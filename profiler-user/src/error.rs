@@ -31,6 +31,9 @@ pub enum Error {
     /// An output request that makes no sense (unknown format, conflicting paths).
     #[error("invalid output: {0}")]
     InvalidOutput(String),
+    /// A command line that asks for something this program does not do.
+    #[error("{0}")]
+    Usage(String),
     /// A sample tag that is malformed.
     #[error("invalid tag: {0}")]
     InvalidTag(String),
@@ -100,9 +103,10 @@ impl Error {
     /// The exit code the `bpfprof` binary ends with for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::InvalidTarget { .. } | Error::InvalidOutput(_) | Error::InvalidTag(_) => {
-                exit_code::USAGE
-            }
+            Error::InvalidTarget { .. }
+            | Error::InvalidOutput(_)
+            | Error::InvalidTag(_)
+            | Error::Usage(_) => exit_code::USAGE,
             Error::NoSuchProcess(_) => exit_code::NO_SUCH_PROCESS,
             Error::PermissionDenied(_) => exit_code::PERMISSION_DENIED,
             Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,

@@ -23,6 +23,7 @@ pub mod recording;
 pub mod request;
 pub mod sample;
 pub mod sampling;
+pub mod strobeclient;
 pub mod symbolize;
 pub mod target;
 

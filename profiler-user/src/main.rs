@@ -481,7 +481,12 @@ fn client_error(e: ClientError) -> Error {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Called `strobeclient` (or `bpfprof strobeclient ...`): PyTorch's strobelight front end.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(args) = bpfprof::strobeclient::invocation(&argv) {
+        return ExitCode::from(bpfprof::strobeclient::main(args) as u8);
+    }
+    let cli = Cli::parse_from(argv);
     let level = match (cli.record.quiet, cli.record.verbose) {
         (true, _) => "error",
         (false, 0) => "warn",

@@ -143,6 +143,43 @@ fn open(sampling: &Sampling, cpu: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether this machine counts hardware cycles: `Some(false)` where the kernel has no such
+/// event (no PMU, common in VMs), `None` where the probe itself was refused (perf_event_paranoid).
+///
+/// The probe opens a counting, user-only cycles event on the calling thread, which needs no
+/// privilege at the default paranoia level, so unprivileged front ends can say which event a
+/// run will use before the daemon picks it.
+pub fn cycles_available() -> Option<bool> {
+    let mut attr = sys::bindings::perf_event_attr {
+        size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+        type_: sys::bindings::PERF_TYPE_HARDWARE,
+        config: sys::bindings::PERF_COUNT_HW_CPU_CYCLES as u64,
+        ..Default::default()
+    };
+    attr.set_disabled(1);
+    attr.set_exclude_kernel(1);
+    attr.set_exclude_hv(1);
+    // SAFETY: a fully initialized attr; pid 0 with cpu -1 counts the calling thread.
+    let fd = unsafe {
+        sys::perf_event_open(
+            &mut attr,
+            0,
+            -1,
+            -1,
+            sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: perf_event_open returned a new fd that nothing else owns; dropping closes it.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        return Some(true);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Some(false),
+        _ => None,
+    }
+}
+
 fn check(rc: i32) -> io::Result<()> {
     if rc < 0 {
         Err(io::Error::last_os_error())

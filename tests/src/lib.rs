@@ -505,7 +505,9 @@ impl BpfprofProcess {
     /// Waits up to `timeout` for bpfprof to exit; on timeout kills it and
     /// panics with what it printed.
     pub fn wait_timeout(mut self, timeout: Duration) -> RunResult {
-        let deadline = self.started + timeout;
+        // From now, not from the spawn: a daemon dropped after a long test still gets its
+        // whole `timeout` to shut down.
+        let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(st) = self.child.try_wait().expect("try_wait on bpfprof") {
                 break st;

@@ -55,6 +55,11 @@ const APT_PACKAGES: &[&str] = &[
     "bpftrace",
     "libxml2-utils",
     "python3",
+    // The strobeclient tests pip-install ./python into a venv offline with Debian's
+    // setuptools and wheel.
+    "python3-venv",
+    "python3-setuptools",
+    "python3-wheel",
     "gcc",
     "util-linux",
     "bpftool",

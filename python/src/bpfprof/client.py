@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ _RECONNECT_AFTER_IDLE_SEC = 45.0
 #: Largest reply accepted (a results reply carries the run's summary JSON).
 _MAX_REPLY_BYTES = 64 * 1024 * 1024
 #: Operations that may be sent again if the connection turns out to have been closed.
-_IDEMPOTENT_OPS = frozenset({"status", "stop", "results", "list"})
+_IDEMPOTENT_OPS = frozenset({"status", "stop", "results", "list", "read"})
 
 PathLike = Union[str, "os.PathLike[str]"]
 Reply = Dict[str, Any]
@@ -324,6 +325,26 @@ class Client:
         if timeout is None and self.timeout is not None:
             timeout = wait_ms / 1000.0 + self.timeout
         return self.request("results", {"run_id": run_id, "wait_ms": int(wait_ms)}, timeout)
+
+    def read_result(self, run_id: int, fmt: str, timeout: Optional[float] = None) -> bytes:
+        """The whole of result file ``fmt`` (a key of the results' ``files``) of an ended run,
+        read through the socket in chunks (for when the daemon's state folder is out of reach).
+        """
+        data = b""
+        while True:
+            reply = self.request(
+                "read", {"run_id": run_id, "format": fmt, "offset": len(data)}, timeout
+            )
+            chunk, size = reply.get("data"), reply.get("size")
+            if not isinstance(chunk, str) or not isinstance(size, int):
+                raise BpfprofError("malformed read reply from the bpfprof daemon", "protocol")
+            try:
+                piece = base64.b64decode(chunk, validate=True)
+            except ValueError as err:
+                raise BpfprofError(f"malformed read reply: {err}", "protocol") from err
+            data += piece
+            if not piece or len(data) >= size:
+                return data
 
     def list_runs(self, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """The caller's runs (every run for root)."""
