@@ -82,8 +82,16 @@ impl RecordingRequest {
             frequency: req.frequency,
             fixed_interval: false,
         };
-        let duration =
-            Duration::from_millis(req.duration_ms.unwrap_or(max_duration.as_millis() as u64));
+        let max_ms = max_duration.as_millis() as u64;
+        let duration_ms = req.duration_ms.unwrap_or(max_ms);
+        // Said in the protocol's own terms, so that clients can tell this refusal apart.
+        if duration_ms == 0 || duration_ms > max_ms {
+            return Err(Error::InvalidTarget {
+                spec: String::new(),
+                reason: format!("duration_ms must be between 1 and {max_ms}, got {duration_ms}"),
+            });
+        }
+        let duration = Duration::from_millis(duration_ms);
         RecordingRequest::validate(
             sampling,
             req.follow_children,
@@ -181,7 +189,7 @@ mod tests {
             ..RunRequest::default()
         };
         let err = RecordingRequest::from_run_request(&req, Duration::from_secs(60)).unwrap_err();
-        assert!(err.to_string().contains("--duration"), "{err}");
+        assert!(err.to_string().contains("duration_ms"), "{err}");
         let req = RunRequest {
             pid: 1,
             duration_ms: Some(120_000),

@@ -54,10 +54,10 @@ fn launch_follows_children_and_grandchildren() {
 
     let (followed, summary) = run(&[], "followed");
     let n = followed.count_containing("short_work");
-    // 2.5 s of CPU at 999 Hz is ~2500 samples on an idle machine; other work on the machine
-    // can only take CPU time from the workload, so ask for a fifth of it.
+    // 2.5 s of CPU at 999 Hz is ~2500 samples on an idle machine; a loaded machine gives the
+    // workload less CPU (it runs for wall-clock time), so ask only for clearly many.
     assert!(
-        n >= 500,
+        n >= 100,
         "only {n} short_work samples from children\n{}",
         followed.top(8)
     );
@@ -93,11 +93,11 @@ fn follow_children_of_a_pid_target() {
     for follow in [true, false] {
         // The shell starts its child only after bpfprof has attached.
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", &format!("sleep 1; {} 1.5; true", workload.display())]);
+        cmd.args(["-c", &format!("sleep 3; {} 1.5; true", workload.display())]);
         let parent = Workload::spawn_command(cmd);
         let out = dir.path().join(format!("follow-{follow}.folded"));
         let pid = parent.pid().to_string();
-        let mut args = vec!["-F", "999", "-d", "4s", "-p", &pid];
+        let mut args = vec!["-F", "999", "-d", "6s", "-p", &pid];
         if follow {
             args.push("--follow-children");
         }
@@ -113,7 +113,7 @@ fn follow_children_of_a_pid_target() {
         let profile = Profile::read(&out);
         let n = profile.count_containing("short_work");
         if follow {
-            assert!(n >= 300, "only {n} child samples\n{}", profile.top(5));
+            assert!(n >= 100, "only {n} child samples\n{}", profile.top(5));
         } else {
             assert_eq!(n, 0, "children profiled without --follow-children");
         }
