@@ -949,6 +949,13 @@ fn ci_steps() -> Vec<Step> {
             },
         ));
     }
+    // Last: the slowest step (about 5 minutes under TCG on 2 cores), and the others already
+    // built what it packs into the guest.
+    steps.push(Step::new(
+        "vm-test",
+        "cargo xtask vm-test --kernel all (the smoke suite on Debian's 6.1 and 6.12 kernels in QEMU)",
+        || vm::vm_test("all"),
+    ));
     steps
 }
 

@@ -57,8 +57,9 @@ const GUEST_TESTS: &[&str] = &[
     "nspid",
     "launch",
 ];
-/// Longest a guest may run, boot included, before it counts as hung.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest a guest may run, boot included, before it counts as hung (a whole suite takes about
+/// two minutes under TCG on 2 busy cores).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 /// Picks the accelerator, overriding the `/dev/kvm` probe.
 const ACCEL_ENV: &str = "BPFPROF_VM_ACCEL";
 /// Under KVM a guest reaches its init in a few seconds; one that has not after this long is
@@ -314,8 +315,13 @@ fn build_initramfs() -> Result<PathBuf> {
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let out = probe(Command::new("ldd").arg(binary))
         .with_context(|| format!("ldd {}", binary.display()))?;
-    Ok(out
-        .lines()
+    Ok(parse_ldd(&out))
+}
+
+/// The absolute paths in `ldd` output: `name => /path (addr)` lines and the loader's
+/// `/path (addr)` line; the vDSO has no file and is left out.
+fn parse_ldd(out: &str) -> Vec<PathBuf> {
+    out.lines()
         .filter_map(|l| {
             let path = match l.split_once("=>") {
                 Some((_, right)) => right.split_whitespace().next()?,
@@ -323,7 +329,7 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
             };
             path.starts_with('/').then(|| PathBuf::from(path))
         })
-        .collect())
+        .collect()
 }
 
 /// How the guest's CPU is run.
@@ -568,4 +574,36 @@ pub fn vm_test(choice: &str) -> Result<()> {
         bail!("vm-test failed: {}", failures.join(", "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_every_library_and_the_loader() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                   \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007fa1)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007fa2)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007fa3)\n";
+        assert_eq!(
+            parse_ldd(out),
+            [
+                "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+    }
+
+    #[test]
+    fn every_guest_test_is_in_the_guest_script() {
+        for name in GUEST_TESTS {
+            assert!(
+                GUEST_INIT.contains(&format!("pass {name}")),
+                "vm_guest.sh never reports {name}"
+            );
+        }
+    }
 }
