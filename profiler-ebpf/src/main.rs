@@ -12,7 +12,9 @@
 
 use aya_ebpf::{
     bindings::{bpf_pidns_info, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid, bpf_get_stack},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid, bpf_get_stack, generated::bpf_loop,
+    },
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
     programs::{PerfEventContext, TracePointContext},
@@ -218,22 +220,87 @@ fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
         kernel_stack: kernel_stack.unwrap_or(0),
     };
     let map_full = !increment_sample(&key);
-    let mut run = 0;
-    while run < MAX_RUNS {
-        if runs & (1u64 << run) != 0 {
-            count(run, Counter::Samples);
-            if let Err(e) = user_stack {
-                count(run, e);
-            }
-            if let Err(e) = kernel_stack {
-                count(run, e);
-            }
+    let counts = RunCounts {
+        runs,
+        extra: [
+            user_stack.err().map_or(NO_COUNTER, |c| c as u32),
+            kernel_stack.err().map_or(NO_COUNTER, |c| c as u32),
             if map_full {
-                count(run, Counter::SampleMapFull);
-            }
-        }
-        run += 1;
+                Counter::SampleMapFull as u32
+            } else {
+                NO_COUNTER
+            },
+        ],
+    };
+    if runs & (runs - 1) == 0 {
+        // One run, the common case: no loop at all.
+        count_run_counters(lowest_bit(runs), &counts);
+    } else {
+        // Several runs watch this process. A bounded loop over every run slot would be
+        // verified once per slot and per combination of the branches above (over a second
+        // of verification per load); under bpf_loop the body is verified once.
+        // SAFETY: `count_run` has the callback signature bpf_loop expects, and `counts`
+        // outlives the call.
+        unsafe {
+            bpf_loop(
+                MAX_RUNS,
+                count_run as *mut _,
+                (&counts as *const RunCounts).cast_mut().cast(),
+                0,
+            )
+        };
     }
+}
+
+/// What to count for each run of a sample, shared with the `bpf_loop` callback.
+#[repr(C)]
+struct RunCounts {
+    runs: u64,
+    /// Counters to add one to besides `Samples` (a stack that could not be read or stored, a
+    /// full sample map), or [`NO_COUNTER`].
+    extra: [u32; 3],
+}
+
+const NO_COUNTER: u32 = u32::MAX;
+
+/// The `bpf_loop` callback: counts one sample for run `index` if the sample belongs to it.
+extern "C" fn count_run(index: u64, counts: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `record` gave it.
+    let counts = unsafe { &*(counts as *const RunCounts) };
+    let run = index as u32;
+    if run >= MAX_RUNS {
+        return 1;
+    }
+    if counts.runs & (1u64 << run) != 0 {
+        count_run_counters(run, counts);
+    }
+    0
+}
+
+#[inline(always)]
+fn count_run_counters(run: u32, counts: &RunCounts) {
+    if run >= MAX_RUNS {
+        return;
+    }
+    count(run, Counter::Samples);
+    for extra in counts.extra {
+        if extra < Counter::COUNT {
+            increment(run * Counter::COUNT + extra);
+        }
+    }
+}
+
+/// Index of the lowest set bit of a non-zero `v` (BPF has no count-trailing-zeros).
+#[inline(always)]
+fn lowest_bit(mut v: u64) -> u32 {
+    let mut bit = 0;
+    for shift in [32u32, 16, 8, 4, 2, 1] {
+        if v & ((1u64 << shift) - 1) == 0 {
+            bit += shift;
+            v >>= shift;
+        }
+    }
+    bit
 }
 
 /// Adds one to the count of `key`, inserting it if new; false when the map is full.

@@ -56,6 +56,7 @@ const GUEST_TESTS: &[&str] = &[
     "daemon",
     "nspid",
     "launch",
+    "children",
 ];
 /// Longest a guest may run, boot included, before it counts as hung (a whole suite takes about
 /// two minutes under TCG on 2 busy cores).

@@ -101,5 +101,16 @@ else
     fail launch "exit $rc"; show launch.log; show launch.folded 10
 fi
 
+# --- children: a command's children and grandchildren are followed (the fork tracepoint, whose
+# record layout differs between kernels), and the command's exit status comes back -------------
+bpfprof -F 499 -q -o children.folded -- sh -c 'sh -c "shortlived 1; true"; shortlived 1; exit 3' \
+    > children.log 2>&1
+rc=$?
+if [ $rc -eq 3 ] && grep -q 'short_work' children.folded; then
+    pass children
+else
+    fail children "exit $rc (want the command's 3)"; show children.log; show children.folded 10
+fi
+
 echo VMTEST-DONE
 poweroff -f
