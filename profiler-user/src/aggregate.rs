@@ -19,10 +19,22 @@ pub type FrameId = usize;
 /// What a profile frame is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ProfileFrame {
-    /// The root of every stack of one process: its name.
-    Process(String),
+    /// The root of every stack of one process.
+    Process {
+        /// The process name.
+        name: String,
+        /// Its pid in bpfprof's namespace, so writers need not guess it back from the name.
+        pid: u32,
+    },
     /// A thread, below its process (only with per-thread profiles).
-    Thread(String),
+    Thread {
+        /// How the frame shows: `comm (tid N)`, or `tid N` when the name is unknown.
+        name: String,
+        /// Thread id as seen in the target's pid namespace.
+        tid: u32,
+        /// The thread's own name (`comm`), empty when unknown.
+        comm: String,
+    },
     /// A code frame.
     Code(Frame),
     /// Marks the root end of a stack cut by the depth limit: outer frames are missing.
@@ -35,7 +47,7 @@ impl ProfileFrame {
     /// The name to show for this frame.
     pub fn name(&self) -> &str {
         match self {
-            ProfileFrame::Process(name) | ProfileFrame::Thread(name) => name,
+            ProfileFrame::Process { name, .. } | ProfileFrame::Thread { name, .. } => name,
             ProfileFrame::Code(frame) => &frame.name,
             ProfileFrame::Truncated => "[truncated]",
             ProfileFrame::Tag(tag) => &tag.label,
@@ -49,6 +61,26 @@ impl ProfileFrame {
                 name,
                 file: Some(file),
                 line: Some(line),
+                ..
+            }) => {
+                let file = std::path::Path::new(file)
+                    .file_name()
+                    .map(|f| f.to_string_lossy())
+                    .unwrap_or_default();
+                format!("{name} ({file}:{line})")
+            }
+            other => other.name().to_string(),
+        }
+    }
+
+    /// The function's name, with `file:first line` appended where known: one label per
+    /// function whichever of its lines was sampled (for tables that list functions).
+    pub fn function_label(&self) -> String {
+        match self {
+            ProfileFrame::Code(Frame {
+                name,
+                file: Some(file),
+                start_line: Some(line),
                 ..
             }) => {
                 let file = std::path::Path::new(file)
@@ -131,13 +163,46 @@ impl Tag {
     }
 }
 
-/// One distinct stack with its sample count.
+/// One distinct stack with its sample count. Stacks that differ only in the addresses of
+/// their frames are kept apart (pprof shows addresses); writers that show names merge them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StackCount {
     /// Frames, root first.
     pub frames: Vec<FrameId>,
     /// Samples with this stack.
     pub count: u64,
+    /// Per frame, where its instruction is, when known; empty when no frame's is.
+    pub addresses: Vec<Option<CodeAddress>>,
+}
+
+/// Index of a mapping in [`Profile::mappings`].
+pub type MappingId = usize;
+
+/// Where a code frame's instruction is: the address the symbolizer looked up (a return
+/// address minus one for callers) and the mapping holding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CodeAddress {
+    /// The address in the process (or the kernel).
+    pub address: u64,
+    /// The mapping it lies in.
+    pub mapping: MappingId,
+}
+
+/// A binary mapped into a profiled process, or the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub limit: u64,
+    /// File offset of `start`.
+    pub file_offset: u64,
+    /// Full path as the process sees it, `[vdso]`-style names, or `[kernel]`.
+    pub path: String,
+    /// GNU build id in hex, where the file has one.
+    pub build_id: Option<String>,
+    /// The process it is mapped in; `None` for the kernel.
+    pub pid: Option<u32>,
 }
 
 /// Why a recording ended.
@@ -228,7 +293,21 @@ pub struct ProfileMeta {
     pub cost: RunCost,
 }
 
+/// Nanoseconds a sample stands for when the profile does not know its rate (1 ms).
+pub const FALLBACK_SAMPLE_NANOS: u64 = 1_000_000;
+
 impl ProfileMeta {
+    /// Nanoseconds of CPU time one sample stands for: the cpu-clock period, else the time
+    /// between samples at the nominal rate (cycles periods vary with the clock speed).
+    pub fn sample_nanos(&self) -> u64 {
+        let hz = self.sampling.nominal_hz;
+        match (self.sampling.event, self.sampling.rate) {
+            (crate::sampling::Event::CpuClock, crate::sampling::Rate::Period(ns)) if ns > 0 => ns,
+            _ if hz.is_finite() && hz > 0.0 => (1e9 / hz).round() as u64,
+            _ => FALLBACK_SAMPLE_NANOS,
+        }
+    }
+
     /// The tags as `key=value` joined by `sep`.
     pub fn tag_list(&self, sep: &str) -> String {
         let tags: Vec<String> = self.tags.iter().map(Tag::to_string).collect();
@@ -269,6 +348,8 @@ pub struct Profile {
     pub frames: Vec<ProfileFrame>,
     /// Distinct stacks with counts.
     pub stacks: Vec<StackCount>,
+    /// Mappings that [`CodeAddress`]es point into.
+    pub mappings: Vec<Mapping>,
 }
 
 impl Profile {
@@ -312,14 +393,17 @@ pub struct TargetSamples<'a> {
     pub samples: &'a [Sample],
 }
 
-/// Builds the stacks of a profile from the samples of each target.
+/// Builds the profile of the samples of each target; `meta` describes the run, and gets the
+/// count of truncated stacks.
 pub fn aggregate(
     inputs: &[TargetSamples<'_>],
     symbolizer: &mut Symbolizer,
     options: &AggregateOptions,
-) -> (Vec<ProfileFrame>, Vec<StackCount>, u64) {
+    mut meta: ProfileMeta,
+) -> Profile {
     let mut interner = Interner::default();
-    let mut stacks: HashMap<Vec<FrameId>, u64> = HashMap::new();
+    let mut mappings = Mappings::default();
+    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
     let mut truncated = 0;
     for input in inputs {
         symbolizer.prepare_user(
@@ -345,14 +429,16 @@ pub fn aggregate(
             .iter()
             .map(|t| interner.intern(ProfileFrame::Tag(t.clone())))
             .collect();
-        root.push(interner.intern(ProfileFrame::Process(comm)));
+        root.push(interner.intern(ProfileFrame::Process {
+            name: comm,
+            pid: input.target.pid,
+        }));
         let mut threads: HashMap<u32, FrameId> = HashMap::new();
         for sample in input.samples {
             let mut frames = root.clone();
             if options.per_thread {
                 let id = *threads.entry(sample.tid).or_insert_with(|| {
-                    let name = thread_name(input.target, input.maps, sample.tid);
-                    interner.intern(ProfileFrame::Thread(name))
+                    interner.intern(thread_frame(input.target, input.maps, sample.tid))
                 });
                 frames.push(id);
             }
@@ -370,46 +456,130 @@ pub fn aggregate(
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
-            let mut push = |frame: &Frame| {
+            let mut addresses = vec![None; frames.len()];
+            let mut push = |frame: &Frame, address: Option<CodeAddress>| {
                 let mut frame = frame.clone();
                 if !options.line_numbers {
                     frame.line = None;
+                    frame.start_line = None;
                 }
                 frames.push(interner.intern(ProfileFrame::Code(frame)));
+                addresses.push(address);
             };
             for addr in user.iter().rev() {
-                symbolizer
-                    .user(input.maps, *addr)
-                    .iter()
-                    .for_each(&mut push);
+                let address = mappings.user(input.target.pid, input.maps, *addr);
+                for frame in symbolizer.user(input.maps, *addr).iter() {
+                    push(frame, address);
+                }
             }
             for addr in kernel.iter().rev() {
-                symbolizer.kernel(*addr).iter().for_each(&mut push);
+                let address = mappings.kernel(*addr);
+                for frame in symbolizer.kernel(*addr).iter() {
+                    push(frame, Some(address));
+                }
             }
-            *stacks.entry(frames).or_default() += sample.count;
+            *stacks.entry((frames, addresses)).or_default() += sample.count;
         }
     }
     let mut stacks: Vec<StackCount> = stacks
         .into_iter()
-        .map(|(frames, count)| StackCount { frames, count })
+        .map(|((frames, addresses), count)| StackCount {
+            frames,
+            count,
+            addresses,
+        })
         .collect();
-    stacks.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.frames.cmp(&b.frames)));
-    (interner.frames, stacks, truncated)
+    stacks.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.frames.cmp(&b.frames))
+            .then_with(|| a.addresses.cmp(&b.addresses))
+    });
+    meta.losses.truncated = truncated;
+    Profile {
+        meta,
+        frames: interner.frames,
+        stacks,
+        mappings: mappings.finish(),
+    }
 }
 
-/// Names a thread by its `comm`. Sample tids are as seen in the target's namespace, so the
-/// name is read only when that namespace's pids are ours (the target's pid is its ns pid).
-fn thread_name(target: &Target, maps: &ProcessMaps, tid: u32) -> String {
+/// The mappings that addresses fall in, interned as stacks are built: one per executable
+/// mapping of each process, and one for the kernel spanning every kernel address seen.
+#[derive(Default)]
+struct Mappings {
+    list: Vec<Mapping>,
+    ids: HashMap<Mapping, MappingId>,
+    /// The kernel's mapping and the lowest and highest kernel address seen.
+    kernel: Option<(MappingId, u64, u64)>,
+}
+
+impl Mappings {
+    fn user(&mut self, pid: u32, maps: &ProcessMaps, addr: u64) -> Option<CodeAddress> {
+        let info = maps.mapping_at(addr)?;
+        let mapping = Mapping {
+            start: info.start,
+            limit: info.end,
+            file_offset: info.offset,
+            path: info.path,
+            build_id: info.build_id,
+            pid: Some(pid),
+        };
+        let next = self.list.len();
+        let id = *self.ids.entry(mapping.clone()).or_insert(next);
+        if id == next {
+            self.list.push(mapping);
+        }
+        Some(CodeAddress {
+            address: addr,
+            mapping: id,
+        })
+    }
+
+    fn kernel(&mut self, addr: u64) -> CodeAddress {
+        let (id, low, high) = self.kernel.get_or_insert_with(|| {
+            self.list.push(Mapping {
+                start: addr,
+                limit: addr.saturating_add(1),
+                file_offset: 0,
+                path: "[kernel]".to_string(),
+                build_id: None,
+                pid: None,
+            });
+            (self.list.len() - 1, addr, addr)
+        });
+        *low = (*low).min(addr);
+        *high = (*high).max(addr);
+        CodeAddress {
+            address: addr,
+            mapping: *id,
+        }
+    }
+
+    fn finish(mut self) -> Vec<Mapping> {
+        if let Some((id, low, high)) = self.kernel {
+            self.list[id].start = low;
+            self.list[id].limit = high.saturating_add(1);
+        }
+        self.list
+    }
+}
+
+/// A thread's frame, named by its `comm`. Sample tids are as seen in the target's namespace,
+/// so the name is read only when that namespace's pids are ours (the target's pid is its ns
+/// pid).
+fn thread_frame(target: &Target, maps: &ProcessMaps, tid: u32) -> ProfileFrame {
     let comm = if target.pid == target.ns_pid {
         maps.thread_name(tid).unwrap_or_default().to_string()
     } else {
         String::new()
     };
-    if comm.is_empty() {
+    let name = if comm.is_empty() {
         format!("tid {tid}")
     } else {
         format!("{comm} (tid {tid})")
-    }
+    };
+    ProfileFrame::Thread { name, tid, comm }
 }
 
 #[derive(Default)]

@@ -78,6 +78,21 @@ enum Backing {
     Named(String),
 }
 
+/// An executable mapping of a process: its address range, file offset and file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MappingInfo {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Full path as the process sees it, or a name like `[vdso]`.
+    pub path: String,
+    /// The file's GNU build id in hex, where it has one.
+    pub build_id: Option<String>,
+}
+
 /// Where an address falls in a target's memory.
 #[derive(Clone, Debug)]
 pub enum Location {
@@ -232,6 +247,30 @@ impl ProcessMaps {
         let i = self.jit.partition_point(|s| s.start <= addr);
         let sym = self.jit.get(i.checked_sub(1)?)?;
         (addr < sym.end).then_some(sym.name.as_str())
+    }
+
+    /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
+    /// real addresses (pprof's mappings).
+    pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {
+        self.generations.iter().find_map(|generation| {
+            let m = generation
+                .iter()
+                .find(|m| m.start <= addr && addr < m.end)?;
+            let (path, build_id) = match &m.backing {
+                Backing::File(f) => (
+                    f.path.to_string_lossy().into_owned(),
+                    f.build_id().map(str::to_string),
+                ),
+                Backing::Named(name) => (name.clone(), None),
+            };
+            Some(MappingInfo {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path,
+                build_id,
+            })
+        })
     }
 
     /// Finds what backs `addr`.

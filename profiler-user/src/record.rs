@@ -419,7 +419,6 @@ pub fn assemble(
             samples,
         })
         .collect();
-    let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
     let drained: u64 = samples.iter().flatten().map(|s| s.count).sum();
     let losses = Losses {
         lost_in_transfer: counters
@@ -430,7 +429,8 @@ pub fn assemble(
         user_stack_error: counters.get(Counter::UserStackError),
         kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
         kernel_stack_error: counters.get(Counter::KernelStackError),
-        truncated,
+        // Counted by aggregation, which cuts the stacks.
+        truncated: 0,
     };
     let profiled = targets
         .iter()
@@ -445,22 +445,22 @@ pub fn assemble(
             },
         })
         .collect();
-    Profile {
-        meta: ProfileMeta {
-            targets: profiled,
-            sampling: finished.sampling,
-            duration: finished.duration,
-            samples_seen: counters.get(Counter::Samples),
-            losses,
-            end: finished.end,
-            program_id,
-            tags: options.tags.clone(),
-            max_stack_length: options.max_stack_length,
-            cost: own_cost(),
-        },
-        frames,
-        stacks,
-    }
+    let meta = ProfileMeta {
+        targets: profiled,
+        sampling: finished.sampling,
+        duration: finished.duration,
+        samples_seen: counters.get(Counter::Samples),
+        losses,
+        end: finished.end,
+        program_id,
+        tags: options.tags.clone(),
+        max_stack_length: options.max_stack_length,
+        cost: RunCost::default(),
+    };
+    let mut profile = aggregate(&inputs, symbolizer, options, meta);
+    // Measured after symbolization, which is most of bpfprof's own work.
+    profile.meta.cost = own_cost();
+    profile
 }
 
 fn load_and_attach(plan: &SamplingPlan, bpf_stats: bool) -> Result<(KernelProgram, Sampling)> {

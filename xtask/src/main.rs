@@ -57,6 +57,10 @@ const APT_PACKAGES: &[&str] = &[
     "gcc",
     "util-linux",
     "bpftool",
+    // Independent readers of the output formats: `go tool pprof` (-raw, -disasm) and a
+    // headless browser that lays out the flame graph.
+    "golang-go",
+    "chromium",
 ];
 
 /// npm packages the tests use as independent readers of bpfprof's output formats.
