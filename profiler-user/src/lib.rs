@@ -20,6 +20,7 @@ pub mod protocol;
 pub mod record;
 pub mod sample;
 pub mod sampling;
+pub mod stripped;
 pub mod symbolize;
 pub mod target;
 

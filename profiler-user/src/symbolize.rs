@@ -11,7 +11,10 @@ use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::procmaps::{FileId, Location, MappedFile, ProcessMaps};
+use crate::{
+    procmaps::{FileId, Location, MappedFile, ProcessMaps},
+    stripped::FunctionStarts,
+};
 
 /// Which side of the user/kernel boundary a frame is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +53,8 @@ pub struct Symbolizer {
     /// (file identity, file offset) -> frames, outermost first (inlined callees after callers).
     user: HashMap<(FileId, u64), Arc<[Frame]>>,
     kernel: HashMap<u64, Arc<[Frame]>>,
+    /// Where each file's functions start, for code no symbol covers (read on first need).
+    function_starts: HashMap<FileId, Option<FunctionStarts>>,
 }
 
 impl Default for Symbolizer {
@@ -69,6 +74,7 @@ impl Symbolizer {
                 .build(),
             user: HashMap::new(),
             kernel: HashMap::new(),
+            function_starts: HashMap::new(),
         }
     }
 
@@ -98,7 +104,26 @@ impl Symbolizer {
                     let build_id = file.build_id();
                     let start_lines = self.start_lines(&source, &results);
                     for (offset, result) in offsets.iter().zip(results) {
-                        let mut frames = to_frames(&result, &module, *offset, FrameKind::User);
+                        let mut frames = if result.as_sym().is_some() {
+                            to_frames(&result, &module, *offset, FrameKind::User)
+                        } else {
+                            // No symbol covers it (a stripped library): name its function
+                            // by where it starts, so its samples share one frame.
+                            let starts = self
+                                .function_starts
+                                .entry(id)
+                                .or_insert_with(|| FunctionStarts::read(&file.open_path()));
+                            match starts.as_ref().and_then(|s| s.name(&module, *offset)) {
+                                Some(name) => unknown(&module, *offset, FrameKind::User)
+                                    .iter()
+                                    .map(|f| Frame {
+                                        name: name.clone(),
+                                        ..f.clone()
+                                    })
+                                    .collect(),
+                                None => unknown(&module, *offset, FrameKind::User),
+                            }
+                        };
                         if let (Some(sym), Some(first)) = (result.as_sym(), frames.first()) {
                             let start_line = start_lines.get(&sym.addr).copied();
                             let mut owned = frames.to_vec();
