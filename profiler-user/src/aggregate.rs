@@ -203,6 +203,8 @@ pub struct Mapping {
     pub build_id: Option<String>,
     /// The process it is mapped in; `None` for the kernel.
     pub pid: Option<u32>,
+    /// Whether it is the process's executable (pprof lists it first, as the main binary).
+    pub executable: bool,
 }
 
 /// Why a recording ended.
@@ -524,6 +526,7 @@ impl Mappings {
             path: info.path,
             build_id: info.build_id,
             pid: Some(pid),
+            executable: info.executable,
         };
         let next = self.list.len();
         let id = *self.ids.entry(mapping.clone()).or_insert(next);
@@ -545,6 +548,7 @@ impl Mappings {
                 path: "[kernel]".to_string(),
                 build_id: None,
                 pid: None,
+                executable: false,
             });
             (self.list.len() - 1, addr, addr)
         });

@@ -91,6 +91,8 @@ pub struct MappingInfo {
     pub path: String,
     /// The file's GNU build id in hex, where it has one.
     pub build_id: Option<String>,
+    /// Whether this is the process's executable (`/proc/PID/exe`), not a library.
+    pub executable: bool,
 }
 
 /// Where an address falls in a target's memory.
@@ -120,6 +122,8 @@ pub struct ProcessMaps {
     jit: Vec<JitSymbol>,
     /// Size and mtime of the perf map when last read, to skip unchanged re-reads.
     jit_stamp: Option<(u64, std::time::SystemTime)>,
+    /// The process's executable as `/proc/PID/exe` names it, as last seen.
+    exe: Option<PathBuf>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -143,6 +147,7 @@ impl ProcessMaps {
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
+            exe: None,
         };
         maps.refresh()?;
         Ok(maps)
@@ -163,6 +168,9 @@ impl ProcessMaps {
         let gone = || Error::NoSuchProcess(format!("pid {} exited", self.pid));
         let process = Process::new(self.pid as i32).map_err(|_| gone())?;
         let comm = process.stat().map_err(|_| gone())?.comm;
+        if let Ok(exe) = process.exe() {
+            self.exe = Some(exe);
+        }
         if let Ok(tasks) = process.tasks() {
             for task in tasks.flatten() {
                 if let Ok(stat) = task.stat() {
@@ -256,12 +264,13 @@ impl ProcessMaps {
             let m = generation
                 .iter()
                 .find(|m| m.start <= addr && addr < m.end)?;
-            let (path, build_id) = match &m.backing {
+            let (path, build_id, executable) = match &m.backing {
                 Backing::File(f) => (
                     f.path.to_string_lossy().into_owned(),
                     f.build_id().map(str::to_string),
+                    self.exe.as_deref() == Some(f.path.as_path()),
                 ),
-                Backing::Named(name) => (name.clone(), None),
+                Backing::Named(name) => (name.clone(), None, false),
             };
             Some(MappingInfo {
                 start: m.start,
@@ -269,6 +278,7 @@ impl ProcessMaps {
                 offset: m.offset,
                 path,
                 build_id,
+                executable,
             })
         })
     }
@@ -370,5 +380,19 @@ mod tests {
             other => panic!("expected a file location, got {other:?}"),
         }
         assert!(matches!(maps.locate(8), Location::Unmapped));
+
+        // The mapping as pprof needs it: the range holding the address, the full path.
+        let mapping = maps.mapping_at(addr).expect("own code is mapped");
+        assert!(mapping.start <= addr && addr < mapping.end);
+        assert_eq!(
+            Path::new(&mapping.path),
+            std::fs::read_link("/proc/self/exe").unwrap()
+        );
+        assert!(mapping.executable);
+        let libc = maps
+            .mapping_at(libc::getpid as *const () as u64)
+            .expect("libc is mapped");
+        assert!(!libc.executable, "{libc:?}");
+        assert!(maps.mapping_at(8).is_none());
     }
 }

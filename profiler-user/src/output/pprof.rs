@@ -305,20 +305,27 @@ struct Tables {
 impl Tables {
     /// Creates the mappings: the profile's own (real ranges, offsets, full paths and build
     /// ids), then one per module for frames without an address. pprof takes `mapping[0]` as
-    /// the main binary, so the mapping of the heaviest stack's outermost code frame comes
-    /// first, and the kernel never does.
+    /// the main binary, so executables come first (the busiest stack's one first), then
+    /// libraries, and the kernel last.
     fn new(profile: &Profile) -> Tables {
         let mut strings = Strings::new();
         let mut order: Vec<usize> = (0..profile.mappings.len()).collect();
-        let main = profile.stacks.first().and_then(|stack| {
+        let busiest = profile.stacks.first().and_then(|stack| {
             stack
                 .addresses
                 .iter()
                 .flatten()
                 .map(|a| a.mapping)
-                .find(|&m| profile.mappings[m].pid.is_some())
+                .find(|&m| profile.mappings[m].executable)
         });
-        order.sort_by_key(|&m| (Some(m) != main, profile.mappings[m].pid.is_none()));
+        order.sort_by_key(|&m| {
+            let mapping = &profile.mappings[m];
+            (
+                !mapping.executable,
+                Some(m) != busiest,
+                mapping.pid.is_none(),
+            )
+        });
         let mut mappings = Vec::new();
         let mut profile_mapping_ids = vec![0; profile.mappings.len()];
         for m in order {
@@ -869,6 +876,7 @@ mod tests {
                 path: "/usr/lib/libfoo.so.1".into(),
                 build_id: Some("feed".into()),
                 pid: Some(1234),
+                executable: false,
             },
             Mapping {
                 start: 0x5555_0000_1000,
@@ -877,6 +885,7 @@ mod tests {
                 path: "/opt/app/bin/app".into(),
                 build_id: Some("0123abcd".into()),
                 pid: Some(1234),
+                executable: true,
             },
         ];
         let at = |address: u64, mapping: usize| Some(CodeAddress { address, mapping });
@@ -895,7 +904,7 @@ mod tests {
         profile.stacks.push(other);
         let p = decode(&encode(&profile));
 
-        // The heaviest stack's outermost code is in the app: the main binary comes first.
+        // The executable comes first: pprof takes it as the main binary.
         let files: Vec<&str> = p.mapping.iter().map(|m| s(&p, m.filename)).collect();
         assert_eq!(files[..2], ["/opt/app/bin/app", "/usr/lib/libfoo.so.1"]);
         let app = &p.mapping[0];
