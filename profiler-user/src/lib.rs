@@ -3,7 +3,7 @@
 //! The modules follow the data: [`target`] resolves processes, [`sampling`] validates the event
 //! and rate, [`kernel`] loads and attaches the kernel program, [`drain`] reads its maps into
 //! [`sample::Sample`]s, [`procmaps`] and [`symbolize`] turn addresses into frames,
-//! [`aggregate`] builds a [`aggregate::Profile`], and [`output`] writes it. [`record`] drives a
+//! [`aggregate`] builds a [`profile::Profile`], and [`output`] writes it. [`record`] drives a
 //! whole recording.
 #![warn(missing_docs)]
 
@@ -16,6 +16,7 @@ pub mod kernel;
 pub mod output;
 pub mod perf_events;
 pub mod procmaps;
+pub mod profile;
 pub mod protocol;
 pub mod record;
 pub mod sample;

@@ -6,7 +6,7 @@ use std::{
     io::{self, Write},
 };
 
-use crate::aggregate::Profile;
+use crate::profile::Profile;
 
 /// Writes `profile` as folded stacks, most frequent first. Stacks that read the same (they
 /// differed only in addresses) are one line.

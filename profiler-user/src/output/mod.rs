@@ -17,8 +17,8 @@ use std::{
 };
 
 use crate::{
-    aggregate::Profile,
     error::{Error, Result},
+    profile::Profile,
 };
 
 /// A profile file format.
@@ -227,7 +227,7 @@ pub(crate) mod fixture {
     use std::time::Duration;
 
     use crate::{
-        aggregate::{
+        profile::{
             Losses, Profile, ProfileFrame, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
             StackCount, Tag,
         },

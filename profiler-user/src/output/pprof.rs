@@ -3,9 +3,14 @@
 //! Each stack becomes one sample, leaf first. Code frames become functions and locations, with
 //! a function's inlined callees folded into the location of the instruction that holds them;
 //! process, thread and `[truncated]` frames become pseudo-functions at the root end, as the
-//! folded output shows them. Tags are sample labels instead of frames, because pprof filters
-//! and groups by labels (`-tagfocus`, `-tagroot`). The profile's comments state its cost and
-//! completeness, because a pprof file is often read far from the run that made it.
+//! folded output shows them. Locations carry the sampled address (a return address minus one
+//! for callers, inside the call) and mappings the real address range, file offset, full path
+//! and build id, so that `pprof -disasm` and `-addresses` work where the binary is.
+//! Tags are sample labels instead of frames, because pprof filters and groups by labels
+//! (`-tagfocus`, `-tagroot`); so are the process (`pid`, `comm`) and, in per-thread profiles,
+//! the thread (`tid`, `thread_comm`, the names perf's own pprof converter uses). The profile's
+//! comments state its cost and completeness, because a pprof file is often read far from the
+//! run that made it.
 
 use std::{
     collections::HashMap,
@@ -17,7 +22,7 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use crate::{
-    aggregate::{CodeAddress, FrameId, Profile, ProfileFrame, RunEnd},
+    profile::{CodeAddress, FrameId, Profile, ProfileFrame, RunEnd},
     sampling::{Event, Rate, Sampling},
 };
 
@@ -866,7 +871,7 @@ mod tests {
 
     #[test]
     fn locations_keep_real_addresses_and_mappings() {
-        use crate::aggregate::{CodeAddress, Mapping};
+        use crate::profile::{CodeAddress, Mapping};
         let mut profile = fixture::profile();
         profile.mappings = vec![
             Mapping {

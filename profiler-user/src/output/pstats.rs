@@ -41,7 +41,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Profile, ProfileFrame},
+    profile::{Profile, ProfileFrame},
     symbolize::FrameKind,
 };
 
@@ -281,7 +281,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::{aggregate::StackCount, output::fixture};
+    use crate::{output::fixture, profile::StackCount};
 
     /// Writes `bytes` to a file of its own, removed on drop.
     struct TempFile(PathBuf);

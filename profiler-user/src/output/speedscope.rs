@@ -23,7 +23,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    aggregate::{FrameId, Profile, ProfileFrame},
+    profile::{FrameId, Profile, ProfileFrame},
     symbolize::FrameKind,
 };
 
@@ -271,7 +271,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::{aggregate::StackCount, output::fixture};
+    use crate::{output::fixture, profile::StackCount};
 
     fn validators() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/validators/node_modules")

@@ -5,8 +5,8 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag},
     output::top::{function_shares, FunctionShare},
+    profile::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag},
     sampling::{Event, Rate},
 };
 

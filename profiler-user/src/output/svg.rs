@@ -8,7 +8,7 @@ use std::{
 
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
 
-use crate::aggregate::{Profile, ProfileMeta, RunEnd};
+use crate::profile::{Profile, ProfileMeta, RunEnd};
 
 /// Width of the image in pixels, inferno's default, also used for the empty-profile image.
 const IMAGE_WIDTH: usize = 1200;
@@ -280,8 +280,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        aggregate::{Losses, ProfileFrame, StackCount, Tag},
         output::fixture,
+        profile::{Losses, ProfileFrame, StackCount, Tag},
         symbolize::{Frame, FrameKind},
     };
 

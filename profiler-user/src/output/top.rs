@@ -6,7 +6,7 @@
 use std::{collections::HashMap, fmt::Write as _};
 
 use crate::{
-    aggregate::{Profile, ProfileFrame},
+    profile::{Profile, ProfileFrame},
     sampling::{Event, Rate},
 };
 
@@ -144,7 +144,7 @@ pub fn render(profile: &Profile, limit: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::StackCount, output::fixture};
+    use crate::{output::fixture, profile::StackCount};
 
     #[test]
     fn rows_are_functions_with_counts_and_plain_names() {
