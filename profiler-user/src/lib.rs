@@ -3,9 +3,9 @@
 //! The modules follow the data: [`target`] resolves processes, [`sampling`] validates the event
 //! and rate, [`kernel`] loads and attaches the kernel program, [`drain`] reads its maps into
 //! [`sample::Sample`]s, [`procmaps`] and [`symbolize`] turn addresses into frames,
-//! [`aggregate`] builds a [`aggregate::Profile`], and [`output`] writes it. [`pool`] shares
-//! kernel programs between runs and [`recording`] is the one pipeline from targets to profile,
-//! driven by [`record`] (the command line) and [`daemon`].
+//! [`aggregate`] builds a [`profile::Profile`] (the profile model), and [`output`] writes it.
+//! [`pool`] shares kernel programs between runs and [`recording`] is the one pipeline from
+//! targets to profile, driven by [`record`] (the command line) and [`daemon`].
 #![warn(missing_docs)]
 
 pub mod aggregate;
@@ -18,11 +18,13 @@ pub mod output;
 pub mod perf_events;
 pub mod pool;
 pub mod procmaps;
+pub mod profile;
 pub mod record;
 pub mod recording;
 pub mod request;
 pub mod sample;
 pub mod sampling;
+pub mod stripped;
 pub mod strobeclient;
 pub mod symbolize;
 pub mod target;

@@ -78,6 +78,23 @@ enum Backing {
     Named(String),
 }
 
+/// An executable mapping of a process: its address range, file offset and file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MappingInfo {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Full path as the process sees it, or a name like `[vdso]`.
+    pub path: String,
+    /// The file's GNU build id in hex, where it has one.
+    pub build_id: Option<String>,
+    /// Whether this is the process's executable (`/proc/PID/exe`), not a library.
+    pub executable: bool,
+}
+
 /// Where an address falls in a target's memory.
 #[derive(Clone, Debug)]
 pub enum Location {
@@ -105,6 +122,8 @@ pub struct ProcessMaps {
     jit: Vec<JitSymbol>,
     /// Size and mtime of the perf map when last read, to skip unchanged re-reads.
     jit_stamp: Option<(u64, std::time::SystemTime)>,
+    /// The process's executable as `/proc/PID/exe` names it, as last seen.
+    exe: Option<PathBuf>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -128,6 +147,7 @@ impl ProcessMaps {
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
+            exe: None,
         };
         maps.refresh()?;
         Ok(maps)
@@ -144,6 +164,7 @@ impl ProcessMaps {
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
+            exe: None,
         }
     }
 
@@ -162,6 +183,9 @@ impl ProcessMaps {
         let gone = || Error::NoSuchProcess(format!("pid {} exited", self.pid));
         let process = Process::new(self.pid as i32).map_err(|_| gone())?;
         let comm = process.stat().map_err(|_| gone())?.comm;
+        if let Ok(exe) = process.exe() {
+            self.exe = Some(exe);
+        }
         if let Ok(tasks) = process.tasks() {
             for task in tasks.flatten() {
                 if let Ok(stat) = task.stat() {
@@ -246,6 +270,32 @@ impl ProcessMaps {
         let i = self.jit.partition_point(|s| s.start <= addr);
         let sym = self.jit.get(i.checked_sub(1)?)?;
         (addr < sym.end).then_some(sym.name.as_str())
+    }
+
+    /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
+    /// real addresses (pprof's mappings).
+    pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {
+        self.generations.iter().find_map(|generation| {
+            let m = generation
+                .iter()
+                .find(|m| m.start <= addr && addr < m.end)?;
+            let (path, build_id, executable) = match &m.backing {
+                Backing::File(f) => (
+                    f.path.to_string_lossy().into_owned(),
+                    f.build_id().map(str::to_string),
+                    self.exe.as_deref() == Some(f.path.as_path()),
+                ),
+                Backing::Named(name) => (name.clone(), None, false),
+            };
+            Some(MappingInfo {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                path,
+                build_id,
+                executable,
+            })
+        })
     }
 
     /// Finds what backs `addr`.
@@ -345,5 +395,19 @@ mod tests {
             other => panic!("expected a file location, got {other:?}"),
         }
         assert!(matches!(maps.locate(8), Location::Unmapped));
+
+        // The mapping as pprof needs it: the range holding the address, the full path.
+        let mapping = maps.mapping_at(addr).expect("own code is mapped");
+        assert!(mapping.start <= addr && addr < mapping.end);
+        assert_eq!(
+            Path::new(&mapping.path),
+            std::fs::read_link("/proc/self/exe").unwrap()
+        );
+        assert!(mapping.executable);
+        let libc = maps
+            .mapping_at(libc::getpid as *const () as u64)
+            .expect("libc is mapped");
+        assert!(!libc.executable, "{libc:?}");
+        assert!(maps.mapping_at(8).is_none());
     }
 }

@@ -399,7 +399,6 @@ impl Collected {
                 samples: by_process.get(key).unwrap_or(&empty),
             })
             .collect();
-        let (frames, stacks, truncated) = aggregate(&inputs, symbolizer, options);
         let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
         let losses = Losses {
             lost_in_transfer: counters
@@ -410,7 +409,8 @@ impl Collected {
             user_stack_error: counters.get(Counter::UserStackError),
             kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
             kernel_stack_error: counters.get(Counter::KernelStackError),
-            truncated,
+            // Counted by aggregation, which cuts the stacks.
+            truncated: 0,
         };
         let targets = processes
             .values()
@@ -426,26 +426,26 @@ impl Collected {
                 },
             })
             .collect();
+        let meta = ProfileMeta {
+            targets,
+            sampling: sampling.unwrap_or_else(placeholder_sampling),
+            duration,
+            samples_seen: counters.get(Counter::Samples),
+            losses,
+            end,
+            program_id,
+            tags: options.tags.clone(),
+            max_stack_length: options.max_stack_length,
+            cost: RunCost::default(),
+            throttled,
+        };
+        let mut profile = aggregate(&inputs, symbolizer, options, meta);
+        // Measured after symbolization, which is most of bpfprof's own work.
         let mut cost = own_cost();
         cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
         cost.bpf_run_count = bpf_run.map(|(_, n)| n);
-        Profile {
-            meta: ProfileMeta {
-                targets,
-                sampling: sampling.unwrap_or_else(placeholder_sampling),
-                duration,
-                samples_seen: counters.get(Counter::Samples),
-                losses,
-                end,
-                program_id,
-                tags: options.tags.clone(),
-                max_stack_length: options.max_stack_length,
-                cost,
-                throttled,
-            },
-            frames,
-            stacks,
-        }
+        profile.meta.cost = cost;
+        profile
     }
 }
 

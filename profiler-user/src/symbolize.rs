@@ -11,7 +11,10 @@ use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::procmaps::{FileId, Location, MappedFile, ProcessMaps};
+use crate::{
+    procmaps::{FileId, Location, MappedFile, ProcessMaps},
+    stripped::FunctionStarts,
+};
 
 /// Which side of the user/kernel boundary a frame is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,6 +40,9 @@ pub struct Frame {
     pub file: Option<String>,
     /// Source line of the sampled instruction in this frame, where debug info has it.
     pub line: Option<u32>,
+    /// First source line of the function (the line of its entry point), which names the
+    /// function apart from the sampled line; known for functions that were really called.
+    pub start_line: Option<u32>,
     /// GNU build id (hex) of the binary the frame is in, where it has one.
     pub build_id: Option<String>,
 }
@@ -47,6 +53,8 @@ pub struct Symbolizer {
     /// (file identity, file offset) -> frames, outermost first (inlined callees after callers).
     user: HashMap<(FileId, u64), Arc<[Frame]>>,
     kernel: HashMap<u64, Arc<[Frame]>>,
+    /// Where each file's functions start, for code no symbol covers (read on first need).
+    function_starts: HashMap<FileId, Option<FunctionStarts>>,
 }
 
 impl Default for Symbolizer {
@@ -66,6 +74,7 @@ impl Symbolizer {
                 .build(),
             user: HashMap::new(),
             kernel: HashMap::new(),
+            function_starts: HashMap::new(),
         }
     }
 
@@ -93,8 +102,37 @@ impl Symbolizer {
             {
                 Ok(results) => {
                     let build_id = file.build_id();
+                    let start_lines = self.start_lines(&source, &results);
                     for (offset, result) in offsets.iter().zip(results) {
-                        let mut frames = to_frames(&result, &module, *offset, FrameKind::User);
+                        let mut frames = if result.as_sym().is_some() {
+                            to_frames(&result, &module, *offset, FrameKind::User)
+                        } else {
+                            // No symbol covers it (a stripped library): name its function
+                            // by where it starts, so its samples share one frame.
+                            let starts = self
+                                .function_starts
+                                .entry(id)
+                                .or_insert_with(|| FunctionStarts::read(&file.open_path()));
+                            match starts.as_ref().and_then(|s| s.name(&module, *offset)) {
+                                Some(name) => unknown(&module, *offset, FrameKind::User)
+                                    .iter()
+                                    .map(|f| Frame {
+                                        name: name.clone(),
+                                        ..f.clone()
+                                    })
+                                    .collect(),
+                                None => unknown(&module, *offset, FrameKind::User),
+                            }
+                        };
+                        if let (Some(sym), Some(first)) = (result.as_sym(), frames.first()) {
+                            let start_line = start_lines.get(&sym.addr).copied();
+                            let mut owned = frames.to_vec();
+                            owned[0] = Frame {
+                                start_line,
+                                ..first.clone()
+                            };
+                            frames = owned.into();
+                        }
                         if let Some(build_id) = build_id {
                             frames = frames
                                 .iter()
@@ -118,6 +156,36 @@ impl Symbolizer {
         }
     }
 
+    /// The source line of each symbol's entry point (by the symbol's address in its file), so
+    /// that a function keeps one identity whichever of its lines was sampled.
+    fn start_lines(&self, source: &Source<'_>, results: &[Symbolized<'_>]) -> HashMap<u64, u32> {
+        let mut starts: Vec<u64> = results
+            .iter()
+            .filter_map(|r| r.as_sym())
+            .filter(|sym| sym.code_info.is_some())
+            .map(|sym| sym.addr)
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        if starts.is_empty() {
+            return HashMap::new();
+        }
+        match self.blazesym.symbolize(source, Input::VirtOffset(&starts)) {
+            Ok(entries) => starts
+                .iter()
+                .zip(entries)
+                .filter_map(|(addr, entry)| {
+                    let line = entry.as_sym()?.code_info.as_ref()?.line?;
+                    Some((*addr, line))
+                })
+                .collect(),
+            Err(e) => {
+                log::debug!("finding functions' first lines: {e}");
+                HashMap::new()
+            }
+        }
+    }
+
     /// The frames at user address `addr` of the process `maps` describes; never empty.
     pub fn user(&self, maps: &ProcessMaps, addr: u64) -> Arc<[Frame]> {
         let location = maps.locate(addr);
@@ -130,6 +198,7 @@ impl Symbolizer {
                     inlined: false,
                     file: None,
                     line: None,
+                    start_line: None,
                     build_id: None,
                 }]);
             }
@@ -214,6 +283,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
         inlined: false,
         file,
         line,
+        start_line: None,
         build_id: None,
     });
     for inlined in sym.inlined.iter() {
@@ -225,6 +295,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
             inlined: true,
             file,
             line,
+            start_line: None,
             build_id: None,
         });
     }
@@ -252,6 +323,7 @@ fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
         inlined: false,
         file: None,
         line: None,
+        start_line: None,
         build_id: None,
     }])
 }

@@ -4,6 +4,7 @@
 //! checked against the known truth (leaf_hot:leaf_cold = 75:25). Needs root.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -14,6 +15,13 @@ use bpfprof_tests::*;
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Tolerance on the 75% share: see hotcold.rs for why 6 points is generous yet meaningful.
 const TOLERANCE: f64 = 0.06;
+
+/// Each test here burns CPU in a workload and checks sample counts against the rate: they run
+/// one at a time, so that they do not starve each other's workloads on a small machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The npm validators `cargo xtask setup` installs.
 fn validators() -> Option<PathBuf> {
@@ -115,7 +123,9 @@ for (const prof of doc.profiles) {
     if (leaf === "leaf_cold") cold += prof.weights[i];
   });
 }
-console.log(JSON.stringify({ valid, errors: ajv.errors, hot, cold, names: doc.profiles.map((p) => p.name) }));
+const units = doc.profiles.map((p) => p.unit);
+const total = doc.profiles.reduce((a, p) => a + p.weights.reduce((x, y) => x + y, 0), 0);
+console.log(JSON.stringify({ valid, errors: ajv.errors, hot, cold, units, total, names: doc.profiles.map((p) => p.name) }));
 "#;
 
 const PSTATS_SCRIPT: &str = r#"
@@ -134,6 +144,7 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
     if !require_root() {
         return;
     }
+    let _serial = serial();
     let modules = validators();
     let target = Workload::spawn("hotcold", &["60"]);
     std::thread::sleep(Duration::from_millis(200));
@@ -234,8 +245,17 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
 
     // Top table: leaf_hot first.
     let top = std::fs::read_to_string(path("p.txt")).unwrap();
-    let first = top.lines().nth(2).unwrap_or_default();
+    let first = top
+        .lines()
+        .skip_while(|l| !l.starts_with("top functions by self samples:"))
+        .nth(2)
+        .unwrap_or_default();
     assert!(first.contains("leaf_hot"), "{top}");
+    // The flame graph's root bar says what it is.
+    assert!(
+        svg.contains(">all samples: bpfprof: hotcold"),
+        "root bar unlabeled"
+    );
 
     // Summary JSON agrees with the folded total and carries the tags.
     let summary = Summary::read(&path("p.summary.json"));
@@ -285,13 +305,15 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|m| m[0] == "hotcold")
+        .find(|m| m[0].as_str().is_some_and(|p| p.ends_with("/hotcold")))
         .unwrap_or_else(|| panic!("no hotcold mapping: {pprof}"));
     assert_eq!(
         hotcold[1].as_str().unwrap().len(),
         40,
         "a 20-byte GNU build id: {pprof}"
     );
+    // The executable is pprof's main binary: the first mapping.
+    assert_eq!(&pprof["mappings"][0], hotcold, "{pprof}");
 
     // speedscope, validated against its own published schema.
     let speedscope = node(&modules, SPEEDSCOPE_SCRIPT, &path("p.speedscope.json"));
@@ -308,6 +330,14 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
             .contains("phase=e2e"),
         "{speedscope}"
     );
+    // Weights are time: the samples at 999 Hz, in nanoseconds, as pprof's values are.
+    assert_eq!(speedscope["units"], serde_json::json!(["nanoseconds"]));
+    let seconds = speedscope["total"].as_f64().unwrap() / 1e9;
+    let expected = total as f64 / 999.0;
+    assert!(
+        (seconds - expected).abs() < expected * 0.01,
+        "{seconds} s of weight for {total} samples at 999 Hz"
+    );
 }
 
 #[test]
@@ -315,6 +345,7 @@ fn format_top_without_output_prints_the_table() {
     if !require_root() {
         return;
     }
+    let _serial = serial();
     let target = Workload::spawn("hotcold", &["60"]);
     std::thread::sleep(Duration::from_millis(200));
     let run = run_bpfprof(
@@ -333,17 +364,499 @@ fn format_top_without_output_prints_the_table() {
     );
     run.assert_code(0);
     assert!(
-        run.stdout.starts_with("top functions by self samples:"),
+        run.stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains(" samples; event: "),
         "{}",
         run.stdout
     );
     assert!(
         run.stdout
             .lines()
+            .skip_while(|l| !l.starts_with("top functions by self samples:"))
             .nth(2)
             .unwrap_or_default()
             .contains("leaf_hot"),
         "{}",
         run.stdout
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14: what a person sees in tools no one here wrote.
+// ---------------------------------------------------------------------------
+
+/// Runs a pprof binary with `args`; `None` (off CI) when it is missing. `HOME` points at a
+/// scratch directory: pprof writes its history and looks for binaries under it.
+fn pprof_tool(program: &Path, pre: &[&str], args: &[&str], home: &Path) -> Option<String> {
+    let out = match Command::new(program)
+        .args(pre)
+        .args(args)
+        .env("HOME", home)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(
+                !ci(),
+                "{} is needed under CI (cargo xtask setup): {e}",
+                program.display()
+            );
+            eprintln!("skipping: {} is missing: {e}", program.display());
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed: {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `go tool pprof ARGS`, Go's own pprof (Debian's golang-go).
+fn go_pprof(args: &[&str], home: &Path) -> Option<String> {
+    pprof_tool(Path::new("go"), &["tool", "pprof"], args, home)
+}
+
+/// Upstream pprof as `cargo xtask setup` builds it, with GNU binutils: Go 1.19's own cannot
+/// disassemble position-independent C binaries.
+fn upstream_pprof(args: &[&str], home: &Path) -> Option<String> {
+    let tools = workspace_root().join("target/tools");
+    let bin = tools.join("pprof");
+    if !bin.is_file() {
+        assert!(
+            !ci(),
+            "{} is needed under CI: run `cargo xtask setup`",
+            bin.display()
+        );
+        eprintln!(
+            "skipping: {} is missing (run `cargo xtask setup`)",
+            bin.display()
+        );
+        return None;
+    }
+    let gnu = format!("-tools={}/", tools.join("gnu-binutils").display());
+    pprof_tool(&bin, &[&gnu], args, home)
+}
+
+/// Profiles a fresh `hotcold` for `secs` seconds into `outputs` (names in `dir`).
+fn profile_hotcold(dir: &Path, extra: &[&str], outputs: &[&str], secs: &str) -> Workload {
+    let target = Workload::spawn("hotcold", &["60"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = target.pid().to_string();
+    let mut args: Vec<String> = ["--pid", &pid, "-F", "999", "-d", secs, "-q"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    for name in outputs {
+        args.push("-o".into());
+        args.push(dir.join(name).display().to_string());
+    }
+    run_bpfprof(&args, TIMEOUT).assert_code(0);
+    target
+}
+
+/// The rows of a `.txt` table's first section (by self samples) that name `function`.
+fn self_rows<'a>(table: &'a str, function: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with("top functions by self samples:"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("top functions by total samples:"))
+        .filter(|l| l.split_whitespace().any(|w| w == function))
+        .collect()
+}
+
+/// The line of `hotcold.c` that declares `function`.
+fn declaration_line(function: &str) -> u64 {
+    let source = std::fs::read_to_string(workspace_root().join("tests/workloads/hotcold.c"))
+        .expect("reading hotcold.c");
+    let needle = format!("void {function}(void)");
+    source
+        .lines()
+        .position(|l| l.contains(&needle))
+        .unwrap_or_else(|| panic!("{needle} not in hotcold.c")) as u64
+        + 1
+}
+
+#[test]
+fn line_numbers_keep_one_entry_per_function() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempdir();
+    let outputs = ["l.folded", "l.prof", "l.txt", "l.summary.json", "l.pb.gz"];
+    let _target = profile_hotcold(dir.path(), &["--line-numbers"], &outputs, "3s");
+    let path = |name: &str| dir.path().join(name);
+
+    // The per-line detail exists: leaf_hot was sampled at several of its lines.
+    let folded = Profile::read(&path("l.folded"));
+    let lines: std::collections::BTreeSet<&str> = folded
+        .stacks
+        .keys()
+        .filter_map(|s| s.last())
+        .filter(|f| f.starts_with("leaf_hot (hotcold.c:"))
+        .map(String::as_str)
+        .collect();
+    assert!(
+        lines.len() >= 2,
+        "leaf_hot seen at {lines:?}\n{}",
+        folded.top(5)
+    );
+
+    // pstats: one entry per function, keyed by where the function starts.
+    let stats = python(
+        r#"
+import json, pstats, sys
+s = pstats.Stats(sys.argv[1])
+keys = [[f, l, n, s.stats[(f, l, n)][2]] for (f, l, n) in s.stats]
+print(json.dumps(keys))
+"#,
+        &path("l.prof"),
+    );
+    for function in ["leaf_hot", "leaf_cold", "parent_hot", "main"] {
+        let entries: Vec<&serde_json::Value> = stats
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k[2] == function)
+            .collect();
+        assert_eq!(entries.len(), 1, "{function}: {entries:?}");
+        if function.starts_with("leaf") {
+            let line = entries[0][1].as_u64().unwrap();
+            let declared = declaration_line(function);
+            assert!(
+                (declared..=declared + 1).contains(&line),
+                "{function} keyed by line {line}, declared at {declared}"
+            );
+            assert!(entries[0][0].as_str().unwrap().ends_with("hotcold.c"));
+        }
+    }
+    let tt = |name: &str| -> f64 {
+        stats
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k[2] == name)
+            .unwrap()[3]
+            .as_f64()
+            .unwrap()
+    };
+    assert_share("pstats with lines", tt("leaf_hot"), tt("leaf_cold"));
+
+    // The top table and the summary: one row for leaf_hot, with all its samples.
+    let table = std::fs::read_to_string(path("l.txt")).unwrap();
+    let rows = self_rows(&table, "leaf_hot");
+    assert_eq!(rows.len(), 1, "{table}");
+    let summary = Summary::read(&path("l.summary.json"));
+    let hot: Vec<&serde_json::Value> = summary
+        .field("top_self")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"].as_str().unwrap().starts_with("leaf_hot"))
+        .collect();
+    assert_eq!(hot.len(), 1, "{hot:?}");
+    assert_eq!(
+        hot[0]["self_samples"].as_u64().unwrap(),
+        folded.count_where(|f| f.last().is_some_and(|l| l.starts_with("leaf_hot ("))),
+    );
+
+    // pprof keeps the lines: Go's pprof lists leaf_hot's locations at several lines.
+    let Some(raw) = go_pprof(&["-raw", path("l.pb.gz").to_str().unwrap()], dir.path()) else {
+        return;
+    };
+    let pprof_lines: std::collections::BTreeSet<&str> = raw
+        .lines()
+        .filter(|l| l.contains(" leaf_hot "))
+        .filter_map(|l| l.split_whitespace().find(|w| w.contains("hotcold.c:")))
+        .collect();
+    assert!(pprof_lines.len() >= 2, "{raw}");
+}
+
+#[test]
+fn pprof_has_real_addresses_and_disassembles() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempdir();
+    let _target = profile_hotcold(dir.path(), &[], &["a.pb.gz"], "2s");
+    let profile = dir.path().join("a.pb.gz");
+    let Some(raw) = go_pprof(&["-raw", profile.to_str().unwrap()], dir.path()) else {
+        return;
+    };
+    // Mappings: `ID: START/LIMIT/OFFSET PATH BUILDID [FLAGS]`, the workload's with its full
+    // path, a real range and a build id.
+    let exe = workload_path("hotcold");
+    let mapping = raw
+        .lines()
+        .skip_while(|l| *l != "Mappings")
+        .find(|l| l.contains(exe.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no mapping of {}:\n{raw}", exe.display()));
+    let fields: Vec<&str> = mapping.split_whitespace().collect();
+    let id = fields[0].trim_end_matches(':');
+    let range: Vec<u64> = fields[1]
+        .split('/')
+        .map(|n| u64::from_str_radix(n.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    let (start, limit) = (range[0], range[1]);
+    assert!(start > 0 && limit > start, "{mapping}");
+    assert_eq!(fields[3].len(), 40, "a GNU build id: {mapping}");
+    // Locations: `ID: 0xADDRESS M=MAPPING function file:line s=start`.
+    let hot: Vec<u64> = raw
+        .lines()
+        .skip_while(|l| *l != "Locations")
+        .take_while(|l| *l != "Mappings")
+        .filter(|l| l.contains(" leaf_hot"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f[2], format!("M={id}"), "{l}");
+            u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap()
+        })
+        .collect();
+    assert!(!hot.is_empty(), "{raw}");
+    for address in &hot {
+        assert!(
+            (start..limit).contains(address),
+            "{address:#x} outside {mapping}"
+        );
+    }
+
+    // With the binary present, pprof disassembles the hot function and puts the samples on
+    // its instructions.
+    // Only leaf_hot's own nodes (-show_from/-prune_from): this pprof computes a binary's load
+    // base from the first node it is asked about, in map order, and a node of another
+    // mapping (libc, the kernel) would fail it at random.
+    let args = [
+        "-show_from=leaf_hot",
+        "-prune_from=leaf_hot",
+        "-disasm=leaf_hot",
+        profile.to_str().unwrap(),
+    ];
+    let Some(disasm) = upstream_pprof(&args, dir.path()) else {
+        return;
+    };
+    assert!(
+        disasm.contains("ROUTINE ======================== leaf_hot"),
+        "{disasm}"
+    );
+    let sampled_instructions = disasm
+        .lines()
+        .filter(|l| l.contains(':') && !l.trim_start().starts_with('.'))
+        .filter(|l| l.contains("ms "))
+        .count();
+    assert!(sampled_instructions >= 2, "{disasm}");
+}
+
+#[test]
+fn per_thread_pprof_labels_threads() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let target = Workload::spawn("multithread", &["60"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempdir();
+    let pprof = dir.path().join("t.pb.gz");
+    let pid = target.pid().to_string();
+    run_bpfprof(
+        [
+            "--pid",
+            &pid,
+            "-F",
+            "499",
+            "-d",
+            "2s",
+            "--per-thread",
+            "-q",
+            "-o",
+            pprof.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    )
+    .assert_code(0);
+    let Some(tags) = go_pprof(&["-tags", pprof.to_str().unwrap()], dir.path()) else {
+        return;
+    };
+    // `-tags` prints each label key, then one line per value: `N (P%): VALUE`.
+    let values = |key: &str| -> Vec<String> {
+        tags.lines()
+            .skip_while(|l| l.trim_start().split(':').next() != Some(key))
+            .skip(1)
+            .take_while(|l| l.contains("%): "))
+            .map(|l| l.rsplit_once("): ").unwrap().1.trim().to_string())
+            .collect()
+    };
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let tids = values("tid");
+    assert!(tids.len() >= 2, "two busy threads:\n{tags}");
+    for tid in &tids {
+        assert!(
+            tasks.contains(tid),
+            "tid {tid} is not a thread of {pid} {tasks:?}"
+        );
+    }
+    assert_eq!(values("thread_comm"), ["multithread"], "{tags}");
+    // pprof can focus on one thread by its label.
+    let one = go_pprof(
+        &[
+            "-tags",
+            &format!("-tagfocus=tid={}", tids[0]),
+            pprof.to_str().unwrap(),
+        ],
+        dir.path(),
+    )
+    .unwrap();
+    let focused: Vec<String> = one
+        .lines()
+        .skip_while(|l| l.trim_start().split(':').next() != Some("tid"))
+        .skip(1)
+        .take_while(|l| l.contains("%): "))
+        .map(|l| l.rsplit_once("): ").unwrap().1.trim().to_string())
+        .collect();
+    assert_eq!(focused, [tids[0].clone()], "{one}");
+}
+
+#[test]
+fn kernel_names_are_plain_in_table_and_summary() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let target = Workload::spawn("syscalls", &["60"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let dir = tempdir();
+    let txt = dir.path().join("k.txt");
+    let summary_path = dir.path().join("k.summary.json");
+    let pid = target.pid().to_string();
+    run_bpfprof(
+        [
+            "--pid",
+            &pid,
+            "-F",
+            "499",
+            "-d",
+            "2s",
+            "-q",
+            "-o",
+            txt.to_str().unwrap(),
+            "-o",
+            summary_path.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    )
+    .assert_code(0);
+    let table = std::fs::read_to_string(&txt).unwrap();
+    let json = std::fs::read_to_string(&summary_path).unwrap();
+    assert!(!table.contains("_[k]"), "{table}");
+    assert!(!json.contains("_[k]"), "{json}");
+
+    // The header says what a sample is; rows carry counts.
+    let summary = Summary::read(&summary_path);
+    let header = table.lines().next().unwrap();
+    assert!(
+        header.starts_with(&format!("{} samples; event: ", summary.samples())),
+        "{header}"
+    );
+    assert!(header.contains("period: "), "{header}");
+    let kernel_rows: Vec<&str> = table
+        .lines()
+        .take_while(|l| !l.starts_with("top functions by total samples:"))
+        .filter(|l| l.contains(" [k] "))
+        .collect();
+    assert!(!kernel_rows.is_empty(), "{table}");
+    let counted: u64 = table
+        .lines()
+        .skip_while(|l| !l.starts_with("top functions by self samples:"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("top functions by total samples:"))
+        .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, summary.samples(), "self samples add up:\n{table}");
+
+    let top = summary.field("top_self").as_array().unwrap().clone();
+    assert!(
+        top.iter().any(|e| e["kernel"] == true),
+        "kernel functions flagged: {top:?}"
+    );
+}
+
+#[test]
+fn stripped_library_functions_are_one_row_each() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let Some(xz) = find_tool("xz") else {
+        assert!(!ci(), "xz (xz-utils) is needed under CI");
+        eprintln!("skipping: xz is missing");
+        return;
+    };
+    let dir = tempdir();
+    // Incompressible input keeps xz in liblzma's match finder for the whole run.
+    let input = dir.path().join("input");
+    let mut random = vec![0u8; 48 << 20];
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for chunk in random.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(&input, &random).unwrap();
+    let mut cmd = Command::new(xz);
+    cmd.args(["-9", "-T1", "-c"]).arg(&input);
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(500));
+    let folded_path = dir.path().join("x.folded");
+    run_bpfprof(
+        [
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "499",
+            "-d",
+            "3s",
+            "-q",
+            "-o",
+            folded_path.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    )
+    .assert_code(0);
+    let folded = Profile::read(&folded_path);
+    let total = folded.total();
+    assert!(total > 100, "{}", folded.top(5));
+    // No leaf is an address in liblzma: each is named by its function.
+    let by_address = folded.count_where(|f| f.last().is_some_and(|l| l.contains("liblzma.so")));
+    assert_eq!(by_address, 0, "{}", folded.top(10));
+    let mut functions: BTreeMap<&str, u64> = BTreeMap::new();
+    for (frames, n) in &folded.stacks {
+        let leaf = frames.last().unwrap();
+        if leaf.starts_with("lzma_") {
+            *functions.entry(leaf.as_str()).or_default() += n;
+        }
+    }
+    let in_lzma: u64 = functions.values().sum();
+    assert!(
+        in_lzma * 2 > total,
+        "xz runs in liblzma: {in_lzma} of {total}\n{}",
+        folded.top(10)
+    );
+    // A hot function is one row: the hottest holds a large share, not one address's.
+    let hottest = functions.values().max().copied().unwrap_or(0);
+    assert!(
+        hottest * 4 > in_lzma,
+        "hottest liblzma function {hottest} of {in_lzma}: {functions:?}"
     );
 }

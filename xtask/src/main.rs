@@ -65,7 +65,18 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "qemu-system-x86",
     "cpio",
+    // Independent readers of the output formats: `go tool pprof`, upstream pprof's source
+    // (built by `setup` for `-disasm`, with GNU binutils), xz's stripped liblzma, and a
+    // headless browser that lays out the flame graph.
+    "golang-go",
+    "golang-github-google-pprof-dev",
+    "binutils",
+    "xz-utils",
+    "chromium",
 ];
+
+/// Where `setup` builds upstream pprof, with a directory of the GNU binutils it must use.
+const PPROF_DIR: &str = "target/tools";
 
 /// npm packages the tests use as independent readers of bpfprof's output formats.
 const NPM_VALIDATORS: &[(&str, &str)] = &[
@@ -295,10 +306,43 @@ fn setup() -> Result<()> {
     setup_rustup_components()?;
     setup_bpf_linker()?;
     setup_validators()?;
+    setup_pprof()?;
     setup_python()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
+}
+
+/// Builds upstream pprof from Debian's source package: Go 1.19's `go tool pprof` cannot
+/// disassemble position-independent C binaries (its object reader ignores mapping offsets).
+/// It is pointed at GNU binutils, since the pprof release Debian ships cannot read the output
+/// of the LLVM 14 `llvm-objdump` it would otherwise prefer.
+fn setup_pprof() -> Result<()> {
+    let dir = workspace_root().join(PPROF_DIR);
+    let gnu = dir.join("gnu-binutils");
+    println!("==> upstream pprof in {}", dir.display());
+    std::fs::create_dir_all(&gnu).with_context(|| format!("creating {}", gnu.display()))?;
+    for tool in ["objdump", "nm", "addr2line"] {
+        let link = gnu.join(tool);
+        if !link.exists() {
+            std::os::unix::fs::symlink(Path::new("/usr/bin").join(tool), &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    let bin = dir.join("pprof");
+    if bin.is_file() {
+        println!("    already built");
+        return Ok(());
+    }
+    let mut cmd = command("go");
+    cmd.arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg("github.com/google/pprof")
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", dir.join("go-cache"));
+    run(&mut cmd)
 }
 
 fn setup_validators() -> Result<()> {

@@ -1,28 +1,45 @@
 //! Folded stacks (Brendan Gregg's collapsed format): `root;...;leaf COUNT`, one line a stack,
 //! kernel frames suffixed `_[k]` as flamegraph.pl and inferno color them.
 
-use std::io::{self, Write};
+use std::{
+    collections::HashMap,
+    io::{self, Write},
+};
 
-use crate::aggregate::Profile;
+use crate::profile::Profile;
 
-/// Writes `profile` as folded stacks, most frequent first.
+/// Writes `profile` as folded stacks, most frequent first. Stacks that read the same (they
+/// differed only in addresses) are one line.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
-    for stack in &profile.stacks {
-        let mut first = true;
-        for &id in &stack.frames {
-            if !first {
-                w.write_all(b";")?;
-            }
-            first = false;
-            let frame = &profile.frames[id];
+    let labels: Vec<String> = profile
+        .frames
+        .iter()
+        .map(|frame| {
             // `;` separates frames and a trailing " N" is the count: neither may appear inside.
             let name = frame.label().replace(';', ":").replace('\n', " ");
-            w.write_all(name.as_bytes())?;
             if frame.is_kernel() {
-                w.write_all(b"_[k]")?;
+                format!("{name}_[k]")
+            } else {
+                name
+            }
+        })
+        .collect();
+    let mut lines: Vec<(String, u64)> = Vec::with_capacity(profile.stacks.len());
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for stack in &profile.stacks {
+        let line: Vec<&str> = stack.frames.iter().map(|&id| labels[id].as_str()).collect();
+        let line = line.join(";");
+        match index.get(&line) {
+            Some(&i) => lines[i].1 += stack.count,
+            None => {
+                index.insert(line.clone(), lines.len());
+                lines.push((line, stack.count));
             }
         }
-        writeln!(w, " {}", stack.count)?;
+    }
+    lines.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    for (line, count) in lines {
+        writeln!(w, "{line} {count}")?;
     }
     Ok(())
 }

@@ -17,8 +17,8 @@ use std::{
 };
 
 use crate::{
-    aggregate::Profile,
     error::{Error, Result},
+    profile::Profile,
 };
 
 /// A profile file format.
@@ -96,7 +96,7 @@ impl Format {
             Format::Pprof => pprof::write(profile, &mut w),
             Format::Speedscope => speedscope::write(profile, &mut w),
             Format::Pstats => pstats::write(profile, &mut w),
-            Format::Top => w.write_all(top::render(profile, usize::MAX).as_bytes()),
+            Format::Top => w.write_all(top::render_file(profile).as_bytes()),
             Format::SummaryJson => summary::write(profile, &mut w),
         }
     }
@@ -227,7 +227,7 @@ pub(crate) mod fixture {
     use std::time::Duration;
 
     use crate::{
-        aggregate::{
+        profile::{
             Losses, Profile, ProfileFrame, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
             StackCount, Tag,
         },
@@ -250,6 +250,7 @@ pub(crate) mod fixture {
             inlined,
             file: (kind == FrameKind::User).then(|| "/src/app.c".to_string()),
             line,
+            start_line: line.map(|l| l - 2),
             build_id: (kind == FrameKind::User).then(|| "0123abcd".to_string()),
         })
     }
@@ -266,39 +267,47 @@ pub(crate) mod fixture {
         let user = FrameKind::User;
         let tag = Tag::new("phase", "train").unwrap();
         let frames = vec![
-            ProfileFrame::Tag(tag.clone()),                    // 0
-            ProfileFrame::Process("app".into()),               // 1
-            code("main", user, false, Some(10)),               // 2
-            code("parent_hot", user, false, Some(20)),         // 3
-            code("leaf_hot", user, false, Some(30)),           // 4
-            code("parent_cold", user, false, Some(40)),        // 5
-            code("leaf_cold", user, false, Some(50)),          // 6
-            code("recurse", user, false, Some(60)),            // 7
-            code("inlined_helper", user, true, Some(70)),      // 8
+            ProfileFrame::Tag(tag.clone()), // 0
+            ProfileFrame::Process {
+                name: "app".into(),
+                pid: 1234,
+            }, // 1
+            code("main", user, false, Some(10)), // 2
+            code("parent_hot", user, false, Some(20)), // 3
+            code("leaf_hot", user, false, Some(30)), // 4
+            code("parent_cold", user, false, Some(40)), // 5
+            code("leaf_cold", user, false, Some(50)), // 6
+            code("recurse", user, false, Some(60)), // 7
+            code("inlined_helper", user, true, Some(70)), // 8
             code("sys_write", FrameKind::Kernel, false, None), // 9
-            ProfileFrame::Truncated,                           // 10
-            code("deep", user, false, None),                   // 11
+            ProfileFrame::Truncated,        // 10
+            code("deep", user, false, None), // 11
         ];
         let stacks = vec![
             StackCount {
                 frames: vec![0, 1, 2, 3, 4],
                 count: 60,
+                addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 5, 6],
                 count: 20,
+                addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 7, 7, 4],
                 count: 10,
+                addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 3, 8, 9],
                 count: 8,
+                addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 10, 11],
                 count: 2,
+                addresses: Vec::new(),
             },
         ];
         Profile {
@@ -331,6 +340,7 @@ pub(crate) mod fixture {
             },
             frames,
             stacks,
+            mappings: Vec::new(),
         }
     }
 }

@@ -3,9 +3,14 @@
 //! Each stack becomes one sample, leaf first. Code frames become functions and locations, with
 //! a function's inlined callees folded into the location of the instruction that holds them;
 //! process, thread and `[truncated]` frames become pseudo-functions at the root end, as the
-//! folded output shows them. Tags are sample labels instead of frames, because pprof filters
-//! and groups by labels (`-tagfocus`, `-tagroot`). The profile's comments state its cost and
-//! completeness, because a pprof file is often read far from the run that made it.
+//! folded output shows them. Locations carry the sampled address (a return address minus one
+//! for callers, inside the call) and mappings the real address range, file offset, full path
+//! and build id, so that `pprof -disasm` and `-addresses` work where the binary is.
+//! Tags are sample labels instead of frames, because pprof filters and groups by labels
+//! (`-tagfocus`, `-tagroot`); so are the process (`pid`, `comm`) and, in per-thread profiles,
+//! the thread (`tid`, `thread_comm`, the names perf's own pprof converter uses). The profile's
+//! comments state its cost and completeness, because a pprof file is often read far from the
+//! run that made it.
 
 use std::{
     collections::HashMap,
@@ -17,7 +22,7 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use crate::{
-    aggregate::{FrameId, Profile, ProfileFrame, RunEnd},
+    profile::{CodeAddress, FrameId, Profile, ProfileFrame, RunEnd},
     sampling::{Event, Rate, Sampling},
 };
 
@@ -294,72 +299,105 @@ struct Tables {
     functions: Vec<proto::Function>,
     function_ids: HashMap<(FunctionClass, i64, i64), u64>,
     mappings: Vec<proto::Mapping>,
-    mapping_ids: HashMap<String, u64>,
+    /// pprof mapping id of each of the profile's mappings.
+    profile_mapping_ids: Vec<u64>,
+    /// pprof mapping id of each module whose frames have no address.
+    module_mapping_ids: HashMap<String, u64>,
     locations: Vec<proto::Location>,
-    location_ids: HashMap<Vec<FrameId>, u64>,
+    location_ids: HashMap<(Vec<FrameId>, Option<CodeAddress>), u64>,
 }
 
 impl Tables {
-    /// Creates one mapping per module, user modules first: pprof takes `mapping[0]` as the
-    /// main binary, and the kernel never is.
+    /// Creates the mappings: the profile's own (real ranges, offsets, full paths and build
+    /// ids), then one per module for frames without an address. pprof takes `mapping[0]` as
+    /// the main binary, so executables come first (the busiest stack's one first), then
+    /// libraries, and the kernel last.
     fn new(profile: &Profile) -> Tables {
         let mut strings = Strings::new();
-        let mut modules: Vec<(bool, &str)> = Vec::new();
-        for frame in &profile.frames {
-            if let ProfileFrame::Code(f) = frame {
-                if let Some(module) = &f.module {
-                    let entry = (frame.is_kernel(), module.as_str());
-                    if !modules.contains(&entry) {
-                        modules.push(entry);
+        let mut order: Vec<usize> = (0..profile.mappings.len()).collect();
+        let busiest = profile.stacks.first().and_then(|stack| {
+            stack
+                .addresses
+                .iter()
+                .flatten()
+                .map(|a| a.mapping)
+                .find(|&m| profile.mappings[m].executable)
+        });
+        order.sort_by_key(|&m| {
+            let mapping = &profile.mappings[m];
+            (
+                !mapping.executable,
+                Some(m) != busiest,
+                mapping.pid.is_none(),
+            )
+        });
+        let mut mappings = Vec::new();
+        let mut profile_mapping_ids = vec![0; profile.mappings.len()];
+        for m in order {
+            let mapping = &profile.mappings[m];
+            let id = mappings.len() as u64 + 1;
+            mappings.push(proto::Mapping {
+                id,
+                memory_start: mapping.start,
+                memory_limit: mapping.limit,
+                file_offset: mapping.file_offset,
+                filename: strings.id(&mapping.path),
+                build_id: mapping.build_id.as_deref().map_or(0, |b| strings.id(b)),
+                // Symbolized already: pprof must not try again.
+                has_functions: true,
+                ..Default::default()
+            });
+            profile_mapping_ids[m] = id;
+        }
+
+        let mut modules: Vec<(bool, &str, Option<&str>)> = Vec::new();
+        for stack in &profile.stacks {
+            for (i, &frame_id) in stack.frames.iter().enumerate() {
+                let frame = &profile.frames[frame_id];
+                if let ProfileFrame::Code(f) = frame {
+                    let addressed = stack.addresses.get(i).is_some_and(Option::is_some);
+                    if let (false, Some(module)) = (addressed, &f.module) {
+                        let entry = (frame.is_kernel(), module.as_str(), f.build_id.as_deref());
+                        if !modules.iter().any(|m| m.1 == entry.1) {
+                            modules.push(entry);
+                        }
                     }
                 }
             }
         }
-        modules.sort_by_key(|(kernel, _)| *kernel);
-        let mut mappings = Vec::new();
-        let mut mapping_ids = HashMap::new();
-        for (_, module) in modules {
-            if mapping_ids.contains_key(module) {
-                continue;
-            }
+        modules.sort_by_key(|(kernel, _, _)| *kernel);
+        let mut module_mapping_ids = HashMap::new();
+        for (_, module, build_id) in modules {
             let id = mappings.len() as u64 + 1;
-            let has = |what: fn(&crate::symbolize::Frame) -> bool| {
-                profile.frames.iter().any(|frame| {
-                    matches!(frame, ProfileFrame::Code(f)
-                        if f.module.as_deref() == Some(module) && what(f))
-                })
-            };
-            // Addresses are not kept past symbolization, so the range stays unknown (0..0);
-            // has_functions tells pprof not to try symbolizing it again.
-            let build_id = profile.frames.iter().find_map(|frame| match frame {
-                ProfileFrame::Code(f) if f.module.as_deref() == Some(module) => {
-                    f.build_id.as_deref()
-                }
-                _ => None,
-            });
+            // No address was kept for these frames, so the range stays unknown (0..0).
             mappings.push(proto::Mapping {
                 id,
                 filename: strings.id(module),
                 build_id: build_id.map_or(0, |b| strings.id(b)),
                 has_functions: true,
-                has_filenames: has(|f| f.file.is_some()),
-                has_line_numbers: has(|f| f.line.is_some()),
                 ..Default::default()
             });
-            mapping_ids.insert(module.to_string(), id);
+            module_mapping_ids.insert(module.to_string(), id);
         }
         Tables {
             strings,
             functions: Vec::new(),
             function_ids: HashMap::new(),
             mappings,
-            mapping_ids,
+            profile_mapping_ids,
+            module_mapping_ids,
             locations: Vec::new(),
             location_ids: HashMap::new(),
         }
     }
 
-    fn function(&mut self, class: FunctionClass, name: &str, file: Option<&str>) -> u64 {
+    fn function(
+        &mut self,
+        class: FunctionClass,
+        name: &str,
+        file: Option<&str>,
+        start_line: Option<u32>,
+    ) -> u64 {
         let name = self.strings.id(name);
         let filename = file.map_or(0, |f| self.strings.id(f));
         let next = self.functions.len() as u64 + 1;
@@ -373,69 +411,94 @@ impl Tables {
                 name,
                 system_name: name,
                 filename,
-                start_line: 0,
+                start_line: start_line.map_or(0, i64::from),
             });
         }
         id
     }
 
     /// The location of a group of frames, outermost first: either one pseudo frame, or a code
-    /// frame followed by the frames inlined into it.
-    fn location(&mut self, profile: &Profile, group: &[FrameId]) -> u64 {
-        if let Some(id) = self.location_ids.get(group) {
+    /// frame followed by the frames inlined into it, at `address` where it is known.
+    fn location(
+        &mut self,
+        profile: &Profile,
+        group: &[FrameId],
+        address: Option<CodeAddress>,
+    ) -> u64 {
+        let key = (group.to_vec(), address);
+        if let Some(id) = self.location_ids.get(&key) {
             return *id;
         }
-        let mut mapping_id = 0;
+        let mut mapping_id = address.map_or(0, |a| self.profile_mapping_ids[a.mapping]);
         let mut lines = Vec::with_capacity(group.len());
+        let (mut files, mut line_numbers) = (false, false);
         // pprof lists the innermost inlined callee first and the real caller last.
         for &frame_id in group.iter().rev() {
             let (function_id, line) = match &profile.frames[frame_id] {
                 ProfileFrame::Code(f) => {
-                    if let Some(module) = &f.module {
-                        mapping_id = self.mapping_ids.get(module).copied().unwrap_or(0);
+                    if let (0, Some(module)) = (mapping_id, &f.module) {
+                        mapping_id = self.module_mapping_ids.get(module).copied().unwrap_or(0);
                     }
-                    let id = self.function(FunctionClass::Code, &f.name, f.file.as_deref());
+                    files |= f.file.is_some();
+                    line_numbers |= f.line.is_some();
+                    let id = self.function(
+                        FunctionClass::Code,
+                        &f.name,
+                        f.file.as_deref(),
+                        f.start_line,
+                    );
                     (id, f.line.map_or(0, i64::from))
                 }
-                other => (self.function(FunctionClass::Pseudo, other.name(), None), 0),
+                other => (
+                    self.function(FunctionClass::Pseudo, other.name(), None, None),
+                    0,
+                ),
             };
             lines.push(proto::Line { function_id, line });
         }
-        if lines.len() > 1 && mapping_id > 0 {
-            self.mappings[mapping_id as usize - 1].has_inline_frames = true;
+        if mapping_id > 0 {
+            let mapping = &mut self.mappings[mapping_id as usize - 1];
+            mapping.has_filenames |= files;
+            mapping.has_line_numbers |= line_numbers;
+            mapping.has_inline_frames |= lines.len() > 1;
         }
         let id = self.locations.len() as u64 + 1;
         self.locations.push(proto::Location {
             id,
             mapping_id,
+            address: address.map_or(0, |a| a.address),
             line: lines,
             ..Default::default()
         });
-        self.location_ids.insert(group.to_vec(), id);
+        self.location_ids.insert(key, id);
         id
     }
 }
 
 /// Splits a root-first stack into location groups, root first, leaving tags out (they are
-/// labels). An inlined frame joins the group before it when both come from the same module,
-/// which is how the symbolizer emits a function and what was inlined into it.
-fn location_groups(profile: &Profile, frames: &[FrameId]) -> Vec<Vec<FrameId>> {
-    let mut groups: Vec<Vec<FrameId>> = Vec::new();
-    for &id in frames {
+/// labels), each with the index in the stack of its first frame. An inlined frame joins the
+/// group before it when both come from the same module, which is how the symbolizer emits a
+/// function and what was inlined into it.
+fn location_groups(profile: &Profile, frames: &[FrameId]) -> Vec<(usize, Vec<FrameId>)> {
+    let mut groups: Vec<(usize, Vec<FrameId>)> = Vec::new();
+    for (i, &id) in frames.iter().enumerate() {
         match &profile.frames[id] {
             ProfileFrame::Tag(_) => continue,
             ProfileFrame::Code(f) if f.inlined => {
-                let joins = groups.last().and_then(|g| g.first()).is_some_and(|&first| {
-                    matches!(&profile.frames[first], ProfileFrame::Code(caller)
+                let joins = groups
+                    .last()
+                    .and_then(|g| g.1.first())
+                    .is_some_and(|&first| {
+                        matches!(&profile.frames[first], ProfileFrame::Code(caller)
                         if caller.module == f.module && caller.kind == f.kind)
-                });
+                    });
                 if joins {
-                    groups.last_mut().expect("checked above").push(id);
+                    groups.last_mut().expect("checked above").1.push(id);
                 } else {
-                    groups.push(vec![id]);
+                    groups.push((i, vec![id]));
                 }
             }
-            _ => groups.push(vec![id]),
+            _ => groups.push((i, vec![id])),
         }
     }
     groups
@@ -464,12 +527,18 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
         .collect();
     let pid_key = t.strings.id("pid");
     let comm_key = t.strings.id("comm");
+    // The label names of perf's own pprof converter (perf_data_converter).
+    let tid_key = t.strings.id("tid");
+    let thread_comm_key = t.strings.id("thread_comm");
 
     let mut samples = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
         let mut location_id: Vec<u64> = location_groups(profile, &stack.frames)
             .iter()
-            .map(|group| t.location(profile, group))
+            .map(|(first, group)| {
+                let address = stack.addresses.get(*first).copied().flatten();
+                t.location(profile, group, address)
+            })
             .collect();
         location_id.reverse();
 
@@ -479,29 +548,35 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
         }
 
         let mut label = tag_labels.clone();
-        let process = stack
-            .frames
-            .iter()
-            .find_map(|&id| match &profile.frames[id] {
-                ProfileFrame::Process(name) => Some(name.as_str()),
-                _ => None,
-            });
-        // Stacks of same-named processes are merged by aggregation, so a pid is only stated
-        // when exactly one target can have produced the stack.
-        let candidates: Vec<_> = meta
-            .targets
-            .iter()
-            .filter(|target| meta.targets.len() == 1 || Some(target.comm.as_str()) == process)
-            .collect();
-        if let [target] = candidates.as_slice() {
-            label.push(proto::Label {
-                key: pid_key,
-                num: i64::from(target.pid),
-                ..Default::default()
-            });
+        let mut process = None;
+        for &id in &stack.frames {
+            match &profile.frames[id] {
+                ProfileFrame::Process { name, pid } => {
+                    process = Some(name.as_str());
+                    label.push(proto::Label {
+                        key: pid_key,
+                        num: i64::from(*pid),
+                        ..Default::default()
+                    });
+                }
+                ProfileFrame::Thread { tid, comm, .. } => {
+                    label.push(proto::Label {
+                        key: tid_key,
+                        num: i64::from(*tid),
+                        ..Default::default()
+                    });
+                    if !comm.is_empty() {
+                        label.push(proto::Label {
+                            key: thread_comm_key,
+                            str: t.strings.id(comm),
+                            ..Default::default()
+                        });
+                    }
+                }
+                _ => {}
+            }
         }
-        let comm = process.or_else(|| candidates.first().map(|target| target.comm.as_str()));
-        if let Some(comm) = comm {
+        if let Some(comm) = process {
             label.push(proto::Label {
                 key: comm_key,
                 str: t.strings.id(comm),
@@ -754,16 +829,127 @@ mod tests {
     }
 
     #[test]
-    fn without_tags_or_targets_labels_are_sparse() {
+    fn the_pid_comes_from_the_stack_not_the_targets() {
+        // Two targets share a name: the pid is still known, from the stack's process frame.
         let mut profile = fixture::profile();
         profile.meta.tags.clear();
-        profile.meta.targets.clear();
+        let mut twin = profile.meta.targets[0].clone();
+        twin.pid = 77;
+        profile.meta.targets.push(twin);
         profile.meta.duration = Duration::ZERO;
         let p = decode(&encode(&profile));
         for sample in &p.sample {
             let keys: Vec<&str> = sample.label.iter().map(|l| s(&p, l.key)).collect();
-            assert_eq!(keys, ["comm"]);
+            assert_eq!(keys, ["pid", "comm"]);
+            assert_eq!(sample.label[0].num, 1234);
         }
+    }
+
+    #[test]
+    fn per_thread_samples_get_tid_and_thread_name_labels() {
+        let mut profile = fixture::profile();
+        profile.frames.push(ProfileFrame::Thread {
+            name: "worker (tid 1240)".into(),
+            tid: 1240,
+            comm: "worker".into(),
+        });
+        let thread = profile.frames.len() - 1;
+        for stack in &mut profile.stacks {
+            stack.frames.insert(2, thread);
+        }
+        let p = decode(&encode(&profile));
+        for sample in &p.sample {
+            let labels: Vec<(&str, &str, i64)> = sample
+                .label
+                .iter()
+                .map(|l| (s(&p, l.key), s(&p, l.str), l.num))
+                .collect();
+            assert!(labels.contains(&("tid", "", 1240)), "{labels:?}");
+            assert!(labels.contains(&("thread_comm", "worker", 0)), "{labels:?}");
+        }
+    }
+
+    #[test]
+    fn locations_keep_real_addresses_and_mappings() {
+        use crate::profile::{CodeAddress, Mapping};
+        let mut profile = fixture::profile();
+        profile.mappings = vec![
+            Mapping {
+                start: 0x7f00_0000_0000,
+                limit: 0x7f00_0000_8000,
+                file_offset: 0x1000,
+                path: "/usr/lib/libfoo.so.1".into(),
+                build_id: Some("feed".into()),
+                pid: Some(1234),
+                executable: false,
+            },
+            Mapping {
+                start: 0x5555_0000_1000,
+                limit: 0x5555_0000_9000,
+                file_offset: 0x1000,
+                path: "/opt/app/bin/app".into(),
+                build_id: Some("0123abcd".into()),
+                pid: Some(1234),
+                executable: true,
+            },
+        ];
+        let at = |address: u64, mapping: usize| Some(CodeAddress { address, mapping });
+        // tag, app, main, parent_hot, leaf_hot: the two code callers in the app, the leaf in
+        // the library, at two addresses that must stay two locations.
+        profile.stacks[0].addresses = vec![
+            None,
+            None,
+            at(0x5555_0000_1100, 1),
+            at(0x5555_0000_1200, 1),
+            at(0x7f00_0000_0010, 0),
+        ];
+        let mut other = profile.stacks[0].clone();
+        other.addresses[4] = at(0x7f00_0000_0020, 0);
+        other.count = 5;
+        profile.stacks.push(other);
+        let p = decode(&encode(&profile));
+
+        // The executable comes first: pprof takes it as the main binary.
+        let files: Vec<&str> = p.mapping.iter().map(|m| s(&p, m.filename)).collect();
+        assert_eq!(files[..2], ["/opt/app/bin/app", "/usr/lib/libfoo.so.1"]);
+        let app = &p.mapping[0];
+        assert_eq!(
+            (app.memory_start, app.memory_limit, app.file_offset),
+            (0x5555_0000_1000, 0x5555_0000_9000, 0x1000)
+        );
+        assert_eq!(s(&p, app.build_id), "0123abcd");
+        let leaf_addresses: Vec<(u64, u64)> = p
+            .sample
+            .iter()
+            .map(|sample| &p.location[sample.location_id[0] as usize - 1])
+            .filter(|l| l.address != 0)
+            .map(|l| (l.address, l.mapping_id))
+            .collect();
+        assert_eq!(
+            leaf_addresses,
+            [(0x7f00_0000_0010, 2), (0x7f00_0000_0020, 2)]
+        );
+        let main = p
+            .location
+            .iter()
+            .find(|l| l.address == 0x5555_0000_1100)
+            .unwrap();
+        assert_eq!(main.mapping_id, 1);
+        // Frames without addresses keep their module's mapping, without a range.
+        let cold = p
+            .location
+            .iter()
+            .find(|l| {
+                l.line.iter().any(|line| {
+                    s(&p, p.function[line.function_id as usize - 1].name) == "leaf_cold"
+                })
+            })
+            .unwrap();
+        assert_eq!(cold.address, 0);
+        assert_eq!(
+            s(&p, p.mapping[cold.mapping_id as usize - 1].filename),
+            "app"
+        );
     }
 
     /// Where `cargo xtask setup` installs the JavaScript validators.

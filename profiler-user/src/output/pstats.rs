@@ -17,8 +17,9 @@
 //!
 //! Keys: a user frame's filename is its source file, else its binary, else `~`; a kernel
 //! frame's is `[kernel]` (with the kernel module's name when it is not the core kernel);
-//! the line is the frame's line (the sampled line, present only with line numbers on, so
-//! each line of a function then gets its own entry), else 0. Frames mapping to one key merge.
+//! the line is the function's first line (with `--line-numbers`, where debug info has it),
+//! else 0, as cProfile keys a function by where it starts: a function is one entry whichever
+//! of its lines were sampled (pprof keeps the per-line detail). Frames mapping to one key merge.
 //!
 //! Every frame of every stack becomes an entry, the non-code ones as `("~", 0, name)` like
 //! cProfile's built-ins: tags (`[phase=train]`), the process, threads and `[truncated]`. So
@@ -40,7 +41,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Profile, ProfileFrame},
+    profile::{Profile, ProfileFrame},
     symbolize::FrameKind,
 };
 
@@ -184,7 +185,9 @@ fn key(frame: &ProfileFrame) -> Key {
                     .unwrap_or("~")
                     .to_string(),
             };
-            (file, f.line.unwrap_or(0), f.name.clone())
+            // The function's first line, as cProfile keys a function: never the sampled
+            // line, which would split one function into an entry per line.
+            (file, f.start_line.unwrap_or(0), f.name.clone())
         }
         other => ("~".to_string(), 0, other.name().to_string()),
     }
@@ -278,7 +281,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::{aggregate::StackCount, output::fixture};
+    use crate::{output::fixture, profile::StackCount};
 
     /// Writes `bytes` to a file of its own, removed on drop.
     struct TempFile(PathBuf);
@@ -421,7 +424,8 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         assert_eq!(leaf_hot[..2], [70, 70]);
         assert!(approx(&leaf_hot[2], 70.0 * dt) && approx(&leaf_hot[3], 70.0 * dt));
         assert_eq!(funcs["leaf_hot"]["file"], "/src/app.c");
-        assert_eq!(funcs["leaf_hot"]["line"], 30);
+        // Keyed by the function's first line, as cProfile keys functions.
+        assert_eq!(funcs["leaf_hot"]["line"], 28);
         let via_parent = callers("leaf_hot", "parent_hot");
         assert_eq!(via_parent[..2], [60, 60]);
         assert!(approx(&via_parent[2], 60.0 * dt) && approx(&via_parent[3], 60.0 * dt));
@@ -452,9 +456,40 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         assert_eq!(callers("[truncated]", "app")[..2], [2, 2]);
 
         let printed = out["printed"].as_str().unwrap();
-        assert!(printed.contains("app.c:30(leaf_hot)"), "{printed}");
+        assert!(printed.contains("app.c:28(leaf_hot)"), "{printed}");
         assert!(printed.contains("20/10"), "{printed}");
         assert!(printed.contains("[kernel]:0(sys_write)"), "{printed}");
+    }
+
+    #[test]
+    fn a_function_sampled_at_several_lines_is_one_entry() {
+        // leaf_hot sampled at line 31 as well as 30 (as with --line-numbers): same function,
+        // first line 28, so one entry with both lines' samples.
+        let mut profile = fixture::profile();
+        let ProfileFrame::Code(mut other_line) = profile.frames[4].clone() else {
+            unreachable!("frame 4 is leaf_hot")
+        };
+        other_line.line = Some(31);
+        profile.frames.push(ProfileFrame::Code(other_line));
+        let id = profile.frames.len() - 1;
+        profile.stacks.push(StackCount {
+            frames: vec![0, 1, 2, 3, id],
+            count: 5,
+            addresses: Vec::new(),
+        });
+        let file = TempFile::new("lines", &{
+            let mut bytes = Vec::new();
+            write(&profile, &mut bytes).unwrap();
+            bytes
+        });
+        // READ_STATS fails on a name seen twice.
+        let Some(out) = python(READ_STATS, &file.0) else {
+            return;
+        };
+        let leaf_hot = &out["funcs"]["leaf_hot"];
+        assert_eq!(leaf_hot["line"], 28);
+        assert_eq!(leaf_hot["stats"][0], 75);
+        assert_eq!(leaf_hot["callers"]["parent_hot"][0], 65);
     }
 
     #[test]
@@ -465,6 +500,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         profile.stacks = vec![StackCount {
             frames: vec![0, 1, 2, 3, 5, 3, 5],
             count: 5,
+            addresses: Vec::new(),
         }];
         let file = TempFile::new("mutual", &{
             let mut bytes = Vec::new();

@@ -2,9 +2,9 @@
 //! sampled profile per process, or per thread in per-thread profiles.
 //!
 //! Choices, made for how speedscope shows things:
-//! - Weights are sample counts (unit `none`), exact for every event, and the same numbers the
-//!   flame graph and the other outputs show; nanoseconds would be estimates for frequency-driven
-//!   sampling and meaningless for cycles.
+//! - Weights are CPU time in nanoseconds (unit `nanoseconds`): samples times the time one
+//!   sample stands for (the cpu-clock period, else the time between samples at the nominal
+//!   rate), so speedscope shows seconds, as it does for the same profile read from pprof.
 //! - The process, thread and tag frames are not in the stacks: they name the profile instead
 //!   (`app [phase=train]`), since speedscope lists profiles by name and the extra roots would
 //!   only repeat it in every stack.
@@ -23,9 +23,12 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    aggregate::{FrameId, Profile, ProfileFrame},
+    profile::{FrameId, Profile, ProfileFrame},
     symbolize::FrameKind,
 };
+
+/// The unit of every weight.
+const UNIT: &str = "nanoseconds";
 
 /// The `$schema` that speedscope recognises its own format by.
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -101,6 +104,7 @@ impl Group {
 /// Writes `profile` as a speedscope JSON file.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let labels: Vec<String> = profile.frames.iter().map(ProfileFrame::label).collect();
+    let sample_nanos = profile.meta.sample_nanos();
 
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<(Option<FrameId>, Option<FrameId>), usize> = HashMap::new();
@@ -108,8 +112,8 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         let (mut process, mut thread, mut tags, mut code) = (None, None, Vec::new(), Vec::new());
         for &id in &stack.frames {
             match &profile.frames[id] {
-                ProfileFrame::Process(_) => process = Some(id),
-                ProfileFrame::Thread(_) => thread = Some(id),
+                ProfileFrame::Process { .. } => process = Some(id),
+                ProfileFrame::Thread { .. } => thread = Some(id),
                 ProfileFrame::Tag(_) => tags.push(id),
                 ProfileFrame::Code(_) | ProfileFrame::Truncated => code.push(id),
             }
@@ -146,7 +150,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         let mut weights: Vec<u64> = Vec::new();
         let mut previous: Option<&[FrameId]> = None;
         for (stack, count) in &group.stacks {
-            // Stacks that differed only in their pseudo-frames are the same stack here.
+            // Stacks that differed only in pseudo-frames or addresses are the same stack here.
             if previous == Some(stack.as_slice()) {
                 *weights.last_mut().expect("a previous sample") += count;
                 continue;
@@ -164,10 +168,13 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
             samples.push(sample);
             weights.push(*count);
         }
+        for weight in &mut weights {
+            *weight = weight.saturating_mul(sample_nanos);
+        }
         profiles.push(SampledProfile {
             kind: "sampled",
             name,
-            unit: "none",
+            unit: UNIT,
             start_value: 0,
             end_value: weights.iter().sum(),
             samples,
@@ -246,7 +253,7 @@ fn empty_profile(profile: &Profile) -> SampledProfile {
     SampledProfile {
         kind: "sampled",
         name,
-        unit: "none",
+        unit: UNIT,
         start_value: 0,
         end_value: 0,
         samples: Vec::new(),
@@ -264,7 +271,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::{aggregate::StackCount, output::fixture};
+    use crate::{output::fixture, profile::StackCount};
 
     fn validators() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/validators/node_modules")
@@ -369,7 +376,11 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
         }
     }
 
-    /// The frame names of each sample of profile `index`, leaf last, with its weight.
+    /// Nanoseconds one sample of the fixture stands for: its cpu-clock period.
+    const SAMPLE_NS: u64 = 1_001_001;
+
+    /// The frame names of each sample of profile `index`, leaf last, with its weight in
+    /// samples (weights are nanoseconds, whole multiples of the period).
     fn named_samples(file: &Value, index: usize) -> Vec<(Vec<String>, u64)> {
         let frames = file["shared"]["frames"].as_array().unwrap();
         let profile = &file["profiles"][index];
@@ -388,7 +399,9 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
                         frame["name"].as_str().unwrap().to_string()
                     })
                     .collect();
-                (names, weight.as_u64().unwrap())
+                let ns = weight.as_u64().unwrap();
+                assert_eq!(ns % SAMPLE_NS, 0, "{ns} ns is not whole samples");
+                (names, ns / SAMPLE_NS)
             })
             .collect()
     }
@@ -409,8 +422,9 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
         assert_eq!(profiles.len(), 1);
         assert_eq!(profiles[0]["name"], "app [phase=train]");
         assert_eq!(profiles[0]["type"], "sampled");
-        assert_eq!(profiles[0]["unit"], "none");
-        assert_eq!(profiles[0]["endValue"], 100);
+        // Time, as speedscope shows pprof's profiles: 100 samples of 1.001001 ms.
+        assert_eq!(profiles[0]["unit"], "nanoseconds");
+        assert_eq!(profiles[0]["endValue"], 100 * SAMPLE_NS);
         check_consistent(&file);
 
         let samples = named_samples(&file, 0);
@@ -473,23 +487,31 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
     #[test]
     fn per_thread_profiles_get_one_profile_each() {
         let mut profile = fixture::profile();
-        profile
-            .frames
-            .push(ProfileFrame::Thread("app (tid 1234)".into()));
-        profile
-            .frames
-            .push(ProfileFrame::Thread("worker (tid 1240)".into()));
+        profile.frames.push(ProfileFrame::Thread {
+            name: "app (tid 1234)".into(),
+            tid: 1234,
+            comm: "app".into(),
+        });
+        profile.frames.push(ProfileFrame::Thread {
+            name: "worker (tid 1240)".into(),
+            tid: 1240,
+            comm: "worker".into(),
+        });
         let (main, worker) = (profile.frames.len() - 2, profile.frames.len() - 1);
         for (i, stack) in profile.stacks.iter_mut().enumerate() {
             let thread = if i == 0 { main } else { worker };
             stack.frames.insert(2, thread);
         }
         // Also a second process, without tags, that a thread of the first must not swallow.
-        profile.frames.push(ProfileFrame::Process("db".into()));
+        profile.frames.push(ProfileFrame::Process {
+            name: "db".into(),
+            pid: 99,
+        });
         let db = profile.frames.len() - 1;
         profile.stacks.push(StackCount {
             frames: vec![db, 2],
             count: 5,
+            addresses: Vec::new(),
         });
 
         let (json, file) = render(&profile);
@@ -514,7 +536,7 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
             .iter()
             .map(|p| p["endValue"].as_u64().unwrap())
             .collect();
-        assert_eq!(totals, [60, 40, 5]);
+        assert_eq!(totals, [60 * SAMPLE_NS, 40 * SAMPLE_NS, 5 * SAMPLE_NS]);
         assert_eq!(
             named_samples(&file, 2),
             [(vec!["main (app.c:10)".to_string()], 5)]
@@ -528,6 +550,22 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
     }
 
     #[test]
+    fn weights_are_time_for_every_event() {
+        // Cycles at 250 Hz: each sample stands for 4 ms, whatever the clock speed.
+        let mut profile = fixture::profile();
+        profile.meta.sampling = crate::sampling::Sampling {
+            event: crate::sampling::Event::Cycles,
+            rate: crate::sampling::Rate::Period(10_000_000),
+            nominal_hz: 250.0,
+            fallback: false,
+            jitter: true,
+        };
+        let (_, file) = render(&profile);
+        assert_eq!(file["profiles"][0]["unit"], "nanoseconds");
+        assert_eq!(file["profiles"][0]["endValue"], 100 * 4_000_000);
+    }
+
+    #[test]
     fn empty_profile_still_opens() {
         let mut profile = fixture::profile();
         profile.stacks.clear();
@@ -537,6 +575,7 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
         assert_eq!(profiles.len(), 1);
         assert_eq!(profiles[0]["name"], "app [phase=train] (no samples)");
         assert_eq!(profiles[0]["endValue"], 0);
+        assert_eq!(profiles[0]["unit"], "nanoseconds");
         if let Some(schema) = schema_path() {
             if let Err(errors) = ajv_errors(&schema, "empty", &json) {
                 panic!("speedscope's schema rejects the output: {errors}");

@@ -5,8 +5,8 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled},
     output::top::{function_shares, FunctionShare},
+    profile::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled},
     sampling::{Event, Rate},
 };
 
@@ -40,6 +40,7 @@ struct Summary<'a> {
 #[derive(Serialize)]
 struct TopEntry {
     name: String,
+    kernel: bool,
     self_samples: u64,
     total_samples: u64,
 }
@@ -48,6 +49,7 @@ impl From<FunctionShare> for TopEntry {
     fn from(s: FunctionShare) -> Self {
         TopEntry {
             name: s.name,
+            kernel: s.kernel,
             self_samples: s.self_samples,
             total_samples: s.total_samples,
         }
@@ -94,4 +96,24 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     };
     serde_json::to_writer_pretty(&mut *w, &summary).map_err(io::Error::other)?;
     writeln!(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::fixture;
+
+    #[test]
+    fn top_names_are_plain_with_a_kernel_flag() {
+        let mut json = Vec::new();
+        write(&fixture::profile(), &mut json).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let top = v["top_self"].as_array().unwrap();
+        let write = top.iter().find(|t| t["name"] == "sys_write").unwrap();
+        assert_eq!(write["kernel"], true);
+        assert!(!String::from_utf8(json).unwrap().contains("_[k]"));
+        assert!(top
+            .iter()
+            .any(|t| t["name"] == "leaf_hot (app.c:28)" && t["kernel"] == false));
+    }
 }

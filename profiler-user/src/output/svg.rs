@@ -8,13 +8,56 @@ use std::{
 
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
 
-use crate::aggregate::{Profile, ProfileMeta, RunEnd};
+use crate::profile::{Profile, ProfileMeta, RunEnd};
 
 /// Width of the image in pixels, inferno's default, also used for the empty-profile image.
 const IMAGE_WIDTH: usize = 1200;
 
 /// Pids listed per process name in a title before the rest are counted instead.
 const TITLE_PIDS: usize = 5;
+
+/// inferno's font size (px) and left and right margins (px), from its defaults.
+const FONT_SIZE: usize = 12;
+const XPAD: usize = 10;
+
+/// Room for one line of text across the image, in pixels.
+const LINE_WIDTH_PX: f64 = (IMAGE_WIDTH - 2 * XPAD) as f64;
+
+/// Advance of one character of inferno's font (`monospace`) in ems: DejaVu Sans Mono and
+/// Menlo have 0.602, Courier and Liberation Mono 0.6; characters outside ASCII count as a
+/// full em, as wide as the widest of them.
+const MONOSPACE_ADVANCE_EM: f64 = 0.61;
+
+/// Width in pixels of `text` at inferno's font and size.
+fn text_width_px(text: &str) -> f64 {
+    let ems: f64 = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii() {
+                MONOSPACE_ADVANCE_EM
+            } else {
+                1.0
+            }
+        })
+        .sum();
+    ems * FONT_SIZE as f64
+}
+
+/// `text`, cut with `..` where it would overflow a line.
+fn fit_line(text: &str) -> String {
+    if text_width_px(text) <= LINE_WIDTH_PX {
+        return text.to_string();
+    }
+    let mut cut = String::new();
+    for c in text.chars() {
+        cut.push(c);
+        if text_width_px(&cut) + text_width_px("..") > LINE_WIDTH_PX {
+            cut.pop();
+            break;
+        }
+    }
+    cut + ".."
+}
 
 /// Writes `profile` as an interactive flame graph, kernel frames in orange.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
@@ -34,6 +77,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let lines: Vec<String> = folded.lines().map(xml_safe).collect();
 
     let mut options = Options::default();
+    debug_assert_eq!(options.font_size, FONT_SIZE);
     options.title = title;
     options.subtitle = Some(subtitle);
     options.count_name = "samples".to_string();
@@ -44,7 +88,54 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     // renders to the same bytes, and a function keeps its color across flame graphs.
     options.deterministic = true;
     options.image_width = Some(IMAGE_WIDTH);
-    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut *w)
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)?;
+    let svg = String::from_utf8(svg).map_err(io::Error::other)?;
+    w.write_all(label_root(&svg, &xml_safe(&root_label(profile))).as_bytes())
+}
+
+/// What the root bar says: all samples, with the run's tags and every loss by reason (the
+/// details the one-line subtitle may have had to leave out).
+fn root_label(profile: &Profile) -> String {
+    let meta = &profile.meta;
+    let mut parts = vec![format!("all samples: {}", title(meta))];
+    if !meta.tags.is_empty() {
+        parts.push(format!("tags: {}", meta.tag_list(", ")));
+    }
+    let losses = meta.losses.nonzero();
+    if !losses.is_empty() {
+        let losses: Vec<String> = losses
+            .iter()
+            .map(|(what, n)| format!("{what}: {n}"))
+            .collect();
+        parts.push(format!("lost or incomplete: {}", losses.join(", ")));
+    }
+    parts.push(meta.sampling.describe());
+    parts.join(" | ")
+}
+
+/// Gives inferno's root bar (`all`, drawn without a label) `label`: as its tooltip, which
+/// the zoom script also shows as the bar's text, and as its text, cut to the bar's width.
+fn label_root(svg: &str, label: &str) -> String {
+    // The root is the `all (N samples, 100%)` frame whose text inferno left empty.
+    const ROOT_TITLE: &str = "<title>all (";
+    let found = svg.match_indices(ROOT_TITLE).find_map(|(at, _)| {
+        let end = at + svg[at..].find("</g>")?;
+        let text = at + svg[at..end].find("></text>")?;
+        Some((at, text))
+    });
+    let Some((at, text)) = found else {
+        return svg.to_string();
+    };
+    let shown = fit_line(label);
+    format!(
+        "{}<title>{} ({}>{}{}",
+        &svg[..at],
+        escape(label),
+        &svg[at + ROOT_TITLE.len()..text],
+        escape(&shown),
+        &svg[text + 1..]
+    )
 }
 
 /// The title of every rendering of a profile: `bpfprof: app (pid 1, 2), other (pid 3)`.
@@ -77,7 +168,9 @@ pub(crate) fn title(meta: &ProfileMeta) -> String {
     format!("bpfprof: {}", groups.join(", "))
 }
 
-/// One line of how the profile was taken: event and rate, duration, samples, tags, losses.
+/// One line of how the profile was taken: event and rate, duration, samples, losses, how it
+/// ended, and the tags when they fit. It always fits the image: the root bar's tooltip has
+/// what it leaves out (tags, and losses by reason when there are too many to list).
 fn subtitle(profile: &Profile) -> String {
     let meta = &profile.meta;
     let mut parts = vec![
@@ -85,16 +178,13 @@ fn subtitle(profile: &Profile) -> String {
         humantime::format_duration(whole_millis(meta.duration)).to_string(),
         format!("{} samples", profile.total_samples()),
     ];
-    if !meta.tags.is_empty() {
-        parts.push(format!("tags: {}", meta.tag_list(", ")));
-    }
     let losses = meta.losses.nonzero();
     if !losses.is_empty() {
-        let losses: Vec<String> = losses
+        let listed: Vec<String> = losses
             .iter()
             .map(|(what, n)| format!("{what}: {n}"))
             .collect();
-        parts.push(format!("lost or incomplete: {}", losses.join(", ")));
+        parts.push(format!("lost or incomplete: {}", listed.join(", ")));
     }
     // A short profile reads differently when the run was cut short: say so.
     match meta.end {
@@ -102,7 +192,26 @@ fn subtitle(profile: &Profile) -> String {
         RunEnd::TargetExited => parts.push("ended early: targets exited".to_string()),
         RunEnd::Interrupted => parts.push("ended early: interrupted".to_string()),
     }
-    parts.join(" | ")
+    let fits = |parts: &[String]| text_width_px(&parts.join(" | ")) <= LINE_WIDTH_PX;
+    // Too long: first the losses become one total, then the sampling loses its fallback
+    // note; the root bar's tooltip has both in full.
+    if !fits(&parts) && losses.len() > 1 {
+        let total: u64 = losses.iter().map(|(_, n)| n).sum();
+        parts[3] = format!("lost or incomplete: {total}");
+    }
+    if !fits(&parts) && meta.sampling.fallback {
+        let mut sampling = meta.sampling;
+        sampling.fallback = false;
+        parts[0] = sampling.describe();
+    }
+    if !meta.tags.is_empty() {
+        let mut with_tags = parts.clone();
+        with_tags.insert(3, format!("tags: {}", meta.tag_list(", ")));
+        if fits(&with_tags) {
+            parts = with_tags;
+        }
+    }
+    fit_line(&parts.join(" | "))
 }
 
 /// Sub-millisecond digits would only clutter the subtitle (`1s 2ms 345us 678ns`).
@@ -171,8 +280,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        aggregate::{ProfileFrame, StackCount},
         output::fixture,
+        profile::{Losses, ProfileFrame, StackCount, Tag},
         symbolize::{Frame, FrameKind},
     };
 
@@ -315,7 +424,8 @@ print(json.dumps(out))
 
     #[test]
     fn title_and_subtitle_describe_the_run() {
-        let profile = fixture::profile();
+        let mut profile = fixture::profile();
+        profile.meta.sampling.fallback = false;
         assert_eq!(title(&profile.meta), "bpfprof: app (pid 1234)");
         let sub = subtitle(&profile);
         assert!(sub.starts_with("cpu-clock every "), "{sub}");
@@ -377,7 +487,12 @@ print(json.dumps(out))
             "{hot:?}"
         );
         assert_eq!(hot.iter().map(|(t, _)| tooltip_samples(t)).sum::<u64>(), 70);
-        assert_eq!(titled("all (")[0].0, "all (100 samples, 100%)");
+        assert_eq!(
+            titled("all samples")[0].0,
+            "all samples: bpfprof: app (pid 1234) | tags: phase=train \
+             | lost or incomplete: truncated stacks: 2 | cpu-clock every 1.001 ms (999 Hz), \
+             randomized ±50% (no hardware PMU here: fell back from cycles) (100 samples, 100%)"
+        );
         assert_eq!(
             titled("[truncated] (")[0].0,
             "[truncated] (2 samples, 2.00%)"
@@ -412,12 +527,14 @@ print(json.dumps(out))
             inlined: false,
             file: None,
             line: None,
+            start_line: None,
             build_id: None,
         }));
         let id = profile.frames.len() - 1;
         profile.stacks.push(StackCount {
             frames: vec![0, 1, 2, id],
             count: 3,
+            addresses: Vec::new(),
         });
         let svg = render(&profile);
         let Some(parsed) = parse_svg("odd-names", &svg) else {
@@ -452,5 +569,125 @@ print(json.dumps(out))
             .unwrap()
             .iter()
             .any(|t| t == "no samples"));
+    }
+
+    /// A run with every loss, long tags and an early end: the longest subtitle there is.
+    fn worst_case() -> Profile {
+        let mut profile = fixture::profile();
+        let meta = &mut profile.meta;
+        meta.tags = (0..6)
+            .map(|i| Tag::new(&format!("key{i}"), &"v".repeat(40)).unwrap())
+            .collect();
+        meta.losses = Losses {
+            sample_map_full: 11,
+            user_stack_map_full: 12,
+            user_stack_error: 13,
+            kernel_stack_map_full: 14,
+            kernel_stack_error: 15,
+            lost_in_transfer: 16,
+            truncated: 2,
+        };
+        meta.end = RunEnd::Interrupted;
+        profile
+    }
+
+    #[test]
+    fn subtitle_fits_and_keeps_the_losses() {
+        let profile = worst_case();
+        let sub = subtitle(&profile);
+        assert!(
+            text_width_px(&sub) <= LINE_WIDTH_PX,
+            "{sub:?} is {} px wide",
+            text_width_px(&sub)
+        );
+        assert!(sub.contains("lost or incomplete: 83"), "{sub}");
+        assert!(sub.contains("ended early: interrupted"), "{sub}");
+        // What did not fit is in the root bar's tooltip.
+        let root = root_label(&profile);
+        assert!(root.contains("kernel stack unreadable: 15"), "{root}");
+        assert!(root.contains("fell back from cycles"), "{root}");
+        assert!(root.contains(&format!("key5={}", "v".repeat(40))), "{root}");
+        // A short run keeps everything on the one line.
+        let mut profile = fixture::profile();
+        profile.meta.sampling.fallback = false;
+        let sub = subtitle(&profile);
+        assert!(sub.contains("tags: phase=train"), "{sub}");
+        assert!(sub.contains("truncated stacks: 2"), "{sub}");
+    }
+
+    /// Lays the SVG out in headless Chromium and returns what its script measured: the
+    /// subtitle's and the root bar label's boxes, in the image's pixels.
+    fn chromium_layout(name: &str, svg: &[u8]) -> Option<Value> {
+        let found = Command::new("chromium")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "chromium (package chromium) is required on CI"
+            );
+            eprintln!("skipped: chromium not found (install chromium)");
+            return None;
+        }
+        let svg = String::from_utf8(svg.to_vec()).unwrap();
+        let svg = &svg[svg.find("<svg").unwrap()..];
+        let html = format!(
+            r##"<!DOCTYPE html><html><body style="margin:0">{svg}<pre id="measured"></pre><script>
+const box = (el) => {{ const b = el.getBBox(); return {{ x: b.x, right: b.x + b.width }}; }};
+const root = [...document.querySelectorAll("#frames g")]
+  .find((g) => g.querySelector("title").textContent.startsWith("all samples"));
+const text = root.querySelector("text");
+document.getElementById("measured").textContent = JSON.stringify({{
+  width: document.querySelector("svg").width.baseVal.value,
+  subtitle: box(document.getElementById("subtitle")),
+  root_text: text.textContent,
+  root_label: box(text),
+  root_bar: box(root.querySelector("rect")),
+}});
+</script></body></html>"##
+        );
+        let page = std::env::temp_dir().join(format!(
+            "bpfprof-svg-test-{}-{name}.html",
+            std::process::id()
+        ));
+        std::fs::write(&page, html).unwrap();
+        let out = Command::new("chromium")
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+            .arg(format!("file://{}", page.display()))
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&page);
+        let dom = String::from_utf8_lossy(&out.stdout);
+        let start = dom
+            .find(r#"<pre id="measured">"#)
+            .unwrap_or_else(|| panic!("chromium printed no DOM: {dom}"));
+        let json = &dom[start + r#"<pre id="measured">"#.len()..];
+        let json = &json[..json.find("</pre>").unwrap()];
+        Some(serde_json::from_str(&json.replace("&quot;", "\"")).expect("measurements"))
+    }
+
+    #[test]
+    fn chromium_shows_the_whole_subtitle_and_a_labeled_root() {
+        let svg = render(&worst_case());
+        let Some(m) = chromium_layout("worst", &svg) else {
+            return;
+        };
+        let width = m["width"].as_f64().unwrap();
+        assert_eq!(width, IMAGE_WIDTH as f64);
+        let (x, right) = (
+            m["subtitle"]["x"].as_f64().unwrap(),
+            m["subtitle"]["right"].as_f64().unwrap(),
+        );
+        assert!(x >= 0.0 && right <= width, "subtitle clipped: {m}");
+        let label = m["root_text"].as_str().unwrap();
+        assert!(label.starts_with("all samples: bpfprof: app"), "{m}");
+        // The label ends within its bar (frames sit in a nested svg offset by the margin).
+        let bar_right = m["root_bar"]["right"].as_f64().unwrap();
+        assert!(
+            m["root_label"]["right"].as_f64().unwrap() <= bar_right,
+            "root label overflows its bar: {m}"
+        );
     }
 }

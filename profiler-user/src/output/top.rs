@@ -1,83 +1,128 @@
 //! The top-functions table: self and total samples per function, like `perf report`.
+//!
+//! A function is one row whichever of its lines was sampled: rows are keyed by the function's
+//! name, file and first line, never by the sampled line.
 
 use std::{collections::HashMap, fmt::Write as _};
 
-use crate::aggregate::{Profile, ProfileFrame};
+use crate::{
+    profile::{Profile, ProfileFrame},
+    sampling::{Event, Rate},
+};
 
 /// One function's share of the samples.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FunctionShare {
-    /// Function name (kernel functions end in `_[k]`).
+    /// Function name, with `(file:first line)` where `--line-numbers` found them.
     pub name: String,
+    /// Whether the function is kernel code.
+    pub kernel: bool,
     /// Samples with this function at the leaf.
     pub self_samples: u64,
     /// Samples with this function anywhere on the stack (recursion counted once).
     pub total_samples: u64,
 }
 
-/// Self and total samples of every code frame, most self samples first.
+/// Self and total samples of every code function, most self samples first.
 pub fn function_shares(profile: &Profile) -> Vec<FunctionShare> {
-    let mut shares: HashMap<String, (u64, u64)> = HashMap::new();
+    // Rows by (kernel, label) with their (self, total) samples; frames of one function
+    // (different sampled lines, inlined copies) share a row.
+    let mut shares: HashMap<(bool, String), (u64, u64)> = HashMap::new();
+    let keys: Vec<Option<(bool, String)>> = profile
+        .frames
+        .iter()
+        .map(|frame| match frame {
+            ProfileFrame::Code(_) => Some((frame.is_kernel(), frame.function_label())),
+            _ => None,
+        })
+        .collect();
     for stack in &profile.stacks {
         let mut seen = std::collections::HashSet::new();
-        let code: Vec<&ProfileFrame> = stack
+        let code: Vec<&(bool, String)> = stack
             .frames
             .iter()
-            .map(|&id| &profile.frames[id])
-            .filter(|f| matches!(f, ProfileFrame::Code(_)))
+            .filter_map(|&id| keys[id].as_ref())
             .collect();
-        for (i, frame) in code.iter().enumerate() {
-            let name = display_name(frame);
-            let entry = shares.entry(name.clone()).or_default();
+        for (i, key) in code.iter().enumerate() {
+            let entry = shares.entry((*key).clone()).or_default();
             if i + 1 == code.len() {
                 entry.0 += stack.count;
             }
-            if seen.insert(name) {
+            if seen.insert(*key) {
                 entry.1 += stack.count;
             }
         }
     }
     let mut out: Vec<FunctionShare> = shares
         .into_iter()
-        .map(|(name, (self_samples, total_samples))| FunctionShare {
-            name,
-            self_samples,
-            total_samples,
-        })
+        .map(
+            |((kernel, name), (self_samples, total_samples))| FunctionShare {
+                name,
+                kernel,
+                self_samples,
+                total_samples,
+            },
+        )
         .collect();
     out.sort_by(|a, b| {
         b.self_samples
             .cmp(&a.self_samples)
             .then(b.total_samples.cmp(&a.total_samples))
             .then(a.name.cmp(&b.name))
+            .then(a.kernel.cmp(&b.kernel))
     });
     out
 }
 
-fn display_name(frame: &ProfileFrame) -> String {
-    if frame.is_kernel() {
-        format!("{}_[k]", frame.label())
-    } else {
-        frame.label()
-    }
+/// The first line of the `.txt` table: what one sample is, so that counts read as time.
+pub fn header(profile: &Profile) -> String {
+    let sampling = &profile.meta.sampling;
+    let period = match (sampling.event, sampling.rate) {
+        (_, Rate::Frequency(hz)) => format!("set by the kernel to hold {hz} Hz"),
+        (Event::Cycles, Rate::Period(p)) => format!("{p} cycles"),
+        (Event::CpuClock, Rate::Period(p)) => format!("{p} ns"),
+    };
+    format!(
+        "{} samples; event: {}; period: {period}; one sample: {} ns of CPU time",
+        profile.total_samples(),
+        sampling.event,
+        profile.meta.sample_nanos()
+    )
 }
 
-/// Renders the `limit` functions with most self samples and most total samples.
+/// The `.txt` file (and `--format top`): the header, then every function by self and by
+/// total samples.
+pub fn render_file(profile: &Profile) -> String {
+    format!("{}\n\n{}", header(profile), render(profile, usize::MAX))
+}
+
+/// Renders the `limit` functions with most self samples and most total samples: samples and
+/// percentages, `[k]` for kernel functions and `[.]` for user ones, as `perf report` marks them.
 pub fn render(profile: &Profile, limit: usize) -> String {
     let total = profile.total_samples().max(1) as f64;
     let mut shares = function_shares(profile);
     let mut out = String::new();
     let pct = |n: u64| 100.0 * n as f64 / total;
-    let _ = writeln!(out, "top functions by self samples:");
-    let _ = writeln!(out, "  {:>7} {:>7}  function", "self", "total");
-    for s in shares.iter().take(limit) {
+    let row = |out: &mut String, first: u64, second: u64, s: &FunctionShare| {
         let _ = writeln!(
             out,
-            "  {:>6.2}% {:>6.2}%  {}",
-            pct(s.self_samples),
-            pct(s.total_samples),
+            "  {:>9} {:>6.2}% {:>9} {:>6.2}%  {} {}",
+            first,
+            pct(first),
+            second,
+            pct(second),
+            if s.kernel { "[k]" } else { "[.]" },
             s.name
         );
+    };
+    let _ = writeln!(out, "top functions by self samples:");
+    let _ = writeln!(
+        out,
+        "  {:>17} {:>17}  function",
+        "self samples", "total samples"
+    );
+    for s in shares.iter().take(limit) {
+        row(&mut out, s.self_samples, s.total_samples, s);
     }
     shares.sort_by(|a, b| {
         b.total_samples
@@ -85,15 +130,73 @@ pub fn render(profile: &Profile, limit: usize) -> String {
             .then(a.name.cmp(&b.name))
     });
     let _ = writeln!(out, "top functions by total samples:");
-    let _ = writeln!(out, "  {:>7} {:>7}  function", "total", "self");
+    let _ = writeln!(
+        out,
+        "  {:>17} {:>17}  function",
+        "total samples", "self samples"
+    );
     for s in shares.iter().take(limit) {
-        let _ = writeln!(
-            out,
-            "  {:>6.2}% {:>6.2}%  {}",
-            pct(s.total_samples),
-            pct(s.self_samples),
-            s.name
-        );
+        row(&mut out, s.total_samples, s.self_samples, s);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{output::fixture, profile::StackCount};
+
+    #[test]
+    fn rows_are_functions_with_counts_and_plain_names() {
+        let mut profile = fixture::profile();
+        // leaf_hot also sampled at another line of it: still one row.
+        let ProfileFrame::Code(mut other_line) = profile.frames[4].clone() else {
+            unreachable!("frame 4 is leaf_hot")
+        };
+        other_line.line = Some(31);
+        profile.frames.push(ProfileFrame::Code(other_line));
+        let id = profile.frames.len() - 1;
+        profile.stacks.push(StackCount {
+            frames: vec![0, 1, 2, 3, id],
+            count: 5,
+            addresses: Vec::new(),
+        });
+        let shares = function_shares(&profile);
+        let hot: Vec<&FunctionShare> = shares
+            .iter()
+            .filter(|s| s.name.starts_with("leaf_hot"))
+            .collect();
+        assert_eq!(hot.len(), 1, "{shares:?}");
+        assert_eq!(hot[0].name, "leaf_hot (app.c:28)");
+        assert_eq!((hot[0].self_samples, hot[0].total_samples), (75, 75));
+        let write = shares.iter().find(|s| s.name == "sys_write").unwrap();
+        assert!(write.kernel);
+
+        let table = render_file(&profile);
+        assert!(!table.contains("_[k]"), "{table}");
+        let first = table.lines().next().unwrap();
+        assert_eq!(
+            first,
+            "105 samples; event: cpu-clock; period: 1001001 ns; one sample: 1001001 ns of CPU time"
+        );
+        let row = table
+            .lines()
+            .find(|l| l.contains("leaf_hot"))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>();
+        assert_eq!(
+            row,
+            [
+                "75",
+                "71.43%",
+                "75",
+                "71.43%",
+                "[.]",
+                "leaf_hot",
+                "(app.c:28)"
+            ]
+        );
+        assert!(table.contains("[k] sys_write"), "{table}");
+    }
 }

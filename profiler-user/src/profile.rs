@@ -1,0 +1,399 @@
+//! The profile model every writer reads: interned frames, stacks with counts and addresses,
+//! the mappings those addresses fall in, and the run's metadata (targets, sampling, tags,
+//! losses, cost). [`crate::aggregate`] builds it; each writer in [`crate::output`] renders it
+//! its own way (tags as pprof labels, as root frames in flame graphs, as speedscope names).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{
+    sampling::Sampling,
+    symbolize::{Frame, FrameKind},
+};
+
+/// Index of a frame in [`Profile::frames`].
+pub type FrameId = usize;
+
+/// What a profile frame is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ProfileFrame {
+    /// The root of every stack of one process.
+    Process {
+        /// The process name.
+        name: String,
+        /// Its pid in bpfprof's namespace, so writers need not guess it back from the name.
+        pid: u32,
+    },
+    /// A thread, below its process (only with per-thread profiles).
+    Thread {
+        /// How the frame shows: `comm (tid N)`, or `tid N` when the name is unknown.
+        name: String,
+        /// Thread id as seen in the target's pid namespace.
+        tid: u32,
+        /// The thread's own name (`comm`), empty when unknown.
+        comm: String,
+    },
+    /// A code frame.
+    Code(Frame),
+    /// Marks the root end of a stack cut by the depth limit: outer frames are missing.
+    Truncated,
+    /// A sample tag of the run, above the process (only when the run has tags).
+    Tag(Tag),
+}
+
+impl ProfileFrame {
+    /// The name to show for this frame.
+    pub fn name(&self) -> &str {
+        match self {
+            ProfileFrame::Process { name, .. } | ProfileFrame::Thread { name, .. } => name,
+            ProfileFrame::Code(frame) => &frame.name,
+            ProfileFrame::Truncated => "[truncated]",
+            ProfileFrame::Tag(tag) => &tag.label,
+        }
+    }
+
+    /// The name with `file:line` appended where the frame has a line.
+    pub fn label(&self) -> String {
+        match self {
+            ProfileFrame::Code(Frame {
+                name,
+                file: Some(file),
+                line: Some(line),
+                ..
+            }) => {
+                let file = std::path::Path::new(file)
+                    .file_name()
+                    .map(|f| f.to_string_lossy())
+                    .unwrap_or_default();
+                format!("{name} ({file}:{line})")
+            }
+            other => other.name().to_string(),
+        }
+    }
+
+    /// The function's name, with `file:first line` appended where known: one label per
+    /// function whichever of its lines was sampled (for tables that list functions).
+    pub fn function_label(&self) -> String {
+        match self {
+            ProfileFrame::Code(Frame {
+                name,
+                file: Some(file),
+                start_line: Some(line),
+                ..
+            }) => {
+                let file = std::path::Path::new(file)
+                    .file_name()
+                    .map(|f| f.to_string_lossy())
+                    .unwrap_or_default();
+                format!("{name} ({file}:{line})")
+            }
+            other => other.name().to_string(),
+        }
+    }
+
+    /// Whether this frame is kernel code.
+    pub fn is_kernel(&self) -> bool {
+        matches!(self, ProfileFrame::Code(f) if f.kind == FrameKind::Kernel)
+    }
+}
+
+/// A sample tag: `key=value`, or a bare value from `--sample-tags` (key `tag`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Tag {
+    /// The key (`tag` for bare strobelight-style tags).
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// How the tag shows as a frame: `[tag value]` or `[key=value]`.
+    #[serde(skip)]
+    pub label: String,
+}
+
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
+impl Tag {
+    /// The key that `--sample-tags` values get.
+    pub const BARE_KEY: &'static str = "tag";
+    /// Longest key or value accepted.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates and builds a tag; keys and values are 1 to 128 characters from
+    /// `[A-Za-z0-9_.:/@+-]`, so they survive every output format unescaped.
+    pub fn new(key: &str, value: &str) -> Result<Tag, String> {
+        for (what, s) in [("key", key), ("value", value)] {
+            if s.is_empty() || s.len() > Self::MAX_LEN {
+                return Err(format!(
+                    "tag {what} {s:?} must be 1 to {} characters long",
+                    Self::MAX_LEN
+                ));
+            }
+            if let Some(c) = s
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || "_.:/@+-".contains(*c)))
+            {
+                return Err(format!(
+                    "tag {what} {s:?} has {c:?}: only letters, digits and _ . : / @ + - are allowed"
+                ));
+            }
+        }
+        let label = if key == Self::BARE_KEY {
+            format!("[tag {value}]")
+        } else {
+            format!("[{key}={value}]")
+        };
+        Ok(Tag {
+            key: key.to_string(),
+            value: value.to_string(),
+            label,
+        })
+    }
+
+    /// Parses `key=value`, or a bare value as a `tag` tag.
+    pub fn parse(s: &str) -> Result<Tag, String> {
+        match s.split_once('=') {
+            Some((k, v)) => Tag::new(k, v),
+            None => Tag::new(Self::BARE_KEY, s),
+        }
+    }
+}
+
+/// One distinct stack with its sample count. Stacks that differ only in the addresses of
+/// their frames are kept apart (pprof shows addresses); writers that show names merge them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackCount {
+    /// Frames, root first.
+    pub frames: Vec<FrameId>,
+    /// Samples with this stack.
+    pub count: u64,
+    /// Per frame, where its instruction is, when known; empty when no frame's is.
+    pub addresses: Vec<Option<CodeAddress>>,
+}
+
+/// Index of a mapping in [`Profile::mappings`].
+pub type MappingId = usize;
+
+/// Where a code frame's instruction is: the address the symbolizer looked up (a return
+/// address minus one for callers) and the mapping holding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CodeAddress {
+    /// The address in the process (or the kernel).
+    pub address: u64,
+    /// The mapping it lies in.
+    pub mapping: MappingId,
+}
+
+/// A binary mapped into a profiled process, or the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub limit: u64,
+    /// File offset of `start`.
+    pub file_offset: u64,
+    /// Full path as the process sees it, `[vdso]`-style names, or `[kernel]`.
+    pub path: String,
+    /// GNU build id in hex, where the file has one.
+    pub build_id: Option<String>,
+    /// The process it is mapped in; `None` for the kernel.
+    pub pid: Option<u32>,
+    /// Whether it is the process's executable (pprof lists it first, as the main binary).
+    pub executable: bool,
+}
+
+/// Why a recording ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunEnd {
+    /// The requested duration passed, or a launched command finished.
+    Completed,
+    /// Every target exited before the requested duration.
+    TargetExited,
+    /// SIGINT or SIGTERM.
+    Interrupted,
+}
+
+/// A target as recorded in a profile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProfiledTarget {
+    /// Pid in bpfprof's own namespace.
+    pub pid: u32,
+    /// Pid inside the target's pid namespace.
+    pub ns_pid: u32,
+    /// Inode of the target's pid namespace.
+    pub pid_ns: u64,
+    /// Process name.
+    pub comm: String,
+}
+
+/// Samples that were taken but are missing from, or incomplete in, the profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Losses {
+    /// Samples dropped because the kernel's sample map was full.
+    pub sample_map_full: u64,
+    /// User stacks lost because the stack map was full.
+    pub user_stack_map_full: u64,
+    /// User stacks that could not be read.
+    pub user_stack_error: u64,
+    /// Kernel stacks lost because the stack map was full.
+    pub kernel_stack_map_full: u64,
+    /// Kernel stacks that could not be read.
+    pub kernel_stack_error: u64,
+    /// Samples the kernel counted that are missing from the drained counts: increments that
+    /// raced with moving their count to userspace during the run.
+    pub lost_in_transfer: u64,
+    /// Samples whose stack was cut at the depth limit (kept, marked `[truncated]`).
+    pub truncated: u64,
+}
+
+impl Losses {
+    /// Each non-zero loss with a readable name.
+    pub fn nonzero(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("sample map full", self.sample_map_full),
+            ("user stack map full", self.user_stack_map_full),
+            ("user stack unreadable", self.user_stack_error),
+            ("kernel stack map full", self.kernel_stack_map_full),
+            ("kernel stack unreadable", self.kernel_stack_error),
+            ("lost moving counts to userspace", self.lost_in_transfer),
+            ("truncated stacks", self.truncated),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
+}
+
+/// Facts about how a profile was taken.
+#[derive(Clone, Debug)]
+pub struct ProfileMeta {
+    /// The processes profiled.
+    pub targets: Vec<ProfiledTarget>,
+    /// The event and rate really used.
+    pub sampling: Sampling,
+    /// Wall-clock length of the recording.
+    pub duration: Duration,
+    /// Samples the kernel program saw for the targets, recorded or not.
+    pub samples_seen: u64,
+    /// Samples lost or incomplete, by reason.
+    pub losses: Losses,
+    /// Why the recording ended.
+    pub end: RunEnd,
+    /// Kernel id of the sampling program.
+    pub program_id: u32,
+    /// The run's sample tags, on every sample.
+    pub tags: Vec<Tag>,
+    /// Deepest stack kept, in frames; deeper stacks keep their leaf-most frames.
+    pub max_stack_length: usize,
+    /// What the profile cost to take.
+    pub cost: RunCost,
+    /// Samples the kernel did not take (it throttles events that fire faster than
+    /// `kernel.perf_event_max_sample_rate` or that use more than `perf_cpu_time_max_percent`
+    /// of CPU time), where that was measured and more than a tenth were missing.
+    pub throttled: Option<Throttled>,
+}
+
+/// How far the events fell short of the requested rate over a recording, on every CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Throttled {
+    /// Samples the events should have delivered at the requested rate.
+    pub expected_samples: u64,
+    /// Samples they did deliver.
+    pub taken_samples: u64,
+    /// Why, as far as can be told.
+    pub cause: ShortfallCause,
+}
+
+/// Why sampling delivered fewer samples than asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShortfallCause {
+    /// The kernel throttled the events: the rate is near `kernel.perf_event_max_sample_rate`,
+    /// or the kernel lowered that limit during the run (interrupts over
+    /// `kernel.perf_cpu_time_max_percent`).
+    KernelThrottling,
+    /// Well below the kernel's limits: timer interrupts came late or were merged (a loaded
+    /// machine, or a VM whose virtual CPUs wait for the host).
+    LateTimerInterrupts,
+}
+
+impl Throttled {
+    /// Below this share of the expected samples, a recording is reported as throttled.
+    pub const THRESHOLD: f64 = 0.9;
+
+    /// The share of the expected samples that were taken.
+    pub fn taken_share(&self) -> f64 {
+        self.taken_samples as f64 / self.expected_samples.max(1) as f64
+    }
+}
+
+/// Nanoseconds a sample stands for when the profile does not know its rate (1 ms).
+pub const FALLBACK_SAMPLE_NANOS: u64 = 1_000_000;
+
+impl ProfileMeta {
+    /// Nanoseconds of CPU time one sample stands for: the cpu-clock period, else the time
+    /// between samples at the nominal rate (cycles periods vary with the clock speed).
+    pub fn sample_nanos(&self) -> u64 {
+        let hz = self.sampling.nominal_hz;
+        match (self.sampling.event, self.sampling.rate) {
+            (crate::sampling::Event::CpuClock, crate::sampling::Rate::Period(ns)) if ns > 0 => ns,
+            _ if hz.is_finite() && hz > 0.0 => (1e9 / hz).round() as u64,
+            _ => FALLBACK_SAMPLE_NANOS,
+        }
+    }
+
+    /// The tags as `key=value` joined by `sep`.
+    pub fn tag_list(&self, sep: &str) -> String {
+        let tags: Vec<String> = self.tags.iter().map(Tag::to_string).collect();
+        tags.join(sep)
+    }
+}
+
+/// What a recording cost, so that every profile states its own overhead.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunCost {
+    /// Time the kernel program ran, over all its invocations (including samples of other
+    /// processes, which it rejects), where `kernel.bpf_stats_enabled` is on.
+    pub bpf_run_time_ns: Option<u64>,
+    /// Invocations of the kernel program over the run, where stats are on.
+    pub bpf_run_count: Option<u64>,
+    /// bpfprof's own CPU time (user + system) over the run, in seconds.
+    pub profiler_cpu_secs: f64,
+    /// bpfprof's peak resident memory, in bytes.
+    pub profiler_peak_rss_bytes: u64,
+}
+
+impl RunCost {
+    /// Mean kernel-program time per invocation, when stats were on.
+    pub fn bpf_ns_per_run(&self) -> Option<f64> {
+        match (self.bpf_run_time_ns, self.bpf_run_count) {
+            (Some(t), Some(n)) if n > 0 => Some(t as f64 / n as f64),
+            _ => None,
+        }
+    }
+}
+
+/// An aggregated, symbolized profile: what every output writer reads.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    /// How the profile was taken.
+    pub meta: ProfileMeta,
+    /// Interned frames.
+    pub frames: Vec<ProfileFrame>,
+    /// Distinct stacks with counts.
+    pub stacks: Vec<StackCount>,
+    /// Mappings that [`CodeAddress`]es point into.
+    pub mappings: Vec<Mapping>,
+}
+
+impl Profile {
+    /// Samples in the profile.
+    pub fn total_samples(&self) -> u64 {
+        self.stacks.iter().map(|s| s.count).sum()
+    }
+}
