@@ -459,7 +459,7 @@ fn program_load_and_attach() -> Vec<Check> {
     vec![load, attach]
 }
 
-/// Helpers the kernel program calls (required) or the coming unwinders will (optional).
+/// Helpers the kernel program calls, all required.
 const HELPERS: [(&str, BpfHelper, bool); 3] = [
     (
         "helper_get_ns_current_pid_tgid",
@@ -467,8 +467,30 @@ const HELPERS: [(&str, BpfHelper, bool); 3] = [
         true,
     ),
     ("helper_get_stack", BpfHelper::BPF_FUNC_get_stack, true),
-    ("helper_loop", BpfHelper::BPF_FUNC_loop, false),
+    ("helper_loop", BpfHelper::BPF_FUNC_loop, true),
 ];
+
+/// The helpers the kernel program needs that this kernel lacks, with the kernel that brought
+/// each, as probed by loading a program that calls it (not guessed from the version).
+pub fn missing_helpers() -> Vec<&'static str> {
+    [
+        (
+            BpfHelper::BPF_FUNC_get_ns_current_pid_tgid,
+            "bpf_get_ns_current_pid_tgid (Linux 5.7)",
+        ),
+        (BpfHelper::BPF_FUNC_get_stack, "bpf_get_stack (Linux 4.18)"),
+        (BpfHelper::BPF_FUNC_loop, "bpf_loop (Linux 5.17)"),
+    ]
+    .into_iter()
+    .filter(|(helper, _)| {
+        matches!(
+            is_helper_supported(ProgramType::PerfEvent, *helper),
+            Ok(false)
+        )
+    })
+    .map(|(_, name)| name)
+    .collect()
+}
 
 fn helpers() -> Vec<Check> {
     HELPERS
@@ -480,7 +502,7 @@ fn helpers() -> Vec<Check> {
                     name,
                     Status::Fail,
                     "missing",
-                    "the sampling program calls it: use kernel 5.8 or newer",
+                    "the sampling program calls it: use Linux 6.1 or newer (the tested kernels)",
                 ),
                 Ok(false) => check(
                     name,

@@ -108,7 +108,19 @@ impl KernelProgram {
             ProgramError::SyscallError(s) if is_permission(&s.io_error) => {
                 Error::PermissionDenied(format!("the kernel refused to load the program: {e}"))
             }
-            _ => Error::Kernel(anyhow!(e).context("verifying the sampling program")),
+            _ => {
+                // Name what this kernel lacks rather than show the verifier's log alone.
+                let missing = crate::doctor::missing_helpers();
+                if missing.is_empty() {
+                    Error::Kernel(anyhow!(e).context("verifying the sampling program"))
+                } else {
+                    Error::EventUnsupported(format!(
+                        "this kernel lacks what the sampling program needs: {}; bpfprof \
+                         supports Linux 6.1 and later (`bpfprof doctor` checks a machine)",
+                        missing.join(", ")
+                    ))
+                }
+            }
         })?;
         let program_id = program.info().map_err(|e| Error::Kernel(e.into()))?.id();
         log::info!("loaded program id {program_id}");

@@ -517,3 +517,55 @@ fn sample_interval_takes_a_time_and_the_period_is_printed() {
     bad.assert_code(exit::USAGE);
     bad.assert_stderr_mentions(&["unknown unit"]);
 }
+
+#[test]
+fn quiet_by_default_and_no_ctrl_c_hint_with_a_duration() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let spin = Workload::spawn("spinner", &["30"]);
+    let out = dir.path().join("x.folded");
+    // On a terminal (script(1) gives bpfprof one), as a user sees it.
+    let on_terminal = |extra: &str| {
+        let cmd = format!(
+            "{} -p {} -o {} {extra}",
+            bpfprof_bin().display(),
+            spin.pid(),
+            out.display()
+        );
+        let output = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+            .expect("run script(1)");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let with_duration = on_terminal("-d 1s");
+    assert!(with_duration.contains("sampling"), "{with_duration}");
+    assert!(
+        !with_duration.contains("Ctrl-C"),
+        "a run with --duration offers Ctrl-C: {with_duration}"
+    );
+    assert!(
+        !with_duration.contains("INFO "),
+        "info logging by default: {with_duration}"
+    );
+    // Without a duration the hint is there (the run ends with SIGINT from the test).
+    let mut bg = Command::new("script");
+    bg.args([
+        "-qec",
+        &format!(
+            "timeout -s INT 1.5 {} -p {} -o {}",
+            bpfprof_bin().display(),
+            spin.pid(),
+            out.display()
+        ),
+        "/dev/null",
+    ]);
+    let until_stopped = String::from_utf8_lossy(&bg.output().unwrap().stdout).into_owned();
+    assert!(until_stopped.contains("Ctrl-C to stop"), "{until_stopped}");
+    assert!(
+        on_terminal("-d 1s -v").contains("INFO "),
+        "-v shows info logging"
+    );
+}
