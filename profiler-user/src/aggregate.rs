@@ -58,6 +58,7 @@ pub fn aggregate(
     let mut mappings = Mappings::default();
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
     let mut truncated = 0;
+    symbolizer.set_start_lines(options.line_numbers);
     for input in inputs {
         symbolizer.prepare_user(
             input.maps,

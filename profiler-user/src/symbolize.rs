@@ -55,6 +55,8 @@ pub struct Symbolizer {
     kernel: HashMap<u64, Arc<[Frame]>>,
     /// Where each file's functions start, for code no symbol covers (read on first need).
     function_starts: HashMap<FileId, Option<FunctionStarts>>,
+    /// Whether user frames get their function's first line (one more lookup per function).
+    start_lines: bool,
 }
 
 impl Default for Symbolizer {
@@ -75,7 +77,17 @@ impl Symbolizer {
             user: HashMap::new(),
             kernel: HashMap::new(),
             function_starts: HashMap::new(),
+            start_lines: false,
         }
+    }
+
+    /// Whether user frames get [`Frame::start_line`] (for `--line-numbers`); turning it on
+    /// forgets the frames resolved without it.
+    pub fn set_start_lines(&mut self, on: bool) {
+        if on && !self.start_lines {
+            self.user.clear();
+        }
+        self.start_lines = on;
     }
 
     /// Resolves every address of `addrs` not seen before, one batch per mapped file.
@@ -102,7 +114,11 @@ impl Symbolizer {
             {
                 Ok(results) => {
                     let build_id = file.build_id();
-                    let start_lines = self.start_lines(&source, &results);
+                    let start_lines = if self.start_lines {
+                        self.function_start_lines(&source, &results)
+                    } else {
+                        HashMap::new()
+                    };
                     for (offset, result) in offsets.iter().zip(results) {
                         let mut frames = if result.as_sym().is_some() {
                             to_frames(&result, &module, *offset, FrameKind::User)
@@ -158,7 +174,11 @@ impl Symbolizer {
 
     /// The source line of each symbol's entry point (by the symbol's address in its file), so
     /// that a function keeps one identity whichever of its lines was sampled.
-    fn start_lines(&self, source: &Source<'_>, results: &[Symbolized<'_>]) -> HashMap<u64, u32> {
+    fn function_start_lines(
+        &self,
+        source: &Source<'_>,
+        results: &[Symbolized<'_>],
+    ) -> HashMap<u64, u32> {
         let mut starts: Vec<u64> = results
             .iter()
             .filter_map(|r| r.as_sym())
