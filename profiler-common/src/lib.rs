@@ -104,11 +104,18 @@ pub enum Counter {
     KernelStackMapFull = 4,
     /// Kernel stacks that could not be read.
     KernelStackError = 5,
+    /// User stacks walked through CFI tables (the rest used frame pointers throughout).
+    CfiStacks = 6,
+    /// CFI walks that stopped before the outermost frame: a bad read, a loop, a pc outside
+    /// executable memory; the stack keeps the frames found until then.
+    StackEndedEarly = 7,
+    /// Frames of CFI walks that no table covered and were unwound by frame pointer.
+    FramePointerFrames = 8,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 9;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -117,6 +124,9 @@ impl Counter {
         Counter::UserStackError,
         Counter::KernelStackMapFull,
         Counter::KernelStackError,
+        Counter::CfiStacks,
+        Counter::StackEndedEarly,
+        Counter::FramePointerFrames,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -131,6 +141,92 @@ pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
 /// Entries of the per-CPU counter array: every run's counters, then the program-wide count.
 pub const COUNTER_ENTRIES: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
 
+/// Rows of every loaded unwind table, end to end, in the kernel's row array: the memory bound
+/// of CFI unwinding (12 bytes a row, so 24 MiB, preallocated when the program loads).
+pub const MAX_UNWIND_ROWS: u32 = 1 << 21;
+/// Processes whose mappings the kernel program can unwind through CFI tables at once.
+pub const MAX_UNWIND_PROCESSES: u32 = 1024;
+/// Executable mappings per process the CFI walk knows about; further ones unwind by frame pointer.
+pub const MAX_UNWIND_MAPPINGS: usize = 256;
+/// Bisection steps over one table's rows: enough for 2^22 rows.
+pub const UNWIND_TABLE_SEARCH_STEPS: u32 = 22;
+/// Bisection steps over one process's mappings: enough for [`MAX_UNWIND_MAPPINGS`].
+pub const UNWIND_MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// How a row computes the canonical frame address (CFA, the caller's stack pointer).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CfaRule {
+    /// No CFI covers this pc: the walk falls back to the frame pointer for this frame.
+    NoInfo = 0,
+    /// CFA = rsp + offset.
+    Rsp = 1,
+    /// CFA = rbp + offset.
+    Rbp = 2,
+    /// The expression compilers emit for PLT stubs: CFA = rsp + offset, plus 8 when
+    /// `(rip & 15) >= plt_threshold` (the stub has pushed its relocation index).
+    Plt = 3,
+    /// The return address is undefined: the outermost frame (`_start`, a thread's entry).
+    EndOfStack = 4,
+}
+
+/// How a row finds the caller's rbp.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RbpRule {
+    /// rbp is not saved in this frame: the caller's value is the current one.
+    Unchanged = 0,
+    /// The caller's rbp is saved at CFA + `rbp_offset`.
+    Offset = 1,
+}
+
+/// One row of an unwind table: the rules that hold from `pc` up to the next row's `pc`.
+/// 12 bytes; a table is a run of rows sorted by `pc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindRow {
+    /// Start of the range, as an ELF virtual address of the object (before load bias).
+    pub pc: u32,
+    /// Offset added to the CFA rule's register (CFA offsets are never negative).
+    pub cfa_offset: u16,
+    /// Where the caller's rbp is saved, relative to the CFA (with [`RbpRule::Offset`]).
+    pub rbp_offset: i16,
+    /// A [`CfaRule`] as u8.
+    pub cfa_rule: u8,
+    /// A [`RbpRule`] as u8.
+    pub rbp_rule: u8,
+    /// Where the return address is saved, relative to the CFA (-8 on x86-64).
+    pub ra_offset: i8,
+    /// For [`CfaRule::Plt`]: the `rip & 15` from which the extra 8 bytes apply.
+    pub plt_threshold: u8,
+}
+
+/// One executable mapping of a process, for the CFI walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindMapping {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// Runtime address minus ELF virtual address for this mapping's object.
+    pub bias: u64,
+    /// Index of the object's first row in the row array.
+    pub first_row: u32,
+    /// Number of rows; zero when the object has no table (walk by frame pointer).
+    pub rows: u32,
+}
+
+/// The executable mappings of one process, sorted by `start`, as the CFI walk sees them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    /// Number of valid entries at the start of `mappings`.
+    pub len: u64,
+    /// The mappings; entries from `len` on are zero.
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are #[repr(C)] with integer fields only and no padding.
@@ -139,4 +235,6 @@ mod pod {
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::StackFrames {}
+    unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::ProcessMappings {}
 }

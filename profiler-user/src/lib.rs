@@ -22,5 +22,6 @@ pub mod sample;
 pub mod sampling;
 pub mod symbolize;
 pub mod target;
+pub mod unwind;
 
 pub use error::{Error, Result};
