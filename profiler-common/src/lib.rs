@@ -170,18 +170,13 @@ pub enum CfaRule {
     EndOfStack = 4,
 }
 
-/// How a row finds the caller's rbp.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RbpRule {
-    /// rbp is not saved in this frame: the caller's value is the current one.
-    Unchanged = 0,
-    /// The caller's rbp is saved at CFA + `rbp_offset`.
-    Offset = 1,
-}
-
 /// One row of an unwind table: the rules that hold from `pc` up to the next row's `pc`.
-/// 12 bytes; a table is a run of rows sorted by `pc`.
+///
+/// 8 bytes (BPF array elements are padded to 8 bytes, so 12 would cost 16). The return
+/// address is always at CFA - 8, as on every x86-64 ABI frame; rows where CFI says otherwise
+/// are stored as [`CfaRule::NoInfo`]. `info` packs: bits 0-2 the [`CfaRule`]; bit 3 set when
+/// the caller's rbp is saved; bits 4-15 the rbp save slot's offset from the CFA in 8-byte
+/// units (12-bit signed), or for [`CfaRule::Plt`] the `rip & 15` threshold.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct UnwindRow {
@@ -189,16 +184,62 @@ pub struct UnwindRow {
     pub pc: u32,
     /// Offset added to the CFA rule's register (CFA offsets are never negative).
     pub cfa_offset: u16,
-    /// Where the caller's rbp is saved, relative to the CFA (with [`RbpRule::Offset`]).
-    pub rbp_offset: i16,
-    /// A [`CfaRule`] as u8.
-    pub cfa_rule: u8,
-    /// A [`RbpRule`] as u8.
-    pub rbp_rule: u8,
-    /// Where the return address is saved, relative to the CFA (-8 on x86-64).
-    pub ra_offset: i8,
+    /// The packed rules (see the type's documentation).
+    pub info: u16,
+}
+
+/// Where the return address is, relative to the CFA, in every row.
+pub const RETURN_ADDRESS_OFFSET: i64 = -8;
+const RBP_SAVED: u16 = 1 << 3;
+
+impl UnwindRow {
+    /// A row; `None` when the rbp offset is not a multiple of 8 within ±16 KiB.
+    pub const fn new(
+        pc: u32,
+        rule: CfaRule,
+        cfa_offset: u16,
+        rbp_offset: Option<i16>,
+        plt_threshold: u8,
+    ) -> Option<UnwindRow> {
+        let mut info = rule as u16;
+        if let Some(off) = rbp_offset {
+            if off % 8 != 0 || off / 8 < -2048 || off / 8 > 2047 {
+                return None;
+            }
+            info |= RBP_SAVED | (((off / 8) as u16) << 4);
+        } else if plt_threshold > 15 {
+            return None;
+        } else {
+            info |= (plt_threshold as u16) << 4;
+        }
+        Some(UnwindRow {
+            pc,
+            cfa_offset,
+            info,
+        })
+    }
+
+    /// The row's [`CfaRule`] as its u8 value.
+    #[inline(always)]
+    pub const fn cfa_rule(&self) -> u8 {
+        (self.info & 7) as u8
+    }
+
+    /// Where the caller's rbp is saved relative to the CFA, or `None` when rbp is unchanged.
+    #[inline(always)]
+    pub const fn rbp_offset(&self) -> Option<i16> {
+        if self.info & RBP_SAVED != 0 {
+            Some(((self.info as i16) >> 4) * 8)
+        } else {
+            None
+        }
+    }
+
     /// For [`CfaRule::Plt`]: the `rip & 15` from which the extra 8 bytes apply.
-    pub plt_threshold: u8,
+    #[inline(always)]
+    pub const fn plt_threshold(&self) -> u8 {
+        (self.info >> 4) as u8 & 15
+    }
 }
 
 /// One executable mapping of a process, for the CFI walk.

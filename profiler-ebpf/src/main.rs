@@ -24,6 +24,8 @@ use profiler_common::{
     MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
 };
 
+mod unwind;
+
 const EEXIST: i32 = 17;
 
 /// Pid namespaces that hold at least one target; slots with `ino == 0` are free.
@@ -103,13 +105,17 @@ fn target_run() -> Option<(u32, bpf_pidns_info)> {
 fn record(ctx: &PerfEventContext, run: u32, task: bpf_pidns_info) {
     count(run, Counter::Samples);
     increment(ALL_RUNS_SAMPLES_INDEX);
-    let user_stack = store_stack(
-        ctx,
-        run,
-        BPF_F_USER_STACK as u64,
-        Counter::UserStackMapFull,
-        Counter::UserStackError,
-    );
+    // Processes userspace loaded CFI tables for are walked by `unwind`; the rest by the kernel.
+    let user_stack = match unwind::walk_user_stack(ctx, run, &SCRATCH) {
+        Some(len) => store_frames(run, len, Counter::UserStackMapFull),
+        None => store_stack(
+            ctx,
+            run,
+            BPF_F_USER_STACK as u64,
+            Counter::UserStackMapFull,
+            Counter::UserStackError,
+        ),
+    };
     let kernel_stack = store_stack(
         ctx,
         run,
@@ -168,6 +174,18 @@ fn store_stack(
     }
     let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
     frames.len = len as u64;
+    store_frames(run, len, full)
+}
+
+/// Stores the `len` frames in this CPU's scratch slot under their hash unless already there,
+/// and returns the hash; 0 when the stack map is full, which `full` counts.
+#[inline(always)]
+fn store_frames(run: u32, len: usize, full: Counter) -> StackId {
+    let Some(frames) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
+    let frames = unsafe { &*frames };
     let id = stack_hash(&frames.ips, len);
     // SAFETY: only tested for presence.
     if unsafe { STACKS.get(&id) }.is_some() {

@@ -69,6 +69,8 @@ pub struct KernelProgram {
     stats_at_attach: Option<(u64, u64)>,
     /// Holds BPF run-time statistics on while bpfprof runs (see [`Self::enable_run_stats`]).
     stats_fd: Option<std::os::fd::OwnedFd>,
+    /// The CFI unwinding maps and their resident tables (see [`crate::unwind`]).
+    pub unwind: crate::unwind::UnwindMaps,
 }
 
 impl KernelProgram {
@@ -110,6 +112,9 @@ impl KernelProgram {
         let samples = HashMap::try_from(take("SAMPLES")?).map_err(kernel_err)?;
         let stacks = HashMap::try_from(take("STACKS")?).map_err(kernel_err)?;
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
+        let unwind =
+            crate::unwind::UnwindMaps::new(take("UNWIND_ROWS")?, take("UNWIND_PROCESSES")?)
+                .map_err(kernel_err)?;
         Ok(KernelProgram {
             ebpf,
             events: None,
@@ -126,6 +131,7 @@ impl KernelProgram {
             counters,
             stats_at_attach: None,
             stats_fd: None,
+            unwind,
         })
     }
 

@@ -223,6 +223,12 @@ struct RecordArgs {
     #[arg(long)]
     bpf_stats: bool,
 
+    /// How user stacks are walked: auto (CFI tables from .eh_frame where an object has them,
+    /// frame pointers elsewhere), fp (frame pointers only), or cfi (as auto, but failing to
+    /// load a target's tables is an error).
+    #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
+    unwind: bpfprof::unwind::UnwindMode,
+
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -486,7 +492,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     } else {
         Recorder::launch(&plan, &cli.command, cli.bpf_stats)
     };
-    let mut recorder = match recorder {
+    let mut recorder = match recorder.and_then(|mut r| r.set_unwind_mode(cli.unwind).map(|()| r)) {
         Ok(r) => r,
         Err(e) => {
             outputs.into_iter().for_each(Output::discard);

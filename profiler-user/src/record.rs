@@ -67,6 +67,8 @@ impl TargetRecording {
     pub fn start(program: &mut KernelProgram, run: u32, target: Target) -> Result<Self> {
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
         program.reset_counters(run)?;
+        // Tables first, so that no sample of the target is taken before its CFI is in place.
+        program.unwind.track(target.pid)?;
         program.add_target(run, &target)?;
         Ok(TargetRecording {
             run,
@@ -220,6 +222,18 @@ impl Recorder {
         Ok(())
     }
 
+    /// Sets how user stacks are walked (`--unwind`), for the targets already added too.
+    pub fn set_unwind_mode(&mut self, mode: crate::unwind::UnwindMode) -> Result<()> {
+        self.program.unwind.set_mode(mode);
+        for t in &self.targets {
+            match mode {
+                crate::unwind::UnwindMode::Fp => self.program.unwind.unload_process(t.target.pid),
+                _ => self.program.unwind.track(t.target.pid)?,
+            }
+        }
+        Ok(())
+    }
+
     /// The kernel id of the sampling program.
     pub fn program_id(&self) -> u32 {
         self.program.program_id()
@@ -298,7 +312,10 @@ impl Recorder {
             }
         }
         for t in &mut self.targets {
-            t.poll(refresh);
+            // New code (dlopen, exec) gets its unwind tables while the run goes on.
+            if t.poll(refresh) && refresh {
+                let _ = self.program.unwind.track(t.target.pid);
+            }
         }
         if self.child.is_none() && self.targets.iter().all(|t| t.exited) {
             return Some(RunEnd::TargetExited);
@@ -377,6 +394,7 @@ pub struct Collected {
 pub fn collect(program: &mut KernelProgram, targets: &mut [TargetRecording]) -> Result<Collected> {
     for t in targets.iter_mut() {
         let _ = program.remove_target(&t.target);
+        program.unwind.unload_process(t.target.pid);
         if !t.exited && t.target.is_alive() {
             let _ = t.maps.refresh();
         }

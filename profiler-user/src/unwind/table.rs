@@ -14,7 +14,7 @@ use gimli::{
     RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 use object::{Object, ObjectSection, ObjectSegment};
-use profiler_common::{CfaRule, RbpRule, UnwindRow};
+use profiler_common::{CfaRule, UnwindRow, RETURN_ADDRESS_OFFSET};
 
 /// The gimli reader over a mapped ELF image.
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
@@ -208,15 +208,10 @@ impl RowBuilder {
             if row.start_address() >= row.end_address() {
                 continue;
             }
-            let mut out = convert(section, row);
-            out.pc = row.start_address() as u32;
-            self.rows.push(out);
+            self.rows.push(convert(section, row));
         }
         // Past the FDE, nothing is known until the next FDE starts.
-        self.rows.push(UnwindRow {
-            pc: end as u32,
-            ..no_info()
-        });
+        self.rows.push(no_info(end as u32));
         Ok(())
     }
 
@@ -247,11 +242,8 @@ fn same_rule(a: &UnwindRow, b: &UnwindRow) -> bool {
     UnwindRow { pc: 0, ..*a } == UnwindRow { pc: 0, ..*b }
 }
 
-fn no_info() -> UnwindRow {
-    UnwindRow {
-        cfa_rule: CfaRule::NoInfo as u8,
-        ..UnwindRow::default()
-    }
+fn no_info(pc: u32) -> UnwindRow {
+    UnwindRow::new(pc, CfaRule::NoInfo, 0, None, 0).expect("a valid row")
 }
 
 /// Reduces one gimli row to what the kernel walk can evaluate.
@@ -259,55 +251,42 @@ fn convert<'a, S: UnwindSection<Slice<'a>>>(
     section: &S,
     row: &gimli::UnwindTableRow<usize>,
 ) -> UnwindRow {
-    let ra = match row.register(X86_64::RA) {
+    let pc = row.start_address() as u32;
+    match row.register(X86_64::RA) {
         None | Some(RegisterRule::Undefined) => {
-            return UnwindRow {
-                cfa_rule: CfaRule::EndOfStack as u8,
-                ..UnwindRow::default()
-            }
+            return UnwindRow::new(pc, CfaRule::EndOfStack, 0, None, 0).expect("a valid row")
         }
-        Some(RegisterRule::Offset(off)) => match i8::try_from(off) {
-            Ok(off) => off,
-            Err(_) => return no_info(),
-        },
-        Some(_) => return no_info(),
+        Some(RegisterRule::Offset(RETURN_ADDRESS_OFFSET)) => {}
+        Some(_) => return no_info(pc),
     };
-    let (rbp_rule, rbp_offset) = match row.register(X86_64::RBP) {
-        None | Some(RegisterRule::SameValue) => (RbpRule::Unchanged, 0),
+    let rbp = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue) => None,
         Some(RegisterRule::Offset(off)) => match i16::try_from(off) {
-            Ok(off) => (RbpRule::Offset, off),
-            Err(_) => return no_info(),
+            Ok(off) => Some(off),
+            Err(_) => return no_info(pc),
         },
-        Some(_) => return no_info(),
+        Some(_) => return no_info(pc),
     };
-    let (cfa_rule, cfa_offset, plt_threshold) = match row.cfa() {
+    let (rule, cfa_offset, plt_threshold) = match row.cfa() {
         GimliCfa::RegisterAndOffset { register, offset } => {
             // CFA offsets are positive (the CFA lies above the frame); u16 reaches 64 KiB frames.
             let Ok(offset) = u16::try_from(*offset) else {
-                return no_info();
+                return no_info(pc);
             };
             match *register {
                 X86_64::RSP => (CfaRule::Rsp, offset, 0),
                 X86_64::RBP => (CfaRule::Rbp, offset, 0),
-                _ => return no_info(),
+                _ => return no_info(pc),
             }
         }
         GimliCfa::Expression(expr) => {
             match expr.get(section).ok().and_then(|e| plt_rule(e.0.slice())) {
-                Some((offset, threshold)) => (CfaRule::Plt, offset, threshold),
-                None => return no_info(),
+                Some((offset, threshold)) if rbp.is_none() => (CfaRule::Plt, offset, threshold),
+                _ => return no_info(pc),
             }
         }
     };
-    UnwindRow {
-        pc: 0,
-        cfa_offset,
-        rbp_offset,
-        cfa_rule: cfa_rule as u8,
-        rbp_rule: rbp_rule as u8,
-        ra_offset: ra,
-        plt_threshold,
-    }
+    UnwindRow::new(pc, rule, cfa_offset, rbp, plt_threshold).unwrap_or_else(|| no_info(pc))
 }
 
 /// Recognizes the CFA expression GNU ld and lld emit for `.plt` entries:
@@ -403,19 +382,18 @@ mod tests {
     }
 
     fn describe(row: &UnwindRow) -> (String, String, String) {
-        let cfa = match row.cfa_rule {
+        let cfa = match row.cfa_rule() {
             r if r == CfaRule::Rsp as u8 => format!("rsp+{}", row.cfa_offset),
             r if r == CfaRule::Rbp as u8 => format!("rbp+{}", row.cfa_offset),
             r if r == CfaRule::Plt as u8 => "exp".into(),
             r if r == CfaRule::EndOfStack as u8 => "end".into(),
             _ => "none".into(),
         };
-        let rbp = if row.rbp_rule == RbpRule::Offset as u8 {
-            format!("c{}", row.rbp_offset)
-        } else {
-            "u".into()
+        let rbp = match row.rbp_offset() {
+            Some(off) => format!("c{off}"),
+            None => "u".into(),
         };
-        (cfa, rbp, format!("c{}", row.ra_offset))
+        (cfa, rbp, format!("c{RETURN_ADDRESS_OFFSET}"))
     }
 
     /// Every readelf row whose rules the walk supports must read back the same from our table.
@@ -428,7 +406,7 @@ mod tests {
         for (loc, cfa, rbp, ra) in &expected {
             if ra == "u" {
                 let row = table.lookup(*loc).expect("a row");
-                assert_eq!(row.cfa_rule, CfaRule::EndOfStack as u8, "at {loc:#x}");
+                assert_eq!(row.cfa_rule(), CfaRule::EndOfStack as u8, "at {loc:#x}");
                 continue;
             }
             let row = table
@@ -475,11 +453,14 @@ mod tests {
     fn libc_plt_expression_is_recognized() {
         let (table, _) = UnwindTable::from_path(Path::new(LIBC)).unwrap();
         assert!(
-            table.rows.iter().any(|r| r.cfa_rule == CfaRule::Plt as u8),
+            table
+                .rows
+                .iter()
+                .any(|r| r.cfa_rule() == CfaRule::Plt as u8),
             "libc's .plt has the PLT CFA expression"
         );
         assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
-        assert!(std::mem::size_of::<UnwindRow>() <= 12);
+        assert_eq!(std::mem::size_of::<UnwindRow>(), 8);
     }
 
     #[test]
@@ -509,6 +490,6 @@ mod tests {
         assert!(table
             .rows
             .iter()
-            .any(|r| r.cfa_rule == CfaRule::Rsp as u8 && r.cfa_offset > 300));
+            .any(|r| r.cfa_rule() == CfaRule::Rsp as u8 && r.cfa_offset > 300));
     }
 }
