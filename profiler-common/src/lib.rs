@@ -142,7 +142,7 @@ pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
 pub const COUNTER_ENTRIES: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
 
 /// Rows of every loaded unwind table, end to end, in the kernel's row array: the memory bound
-/// of CFI unwinding (12 bytes a row, so 24 MiB, preallocated when the program loads).
+/// of CFI unwinding (8 bytes a row, so 16 MiB, preallocated when the program loads).
 pub const MAX_UNWIND_ROWS: u32 = 1 << 21;
 /// Processes whose mappings the kernel program can unwind through CFI tables at once.
 pub const MAX_UNWIND_PROCESSES: u32 = 1024;

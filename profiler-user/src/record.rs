@@ -189,6 +189,7 @@ impl Recorder {
         };
         recorder.child = Some(child);
         wait_for_exec(pid);
+        let _ = recorder.program.unwind.track(pid);
         if let Some(t) = recorder.targets.first_mut() {
             if let Err(e) = t.maps.refresh() {
                 log::debug!("maps of launched pid {pid}: {e}");

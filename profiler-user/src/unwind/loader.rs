@@ -54,7 +54,7 @@ pub struct LoadReport {
 
 /// The kernel's CFI maps and the tables resident in them.
 ///
-/// Memory bound: the kernel's row array ([`MAX_UNWIND_ROWS`] rows of 12 bytes, 24 MiB) holds
+/// Memory bound: the kernel's row array ([`MAX_UNWIND_ROWS`] rows of 8 bytes, 16 MiB) holds
 /// every table; userspace keeps no copy of the rows, only one small entry per resident file.
 /// When the array is full, further objects unwind by frame pointer (and are reported).
 pub struct UnwindMaps {
@@ -111,7 +111,7 @@ impl UnwindMaps {
     /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
     /// warning; with `cfi` it is an error.
     pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
-        if self.mode == UnwindMode::Fp {
+        if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
         match self.load_process(pid) {
@@ -251,6 +251,15 @@ impl UnwindMaps {
         );
         Ok(Some((resident, bias)))
     }
+}
+
+/// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
+/// Its tables are loaded after the exec; building bpfprof's own would only delay the command.
+fn is_unexeced_child(pid: u32) -> bool {
+    let id = |path: String| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    pid != std::process::id()
+        && id(format!("/proc/{pid}/exe"))
+            .is_some_and(|child| id("/proc/self/exe".into()) == Some(child))
 }
 
 /// The identity under which `file`'s table is shared.
