@@ -450,6 +450,7 @@ pub fn assemble(
         kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
         kernel_stack_error: counters.get(Counter::KernelStackError),
         truncated,
+        stack_ended_early: counters.get(Counter::StackEndedEarly),
     };
     let profiled = targets
         .iter()
