@@ -118,3 +118,64 @@ fn cfi_keeps_a_100_deep_recursion_without_frame_pointers() {
         profile.top(5)
     );
 }
+
+/// Debian's xz has no frame pointers (neither has liblzma): with CFI its stacks run from the
+/// compressor's inner loops through `lzma_code` to the C runtime, as `perf --call-graph dwarf`
+/// shows them; by frame pointers more than half of them end in garbage.
+#[test]
+fn a_distro_binary_without_frame_pointers_unwinds_to_its_entry() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let input = dir.path().join("input.txt");
+    // 40 MB of pseudo-random text: enough for xz -9 to compress for longer than the run.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let text: Vec<u8> = (0..40_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let mut cmd = std::process::Command::new("xz");
+    cmd.args(["-9", "-T1", "-c"]).arg(&input);
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.path().join("xz.folded");
+    let run = run_bpfprof(
+        [
+            "--unwind",
+            "cfi",
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "999",
+            "-d",
+            "3s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    run.assert_code(exit::OK);
+    let profile = Profile::read(&out);
+    let in_lzma = profile.count_containing("lzma_code");
+    let to_entry = profile.count_where(|f| {
+        f.iter().any(|x| x == "lzma_code") && f.iter().any(|x| x == "__libc_start_call_main")
+    });
+    let total = profile.total();
+    assert!(total >= 500, "only {total} samples");
+    assert!(
+        in_lzma as f64 >= 0.9 * total as f64 && to_entry as f64 >= 0.97 * in_lzma as f64,
+        "{to_entry} of {in_lzma} samples under lzma_code reach __libc_start_call_main ({total} in all):\n{}",
+        profile.top(5)
+    );
+    assert!(!profile
+        .stacks
+        .keys()
+        .flatten()
+        .any(|f| f.contains("[unmapped]")));
+}

@@ -57,6 +57,10 @@ const APT_PACKAGES: &[&str] = &[
     "gcc",
     "util-linux",
     "bpftool",
+    // readelf checks the unwind tables; xz is the distro binary without frame pointers that
+    // the CFI end-to-end test profiles.
+    "binutils",
+    "xz-utils",
 ];
 
 /// npm packages the tests use as independent readers of bpfprof's output formats.
