@@ -57,6 +57,9 @@ struct Walk {
     end: u32,
     len: u32,
     fp_frames: u32,
+    /// The mapping of the previous frame: most callers sit in the same object as their
+    /// callee, and this skips the process lookup and the mapping bisection for them.
+    mapping: UnwindMapping,
 }
 
 /// Walks the current task's user stack into `SCRATCH` and returns the number of frames, or
@@ -79,6 +82,13 @@ pub fn walk_user_stack(
         end: WalkEnd::Running as u32,
         len: 0,
         fp_frames: 0,
+        mapping: UnwindMapping {
+            start: 0,
+            end: 0,
+            bias: 0,
+            first_row: 0,
+            rows: 0,
+        },
     };
     // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the call.
     unsafe {
@@ -164,8 +174,16 @@ extern "C" fn step(index: u64, walk: *mut core::ffi::c_void) -> i64 {
 fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
     // A return address points after the call; the call itself belongs to the caller's row.
     let pc = if innermost { walk.ip } else { walk.ip - 1 };
-    let Some(mapping) = find_mapping(walk.tgid, pc) else {
-        return WalkEnd::Early;
+    let mapping = if walk.mapping.start <= pc && pc < walk.mapping.end {
+        walk.mapping
+    } else {
+        match find_mapping(walk.tgid, pc) {
+            Some(m) => {
+                walk.mapping = m;
+                m
+            }
+            None => return WalkEnd::Early,
+        }
     };
     let row = if mapping.rows > 0 {
         find_row(&mapping, pc.wrapping_sub(mapping.bias))

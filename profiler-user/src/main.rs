@@ -487,12 +487,13 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     let plan = request.plan(&KernelLimits::read())?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
+    bpfprof::unwind::set_default_mode(cli.unwind);
     let recorder = if cli.command.is_empty() {
         Recorder::attach(&plan, &specs, cli.bpf_stats)
     } else {
         Recorder::launch(&plan, &cli.command, cli.bpf_stats)
     };
-    let mut recorder = match recorder.and_then(|mut r| r.set_unwind_mode(cli.unwind).map(|()| r)) {
+    let mut recorder = match recorder {
         Ok(r) => r,
         Err(e) => {
             outputs.into_iter().for_each(Output::discard);

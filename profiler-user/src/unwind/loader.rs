@@ -93,7 +93,7 @@ impl UnwindMaps {
             resident: StdHashMap::new(),
             next_row: 0,
             loaded: StdHashMap::new(),
-            mode: UnwindMode::default(),
+            mode: super::default_mode(),
         })
     }
 
