@@ -110,10 +110,11 @@ pub fn walk_user_stack(
     if walk.end == WalkEnd::Early as u32 {
         crate::count(run, Counter::StackEndedEarly);
     }
-    let mut n = 0;
-    while n < walk.fp_frames && n < MAX_STACK_DEPTH as u32 {
-        crate::count(run, Counter::FramePointerFrames);
-        n += 1;
+    if walk.fp_frames > 0 {
+        if let Some(value) = crate::COUNTERS.get_ptr_mut(Counter::FramePointerFrames.index(run)) {
+            // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
+            unsafe { *value += walk.fp_frames as u64 };
+        }
     }
     if len == 0 {
         None
@@ -265,9 +266,12 @@ fn find_mapping(tgid: u32, pc: u64) -> Option<UnwindMapping> {
     while step < UNWIND_MAPPING_SEARCH_STEPS && n > 1 {
         let half = n / 2;
         let mid = lo + half;
-        if mid < MAX_UNWIND_MAPPINGS && process.mappings[mid].start <= pc {
-            lo = mid;
+        if mid >= MAX_UNWIND_MAPPINGS {
+            return None;
         }
+        // Branch-free, as in `find_row`: 1 when the mapping starts at or below pc.
+        let take = (process.mappings[mid].start.wrapping_sub(pc + 1) >> 63) as usize;
+        lo += half * take;
         n -= half;
         step += 1;
     }
@@ -295,11 +299,13 @@ fn find_row(mapping: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
     while step < UNWIND_TABLE_SEARCH_STEPS && n > 1 {
         let half = n / 2;
         let mid = lo + half;
-        match UNWIND_ROWS.get(mid) {
-            Some(row) if row.pc <= pc => lo = mid,
-            Some(_) => {}
-            None => return None,
-        }
+        let Some(row) = UNWIND_ROWS.get(mid) else {
+            return None;
+        };
+        // Branch-free: 1 when row.pc <= pc. Without a branch per step the verifier checks
+        // one path through the bisection instead of one per outcome.
+        let take = ((row.pc as u64).wrapping_sub(pc as u64 + 1) >> 63) as u32;
+        lo += half * take;
         n -= half;
         step += 1;
     }
