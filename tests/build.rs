@@ -5,6 +5,9 @@
 //! pointer of leaf functions at -O1/-O2 even with `-mno-omit-leaf-frame-pointer`,
 //! which would hide a leaf's caller from a frame-pointer unwinder; the workloads
 //! also keep their burn loops inside the leaf functions for the same reason.
+//!
+//! Workloads named `nofp*` are built as distributions build most software, `-O2
+//! -fomit-frame-pointer`: their stacks unwind only through CFI (`.eh_frame`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,7 +38,17 @@ fn main() {
             .and_then(|s| s.to_str())
             .expect("UTF-8 workload name");
         let out = out_dir.join(name);
-        compile(&cc, src, &out);
+        let flags: &[&str] = if name.starts_with("nofp") {
+            &["-O2", "-g", "-fomit-frame-pointer"]
+        } else {
+            &[
+                "-O0",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-mno-omit-leaf-frame-pointer",
+            ]
+        };
+        compile(&cc, flags, src, &out);
         println!(
             "cargo:rustc-env=WORKLOAD_{}={}",
             name.to_ascii_uppercase(),
@@ -44,17 +57,10 @@ fn main() {
     }
 }
 
-fn compile(cc: &str, src: &Path, out: &Path) {
+fn compile(cc: &str, flags: &[&str], src: &Path, out: &Path) {
     let status = Command::new(cc)
-        .args([
-            "-O0",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-mno-omit-leaf-frame-pointer",
-            "-pthread",
-            "-Wall",
-            "-o",
-        ])
+        .args(flags)
+        .args(["-pthread", "-Wall", "-o"])
         .arg(out)
         .arg(src)
         .status()

@@ -130,11 +130,18 @@ pub enum Counter {
     KernelStackMapFull = 4,
     /// Kernel stacks that could not be read.
     KernelStackError = 5,
+    /// User stacks walked through CFI tables (the rest used frame pointers throughout).
+    CfiStacks = 6,
+    /// CFI walks that stopped before the outermost frame: a bad read, a loop, a pc outside
+    /// executable memory; the stack keeps the frames found until then.
+    StackEndedEarly = 7,
+    /// Frames of CFI walks that no table covered and were unwound by frame pointer.
+    FramePointerFrames = 8,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 9;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -143,6 +150,9 @@ impl Counter {
         Counter::UserStackError,
         Counter::KernelStackMapFull,
         Counter::KernelStackError,
+        Counter::CfiStacks,
+        Counter::StackEndedEarly,
+        Counter::FramePointerFrames,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -160,6 +170,133 @@ pub const INVOCATIONS_INDEX: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
 /// Entries of the per-CPU counter array: every run's counters, then the program-wide counts.
 pub const COUNTER_ENTRIES: u32 = INVOCATIONS_INDEX + 1;
 
+/// Rows of every loaded unwind table, end to end, in the kernel's row array: the memory bound
+/// of CFI unwinding (8 bytes a row, so 16 MiB, preallocated when the program loads).
+pub const MAX_UNWIND_ROWS: u32 = 1 << 21;
+/// Processes whose mappings the kernel program can unwind through CFI tables at once.
+pub const MAX_UNWIND_PROCESSES: u32 = 1024;
+/// Executable mappings per process the CFI walk knows about; further ones unwind by frame pointer.
+pub const MAX_UNWIND_MAPPINGS: usize = 256;
+/// Bisection steps over one table's rows: enough for 2^22 rows.
+pub const UNWIND_TABLE_SEARCH_STEPS: u32 = 22;
+/// Bisection steps over one process's mappings: enough for [`MAX_UNWIND_MAPPINGS`].
+pub const UNWIND_MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// How a row computes the canonical frame address (CFA, the caller's stack pointer).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CfaRule {
+    /// No CFI covers this pc: the walk falls back to the frame pointer for this frame.
+    NoInfo = 0,
+    /// CFA = rsp + offset.
+    Rsp = 1,
+    /// CFA = rbp + offset.
+    Rbp = 2,
+    /// The expression compilers emit for PLT stubs: CFA = rsp + offset, plus 8 when
+    /// `(rip & 15) >= plt_threshold` (the stub has pushed its relocation index).
+    Plt = 3,
+    /// The return address is undefined: the outermost frame (`_start`, a thread's entry).
+    EndOfStack = 4,
+}
+
+/// One row of an unwind table: the rules that hold from `pc` up to the next row's `pc`.
+///
+/// 8 bytes (BPF array elements are padded to 8 bytes, so 12 would cost 16). The return
+/// address is always at CFA - 8, as on every x86-64 ABI frame; rows where CFI says otherwise
+/// are stored as [`CfaRule::NoInfo`]. `info` packs: bits 0-2 the [`CfaRule`]; bit 3 set when
+/// the caller's rbp is saved; bits 4-15 the rbp save slot's offset from the CFA in 8-byte
+/// units (12-bit signed), or for [`CfaRule::Plt`] the `rip & 15` threshold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindRow {
+    /// Start of the range, as an ELF virtual address of the object (before load bias).
+    pub pc: u32,
+    /// Offset added to the CFA rule's register (CFA offsets are never negative).
+    pub cfa_offset: u16,
+    /// The packed rules (see the type's documentation).
+    pub info: u16,
+}
+
+/// Where the return address is, relative to the CFA, in every row.
+pub const RETURN_ADDRESS_OFFSET: i64 = -8;
+const RBP_SAVED: u16 = 1 << 3;
+
+impl UnwindRow {
+    /// A row; `None` when the rbp offset is not a multiple of 8 within ±16 KiB.
+    pub const fn new(
+        pc: u32,
+        rule: CfaRule,
+        cfa_offset: u16,
+        rbp_offset: Option<i16>,
+        plt_threshold: u8,
+    ) -> Option<UnwindRow> {
+        let mut info = rule as u16;
+        if let Some(off) = rbp_offset {
+            if off % 8 != 0 || off / 8 < -2048 || off / 8 > 2047 {
+                return None;
+            }
+            info |= RBP_SAVED | (((off / 8) as u16) << 4);
+        } else if plt_threshold > 15 {
+            return None;
+        } else {
+            info |= (plt_threshold as u16) << 4;
+        }
+        Some(UnwindRow {
+            pc,
+            cfa_offset,
+            info,
+        })
+    }
+
+    /// The row's [`CfaRule`] as its u8 value.
+    #[inline(always)]
+    pub const fn cfa_rule(&self) -> u8 {
+        (self.info & 7) as u8
+    }
+
+    /// Where the caller's rbp is saved relative to the CFA, or `None` when rbp is unchanged.
+    #[inline(always)]
+    pub const fn rbp_offset(&self) -> Option<i16> {
+        if self.info & RBP_SAVED != 0 {
+            Some(((self.info as i16) >> 4) * 8)
+        } else {
+            None
+        }
+    }
+
+    /// For [`CfaRule::Plt`]: the `rip & 15` from which the extra 8 bytes apply.
+    #[inline(always)]
+    pub const fn plt_threshold(&self) -> u8 {
+        (self.info >> 4) as u8 & 15
+    }
+}
+
+/// One executable mapping of a process, for the CFI walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindMapping {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// Runtime address minus ELF virtual address for this mapping's object.
+    pub bias: u64,
+    /// Index of the object's first row in the row array.
+    pub first_row: u32,
+    /// Number of rows; zero when the object has no table (walk by frame pointer).
+    pub rows: u32,
+}
+
+/// The executable mappings of one process, sorted by `start`, as the CFI walk sees them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    /// Number of valid entries at the start of `mappings`.
+    pub len: u64,
+    /// The mappings; entries from `len` on are zero.
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are #[repr(C)] with integer fields only and no padding.
@@ -168,4 +305,6 @@ mod pod {
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::StackFrames {}
+    unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::ProcessMappings {}
 }

@@ -27,6 +27,8 @@ use profiler_common::{
     STACK_MAP_ENTRIES,
 };
 
+mod unwind;
+
 const EEXIST: i32 = 17;
 
 /// Pid namespaces that hold at least one target; slots with `ino == 0` are free.
@@ -210,7 +212,14 @@ fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
         return;
     }
     increment(ALL_RUNS_SAMPLES_INDEX);
-    let user_stack = store_stack(ctx, BPF_F_USER_STACK as u64);
+    // Processes userspace loaded CFI tables for are walked by `unwind`; the rest by the
+    // kernel's frame-pointer walk. The walk's own statistics (CFI stacks, walks that ended
+    // early, frame-pointer frames) go to the lowest run of the sample only: they describe the
+    // unwinder, and one count per sample is what they need.
+    let user_stack = match unwind::walk_user_stack(ctx, lowest_bit(runs), &SCRATCH) {
+        Some(len) => store_frames(len, Counter::UserStackMapFull),
+        None => store_stack(ctx, BPF_F_USER_STACK as u64),
+    };
     let kernel_stack = store_stack(ctx, 0);
     let key = SampleKey {
         runs,
@@ -290,17 +299,17 @@ fn count_run_counters(run: u32, counts: &RunCounts) {
     }
 }
 
-/// Index of the lowest set bit of a non-zero `v` (BPF has no count-trailing-zeros).
+/// Index of the lowest set bit of a non-zero `v` (BPF has no count-trailing-zeros): the number
+/// of ones below it, counted without a branch. With branches the verifier would follow each of
+/// the 64 possible results separately through everything after (the CFI walk included) and run
+/// out of its instruction budget.
 #[inline(always)]
-fn lowest_bit(mut v: u64) -> u32 {
-    let mut bit = 0;
-    for shift in [32u32, 16, 8, 4, 2, 1] {
-        if v & ((1u64 << shift) - 1) == 0 {
-            bit += shift;
-            v >>= shift;
-        }
-    }
-    bit
+fn lowest_bit(v: u64) -> u32 {
+    let below = (v & v.wrapping_neg()).wrapping_sub(1);
+    let mut c = below - ((below >> 1) & 0x5555_5555_5555_5555);
+    c = (c & 0x3333_3333_3333_3333) + ((c >> 2) & 0x3333_3333_3333_3333);
+    c = (c + (c >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    (c.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
 }
 
 /// Adds one to the count of `key`, inserting it if new; false when the map is full.
@@ -349,6 +358,20 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
         return Ok(0);
     }
     let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
+    frames.len = len as u64;
+    store_frames(len, full)
+}
+
+/// Stores the `len` frames in this CPU's scratch slot under their hash unless already there,
+/// and returns the hash; `full` when the stack map has no room.
+#[inline(always)]
+fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter> {
+    let Some(frames) = SCRATCH.get_ptr_mut(0) else {
+        return Err(full);
+    };
+    // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
+    let frames = unsafe { &mut *frames };
+    let len = len.min(MAX_STACK_DEPTH);
     frames.len = len as u64;
     let id = stack_hash(&frames.ips, len);
     // SAFETY: only tested for presence.

@@ -80,6 +80,8 @@ pub struct KernelProgram {
     stats_at_attach: Option<(u64, u64)>,
     /// Holds BPF run-time statistics on while bpfprof runs (see [`Self::enable_run_stats`]).
     stats_fd: Option<std::os::fd::OwnedFd>,
+    /// The CFI unwinding maps and their resident tables (see [`crate::unwind`]).
+    pub unwind: crate::unwind::UnwindMaps,
 }
 
 impl KernelProgram {
@@ -135,6 +137,9 @@ impl KernelProgram {
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
         let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
+        let unwind =
+            crate::unwind::UnwindMaps::new(take("UNWIND_ROWS")?, take("UNWIND_PROCESSES")?)
+                .map_err(kernel_err)?;
         Ok(KernelProgram {
             ebpf,
             events: None,
@@ -156,6 +161,7 @@ impl KernelProgram {
             counters,
             stats_at_attach: None,
             stats_fd: None,
+            unwind,
         })
     }
 
@@ -313,6 +319,8 @@ impl KernelProgram {
             info.runs &= !(1 << run);
             info.follow &= !(1 << run);
             let _ = if info.runs == 0 {
+                // No run watches it any more: its unwind tables go too.
+                self.unwind.unload_process(target.pid);
                 self.targets.remove(&key)
             } else {
                 self.targets.insert(key, info, 0)
@@ -406,6 +414,7 @@ impl KernelProgram {
             info.runs &= !(1 << run);
             info.follow &= !(1 << run);
             let _ = if info.runs == 0 {
+                self.unwind.unload_process(pid);
                 self.followed.remove(&pid)
             } else {
                 self.followed.insert(pid, info, 0)

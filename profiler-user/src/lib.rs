@@ -28,6 +28,7 @@ pub mod stripped;
 pub mod strobeclient;
 pub mod symbolize;
 pub mod target;
+pub mod unwind;
 
 pub use bpfprof_client as client;
 pub use bpfprof_client::protocol;

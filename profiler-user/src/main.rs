@@ -257,6 +257,12 @@ struct RecordArgs {
     #[arg(long)]
     bpf_stats: bool,
 
+    /// How user stacks are walked: auto (CFI tables from .eh_frame where an object has them,
+    /// frame pointers elsewhere), fp (frame pointers only), or cfi (as auto, but failing to
+    /// load a target's tables is an error).
+    #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
+    unwind: bpfprof::unwind::UnwindMode,
+
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
@@ -592,6 +598,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     bpfprof::kernel::check_privileges()?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
+    bpfprof::unwind::set_default_mode(cli.unwind);
     let recorder = if launch {
         Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
     } else {

@@ -249,6 +249,9 @@ pub struct Losses {
     pub lost_in_transfer: u64,
     /// Samples whose stack was cut at the depth limit (kept, marked `[truncated]`).
     pub truncated: u64,
+    /// User stacks whose CFI walk stopped before the outermost frame (a bad read, a loop, a pc
+    /// outside executable memory): kept with the frames found until then.
+    pub stack_ended_early: u64,
 }
 
 impl Losses {
@@ -262,6 +265,7 @@ impl Losses {
             ("kernel stack unreadable", self.kernel_stack_error),
             ("lost moving counts to userspace", self.lost_in_transfer),
             ("truncated stacks", self.truncated),
+            ("user stacks ended early", self.stack_ended_early),
         ]
         .into_iter()
         .filter(|(_, n)| *n > 0)

@@ -169,7 +169,7 @@ impl Recorder {
         };
         recorder.child = Some(child);
         wait_for_exec(pid);
-        recorder.recording.refresh_maps(pid);
+        recorder.recording.refresh_maps(&mut recorder.pool, pid);
         recorder.log_start();
         Ok(recorder)
     }

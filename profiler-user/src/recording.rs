@@ -140,9 +140,11 @@ impl Recording {
                 slot
             }
         };
-        let registered = pool
-            .program(slot)?
-            .add_target(slot.run, &target, self.follow_children);
+        let registered = pool.program(slot).and_then(|program| {
+            // Tables first, so that no sample of the target is taken before its CFI is in place.
+            program.unwind.track(target.pid)?;
+            program.add_target(slot.run, &target, self.follow_children)
+        });
         if let Err(e) = registered {
             if !self
                 .processes
@@ -167,12 +169,16 @@ impl Recording {
         Ok(())
     }
 
-    /// Re-reads the memory maps of `pid` now (a launched command that just exec'd).
-    pub fn refresh_maps(&mut self, pid: u32) {
+    /// Re-reads the memory maps and unwind tables of `pid` now (a launched command that just
+    /// exec'd: before, they were bpfprof's own).
+    pub fn refresh_maps(&mut self, pool: &mut ProgramPool, pid: u32) {
         for p in self.processes.values_mut() {
             if p.target.pid == pid {
                 if let Err(e) = p.maps.refresh() {
                     log::debug!("maps of pid {pid}: {e}");
+                }
+                if let Ok(program) = pool.program(p.slot) {
+                    let _ = program.unwind.track(pid);
                 }
             }
         }
@@ -206,6 +212,12 @@ impl Recording {
         }
         for p in self.processes.values_mut() {
             p.poll(refresh);
+            // New code (dlopen, exec) gets its unwind tables while the run goes on.
+            if refresh && !p.exited {
+                if let Ok(program) = pool.program(p.slot) {
+                    let _ = program.unwind.track(p.target.pid);
+                }
+            }
         }
         TickStatus {
             samples,
@@ -235,6 +247,9 @@ impl Recording {
         match adopted {
             Ok((target, maps)) => {
                 log::debug!("following child pid {pid} ({})", target.comm);
+                if let Err(e) = program.unwind.track(pid) {
+                    log::debug!("unwind tables of child pid {pid}: {e}");
+                }
                 self.processes.insert(
                     (slot.program_id, slot.run, target.ns_pid),
                     ProcessRecording {
@@ -411,6 +426,7 @@ impl Collected {
             kernel_stack_error: counters.get(Counter::KernelStackError),
             // Counted by aggregation, which cuts the stacks.
             truncated: 0,
+            stack_ended_early: counters.get(Counter::StackEndedEarly),
         };
         let targets = processes
             .values()

@@ -144,6 +144,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "multithread" => env!("WORKLOAD_MULTITHREAD"),
         "shortlived" => env!("WORKLOAD_SHORTLIVED"),
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),
+        "nofp" => env!("WORKLOAD_NOFP"),
         other => panic!("unknown workload {other:?}"),
     };
     PathBuf::from(path)

@@ -586,6 +586,7 @@ print(json.dumps(out))
             kernel_stack_error: 15,
             lost_in_transfer: 16,
             truncated: 2,
+            stack_ended_early: 17,
         };
         meta.end = RunEnd::Interrupted;
         profile

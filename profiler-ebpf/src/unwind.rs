@@ -1,0 +1,316 @@
+//! The CFI walk: unwinds a target's user stack from the sample's registers with the tables
+//! userspace built from each object's `.eh_frame`, so that code without frame pointers still
+//! yields full stacks.
+//!
+//! Each frame costs one hash lookup (the process's mappings), a bisection over those mappings,
+//! a bisection over the object's rows (array lookups the verifier inlines) and two user reads.
+//! The frame loop runs under `bpf_loop`, so the verifier checks one frame's code once instead
+//! of 127 unrolled copies: that is what lets the walk reach the full depth.
+
+use aya_ebpf::{
+    bindings::{bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+    programs::PerfEventContext,
+    EbpfContext,
+};
+use profiler_common::{
+    CfaRule, Counter, ProcessMappings, StackFrames, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
+    MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, RETURN_ADDRESS_OFFSET,
+    UNWIND_MAPPING_SEARCH_STEPS, UNWIND_TABLE_SEARCH_STEPS,
+};
+
+/// Every loaded table's rows, end to end; a table is a range of this array. Mmapable, so
+/// userspace writes a table with one copy instead of a syscall per row.
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, BPF_F_MMAPABLE);
+
+/// The executable mappings of each process that is unwound by CFI, by host tgid. A process
+/// absent here is unwound by the kernel's frame-pointer walk.
+#[map]
+static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
+    HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// How a walk ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+enum WalkEnd {
+    /// Still walking, or stopped at the depth limit.
+    Running = 0,
+    /// Reached the outermost frame.
+    Complete = 1,
+    /// Stopped early: a bad read, a loop, a pc outside the known executable mappings.
+    Early = 2,
+}
+
+/// The registers of the frame being unwound, shared with the `bpf_loop` callback.
+#[repr(C)]
+struct Walk {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    tgid: u32,
+    end: u32,
+    len: u32,
+    fp_frames: u32,
+    /// The mapping of the previous frame: most callers sit in the same object as their
+    /// callee, and this skips the process lookup and the mapping bisection for them.
+    mapping: UnwindMapping,
+}
+
+/// Walks the current task's user stack into `SCRATCH` and returns the number of frames, or
+/// `None` when the process is not unwound by CFI (the caller then takes the kernel's walk).
+#[inline(always)]
+pub fn walk_user_stack(
+    ctx: &PerfEventContext,
+    run: u32,
+    scratch: &PerCpuArray<StackFrames>,
+) -> Option<usize> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only tested for presence.
+    unsafe { UNWIND_PROCESSES.get(tgid) }?;
+    let (ip, sp, bp) = user_registers(ctx)?;
+    let mut walk = Walk {
+        ip,
+        sp,
+        bp,
+        tgid,
+        end: WalkEnd::Running as u32,
+        len: 0,
+        fp_frames: 0,
+        mapping: UnwindMapping {
+            start: 0,
+            end: 0,
+            bias: 0,
+            first_row: 0,
+            rows: 0,
+        },
+    };
+    // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_STACK_DEPTH as u32,
+            step as *mut _,
+            (&mut walk as *mut Walk).cast(),
+            0,
+        )
+    };
+    let len = (walk.len as usize).min(MAX_STACK_DEPTH);
+    let frames = scratch.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
+    let frames = unsafe { &mut *frames };
+    // Entries past `len` keep whatever an earlier stack left: the hash and userspace read
+    // only the first `len` (zeroing them costs a 1 KiB store loop the verifier cannot bound).
+    frames.len = len as u64;
+    crate::count(run, Counter::CfiStacks);
+    if walk.end == WalkEnd::Early as u32 {
+        crate::count(run, Counter::StackEndedEarly);
+    }
+    if walk.fp_frames > 0 {
+        if let Some(value) = crate::COUNTERS.get_ptr_mut(Counter::FramePointerFrames.index(run)) {
+            // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
+            unsafe { *value += walk.fp_frames as u64 };
+        }
+    }
+    if len == 0 {
+        None
+    } else {
+        Some(len)
+    }
+}
+
+/// The user-mode ip, sp and bp of the sampled task: the sample's registers when it was taken
+/// in user mode, else those saved at the top of the task's kernel stack.
+#[inline(always)]
+fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+    // SAFETY: a perf_event program's context is a bpf_perf_event_data.
+    let regs = unsafe { &(*(ctx.as_ptr() as *const bpf_perf_event_data)).regs };
+    if regs.cs & 3 == 3 {
+        return Some((regs.rip, regs.rsp, regs.rbp));
+    }
+    // SAFETY: the helper returns the current task; bpf_task_pt_regs its user registers.
+    let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    if user.is_null() {
+        return None;
+    }
+    // SAFETY: kernel memory read through the checked helper.
+    let user: pt_regs = unsafe { bpf_probe_read_kernel(user) }.ok()?;
+    if user.rip == 0 {
+        // A kernel thread, or a task without user state.
+        return None;
+    }
+    Some((user.rip, user.rsp, user.rbp))
+}
+
+/// Unwinds one frame: records `walk.ip`, then moves `walk` to the caller. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn step(index: u64, walk: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `walk_user_stack` gave it.
+    let walk = unsafe { &mut *(walk as *mut Walk) };
+    let Some(frames) = crate::SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's scratch slot.
+    let frames = unsafe { &mut *frames };
+    let i = index as usize;
+    if i >= MAX_STACK_DEPTH {
+        return 1;
+    }
+    frames.ips[i] = walk.ip;
+    walk.len = i as u32 + 1;
+    match unwind_frame(walk, i == 0) {
+        WalkEnd::Running => 0,
+        end => {
+            walk.end = end as u32;
+            1
+        }
+    }
+}
+
+#[inline(always)]
+fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
+    // A return address points after the call; the call itself belongs to the caller's row.
+    let pc = if innermost { walk.ip } else { walk.ip - 1 };
+    let mapping = if walk.mapping.start <= pc && pc < walk.mapping.end {
+        walk.mapping
+    } else {
+        match find_mapping(walk.tgid, pc) {
+            Some(m) => {
+                walk.mapping = m;
+                m
+            }
+            None => return WalkEnd::Early,
+        }
+    };
+    let row = if mapping.rows > 0 {
+        find_row(&mapping, pc.wrapping_sub(mapping.bias))
+    } else {
+        None
+    };
+    let (cfa, ra_at, rbp_at) = match row {
+        Some(row) if row.cfa_rule() == CfaRule::EndOfStack as u8 => return WalkEnd::Complete,
+        Some(row) if row.cfa_rule() != CfaRule::NoInfo as u8 => {
+            let rule = row.cfa_rule();
+            let offset = row.cfa_offset as u64;
+            let cfa = if rule == CfaRule::Rsp as u8 {
+                walk.sp.wrapping_add(offset)
+            } else if rule == CfaRule::Rbp as u8 {
+                walk.bp.wrapping_add(offset)
+            } else {
+                // PLT stub: 8 more once the stub has pushed its relocation index.
+                let extra = if walk.ip & 15 >= row.plt_threshold() as u64 {
+                    8
+                } else {
+                    0
+                };
+                walk.sp.wrapping_add(offset + extra)
+            };
+            let rbp_at = row
+                .rbp_offset()
+                .map(|off| cfa.wrapping_add(off as i64 as u64));
+            (cfa, cfa.wrapping_add(RETURN_ADDRESS_OFFSET as u64), rbp_at)
+        }
+        // No CFI for this pc (JIT code, objects without .eh_frame): frame pointer.
+        _ => {
+            if walk.bp == 0 {
+                return WalkEnd::Complete;
+            }
+            walk.fp_frames += 1;
+            (
+                walk.bp.wrapping_add(16),
+                walk.bp.wrapping_add(8),
+                Some(walk.bp),
+            )
+        }
+    };
+    // The stack grows down: a caller's frame lies above. Anything else is a loop or garbage.
+    if cfa <= walk.sp {
+        return WalkEnd::Early;
+    }
+    // SAFETY: user memory read through the checked helper.
+    let Ok(ra) = (unsafe { bpf_probe_read_user(ra_at as *const u64) }) else {
+        return WalkEnd::Early;
+    };
+    if let Some(at) = rbp_at {
+        // SAFETY: as above.
+        match unsafe { bpf_probe_read_user(at as *const u64) } {
+            Ok(bp) => walk.bp = bp,
+            Err(_) => return WalkEnd::Early,
+        }
+    }
+    if ra == 0 {
+        return WalkEnd::Complete;
+    }
+    walk.ip = ra;
+    walk.sp = cfa;
+    WalkEnd::Running
+}
+
+/// The executable mapping of process `tgid` that holds `pc`.
+#[inline(always)]
+fn find_mapping(tgid: u32, pc: u64) -> Option<UnwindMapping> {
+    // SAFETY: the value is copied out entry by entry.
+    let process = unsafe { UNWIND_PROCESSES.get(tgid) }?;
+    let len = process.len as usize;
+    if len == 0 || len > MAX_UNWIND_MAPPINGS {
+        return None;
+    }
+    // Largest index whose start is <= pc.
+    let mut lo = 0usize;
+    let mut n = len;
+    let mut step = 0;
+    while step < UNWIND_MAPPING_SEARCH_STEPS && n > 1 {
+        let half = n / 2;
+        let mid = lo + half;
+        if mid >= MAX_UNWIND_MAPPINGS {
+            return None;
+        }
+        // Branch-free, as in `find_row`: 1 when the mapping starts at or below pc.
+        let take = (process.mappings[mid].start.wrapping_sub(pc + 1) >> 63) as usize;
+        lo += half * take;
+        n -= half;
+        step += 1;
+    }
+    if lo >= MAX_UNWIND_MAPPINGS {
+        return None;
+    }
+    let mapping = process.mappings[lo];
+    if mapping.start <= pc && pc < mapping.end {
+        Some(mapping)
+    } else {
+        None
+    }
+}
+
+/// The row of `mapping`'s table that holds at object address `pc`.
+#[inline(always)]
+fn find_row(mapping: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
+    if pc > u32::MAX as u64 {
+        return None;
+    }
+    let pc = pc as u32;
+    let mut lo = mapping.first_row;
+    let mut n = mapping.rows;
+    let mut step = 0;
+    while step < UNWIND_TABLE_SEARCH_STEPS && n > 1 {
+        let half = n / 2;
+        let mid = lo + half;
+        let row = UNWIND_ROWS.get(mid)?;
+        // Branch-free: 1 when row.pc <= pc. Without a branch per step the verifier checks
+        // one path through the bisection instead of one per outcome.
+        let take = ((row.pc as u64).wrapping_sub(pc as u64 + 1) >> 63) as u32;
+        lo += half * take;
+        n -= half;
+        step += 1;
+    }
+    let row = *UNWIND_ROWS.get(lo)?;
+    if row.pc <= pc {
+        Some(row)
+    } else {
+        None
+    }
+}

@@ -1,0 +1,289 @@
+//! Fills the kernel program's CFI maps for a target: its executable mappings, each pointing at
+//! the unwind table of the object it maps, built once per file and shared by every process
+//! and run that maps it.
+
+use std::{
+    collections::HashMap as StdHashMap,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::PathBuf,
+};
+
+use anyhow::{anyhow, Context};
+use aya::maps::{HashMap, Map, MapData};
+use procfs::process::{MMPermissions, MMapPath, Process};
+use profiler_common::{
+    ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
+};
+
+use super::{
+    table::{load_bias, UnwindTable},
+    UnwindMode,
+};
+
+/// A file's identity for table sharing: its GNU build id, else device, inode and mtime (so a
+/// rebuilt binary at the same path gets a new table).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FileKey {
+    /// The GNU build id's bytes.
+    BuildId(Vec<u8>),
+    /// (device, inode, mtime in ns) of a file without a build id.
+    Inode(u64, u64, i128),
+}
+
+/// Where a file's table sits in the kernel's row array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Resident {
+    first_row: u32,
+    rows: u32,
+}
+
+/// What loading one process's tables did, for logs, the summary and benches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Executable mappings given to the kernel.
+    pub mappings: usize,
+    /// Mappings whose object has a table (the rest unwind by frame pointer).
+    pub with_table: usize,
+    /// Tables built by this call (the others were already resident).
+    pub tables_built: usize,
+    /// Rows written by this call.
+    pub rows_written: usize,
+    /// Objects left to frame pointers because the row array is full.
+    pub no_room: usize,
+}
+
+/// The kernel's CFI maps and the tables resident in them.
+///
+/// Memory bound: the kernel's row array ([`MAX_UNWIND_ROWS`] rows of 8 bytes, 16 MiB) holds
+/// every table; userspace keeps no copy of the rows, only one small entry per resident file.
+/// When the array is full, further objects unwind by frame pointer (and are reported).
+pub struct UnwindMaps {
+    rows: memmap2::MmapMut,
+    /// Keeps the row array's fd open while it is mapped.
+    _rows_map: MapData,
+    processes: HashMap<MapData, u32, ProcessMappings>,
+    resident: StdHashMap<FileKey, Resident>,
+    next_row: u32,
+    /// The mappings last given to the kernel, per process, to skip unchanged reloads.
+    loaded: StdHashMap<u32, Vec<UnwindMapping>>,
+    mode: UnwindMode,
+}
+
+impl UnwindMaps {
+    /// Wraps the program's `UNWIND_ROWS` and `UNWIND_PROCESSES` maps.
+    pub fn new(rows: Map, processes: Map) -> anyhow::Result<UnwindMaps> {
+        let rows_map = match rows {
+            Map::Array(data) => data,
+            other => return Err(anyhow!("UNWIND_ROWS is not an array: {other:?}")),
+        };
+        let len = MAX_UNWIND_ROWS as usize * std::mem::size_of::<UnwindRow>();
+        // SAFETY: the map was created with BPF_F_MMAPABLE and is `len` bytes long; the kernel
+        // program only reads it.
+        let rows = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .map_mut(rows_map.fd().as_fd_raw())
+        }
+        .context("mapping the unwind row array")?;
+        let processes = HashMap::try_from(processes).context("opening UNWIND_PROCESSES")?;
+        Ok(UnwindMaps {
+            rows,
+            _rows_map: rows_map,
+            processes,
+            resident: StdHashMap::new(),
+            next_row: 0,
+            loaded: StdHashMap::new(),
+            mode: super::default_mode(),
+        })
+    }
+
+    /// Sets how the stacks of processes tracked from now on are walked.
+    pub fn set_mode(&mut self, mode: UnwindMode) {
+        self.mode = mode;
+    }
+
+    /// How stacks are walked.
+    pub fn mode(&self) -> UnwindMode {
+        self.mode
+    }
+
+    /// Loads (or refreshes, after dlopen or exec) the CFI tables of `pid` as the mode asks:
+    /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
+    /// warning; with `cfi` it is an error.
+    pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
+        if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
+            return Ok(());
+        }
+        match self.load_process(pid) {
+            Ok(report) => {
+                if report.tables_built > 0 {
+                    log::info!(
+                        "pid {pid}: unwind tables {report:?}, {} bytes resident",
+                        self.resident_bytes()
+                    );
+                }
+                Ok(())
+            }
+            Err(e) if self.mode == UnwindMode::Auto => {
+                log::warn!("pid {pid}: no CFI unwinding, frame pointers only: {e:#}");
+                Ok(())
+            }
+            Err(e) => Err(crate::error::Error::Kernel(e.context(format!(
+                "loading the unwind tables of pid {pid} (--unwind cfi)"
+            )))),
+        }
+    }
+
+    /// Reads `/proc/PID/maps`, makes sure every mapped object's table is resident, and gives
+    /// the kernel the process's executable mappings; from then on its stacks are walked by CFI.
+    /// Call again when the process maps new code (dlopen, exec).
+    pub fn load_process(&mut self, pid: u32) -> anyhow::Result<LoadReport> {
+        let process = Process::new(pid as i32).with_context(|| format!("opening /proc/{pid}"))?;
+        let maps = process
+            .maps()
+            .with_context(|| format!("reading /proc/{pid}/maps"))?;
+        let mut report = LoadReport::default();
+        let mut mappings = Vec::new();
+        for map in maps.iter() {
+            if !map.perms.contains(MMPermissions::EXECUTE) {
+                continue;
+            }
+            let (start, end) = map.address;
+            let mut mapping = UnwindMapping {
+                start,
+                end,
+                ..UnwindMapping::default()
+            };
+            if let MMapPath::Path(path) = &map.pathname {
+                // map_files reaches the file whatever the target's mount namespace.
+                let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+                match self.table_for(&file, start, map.offset, &mut report) {
+                    Ok(Some((resident, bias))) => {
+                        mapping.first_row = resident.first_row;
+                        mapping.rows = resident.rows;
+                        mapping.bias = bias;
+                        report.with_table += usize::from(resident.rows > 0);
+                    }
+                    Ok(None) => {}
+                    Err(e) => log::debug!("no unwind table for {}: {e:#}", path.display()),
+                }
+            }
+            mappings.push(mapping);
+        }
+        mappings.sort_by_key(|m| m.start);
+        if mappings.len() > MAX_UNWIND_MAPPINGS {
+            log::warn!(
+                "pid {pid} has {} executable mappings; the CFI walk knows the first {MAX_UNWIND_MAPPINGS}",
+                mappings.len()
+            );
+            mappings.truncate(MAX_UNWIND_MAPPINGS);
+        }
+        let mut value = ProcessMappings {
+            len: mappings.len() as u64,
+            mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
+        };
+        value.mappings[..mappings.len()].copy_from_slice(&mappings);
+        report.mappings = mappings.len();
+        if self.loaded.get(&pid) != Some(&mappings) {
+            self.processes
+                .insert(pid, value, 0)
+                .context("registering the process's mappings")?;
+            self.loaded.insert(pid, mappings);
+        }
+        Ok(report)
+    }
+
+    /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
+    pub fn unload_process(&mut self, pid: u32) {
+        self.loaded.remove(&pid);
+        let _ = self.processes.remove(&pid);
+    }
+
+    /// Bytes of the row array in use.
+    pub fn resident_bytes(&self) -> usize {
+        self.next_row as usize * std::mem::size_of::<UnwindRow>()
+    }
+
+    /// The resident table of the object behind `file` and the mapping's load bias, building
+    /// and writing the table on first sight; `None` when there is no room for it.
+    fn table_for(
+        &mut self,
+        file: &std::path::Path,
+        start: u64,
+        offset: u64,
+        report: &mut LoadReport,
+    ) -> anyhow::Result<Option<(Resident, u64)>> {
+        let handle =
+            std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+        // SAFETY: read-only private mapping of a file the target maps too.
+        let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
+        let bias = load_bias(&image, start, offset)?;
+        let key = file_key(&handle, &image)?;
+        if let Some(resident) = self.resident.get(&key) {
+            return Ok(Some((*resident, bias)));
+        }
+        let (table, source) = UnwindTable::from_elf(&image)?;
+        let rows = table.rows.len() as u32;
+        if u64::from(self.next_row) + u64::from(rows) > u64::from(MAX_UNWIND_ROWS) {
+            report.no_room += 1;
+            log::warn!(
+                "the unwind row array is full ({MAX_UNWIND_ROWS} rows); {} unwinds by frame pointer",
+                file.display()
+            );
+            return Ok(None);
+        }
+        let resident = Resident {
+            first_row: self.next_row,
+            rows,
+        };
+        let bytes = table.bytes();
+        let at = resident.first_row as usize * std::mem::size_of::<UnwindRow>();
+        // SAFETY: UnwindRow is plain #[repr(C)] data without padding.
+        let src = unsafe { std::slice::from_raw_parts(table.rows.as_ptr().cast::<u8>(), bytes) };
+        self.rows[at..at + bytes].copy_from_slice(src);
+        self.next_row += rows;
+        self.resident.insert(key, resident);
+        report.tables_built += 1;
+        report.rows_written += rows as usize;
+        log::debug!(
+            "unwind table for {}: {rows} rows from {source:?}",
+            file.display()
+        );
+        Ok(Some((resident, bias)))
+    }
+}
+
+/// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
+/// Its tables are loaded after the exec; building bpfprof's own would only delay the command.
+fn is_unexeced_child(pid: u32) -> bool {
+    let id = |path: String| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    pid != std::process::id()
+        && id(format!("/proc/{pid}/exe"))
+            .is_some_and(|child| id("/proc/self/exe".into()) == Some(child))
+}
+
+/// The identity under which `file`'s table is shared.
+fn file_key(file: &std::fs::File, image: &[u8]) -> anyhow::Result<FileKey> {
+    use object::Object;
+    let elf = object::File::parse(image).context("parsing the ELF headers")?;
+    if let Ok(Some(id)) = elf.build_id() {
+        return Ok(FileKey::BuildId(id.to_vec()));
+    }
+    let meta = file.metadata().context("stat")?;
+    Ok(FileKey::Inode(
+        meta.dev(),
+        meta.ino(),
+        i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+    ))
+}
+
+/// Raw fd of a borrowed map fd, for mmap.
+trait AsFdRaw {
+    fn as_fd_raw(&self) -> std::os::fd::RawFd;
+}
+
+impl<T: std::os::fd::AsFd> AsFdRaw for T {
+    fn as_fd_raw(&self) -> std::os::fd::RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}

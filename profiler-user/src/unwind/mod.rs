@@ -1,0 +1,52 @@
+//! CFI unwinding: tables built from each object's `.eh_frame`, shared across processes, and
+//! loaded into the kernel program so that it can walk stacks without frame pointers.
+
+pub mod loader;
+pub mod table;
+
+pub use loader::{FileKey, LoadReport, UnwindMaps};
+pub use table::{CfiSource, UnwindTable};
+
+/// The mode [`UnwindMaps`] start with: `--unwind` for the CLI (set before the program
+/// loads, so no table is built for a target that `fp` leaves to frame pointers); the daemon
+/// keeps the default.
+static DEFAULT_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the mode kernel programs loaded from now on start with.
+pub fn set_default_mode(mode: UnwindMode) {
+    DEFAULT_MODE.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The mode kernel programs loaded now start with.
+pub fn default_mode() -> UnwindMode {
+    match DEFAULT_MODE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => UnwindMode::Fp,
+        2 => UnwindMode::Cfi,
+        _ => UnwindMode::Auto,
+    }
+}
+
+/// How user stacks are walked.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+#[repr(u8)]
+pub enum UnwindMode {
+    /// CFI tables where an object has them, frame pointers for the rest; a target whose
+    /// tables cannot be loaded falls back to frame pointers with a warning.
+    #[default]
+    Auto = 0,
+    /// Frame pointers only (the kernel's own walk).
+    Fp = 1,
+    /// Like auto, but failing to load a target's tables is an error.
+    Cfi = 2,
+}

@@ -1,0 +1,495 @@
+//! Turns an ELF object's call frame information (`.eh_frame`, else `.debug_frame`) into the
+//! compact, address-sorted rows the kernel program's CFI walk reads.
+//!
+//! Each FDE's rows are evaluated by gimli; each row is reduced to the three things the walk
+//! needs on x86-64: how to compute the CFA, where the return address is, and where the
+//! caller's rbp is. Rules the walk cannot evaluate become [`CfaRule::NoInfo`] rows, so that
+//! frame falls back to the frame pointer instead of producing garbage.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use gimli::{
+    BaseAddresses, CfaRule as GimliCfa, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, LittleEndian,
+    RegisterRule, UnwindContext, UnwindSection, X86_64,
+};
+use object::{Object, ObjectSection, ObjectSegment};
+use profiler_common::{CfaRule, UnwindRow, RETURN_ADDRESS_OFFSET};
+
+/// The gimli reader over a mapped ELF image.
+type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
+
+/// The unwind rows of one object, sorted by `pc`, with no two neighbours alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTable {
+    /// The rows; each holds from its `pc` to the next row's.
+    pub rows: Vec<UnwindRow>,
+}
+
+/// Where the CFI came from, for logs and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CfiSource {
+    /// `.eh_frame`, located through `.eh_frame_hdr`.
+    EhFrameHdr,
+    /// `.eh_frame` without a `.eh_frame_hdr`.
+    EhFrame,
+    /// `.debug_frame`, when the object has no `.eh_frame`.
+    DebugFrame,
+    /// No CFI at all: every frame in this object unwinds by frame pointer.
+    None,
+}
+
+impl UnwindTable {
+    /// Builds the table of the ELF file at `path`.
+    pub fn from_path(path: &Path) -> anyhow::Result<(UnwindTable, CfiSource)> {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: the mapping is read-only and private; a file truncated under us can only
+        // fault this read, which the daemon's callers accept as for any mapped binary.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("mapping {}", path.display()))?;
+        Self::from_elf(&map).with_context(|| format!("reading the CFI of {}", path.display()))
+    }
+
+    /// Builds the table of an ELF image held in memory.
+    pub fn from_elf(data: &[u8]) -> anyhow::Result<(UnwindTable, CfiSource)> {
+        let elf = object::File::parse(data).context("parsing the ELF headers")?;
+        if elf.architecture() != object::Architecture::X86_64 {
+            return Err(anyhow!(
+                "CFI unwinding supports x86-64 only, not {:?}",
+                elf.architecture()
+            ));
+        }
+        let section = |name: &str| {
+            elf.section_by_name(name)
+                .and_then(|s| Some((s.address(), s.data().ok()?)))
+                .filter(|(_, d)| !d.is_empty())
+        };
+        let text = elf.section_by_name(".text").map(|s| s.address());
+        let got = elf.section_by_name(".got").map(|s| s.address());
+        let mut builder = RowBuilder::default();
+        let source = if let Some((eh_addr, eh_data)) = section(".eh_frame") {
+            let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
+            if let Some(text) = text {
+                bases = bases.set_text(text);
+            }
+            if let Some(got) = got {
+                bases = bases.set_got(got);
+            }
+            let eh_frame = EhFrame::new(eh_data, LittleEndian);
+            match section(".eh_frame_hdr") {
+                Some((hdr_addr, hdr_data)) => {
+                    bases = bases.set_eh_frame_hdr(hdr_addr);
+                    collect_from_hdr(&eh_frame, hdr_data, &bases, &mut builder)?;
+                    CfiSource::EhFrameHdr
+                }
+                None => {
+                    collect_all(&eh_frame, &bases, &mut builder)?;
+                    CfiSource::EhFrame
+                }
+            }
+        } else if let Some((_, df_data)) = section(".debug_frame") {
+            let mut debug_frame = DebugFrame::new(df_data, LittleEndian);
+            debug_frame.set_address_size(8);
+            collect_all(&debug_frame, &BaseAddresses::default(), &mut builder)?;
+            CfiSource::DebugFrame
+        } else {
+            CfiSource::None
+        };
+        Ok((builder.finish(), source))
+    }
+
+    /// The row that holds at ELF virtual address `pc`, if any.
+    pub fn lookup(&self, pc: u64) -> Option<&UnwindRow> {
+        let pc = u32::try_from(pc).ok()?;
+        let i = self.rows.partition_point(|r| r.pc <= pc);
+        i.checked_sub(1).map(|i| &self.rows[i])
+    }
+
+    /// Bytes the rows take (in userspace and in the kernel's row array alike).
+    pub fn bytes(&self) -> usize {
+        self.rows.len() * std::mem::size_of::<UnwindRow>()
+    }
+}
+
+/// The load bias of the mapping at `start` with file `offset`: runtime address minus the
+/// object's virtual address, from the PT_LOAD segment that holds `offset`.
+pub fn load_bias(data: &[u8], start: u64, offset: u64) -> anyhow::Result<u64> {
+    let elf = object::File::parse(data).context("parsing the ELF headers")?;
+    for segment in elf.segments() {
+        let (file_start, file_size) = segment.file_range();
+        if offset >= file_start && offset < file_start + file_size.max(1) {
+            // runtime = start + (file position - offset); vaddr = p_vaddr + (file position - p_offset)
+            return Ok(start
+                .wrapping_sub(offset)
+                .wrapping_add(file_start)
+                .wrapping_sub(segment.address()));
+        }
+    }
+    Err(anyhow!("no PT_LOAD segment holds file offset {offset:#x}"))
+}
+
+/// Walks the FDEs in the order `.eh_frame_hdr`'s binary search table lists them (sorted by
+/// address), falling back to a plain scan when the header has no table.
+fn collect_from_hdr(
+    eh_frame: &EhFrame<Slice<'_>>,
+    hdr_data: &[u8],
+    bases: &BaseAddresses,
+    builder: &mut RowBuilder,
+) -> anyhow::Result<()> {
+    let hdr = EhFrameHdr::new(hdr_data, LittleEndian)
+        .parse(bases, 8)
+        .context("parsing .eh_frame_hdr")?;
+    let Some(table) = hdr.table() else {
+        return collect_all(eh_frame, bases, builder);
+    };
+    let mut ctx = UnwindContext::new();
+    let mut entries = table.iter(bases);
+    while let Some((_, pointer)) = entries.next().context("reading .eh_frame_hdr's table")? {
+        let offset = table
+            .pointer_to_offset(pointer)
+            .context("an .eh_frame_hdr entry points outside .eh_frame")?;
+        let fde = eh_frame
+            .fde_from_offset(bases, offset, EhFrame::cie_from_offset)
+            .context("reading an FDE")?;
+        builder.add_fde(eh_frame, bases, &mut ctx, &fde)?;
+    }
+    Ok(())
+}
+
+/// Walks every FDE of a CFI section in section order.
+fn collect_all<'a, S: UnwindSection<Slice<'a>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    builder: &mut RowBuilder,
+) -> anyhow::Result<()>
+where
+    S::Offset: gimli::UnwindOffset<usize>,
+{
+    let mut ctx = UnwindContext::new();
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next().context("reading a CFI entry")? {
+        if let CieOrFde::Fde(partial) = entry {
+            let fde = partial
+                .parse(S::cie_from_offset)
+                .context("reading an FDE")?;
+            builder.add_fde(section, bases, &mut ctx, &fde)?;
+        }
+    }
+    Ok(())
+}
+
+/// Collects rows from FDEs in any order; [`RowBuilder::finish`] sorts and compacts them.
+#[derive(Default)]
+struct RowBuilder {
+    rows: Vec<UnwindRow>,
+}
+
+impl RowBuilder {
+    fn add_fde<'a, S: UnwindSection<Slice<'a>>>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        ctx: &mut UnwindContext<usize>,
+        fde: &gimli::FrameDescriptionEntry<Slice<'a>>,
+    ) -> anyhow::Result<()> {
+        let end = fde.end_address();
+        // Addresses beyond 4 GiB do not fit the 32-bit row pc; such objects do not exist in
+        // practice (the largest shared objects are under 1 GiB).
+        if end > u64::from(u32::MAX) {
+            return Ok(());
+        }
+        let mut table = match fde.rows(section, bases, ctx) {
+            Ok(t) => t,
+            // One unreadable FDE leaves its range to frame pointers; the rest still count.
+            Err(_) => return Ok(()),
+        };
+        while let Ok(Some(row)) = table.next_row() {
+            if row.start_address() >= row.end_address() {
+                continue;
+            }
+            self.rows.push(convert(section, row));
+        }
+        // Past the FDE, nothing is known until the next FDE starts.
+        self.rows.push(no_info(end as u32));
+        Ok(())
+    }
+
+    fn finish(mut self) -> UnwindTable {
+        // Stable sort: an FDE's closing NoInfo row and the next FDE's first row share a pc,
+        // and the latter, pushed later, must win.
+        self.rows.sort_by_key(|r| r.pc);
+        let mut rows: Vec<UnwindRow> = Vec::with_capacity(self.rows.len());
+        for row in self.rows {
+            if let Some(last) = rows.last_mut() {
+                if last.pc == row.pc {
+                    *last = row;
+                    continue;
+                }
+                if same_rule(last, &row) {
+                    continue;
+                }
+            }
+            rows.push(row);
+        }
+        // Collapsing equal pcs can leave two equal neighbours behind.
+        rows.dedup_by(|b, a| same_rule(a, b));
+        UnwindTable { rows }
+    }
+}
+
+fn same_rule(a: &UnwindRow, b: &UnwindRow) -> bool {
+    UnwindRow { pc: 0, ..*a } == UnwindRow { pc: 0, ..*b }
+}
+
+fn no_info(pc: u32) -> UnwindRow {
+    UnwindRow::new(pc, CfaRule::NoInfo, 0, None, 0).expect("a valid row")
+}
+
+/// Reduces one gimli row to what the kernel walk can evaluate.
+fn convert<'a, S: UnwindSection<Slice<'a>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+) -> UnwindRow {
+    let pc = row.start_address() as u32;
+    match row.register(X86_64::RA) {
+        None | Some(RegisterRule::Undefined) => {
+            return UnwindRow::new(pc, CfaRule::EndOfStack, 0, None, 0).expect("a valid row")
+        }
+        Some(RegisterRule::Offset(RETURN_ADDRESS_OFFSET)) => {}
+        Some(_) => return no_info(pc),
+    };
+    let rbp = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue) => None,
+        Some(RegisterRule::Offset(off)) => match i16::try_from(off) {
+            Ok(off) => Some(off),
+            Err(_) => return no_info(pc),
+        },
+        Some(_) => return no_info(pc),
+    };
+    let (rule, cfa_offset, plt_threshold) = match row.cfa() {
+        GimliCfa::RegisterAndOffset { register, offset } => {
+            // CFA offsets are positive (the CFA lies above the frame); u16 reaches 64 KiB frames.
+            let Ok(offset) = u16::try_from(*offset) else {
+                return no_info(pc);
+            };
+            match *register {
+                X86_64::RSP => (CfaRule::Rsp, offset, 0),
+                X86_64::RBP => (CfaRule::Rbp, offset, 0),
+                _ => return no_info(pc),
+            }
+        }
+        GimliCfa::Expression(expr) => {
+            match expr.get(section).ok().and_then(|e| plt_rule(e.0.slice())) {
+                Some((offset, threshold)) if rbp.is_none() => (CfaRule::Plt, offset, threshold),
+                _ => return no_info(pc),
+            }
+        }
+    };
+    UnwindRow::new(pc, rule, cfa_offset, rbp, plt_threshold).unwrap_or_else(|| no_info(pc))
+}
+
+/// Recognizes the CFA expression GNU ld and lld emit for `.plt` entries:
+/// `DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_litT; DW_OP_ge;
+/// DW_OP_lit3; DW_OP_shl; DW_OP_plus`, i.e. CFA = rsp + N + ((rip & 15) >= T) * 8.
+/// Returns (N, T).
+fn plt_rule(expr: &[u8]) -> Option<(u16, u8)> {
+    const BREG7: u8 = 0x77;
+    const BREG16: u8 = 0x80;
+    const LIT0: u8 = 0x30;
+    const AND: u8 = 0x1a;
+    const GE: u8 = 0x2a;
+    const SHL: u8 = 0x24;
+    const PLUS: u8 = 0x22;
+    // The SLEB128 operands are small here: one byte each, positive (< 64).
+    match expr {
+        [BREG7, n, BREG16, 0, lit15, AND, lit_t, GE, lit3, SHL, PLUS]
+            if *n < 0x40
+                && *lit15 == LIT0 + 15
+                && (LIT0..=LIT0 + 15).contains(lit_t)
+                && *lit3 == LIT0 + 3 =>
+        {
+            Some((u16::from(*n), lit_t - LIT0))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    /// One row of `readelf --debug-dump=frames-interp`: (loc, cfa, rbp, ra) as readelf prints
+    /// them ("rsp+8", "c-16", "u" for undefined/unchanged columns).
+    fn readelf_rows(path: &Path) -> Vec<(u64, String, String, String)> {
+        let out = std::process::Command::new("readelf")
+            .args(["--wide", "--debug-dump=frames-interp"])
+            .arg(path)
+            .output()
+            .expect("running readelf");
+        // readelf exits 1 on objects whose separate debug file is missing; the dump is complete.
+        assert!(
+            !out.stdout.is_empty(),
+            "readelf printed nothing for {}",
+            path.display()
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut rows = Vec::new();
+        let mut columns: Vec<String> = Vec::new();
+        let mut in_fde = false;
+        let mut fde_end = 0;
+        for line in text.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if line.contains(" FDE ") {
+                in_fde = true;
+                // readelf also prints rows past the FDE's end, which apply nowhere.
+                fde_end = line
+                    .rsplit("..")
+                    .next()
+                    .and_then(|end| u64::from_str_radix(end.trim(), 16).ok())
+                    .unwrap_or(0);
+                continue;
+            }
+            if line.contains(" CIE") || line.contains("ZERO terminator") {
+                in_fde = false;
+                continue;
+            }
+            if words.first() == Some(&"LOC") {
+                columns = words.iter().map(|w| w.to_string()).collect();
+                continue;
+            }
+            if !in_fde || words.len() != columns.len() {
+                continue;
+            }
+            let Ok(loc) = u64::from_str_radix(words[0], 16) else {
+                continue;
+            };
+            if loc >= fde_end {
+                continue;
+            }
+            let col = |name: &str| {
+                columns
+                    .iter()
+                    .position(|c| c == name)
+                    .map(|i| words[i].to_string())
+                    .unwrap_or_else(|| "u".into())
+            };
+            rows.push((loc, col("CFA"), col("rbp"), col("ra")));
+        }
+        rows
+    }
+
+    fn describe(row: &UnwindRow) -> (String, String, String) {
+        let cfa = match row.cfa_rule() {
+            r if r == CfaRule::Rsp as u8 => format!("rsp+{}", row.cfa_offset),
+            r if r == CfaRule::Rbp as u8 => format!("rbp+{}", row.cfa_offset),
+            r if r == CfaRule::Plt as u8 => "exp".into(),
+            r if r == CfaRule::EndOfStack as u8 => "end".into(),
+            _ => "none".into(),
+        };
+        let rbp = match row.rbp_offset() {
+            Some(off) => format!("c{off}"),
+            None => "u".into(),
+        };
+        (cfa, rbp, format!("c{RETURN_ADDRESS_OFFSET}"))
+    }
+
+    /// Every readelf row whose rules the walk supports must read back the same from our table.
+    fn check_against_readelf(path: &Path) -> usize {
+        let (table, source) = UnwindTable::from_path(path).expect("building the table");
+        assert_ne!(source, CfiSource::None);
+        let expected = readelf_rows(path);
+        assert!(!expected.is_empty(), "readelf printed no rows");
+        let mut checked = 0;
+        for (loc, cfa, rbp, ra) in &expected {
+            if ra == "u" {
+                let row = table.lookup(*loc).expect("a row");
+                assert_eq!(row.cfa_rule(), CfaRule::EndOfStack as u8, "at {loc:#x}");
+                continue;
+            }
+            let row = table
+                .lookup(*loc)
+                .unwrap_or_else(|| panic!("no row at {loc:#x}"));
+            let (our_cfa, our_rbp, our_ra) = describe(row);
+            if cfa == "exp" {
+                assert!(
+                    our_cfa == "exp" || our_cfa == "none",
+                    "at {loc:#x}: {our_cfa}"
+                );
+                continue;
+            }
+            if our_cfa == "none" {
+                // Rules the walk does not evaluate (registers other than rsp/rbp).
+                let supported = |s: &str| s == "u" || s.starts_with("c-");
+                assert!(
+                    !(cfa.starts_with("rsp") || cfa.starts_with("rbp"))
+                        || !supported(rbp)
+                        || cfa[4..].parse::<u64>().is_ok_and(|off| off > 0xffff)
+                        || !supported(ra),
+                    "at {loc:#x}: readelf {cfa} {rbp} {ra}, ours none"
+                );
+                continue;
+            }
+            assert_eq!(
+                (&our_cfa, &our_rbp, &our_ra),
+                (cfa, rbp, ra),
+                "at {loc:#x} in {}",
+                path.display()
+            );
+            checked += 1;
+        }
+        checked
+    }
+
+    #[test]
+    fn libc_rows_match_readelf() {
+        let checked = check_against_readelf(Path::new(LIBC));
+        assert!(checked > 5000, "only {checked} rows checked");
+    }
+
+    #[test]
+    fn libc_plt_expression_is_recognized() {
+        let (table, _) = UnwindTable::from_path(Path::new(LIBC)).unwrap();
+        assert!(
+            table
+                .rows
+                .iter()
+                .any(|r| r.cfa_rule() == CfaRule::Plt as u8),
+            "libc's .plt has the PLT CFA expression"
+        );
+        assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+        assert_eq!(std::mem::size_of::<UnwindRow>(), 8);
+    }
+
+    #[test]
+    fn omit_frame_pointer_workload_matches_readelf() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("w.c");
+        std::fs::write(
+            &src,
+            "#include <stdlib.h>\n\
+             __attribute__((noinline)) long leaf(long n) { volatile long s = 0; for (long i = 0; i < n; i++) s += i; return s; }\n\
+             __attribute__((noinline)) long mid(long n) { char buf[300]; buf[n % 300] = 1; return leaf(n) + buf[n % 7]; }\n\
+             int main(int argc, char **argv) { return (int)mid(argc * 1000); }\n",
+        )
+        .unwrap();
+        let exe = dir.path().join("w");
+        let status = std::process::Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("running cc");
+        assert!(status.success());
+        let checked = check_against_readelf(&exe);
+        assert!(checked >= 4, "only {checked} rows checked");
+        // `mid` has a 300-byte frame: some row must say CFA = rsp + more than 300.
+        let (table, _) = UnwindTable::from_path(&exe).unwrap();
+        assert!(table
+            .rows
+            .iter()
+            .any(|r| r.cfa_rule() == CfaRule::Rsp as u8 && r.cfa_offset > 300));
+    }
+}

@@ -1,0 +1,181 @@
+//! CFI unwinding: stacks of code built without frame pointers (`-O2 -fomit-frame-pointer`,
+//! as distributions build) reach `main` with the right callers.
+//!
+//! The `nofp` workload calls one hot leaf, `burn`, from two parents with 3:1 work, and can
+//! recurse 100 deep before burning. With `--unwind cfi` every stack must reach `main` through
+//! the right parent; with `--unwind fp` the same stacks break at the leaf (which shows the
+//! checks can fail).
+
+use std::{path::Path, time::Duration};
+
+use bpfprof_tests::{exit, require_root, run_bpfprof, tempdir, Checks, Profile, Workload};
+
+/// `parent_a` burns 3 units per round, `parent_b` 1: the leaf's samples split 75% / 25%.
+const PARENT_A_SHARE: f64 = 0.75;
+/// Allowed distance from that share: about three standard deviations at the ~1500 samples a shared 2-core machine gives.
+const SHARE_TOLERANCE: f64 = 0.04;
+
+/// Profiles a running `nofp` workload for 5 s at 999 Hz with `--unwind mode`.
+fn profile(mode: &str, workload_args: &[&str], out: &Path) -> Profile {
+    let target = Workload::spawn("nofp", workload_args);
+    std::thread::sleep(Duration::from_millis(200));
+    let run = run_bpfprof(
+        [
+            "--unwind",
+            mode,
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "999",
+            "-d",
+            "5s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    run.assert_code(exit::OK);
+    Profile::read(out)
+}
+
+/// Whether `frames` (root first) run `main` → `parent` → `burn`, with `burn` the user leaf.
+fn reaches_main_through(frames: &[String], parent: &str) -> bool {
+    let user: Vec<&String> = frames
+        .iter()
+        .skip(1)
+        .filter(|f| !bpfprof_tests::is_kernel_frame(f))
+        .collect();
+    let n = user.len();
+    n >= 3 && user[n - 1] == "burn" && user[n - 2] == parent && user[n - 3] == "main"
+}
+
+#[test]
+fn cfi_finds_both_parents_of_a_leaf_without_frame_pointers() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("cfi.folded");
+    let profile = profile("cfi", &["parents", "30"], &out);
+    let mut c = Checks::new();
+    let in_burn = profile.count_containing("burn");
+    let under_a = profile.count_where(|f| reaches_main_through(f, "parent_a"));
+    let under_b = profile.count_where(|f| reaches_main_through(f, "parent_b"));
+    c.check(in_burn >= 500, || format!("only {in_burn} samples in burn"));
+    c.check((under_a + under_b) as f64 >= 0.97 * in_burn as f64, || {
+        format!(
+            "{under_a} + {under_b} of {in_burn} samples in burn reach main through a parent:\n{}",
+            profile.top(15)
+        )
+    });
+    let share_a = under_a as f64 / (under_a + under_b).max(1) as f64;
+    c.check((share_a - PARENT_A_SHARE).abs() <= SHARE_TOLERANCE, || {
+        format!("parent_a's share of the leaf is {share_a:.3}, expected {PARENT_A_SHARE} ± {SHARE_TOLERANCE}")
+    });
+    c.finish();
+}
+
+#[test]
+fn frame_pointers_alone_lose_the_parents() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("fp.folded");
+    let profile = profile("fp", &["parents", "30"], &out);
+    let in_burn = profile.count_containing("burn");
+    let full = profile.count_where(|f| {
+        reaches_main_through(f, "parent_a") || reaches_main_through(f, "parent_b")
+    });
+    assert!(in_burn >= 500, "only {in_burn} samples in burn");
+    // Without frame pointers the kernel's walk reads garbage after the leaf: if this ever
+    // passes, the workload no longer tests CFI.
+    assert!(
+        (full as f64) < 0.5 * in_burn as f64,
+        "{full} of {in_burn} samples reached main by frame pointers: the workload has frame pointers"
+    );
+}
+
+#[test]
+fn cfi_keeps_a_100_deep_recursion_without_frame_pointers() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("recurse.folded");
+    let profile = profile("cfi", &["recurse", "30"], &out);
+    let in_burn = profile.count_containing("burn");
+    let deep = profile.count_where(|f| {
+        f.iter().filter(|x| *x == "recurse").count() == 101
+            && f.iter().any(|x| x == "main")
+            && f.iter().rev().find(|x| !bpfprof_tests::is_kernel_frame(x))
+                == Some(&"burn".to_string())
+    });
+    assert!(in_burn >= 500, "only {in_burn} samples in burn");
+    assert!(
+        deep as f64 >= 0.97 * in_burn as f64,
+        "{deep} of {in_burn} samples in burn carry all 101 recurse frames and main:\n{}",
+        profile.top(5)
+    );
+}
+
+/// Debian's xz has no frame pointers (neither has liblzma): with CFI its stacks run from the
+/// compressor's inner loops through `lzma_code` to the C runtime, as `perf --call-graph dwarf`
+/// shows them; by frame pointers more than half of them end in garbage.
+#[test]
+fn a_distro_binary_without_frame_pointers_unwinds_to_its_entry() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let input = dir.path().join("input.txt");
+    // 40 MB of pseudo-random text: enough for xz -9 to compress for longer than the run.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let text: Vec<u8> = (0..40_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let mut cmd = std::process::Command::new("xz");
+    cmd.args(["-9", "-T1", "-c"]).arg(&input);
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.path().join("xz.folded");
+    let run = run_bpfprof(
+        [
+            "--unwind",
+            "cfi",
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "999",
+            "-d",
+            "3s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    run.assert_code(exit::OK);
+    let profile = Profile::read(&out);
+    let in_lzma = profile.count_containing("lzma_code");
+    let to_entry = profile.count_where(|f| {
+        f.iter().any(|x| x == "lzma_code") && f.iter().any(|x| x == "__libc_start_call_main")
+    });
+    let total = profile.total();
+    assert!(total >= 500, "only {total} samples");
+    assert!(
+        in_lzma as f64 >= 0.9 * total as f64 && to_entry as f64 >= 0.97 * in_lzma as f64,
+        "{to_entry} of {in_lzma} samples under lzma_code reach __libc_start_call_main ({total} in all):\n{}",
+        profile.top(5)
+    );
+    assert!(!profile
+        .stacks
+        .keys()
+        .flatten()
+        .any(|f| f.contains("[unmapped]")));
+}
