@@ -12,7 +12,7 @@ use anyhow::{anyhow, Context};
 use aya::maps::{HashMap, Map, MapData};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::{
-    ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
+    CfaRule, ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
 };
 
 use super::{
@@ -28,6 +28,25 @@ pub enum FileKey {
     BuildId(Vec<u8>),
     /// (device, inode, mtime in ns) of a file without a build id.
     Inode(u64, u64, i128),
+    /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
+    /// anonymous executable memory with no CFI: one table serves every arena.
+    PythonTrampolines,
+}
+
+/// The code of one CPython perf trampoline on x86-64 (3.12 and 3.13): `sub $8,%rsp;
+/// call *%rcx; add $8,%rsp; ret`. It keeps no frame pointer, so walking it by frame pointer
+/// loses the stack; its one rule is written as a table instead.
+const PYTHON_TRAMPOLINE: [u8; 11] = [
+    0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+];
+
+/// Whether the anonymous executable mapping at `start` of `pid` holds CPython trampolines.
+fn is_python_trampoline_arena(pid: u32, start: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut code = [0u8; PYTHON_TRAMPOLINE.len()];
+    std::fs::File::open(format!("/proc/{pid}/mem"))
+        .and_then(|mem| mem.read_exact_at(&mut code, start))
+        .is_ok_and(|()| code == PYTHON_TRAMPOLINE)
 }
 
 /// Where a file's table sits in the kernel's row array.
@@ -154,6 +173,21 @@ impl UnwindMaps {
                 end,
                 ..UnwindMapping::default()
             };
+            if matches!(map.pathname, MMapPath::Anonymous) && is_python_trampoline_arena(pid, start)
+            {
+                // A return address into a trampoline sits after its call, where the caller's
+                // frame is the 8 bytes it reserved plus the return address: CFA = rsp + 16.
+                let resident = self.synthetic_table(
+                    FileKey::PythonTrampolines,
+                    UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row"),
+                );
+                if let Some(resident) = resident {
+                    mapping.first_row = resident.first_row;
+                    mapping.rows = resident.rows;
+                    mapping.bias = start;
+                    report.with_table += 1;
+                }
+            }
             if let MMapPath::Path(path) = &map.pathname {
                 // map_files reaches the file whatever the target's mount namespace.
                 let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
@@ -202,6 +236,29 @@ impl UnwindMaps {
     /// Bytes of the row array in use.
     pub fn resident_bytes(&self) -> usize {
         self.next_row as usize * std::mem::size_of::<UnwindRow>()
+    }
+
+    /// The resident one-row table under `key`, written on first use; `None` without room.
+    fn synthetic_table(&mut self, key: FileKey, row: UnwindRow) -> Option<Resident> {
+        if let Some(resident) = self.resident.get(&key) {
+            return Some(*resident);
+        }
+        if self.next_row >= MAX_UNWIND_ROWS {
+            return None;
+        }
+        let resident = Resident {
+            first_row: self.next_row,
+            rows: 1,
+        };
+        let size = std::mem::size_of::<UnwindRow>();
+        let at = resident.first_row as usize * size;
+        // SAFETY: UnwindRow is plain #[repr(C)] data without padding.
+        let src =
+            unsafe { std::slice::from_raw_parts((&row as *const UnwindRow).cast::<u8>(), size) };
+        self.rows[at..at + size].copy_from_slice(src);
+        self.next_row += 1;
+        self.resident.insert(key, resident);
+        Some(resident)
     }
 
     /// The resident table of the object behind `file` and the mapping's load bias, building
