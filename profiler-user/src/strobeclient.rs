@@ -87,7 +87,8 @@ struct RunIdArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Which strobelight profiler: only `pyperf` (native stacks for now).
+    /// Which strobelight profiler: only `pyperf` (Python functions through CPython's perf
+    /// trampolines, else native stacks).
     #[arg(long)]
     profiler: String,
     /// `cycles` (cpu-clock at the equivalent rate where there is no PMU), `cpu-clock` or `auto`.
@@ -194,8 +195,9 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
     };
     let _ = writeln!(
         err,
-        "WARN --profiler {PYPERF}: Python frames are not yet available in bpfprof; this run \
-         records native stacks (the interpreter's C frames and native extensions)"
+        "INFO --profiler {PYPERF}: Python functions come from CPython's perf trampolines: run \
+         Python 3.12 or later with -X perf (or PYTHONPERFSUPPORT=1); without them the stacks \
+         show the interpreter's C frames"
     );
     let duration_ms = args.duration_ms.unwrap_or(DEFAULT_DURATION_MS);
     let request = RunRequest {

@@ -20,6 +20,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union, overload
@@ -168,6 +169,7 @@ class FunctionProfiler:
         self, work_function: Callable[..., T], args: Any, kwargs: Dict[str, Any]
     ) -> T:
         client = Client(self.socket_path, timeout=self.timeout_wait_for_finished_sec)
+        trampolines = _PerfTrampolines()
         try:
             try:
                 run_id = self._start(client)
@@ -177,11 +179,14 @@ class FunctionProfiler:
             self.current_run_id = run_id
             logger.info("bpfprof: run %d is profiling %s", run_id, _name(work_function))
 
+            trampolines.activate()
             try:
                 result = work_function(*args, **kwargs)
             except BaseException:
+                trampolines.restore()
                 self._stop_quietly(client, run_id)
                 raise
+            trampolines.restore()
 
             try:
                 self.profile_result = self._finish(client, run_id)
@@ -235,11 +240,15 @@ class FunctionProfiler:
                 self._failed(err, "not profiling %s", work_function)
                 return await work_function(*args, **kwargs)
             self.current_run_id = run_id
+            trampolines = _PerfTrampolines()
+            trampolines.activate()
             try:
                 result = await work_function(*args, **kwargs)
             except BaseException:
+                trampolines.restore()
                 await loop.run_in_executor(None, self._stop_quietly, client, run_id)
                 raise
+            trampolines.restore()
             try:
                 self.profile_result = await loop.run_in_executor(
                     None, self._finish, client, run_id
@@ -355,6 +364,31 @@ class FunctionProfiler:
         if self.stop_at_error:
             raise err
         logger.warning("bpfprof: " + what + ": %s", _name(work_function), err)
+
+
+class _PerfTrampolines:
+    """CPython's perf trampolines (3.12+), on while a run profiles: each Python function then
+    runs through a small piece of code named ``py::function:file`` in ``/tmp/perf-PID.map``, so
+    the daemon's stacks show Python functions, not only the interpreter. Left as they were
+    found: a program that turned them on itself (``-X perf``) keeps them."""
+
+    def __init__(self) -> None:
+        self._activated = False
+
+    def activate(self) -> None:
+        activate = getattr(sys, "activate_stack_trampoline", None)
+        if activate is None or sys.is_stack_trampoline_active():
+            return
+        try:
+            activate("perf")
+            self._activated = True
+        except (ValueError, RuntimeError) as err:  # a build without trampoline support
+            logger.debug("bpfprof: no perf trampolines: %s", err)
+
+    def restore(self) -> None:
+        if self._activated:
+            sys.deactivate_stack_trampoline()
+            self._activated = False
 
 
 def _name(function: Callable[..., Any]) -> str:

@@ -133,8 +133,9 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
                 file=err,
             )
     print(
-        f"WARN --profiler {PYPERF}: Python frames are not yet available in bpfprof; this run "
-        "records native stacks (the interpreter's C frames and native extensions)",
+        f"INFO --profiler {PYPERF}: Python functions come from CPython's perf trampolines: run "
+        "Python 3.12 or later with -X perf (or PYTHONPERFSUPPORT=1); without them the stacks "
+        "show the interpreter's C frames",
         file=err,
     )
     duration_ms = DEFAULT_DURATION_MS if args.duration_ms is None else args.duration_ms
