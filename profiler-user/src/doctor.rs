@@ -16,7 +16,6 @@ use aya::{
     programs::ProgramType,
     sys::{is_helper_supported, BpfHelper},
 };
-use perf_event_open_sys as sys;
 use serde::Serialize;
 
 use crate::{
@@ -357,41 +356,16 @@ fn unprivileged_bpf() -> Check {
 
 fn hardware_pmu() -> Check {
     const NAME: &str = "hardware_pmu";
-    let mut attr = sys::bindings::perf_event_attr {
-        size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
-        type_: sys::bindings::PERF_TYPE_HARDWARE,
-        config: sys::bindings::PERF_COUNT_HW_CPU_CYCLES as u64,
-        ..Default::default()
-    };
-    attr.set_disabled(1);
-    attr.set_exclude_kernel(1);
-    attr.set_exclude_hv(1);
-    // SAFETY: a fully initialized attr; counting this process on any CPU needs no privilege at
-    // perf_event_paranoid <= 2.
-    let fd = unsafe {
-        sys::perf_event_open(
-            &mut attr,
-            0,
-            -1,
-            -1,
-            sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
-        )
-    };
-    if fd >= 0 {
-        // SAFETY: we own the fd just opened.
-        unsafe { libc::close(fd) };
-        return check(NAME, Status::Ok, "cycles event opens", "");
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => check(
+    match crate::perf_events::probe_cycles() {
+        Ok(()) => check(NAME, Status::Ok, "cycles event opens", ""),
+        Err(e) if crate::perf_events::is_missing_event(&e) => check(
             NAME,
             Status::Warn,
             format!("no cycles event ({e})"),
             "no hardware PMU (common in VMs): bpfprof samples with the cpu-clock timer \
              (--event auto does this; --event cycles is refused)",
         ),
-        _ => check(
+        Err(e) => check(
             NAME,
             Status::Warn,
             format!("cannot tell: {e}"),

@@ -22,7 +22,7 @@ use profiler_common::{
 
 use crate::{
     error::{Error, Result},
-    perf_events::AttachedEvents,
+    perf_events::{is_missing_event, AttachedEvents},
     sampling::{Sampling, SamplingPlan},
     target::Target,
 };
@@ -648,14 +648,6 @@ fn kernel_err(e: impl Into<anyhow::Error>) -> Error {
 
 fn is_permission(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
-}
-
-/// ENOENT (no such PMU event) and EOPNOTSUPP/ENODEV (no sampling support) mean "not here".
-fn is_missing_event(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)
-    )
 }
 
 fn attach_error(e: io::Error) -> Error {

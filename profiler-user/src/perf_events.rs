@@ -150,6 +150,15 @@ fn open(sampling: &Sampling, cpu: u32) -> io::Result<OwnedFd> {
 /// privilege at the default paranoia level, so unprivileged front ends can say which event a
 /// run will use before the daemon picks it.
 pub fn cycles_available() -> Option<bool> {
+    match probe_cycles() {
+        Ok(()) => Some(true),
+        Err(e) if is_missing_event(&e) => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Opens and closes a user-only cycles counter on the calling thread; the error says why not.
+pub fn probe_cycles() -> io::Result<()> {
     let mut attr = sys::bindings::perf_event_attr {
         size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
         type_: sys::bindings::PERF_TYPE_HARDWARE,
@@ -169,15 +178,20 @@ pub fn cycles_available() -> Option<bool> {
             sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
         )
     };
-    if fd >= 0 {
-        // SAFETY: perf_event_open returned a new fd that nothing else owns; dropping closes it.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
-        return Some(true);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-    match io::Error::last_os_error().raw_os_error() {
-        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Some(false),
-        _ => None,
-    }
+    // SAFETY: perf_event_open returned a new fd that nothing else owns; dropping closes it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// ENOENT (no such PMU event) and EOPNOTSUPP/ENODEV (no sampling support) mean "not here".
+pub fn is_missing_event(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)
+    )
 }
 
 fn check(rc: i32) -> io::Result<()> {

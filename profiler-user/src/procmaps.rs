@@ -138,26 +138,20 @@ impl ProcessMaps {
     /// Captures the mappings of `pid` as they are now; `ns_pid` is its pid inside its own pid
     /// namespace, which names its JIT perf map.
     pub fn capture(pid: u32, ns_pid: u32) -> Result<ProcessMaps> {
-        let mut maps = ProcessMaps {
-            pid,
-            comm: String::new(),
-            generations: Vec::new(),
-            files: HashMap::new(),
-            threads: HashMap::new(),
-            ns_pid,
-            jit: Vec::new(),
-            jit_stamp: None,
-            exe: None,
-        };
+        let mut maps = ProcessMaps::empty(pid, ns_pid, String::new());
         maps.refresh()?;
         Ok(maps)
     }
 
     /// Maps of a process that exited before they could be read: every address is unknown.
     pub fn gone(ns_pid: u32) -> ProcessMaps {
+        ProcessMaps::empty(0, ns_pid, "[exited child]".into())
+    }
+
+    fn empty(pid: u32, ns_pid: u32, comm: String) -> ProcessMaps {
         ProcessMaps {
-            pid: 0,
-            comm: "[exited child]".into(),
+            pid,
+            comm,
             generations: Vec::new(),
             files: HashMap::new(),
             threads: HashMap::new(),
