@@ -476,6 +476,13 @@ fn one_user_cannot_use_up_runs_ids_or_kept_results() {
     cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &b3]).assert_code(0);
     // Alice runs and ends many more; her oldest go, Bob's stay.
     cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &a1]).assert_code(0);
+    cli_as(
+        &alice,
+        &bin,
+        &daemon,
+        &["results", "--run-id", &a1, "--wait", "30s"],
+    )
+    .assert_code(0);
     for _ in 0..3 {
         let id = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
         cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &id]).assert_code(0);

@@ -154,11 +154,12 @@ impl Runs {
         authorize(peer, &target)?;
 
         let mut inner = self.lock();
+        // Runs that sample: a stopped run writing its results holds no run slot any more.
         let active: Vec<&RunInfo> = inner
             .runs
             .values()
             .map(|r| &r.info)
-            .filter(|i| !i.state.is_final())
+            .filter(|i| matches!(i.state, RunState::Preparing | RunState::Running))
             .collect();
         // The global count is not told to clients: it says what other users do.
         if active.len() >= self.limits.max_runs {
