@@ -806,6 +806,16 @@ fn summary(profile: &Profile) -> String {
         )),
         None => {}
     }
+    let unwound = meta.unwound;
+    if unwound.cfi_stacks > 0 {
+        out.push_str(&format!(
+            "  user stacks: {} walked with CFI tables ({} frames of them by frame pointer), {} by \
+             frame pointers\n",
+            unwound.cfi_stacks,
+            unwound.frame_pointer_frames_in_cfi_stacks,
+            unwound.frame_pointer_stacks
+        ));
+    }
     let losses = meta.losses.nonzero();
     if losses.is_empty() {
         out.push_str("  lost: none\n");

@@ -300,6 +300,20 @@ pub struct ProfileMeta {
     /// `kernel.perf_event_max_sample_rate` or that use more than `perf_cpu_time_max_percent`
     /// of CPU time), where that was measured and more than a tenth were missing.
     pub throttled: Option<Throttled>,
+    /// How the user stacks were walked.
+    pub unwound: Unwound,
+}
+
+/// How many user stacks each unwinder produced (`--unwind`), for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Unwound {
+    /// Stacks walked by the kernel program with CFI tables.
+    pub cfi_stacks: u64,
+    /// Stacks walked by the kernel's frame-pointer walk (processes without tables).
+    pub frame_pointer_stacks: u64,
+    /// Frames inside CFI walks that had no table and were taken by frame pointer (JIT code,
+    /// objects without CFI).
+    pub frame_pointer_frames_in_cfi_stacks: u64,
 }
 
 /// How far the events fell short of the requested rate over a recording, on every CPU.

@@ -16,7 +16,7 @@ use profiler_common::{Counter, PidNamespace};
 use crate::{
     aggregate::{
         aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
-        ShortfallCause, TargetSamples, Throttled,
+        ShortfallCause, TargetSamples, Throttled, Unwound,
     },
     drain::drain,
     error::Result,
@@ -454,6 +454,13 @@ impl Collected {
             max_stack_length: options.max_stack_length,
             cost: RunCost::default(),
             throttled,
+            unwound: Unwound {
+                cfi_stacks: counters.get(Counter::CfiStacks),
+                frame_pointer_stacks: counters
+                    .get(Counter::Samples)
+                    .saturating_sub(counters.get(Counter::CfiStacks)),
+                frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
+            },
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);
         // Measured after symbolization, which is most of bpfprof's own work.

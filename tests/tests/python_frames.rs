@@ -63,6 +63,7 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
     let dir = tempdir();
     let record = |unwind: &str| {
         let out = dir.path().join(format!("{unwind}.folded"));
+        let summary = dir.path().join(format!("{unwind}.json"));
         let args = [
             "-F".into(),
             "499".into(),
@@ -70,6 +71,8 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
             unwind.into(),
             "-o".into(),
             out.display().to_string(),
+            "--summary-json".into(),
+            summary.display().to_string(),
             "--".into(),
             python.display().to_string(),
             "-X".into(),
@@ -78,9 +81,16 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
             "3".into(),
         ];
         run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
-        Profile::read(&out)
+        let summary = Summary::read(&summary);
+        let cfi_stacks = summary.field("unwind")["cfi_stacks"].as_u64().unwrap();
+        (Profile::read(&out), cfi_stacks, summary.u64("samples_seen"))
     };
-    let cfi = record("auto");
+    let (cfi, cfi_stacks, seen) = record("auto");
+    // The summary says which unwinder made the stacks.
+    assert!(
+        cfi_stacks as f64 >= 0.8 * seen as f64,
+        "{cfi_stacks} of {seen} stacks walked with CFI tables"
+    );
     let hot = python_chain(
         &cfi,
         &["py::<module>", "py::work", "py::parent_hot", "py::leaf_hot"],
@@ -107,7 +117,11 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
         "parent_hot has {share:.2} of the Python samples, the workload gives it 3/4"
     );
     // The kernel's frame-pointer walk stops in libpython: the Python callers are lost.
-    let fp = record("fp");
+    let (fp, fp_cfi_stacks, _) = record("fp");
+    assert_eq!(
+        fp_cfi_stacks, 0,
+        "--unwind fp walked stacks with CFI tables"
+    );
     let whole = python_chain(
         &fp,
         &["py::<module>", "py::work", "py::parent_hot", "py::leaf_hot"],

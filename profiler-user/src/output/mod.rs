@@ -337,6 +337,7 @@ pub(crate) mod fixture {
                 max_stack_length: 127,
                 cost: RunCost::default(),
                 throttled: None,
+                unwound: Default::default(),
             },
             frames,
             stacks,

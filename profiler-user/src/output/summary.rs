@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::{
     output::top::{function_shares, FunctionShare},
-    profile::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled},
+    profile::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled, Unwound},
     sampling::{Event, Rate},
 };
 
@@ -27,6 +27,8 @@ struct Summary<'a> {
     lost: &'a Losses,
     /// Set when the kernel throttled sampling below nine tenths of the requested rate.
     throttled: Option<Throttled>,
+    /// How many user stacks each unwinder produced.
+    unwind: Unwound,
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
@@ -81,6 +83,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         duration_secs: meta.duration.as_secs_f64(),
         lost: &meta.losses,
         throttled: meta.throttled,
+        unwind: meta.unwound,
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,
