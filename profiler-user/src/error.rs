@@ -67,6 +67,21 @@ pub enum Error {
     Other(#[from] anyhow::Error),
 }
 
+impl From<bpfprof_client::ClientError> for Error {
+    /// A daemon's refusal keeps its code (and so its exit code); an absent daemon says how to
+    /// start one.
+    fn from(e: bpfprof_client::ClientError) -> Error {
+        use bpfprof_client::ClientError;
+        match e {
+            ClientError::Refused { code, message } => Error::Daemon { code, message },
+            e @ ClientError::Unavailable { .. } => Error::DaemonUnavailable(format!(
+                "{e} (start it with `sudo bpfprof daemon`, or point --socket/BPFPROF_SOCKET at it)"
+            )),
+            other => Error::Other(anyhow::Error::from(other)),
+        }
+    }
+}
+
 /// Process exit codes of the `bpfprof` binary, one per way a run ends.
 pub mod exit_code {
     /// The run completed as asked.

@@ -22,6 +22,7 @@ pub mod profile;
 pub mod record;
 pub mod recording;
 pub mod request;
+pub mod results;
 pub mod sample;
 pub mod sampling;
 pub mod stripped;

@@ -10,7 +10,7 @@ use std::{
 
 use bpfprof::{
     aggregate::{Profile, RunEnd, ShortfallCause},
-    client::{Client, ClientError},
+    client::Client,
     daemon::DaemonConfig,
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
@@ -337,7 +337,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
         Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
     };
     let socket = protocol::socket_path(client_args.socket.as_deref());
-    let mut client = Client::connect(Some(&socket)).map_err(client_error)?;
+    let mut client = Client::connect(Some(&socket)).map_err(Error::from)?;
     let reply = match &command {
         Command::Run(args) => {
             let spec: TargetSpec = args.pid.parse()?;
@@ -363,44 +363,30 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 formats: args.formats.clone(),
                 follow_children: args.follow_children,
             };
-            let started = client.run(request).map_err(client_error)?;
+            let started = client.run(request).map_err(Error::from)?;
             if args.run_async {
                 started
             } else {
                 let id = started.run_id.unwrap_or_default();
                 let wait = Duration::from_millis(args.duration_ms.unwrap_or(600_000) + 60_000);
-                client.results(id, wait).map_err(client_error)?
+                client.results(id, wait).map_err(Error::from)?
             }
         }
-        Command::Status(a) => client.status(a.run_id).map_err(client_error)?,
-        Command::Stop(a) => client.stop(a.run_id).map_err(client_error)?,
+        Command::Status(a) => client.status(a.run_id).map_err(Error::from)?,
+        Command::Stop(a) => client.stop(a.run_id).map_err(Error::from)?,
         Command::Results(a) => {
             let mut reply = client
                 .results(a.run_id, a.wait.unwrap_or_default())
-                .map_err(client_error)?;
+                .map_err(Error::from)?;
             if let Some(dir) = &a.copy_to {
-                let mut copied = std::collections::BTreeMap::new();
-                for format in reply.files.iter().flatten().map(|(f, _)| f.clone()) {
-                    let bytes = client
-                        .read_result(a.run_id, &format)
-                        .map_err(client_error)?;
-                    let name = std::path::Path::new(&reply.files.as_ref().unwrap()[&format])
-                        .file_name()
-                        .map(|n| n.to_os_string())
-                        .unwrap_or_else(|| format.clone().into());
-                    let path = dir.join(name);
-                    std::fs::write(&path, bytes).map_err(|source| Error::Output {
-                        path: path.clone(),
-                        source,
-                    })?;
-                    copied.insert(format, path.display().to_string());
-                }
+                let files = reply.files.clone().unwrap_or_default();
+                let copied = bpfprof::results::copy_results(&mut client, a.run_id, &files, dir)?;
                 reply.files = Some(copied);
             }
             reply
         }
         Command::List(_) => Reply {
-            runs: Some(client.list().map_err(client_error)?),
+            runs: Some(client.list().map_err(Error::from)?),
             ..Reply::ok()
         },
         Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
@@ -473,16 +459,6 @@ fn print_results(reply: &Reply) {
                 f.name
             );
         }
-    }
-}
-
-fn client_error(e: ClientError) -> Error {
-    match e {
-        ClientError::Refused { code, message } => Error::Daemon { code, message },
-        e @ ClientError::Unavailable { .. } => Error::DaemonUnavailable(format!(
-            "{e} (start it with `sudo bpfprof daemon`, or point --socket/BPFPROF_SOCKET at it)"
-        )),
-        other => Error::Other(anyhow::Error::from(other)),
     }
 }
 

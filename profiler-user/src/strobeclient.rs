@@ -158,7 +158,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
 
 fn connect(socket: &SocketArgs) -> Result<Client, Error> {
     let path = protocol::socket_path(socket.socket.as_deref());
-    Client::connect(Some(&path)).map_err(client_error)
+    Client::connect(Some(&path)).map_err(Error::from)
 }
 
 /// The daemon's run id for a strobelight run id (which PyTorch parses as possibly negative).
@@ -227,9 +227,9 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
                     duration_ms: None,
                     ..request
                 })
-                .map_err(client_error)?
+                .map_err(Error::from)?
         }
-        other => other.map_err(client_error)?,
+        other => other.map_err(Error::from)?,
     };
     let id = started.run_id.unwrap_or_default();
     let _ = writeln!(err, "INFO Run Id: {id}");
@@ -237,7 +237,7 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
         return Ok(exit_code::OK);
     }
     let wait = Duration::from_millis(duration_ms) + RESULTS_GRACE;
-    let reply = client.results(id, wait).map_err(client_error)?;
+    let reply = client.results(id, wait).map_err(Error::from)?;
     report(&mut client, &reply, err)
 }
 
@@ -280,9 +280,9 @@ fn event_notice(sample_interval: Option<i64>, err: &mut impl Write) -> Result<()
 fn get_run_status(args: &RunIdArgs, err: &mut impl Write) -> Result<i32, Error> {
     let id = run_id(args.run_id)?;
     let mut client = connect(&args.socket)?;
-    let status = client.status(id).map_err(client_error)?;
+    let status = client.status(id).map_err(Error::from)?;
     if status.state.is_some_and(RunState::is_final) {
-        let reply = client.results(id, Duration::ZERO).map_err(client_error)?;
+        let reply = client.results(id, Duration::ZERO).map_err(Error::from)?;
         return report(&mut client, &reply, err);
     }
     let state = status.state.map(|s| s.to_string()).unwrap_or_default();
@@ -294,13 +294,13 @@ fn get_run_status(args: &RunIdArgs, err: &mut impl Write) -> Result<i32, Error> 
 fn stop_run(args: &RunIdArgs, err: &mut impl Write) -> Result<i32, Error> {
     let id = run_id(args.run_id)?;
     let mut client = connect(&args.socket)?;
-    let stopped = client.stop(id).map_err(client_error)?;
+    let stopped = client.stop(id).map_err(Error::from)?;
     // The daemon takes the stop asynchronously. Waiting here for the run to end (its results
     // written) means PyTorch's next getRunStatus sees SUCCESS at once, instead of PROCESSING
     // and a 10 s sleep per profiled function; a run still processing after the wait is
     // reported PROCESSING there, which PyTorch retries.
     let reply = if stopped.state.is_some_and(|s| !s.is_final()) {
-        client.results(id, STOP_WAIT).map_err(client_error)?
+        client.results(id, STOP_WAIT).map_err(Error::from)?
     } else {
         stopped
     };
@@ -408,21 +408,7 @@ fn readable_files(
         path: dir.clone(),
         source,
     })?;
-    let mut copied = std::collections::BTreeMap::new();
-    for (format, daemon_path) in files {
-        let bytes = client.read_result(id, &format).map_err(client_error)?;
-        let name = Path::new(&daemon_path)
-            .file_name()
-            .map(|n| n.to_os_string())
-            .unwrap_or_else(|| format.clone().into());
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|source| Error::Output {
-            path: path.clone(),
-            source,
-        })?;
-        copied.insert(format, path.display().to_string());
-    }
-    Ok(copied)
+    crate::results::copy_results(client, id, &files, &dir)
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -431,16 +417,6 @@ fn cache_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("bpfprof").join("runs"))
-}
-
-fn client_error(e: ClientError) -> Error {
-    match e {
-        ClientError::Refused { code, message } => Error::Daemon { code, message },
-        e @ ClientError::Unavailable { .. } => Error::DaemonUnavailable(format!(
-            "{e} (start it with `sudo bpfprof daemon`, or point BPFPROF_SOCKET at it)"
-        )),
-        other => Error::Other(anyhow::Error::from(other)),
-    }
 }
 
 #[cfg(test)]
