@@ -56,18 +56,7 @@ impl ProfileFrame {
     /// The name with `file:line` appended where the frame has a line.
     pub fn label(&self) -> String {
         match self {
-            ProfileFrame::Code(Frame {
-                name,
-                file: Some(file),
-                line: Some(line),
-                ..
-            }) => {
-                let file = std::path::Path::new(file)
-                    .file_name()
-                    .map(|f| f.to_string_lossy())
-                    .unwrap_or_default();
-                format!("{name} ({file}:{line})")
-            }
+            ProfileFrame::Code(frame) => frame_label(frame, frame.line),
             other => other.name().to_string(),
         }
     }
@@ -76,18 +65,7 @@ impl ProfileFrame {
     /// function whichever of its lines was sampled (for tables that list functions).
     pub fn function_label(&self) -> String {
         match self {
-            ProfileFrame::Code(Frame {
-                name,
-                file: Some(file),
-                start_line: Some(line),
-                ..
-            }) => {
-                let file = std::path::Path::new(file)
-                    .file_name()
-                    .map(|f| f.to_string_lossy())
-                    .unwrap_or_default();
-                format!("{name} ({file}:{line})")
-            }
+            ProfileFrame::Code(frame) => frame_label(frame, frame.start_line),
             other => other.name().to_string(),
         }
     }
@@ -95,6 +73,20 @@ impl ProfileFrame {
     /// Whether this frame is kernel code.
     pub fn is_kernel(&self) -> bool {
         matches!(self, ProfileFrame::Code(f) if f.kind == FrameKind::Kernel)
+    }
+}
+
+/// `name (file:line)` where the frame has a file and `line`, else the name.
+fn frame_label(frame: &Frame, line: Option<u32>) -> String {
+    match (&frame.file, line) {
+        (Some(file), Some(line)) => {
+            let file = std::path::Path::new(file)
+                .file_name()
+                .map(|f| f.to_string_lossy())
+                .unwrap_or_default();
+            format!("{} ({file}:{line})", frame.name)
+        }
+        _ => frame.name.clone(),
     }
 }
 

@@ -255,6 +255,24 @@ pub(crate) mod fixture {
         })
     }
 
+    /// [`profile`] with 5 more samples of `leaf_hot` at another of its lines (31), as
+    /// `--line-numbers` records a function sampled at several lines.
+    pub fn profile_with_leaf_hot_at_two_lines() -> Profile {
+        let mut profile = profile();
+        let ProfileFrame::Code(mut other_line) = profile.frames[4].clone() else {
+            unreachable!("frame 4 is leaf_hot")
+        };
+        other_line.line = Some(31);
+        profile.frames.push(ProfileFrame::Code(other_line));
+        let id = profile.frames.len() - 1;
+        profile.stacks.push(crate::profile::StackCount {
+            frames: vec![0, 1, 2, 3, id],
+            count: 5,
+            addresses: Vec::new(),
+        });
+        profile
+    }
+
     /// Stacks (root first):
     /// - tag;app;main;parent_hot;leaf_hot                  x 60
     /// - tag;app;main;parent_cold;leaf_cold                x 20

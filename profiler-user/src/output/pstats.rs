@@ -465,18 +465,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
     fn a_function_sampled_at_several_lines_is_one_entry() {
         // leaf_hot sampled at line 31 as well as 30 (as with --line-numbers): same function,
         // first line 28, so one entry with both lines' samples.
-        let mut profile = fixture::profile();
-        let ProfileFrame::Code(mut other_line) = profile.frames[4].clone() else {
-            unreachable!("frame 4 is leaf_hot")
-        };
-        other_line.line = Some(31);
-        profile.frames.push(ProfileFrame::Code(other_line));
-        let id = profile.frames.len() - 1;
-        profile.stacks.push(StackCount {
-            frames: vec![0, 1, 2, 3, id],
-            count: 5,
-            addresses: Vec::new(),
-        });
+        let profile = fixture::profile_with_leaf_hot_at_two_lines();
         let file = TempFile::new("lines", &{
             let mut bytes = Vec::new();
             write(&profile, &mut bytes).unwrap();

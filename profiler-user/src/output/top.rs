@@ -144,23 +144,12 @@ pub fn render(profile: &Profile, limit: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{output::fixture, profile::StackCount};
+    use crate::output::fixture;
 
     #[test]
     fn rows_are_functions_with_counts_and_plain_names() {
-        let mut profile = fixture::profile();
         // leaf_hot also sampled at another line of it: still one row.
-        let ProfileFrame::Code(mut other_line) = profile.frames[4].clone() else {
-            unreachable!("frame 4 is leaf_hot")
-        };
-        other_line.line = Some(31);
-        profile.frames.push(ProfileFrame::Code(other_line));
-        let id = profile.frames.len() - 1;
-        profile.stacks.push(StackCount {
-            frames: vec![0, 1, 2, 3, id],
-            count: 5,
-            addresses: Vec::new(),
-        });
+        let profile = fixture::profile_with_leaf_hot_at_two_lines();
         let shares = function_shares(&profile);
         let hot: Vec<&FunctionShare> = shares
             .iter()
