@@ -112,6 +112,9 @@ pub struct SampleKey {
     pub user_stack: StackId,
     /// The kernel stack, or 0 when the sample was taken in user mode or none was recorded.
     pub kernel_stack: StackId,
+    /// The Python stack (frames encoded by [`PythonFrame`]), or 0 when the process is not a
+    /// CPython the kernel walks or the thread runs no Python code.
+    pub python_stack: StackId,
 }
 
 /// Per-run counters the kernel program keeps in a per-CPU array at `run * Counter::COUNT + counter`.
@@ -137,11 +140,19 @@ pub enum Counter {
     StackEndedEarly = 7,
     /// Frames of CFI walks that no table covered and were unwound by frame pointer.
     FramePointerFrames = 8,
+    /// Samples of CPython processes whose Python frames were walked.
+    PythonStacks = 9,
+    /// Samples of CPython threads the kernel did not know yet (started since userspace last
+    /// listed the interpreter's threads) or whose frames could not be read: no Python frames.
+    PythonStackMissing = 10,
+    /// Samples whose user stack was walked by frame pointers because the CFI walker was not
+    /// loaded yet (it verifies in the background while sampling starts).
+    CfiNotReady = 11,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 12;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -153,6 +164,9 @@ impl Counter {
         Counter::CfiStacks,
         Counter::StackEndedEarly,
         Counter::FramePointerFrames,
+        Counter::PythonStacks,
+        Counter::PythonStackMissing,
+        Counter::CfiNotReady,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -297,6 +311,124 @@ pub struct ProcessMappings {
     pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 
+/// Processes whose Python frames the kernel program can walk at once.
+pub const MAX_PYTHON_PROCESSES: u32 = 1024;
+/// Python threads (over all processes) the kernel program knows the thread state of.
+pub const MAX_PYTHON_THREADS: u32 = 16384;
+
+/// How a CPython version marks where one `_PyEval_EvalFrameDefault` call's frames end.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PythonEntryRule {
+    /// Every frame is its own eval call (3.10: `PyFrameObject`s, one C call each).
+    EveryFrame = 0,
+    /// A byte at [`PythonProcess::frame_entry`] is non-zero in an eval call's first frame
+    /// (3.11's `is_entry`).
+    EntryFlag = 1,
+    /// Each eval call links a shim frame whose owner byte at [`PythonProcess::frame_entry`] is
+    /// [`PYTHON_FRAME_OWNED_BY_CSTACK`] (3.12 and later); the shim itself is not a frame.
+    ShimFrame = 2,
+}
+
+/// The owner value of 3.12+'s shim frames (`FRAME_OWNED_BY_CSTACK`).
+pub const PYTHON_FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// How a CPython version records a frame's current instruction.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PythonInstrRule {
+    /// A C `int` holding the instruction's index in code units (3.10's `f_lasti`).
+    LastiIndex = 0,
+    /// A pointer into the code object's instructions, which start at
+    /// [`PythonProcess::code_instructions`] (3.11's and 3.12's `prev_instr`, 3.13's `instr_ptr`).
+    Pointer = 1,
+}
+
+/// What the kernel program needs to walk one CPython process's frames: byte offsets of the
+/// interpreter's structures for its version. Userspace fills it per process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PythonProcess {
+    /// Offset in `PyThreadState` of the pointer to the current frame (3.10 `frame`, 3.13
+    /// `current_frame`) or to the current `_PyCFrame` (3.11 and 3.12 `cframe`).
+    pub tstate_frame: u32,
+    /// Offset of `current_frame` in `_PyCFrame` when `tstate_frame` points to one, else
+    /// `u32::MAX` (the pointer is the frame itself).
+    pub cframe_current_frame: u32,
+    /// Offset of the caller's frame pointer in a frame (`previous`, 3.10 `f_back`).
+    pub frame_previous: u32,
+    /// Offset of the code object pointer in a frame (`f_code`, 3.13 `f_executable`).
+    pub frame_code: u32,
+    /// Offset of the current instruction in a frame (see `instr_rule`).
+    pub frame_instr: u32,
+    /// A [`PythonInstrRule`] value.
+    pub instr_rule: u32,
+    /// Offset of the byte [`PythonEntryRule`] reads (`is_entry`, `owner`); unused for
+    /// [`PythonEntryRule::EveryFrame`].
+    pub frame_entry: u32,
+    /// A [`PythonEntryRule`] value.
+    pub entry_rule: u32,
+    /// Offset of the first instruction in a code object (`co_code_adaptive`; 0 for 3.10).
+    pub code_instructions: u32,
+    /// CPython's version, `major << 8 | minor` (0x030c for 3.12); for userspace and bpftool.
+    pub version: u32,
+}
+
+/// One Python frame as the kernel records it in a Python stack: the code object's address
+/// and the instruction index packed into 64 bits, plus whether the frame is the first one of
+/// an `_PyEval_EvalFrameDefault` call (where the native stack has that C function).
+///
+/// Bits 0-43: the code object's address divided by 8 (CPython allocates objects 8-aligned,
+/// and user addresses fit 47 bits); bits 44-62: the instruction index in code units,
+/// saturated at [`PythonFrame::MAX_INSTRUCTION`]; bit 63: the eval-entry flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PythonFrame {
+    /// Address of the frame's code object in the target's memory.
+    pub code: u64,
+    /// Index of the current instruction in code units (2 bytes each).
+    pub instruction: u32,
+    /// Whether this frame is the first (outermost) of one `_PyEval_EvalFrameDefault` call.
+    pub eval_entry: bool,
+}
+
+impl PythonFrame {
+    /// Largest instruction index a packed frame holds; larger ones are clamped to it.
+    pub const MAX_INSTRUCTION: u32 = (1 << 19) - 1;
+    const CODE_BITS: u32 = 44;
+    const ENTRY_BIT: u64 = 1 << 63;
+
+    /// Packs the frame into one stack entry.
+    #[inline(always)]
+    pub const fn pack(code: u64, instruction: u32, eval_entry: bool) -> u64 {
+        let instruction = if instruction > Self::MAX_INSTRUCTION {
+            Self::MAX_INSTRUCTION
+        } else {
+            instruction
+        };
+        let mut v = ((code >> 3) & ((1 << Self::CODE_BITS) - 1))
+            | ((instruction as u64) << Self::CODE_BITS);
+        if eval_entry {
+            v |= Self::ENTRY_BIT;
+        }
+        v
+    }
+
+    /// Marks a packed frame as the first of an eval call.
+    #[inline(always)]
+    pub const fn with_eval_entry(packed: u64) -> u64 {
+        packed | Self::ENTRY_BIT
+    }
+
+    /// Unpacks a stack entry.
+    pub const fn unpack(packed: u64) -> PythonFrame {
+        PythonFrame {
+            code: (packed & ((1 << Self::CODE_BITS) - 1)) << 3,
+            instruction: ((packed >> Self::CODE_BITS) as u32) & Self::MAX_INSTRUCTION,
+            eval_entry: packed & Self::ENTRY_BIT != 0,
+        }
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are #[repr(C)] with integer fields only and no padding.
@@ -307,4 +439,29 @@ mod pod {
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}
+    unsafe impl aya::Pod for super::PythonProcess {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PythonFrame;
+
+    #[test]
+    fn python_frames_round_trip_and_saturate() {
+        let code = 0x7f12_3456_7890u64;
+        let f = PythonFrame::unpack(PythonFrame::pack(code, 1234, true));
+        assert_eq!(
+            f,
+            PythonFrame {
+                code,
+                instruction: 1234,
+                eval_entry: true
+            }
+        );
+        let f = PythonFrame::unpack(PythonFrame::pack(code, u32::MAX, false));
+        assert_eq!(f.instruction, PythonFrame::MAX_INSTRUCTION);
+        assert!(!f.eval_entry);
+        let marked = PythonFrame::with_eval_entry(PythonFrame::pack(code, 7, false));
+        assert!(PythonFrame::unpack(marked).eval_entry);
+    }
 }

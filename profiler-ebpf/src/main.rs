@@ -227,6 +227,7 @@ fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
         tid: target.task.pid,
         user_stack: user_stack.unwrap_or(0),
         kernel_stack: kernel_stack.unwrap_or(0),
+        python_stack: 0,
     };
     let map_full = !increment_sample(&key);
     let counts = RunCounts {
