@@ -7,6 +7,10 @@
 
 /// Name of the perf_event program in the kernel object (and in `bpftool prog list`).
 pub const PROGRAM_NAME: &str = "bpfprof_sample";
+/// Name of the walker program (CFI and Python walks) the sampling program tail-calls.
+pub const WALKER_PROGRAM_NAME: &str = "bpfprof_walk";
+/// Index of the walker program in the kernel program's program array.
+pub const WALKER_SLOT: u32 = 0;
 /// Names of the `sched:sched_process_fork` tracepoint programs that follow targets' children,
 /// one per record layout, in the order of [`FORK_CHILD_PID_OFFSETS`].
 pub const FORK_PROGRAM_NAMES: [&str; 2] = ["bpfprof_fork", "bpfprof_fork_data_loc"];
@@ -145,8 +149,9 @@ pub enum Counter {
     /// Samples of CPython threads the kernel did not know yet (started since userspace last
     /// listed the interpreter's threads) or whose frames could not be read: no Python frames.
     PythonStackMissing = 10,
-    /// Samples whose user stack was walked by frame pointers because the CFI walker was not
-    /// loaded yet (it verifies in the background while sampling starts).
+    /// Samples of processes with CFI tables or Python frames that were taken before the walker
+    /// program was loaded (it verifies in the background while sampling starts): their user
+    /// stacks come from frame pointers and they have no Python frames.
     CfiNotReady = 11,
 }
 
@@ -211,7 +216,19 @@ pub enum CfaRule {
     Plt = 3,
     /// The return address is undefined: the outermost frame (`_start`, a thread's entry).
     EndOfStack = 4,
+    /// A signal trampoline (`__restore_rt`): rsp points at the `ucontext_t` the kernel saved,
+    /// and the interrupted frame's rip, rsp and rbp are read from its `uc_mcontext`.
+    SignalFrame = 5,
 }
+
+/// Offsets in the x86-64 `ucontext_t` the kernel pushes for a signal handler, from rsp at the
+/// signal trampoline: `uc_mcontext.rsp`, `.rip` and `.rbp` (gregs after 40 bytes of uc_flags,
+/// uc_link and uc_stack; rsp is greg 15, rip 16, rbp 10).
+pub const SIGNAL_FRAME_RSP: u64 = 160;
+/// See [`SIGNAL_FRAME_RSP`].
+pub const SIGNAL_FRAME_RIP: u64 = 168;
+/// See [`SIGNAL_FRAME_RSP`].
+pub const SIGNAL_FRAME_RBP: u64 = 120;
 
 /// One row of an unwind table: the rules that hold from `pc` up to the next row's `pc`.
 ///

@@ -792,6 +792,18 @@ fn summary(profile: &Profile) -> String {
             unwound.frame_pointer_stacks
         ));
     }
+    if unwound.before_walker_ready > 0 {
+        out.push_str(&format!(
+            "  {} stacks were taken by frame pointers while the CFI walker was still loading\n",
+            unwound.before_walker_ready
+        ));
+    }
+    if unwound.python_stacks + unwound.python_stacks_missing > 0 {
+        out.push_str(&format!(
+            "  Python frames: read in {} samples, not readable in {}\n",
+            unwound.python_stacks, unwound.python_stacks_missing
+        ));
+    }
     let losses = meta.losses.nonzero();
     if losses.is_empty() {
         out.push_str("  lost: none\n");

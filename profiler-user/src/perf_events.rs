@@ -244,6 +244,62 @@ fn jittered(mean: u64, span: f64, u: f64) -> u64 {
     ((1.0 / rate).round() as u64).max(1)
 }
 
+/// A tracepoint's perf event with a program attached; the program runs for the tracepoint on
+/// every CPU, and detaches when this is dropped.
+///
+/// bpfprof attaches tracepoints itself, from the program's fd, so that attaching needs no
+/// access to the loaded object (which a background thread may be holding while it verifies
+/// the walker program).
+pub struct AttachedTracepoint {
+    _fd: OwnedFd,
+}
+
+impl AttachedTracepoint {
+    /// Attaches `program_fd` to tracepoint `category:name` (whose id is in tracefs).
+    pub fn attach(
+        tracefs: &std::path::Path,
+        category: &str,
+        name: &str,
+        program_fd: RawFd,
+    ) -> io::Result<AttachedTracepoint> {
+        let id_path = tracefs.join("events").join(category).join(name).join("id");
+        let id: u64 = std::fs::read_to_string(&id_path)?
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::other(format!("{}: {e}", id_path.display())))?;
+        let mut attr = sys::bindings::perf_event_attr {
+            size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+            type_: sys::bindings::PERF_TYPE_TRACEPOINT,
+            config: id,
+            ..Default::default()
+        };
+        attr.__bindgen_anon_2.wakeup_events = 1;
+        attr.set_disabled(1);
+        // SAFETY: a fully initialized attr; a tracepoint event on CPU 0 for every process runs
+        // its program for the tracepoint on every CPU.
+        let fd = unsafe {
+            sys::perf_event_open(
+                &mut attr,
+                -1,
+                0,
+                -1,
+                sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: perf_event_open returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: `fd` is a perf event we own; the program fd is valid while we run.
+        unsafe {
+            check(sys::ioctls::SET_BPF(fd.as_raw_fd(), program_fd as u32))?;
+            check(sys::ioctls::ENABLE(fd.as_raw_fd(), 0))?;
+        }
+        Ok(AttachedTracepoint { _fd: fd })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

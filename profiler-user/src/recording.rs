@@ -143,6 +143,15 @@ impl Recording {
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
             program.unwind.track(target.pid)?;
+            if program.unwind.is_tracked(target.pid) {
+                // A running process is profiled from its first sample with whole stacks: its
+                // samples wait for the CFI walker (verifying since the program loaded). A
+                // launched command is added before it execs, with no tables, and starts at
+                // once; its first samples use frame pointers and are counted.
+                if let Err(e) = program.wait_walker() {
+                    log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
+                }
+            }
             program.add_target(slot.run, &target, self.follow_children)
         });
         if let Err(e) = registered {
@@ -460,6 +469,9 @@ impl Collected {
                     .get(Counter::Samples)
                     .saturating_sub(counters.get(Counter::CfiStacks)),
                 frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
+                before_walker_ready: counters.get(Counter::CfiNotReady),
+                python_stacks: counters.get(Counter::PythonStacks),
+                python_stacks_missing: counters.get(Counter::PythonStackMissing),
             },
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);

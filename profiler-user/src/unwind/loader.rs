@@ -227,6 +227,11 @@ impl UnwindMaps {
         Ok(report)
     }
 
+    /// Whether the kernel walks `pid` by CFI (its mappings are loaded).
+    pub fn is_tracked(&self, pid: u32) -> bool {
+        self.loaded.contains_key(&pid)
+    }
+
     /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
     pub fn unload_process(&mut self, pid: u32) {
         self.loaded.remove(&pid);

@@ -204,11 +204,12 @@ impl RowBuilder {
             // One unreadable FDE leaves its range to frame pointers; the rest still count.
             Err(_) => return Ok(()),
         };
+        let signal = fde.is_signal_trampoline();
         while let Ok(Some(row)) = table.next_row() {
             if row.start_address() >= row.end_address() {
                 continue;
             }
-            self.rows.push(convert(section, row));
+            self.rows.push(convert(section, row, signal));
         }
         // Past the FDE, nothing is known until the next FDE starts.
         self.rows.push(no_info(end as u32));
@@ -250,8 +251,21 @@ fn no_info(pc: u32) -> UnwindRow {
 fn convert<'a, S: UnwindSection<Slice<'a>>>(
     section: &S,
     row: &gimli::UnwindTableRow<usize>,
+    signal_trampoline: bool,
 ) -> UnwindRow {
     let pc = row.start_address() as u32;
+    if signal_trampoline {
+        // glibc's (and musl's) `__restore_rt`: CFA = *(rsp + 160), registers at fixed offsets
+        // from rsp in the saved ucontext. The walk reads that context itself; any other
+        // signal-frame CFI is left to frame pointers.
+        let is_ucontext = matches!(row.cfa(), GimliCfa::Expression(expr)
+            if expr.get(section).is_ok_and(|e| e.0.slice() == SIGCONTEXT_CFA));
+        return if is_ucontext {
+            UnwindRow::new(pc, CfaRule::SignalFrame, 0, None, 0).expect("a valid row")
+        } else {
+            no_info(pc)
+        };
+    }
     match row.register(X86_64::RA) {
         None | Some(RegisterRule::Undefined) => {
             return UnwindRow::new(pc, CfaRule::EndOfStack, 0, None, 0).expect("a valid row")
@@ -288,6 +302,10 @@ fn convert<'a, S: UnwindSection<Slice<'a>>>(
     };
     UnwindRow::new(pc, rule, cfa_offset, rbp, plt_threshold).unwrap_or_else(|| no_info(pc))
 }
+
+/// `DW_OP_breg7 (rsp) 160; DW_OP_deref`: the CFA of a signal trampoline is the interrupted
+/// rsp saved in the ucontext at rsp + 160.
+const SIGCONTEXT_CFA: &[u8] = &[0x77, 0xa0, 0x01, 0x06];
 
 /// Recognizes the CFA expression GNU ld and lld emit for `.plt` entries:
 /// `DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_litT; DW_OP_ge;
@@ -385,7 +403,7 @@ mod tests {
         let cfa = match row.cfa_rule() {
             r if r == CfaRule::Rsp as u8 => format!("rsp+{}", row.cfa_offset),
             r if r == CfaRule::Rbp as u8 => format!("rbp+{}", row.cfa_offset),
-            r if r == CfaRule::Plt as u8 => "exp".into(),
+            r if r == CfaRule::Plt as u8 || r == CfaRule::SignalFrame as u8 => "exp".into(),
             r if r == CfaRule::EndOfStack as u8 => "end".into(),
             _ => "none".into(),
         };
