@@ -608,3 +608,43 @@ fn a_process_without_python_is_not_a_target() {
     let target = PythonTarget::detect(workload.pid()).expect("detect");
     assert!(target.is_none(), "sleep is no CPython");
 }
+
+/// CPython 3.9 has none of the layouts: detected as no target (the reason is logged).
+#[test]
+fn an_unsupported_cpython_is_not_a_target() {
+    let python = pyenv("3.9.18").join("bin/python3");
+    if !require(&python) {
+        return;
+    }
+    let mut cmd = Command::new(&python);
+    cmd.args(["-c", "import time; time.sleep(30)"]);
+    let workload = Workload::spawn_command(cmd);
+    // Until the interpreter has mapped libpython, the process is not yet a CPython.
+    poll_until(READY_TIMEOUT, || {
+        std::fs::read_to_string(format!("/proc/{}/maps", workload.pid()))
+            .ok()
+            .filter(|m| m.contains("libpython3.9"))
+    })
+    .expect("python 3.9 maps its libpython");
+    let target = PythonTarget::detect(workload.pid()).expect("detect");
+    assert!(target.is_none(), "3.9 is not supported");
+    let memory = bpfprof::python::memory::ProcessMemory::new(workload.pid());
+    let reason = bpfprof::python::detect::find(workload.pid(), &memory)
+        .expect("find")
+        .expect_err("no interpreter bpfprof supports");
+    assert!(
+        reason.starts_with("CPython 3.9 in ") && reason.contains("libpython3.9"),
+        "the reason names the version and the object: {reason}"
+    );
+}
+
+#[test]
+fn a_missing_process_is_an_error() {
+    let err = PythonTarget::detect(u32::MAX - 1)
+        .err()
+        .expect("no such pid");
+    assert!(
+        matches!(err, bpfprof::Error::NoSuchProcess(_)),
+        "NoSuchProcess: {err}"
+    );
+}

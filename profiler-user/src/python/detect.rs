@@ -8,7 +8,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use procfs::process::{MMapPath, Process};
 
 use super::memory::ProcessMemory;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The interpreter found in a process.
 #[derive(Clone, Debug)]
@@ -32,10 +32,23 @@ pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
 
 /// Finds the CPython of process `pid`; `Ok(Err(reason))` when it runs none bpfprof supports.
 pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotPython>> {
+    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(Error::NoSuchProcess(format!("pid {pid} does not exist")));
+    }
     let process = Process::new(pid as i32).with_context(|| format!("pid {pid}"))?;
-    let maps = process
-        .maps()
-        .with_context(|| format!("read /proc/{pid}/maps"))?;
+    let maps = match process.maps() {
+        Ok(maps) => maps,
+        Err(procfs::ProcError::PermissionDenied(_)) => {
+            return Err(Error::PermissionDenied(format!(
+                "reading /proc/{pid}/maps (a CPython's frames are read from its memory)"
+            )))
+        }
+        Err(e) => {
+            return Err(anyhow::Error::from(e)
+                .context(format!("read /proc/{pid}/maps"))
+                .into())
+        }
+    };
     let mut files: FileMappings = BTreeMap::new();
     for m in maps {
         if let MMapPath::Path(path) = m.pathname {

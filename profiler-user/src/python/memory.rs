@@ -5,7 +5,7 @@ use std::{fs::File, os::unix::fs::FileExt, sync::OnceLock};
 
 use anyhow::{anyhow, Context};
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// A handle on one process's address space.
 pub struct ProcessMemory {
@@ -53,7 +53,16 @@ impl ProcessMemory {
                 }
                 Err(_) => {
                     let path = format!("/proc/{}/mem", self.pid);
-                    let file = File::open(&path).with_context(|| format!("open {path}"))?;
+                    let file = match File::open(&path) {
+                        Ok(file) => file,
+                        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                            return Err(Error::PermissionDenied(format!(
+                                "reading the memory of pid {} ({path})",
+                                self.pid
+                            )))
+                        }
+                        Err(e) => return Err(anyhow!(e).context(format!("open {path}")).into()),
+                    };
                     let _ = self.mem_file.set(file);
                 }
             }
