@@ -19,6 +19,7 @@ pub mod perf_events;
 pub mod pool;
 pub mod procmaps;
 pub mod profile;
+pub mod python;
 pub mod record;
 pub mod recording;
 pub mod request;

@@ -1,0 +1,351 @@
+//! CPython processes: what userspace needs so that the kernel program can walk their Python
+//! frames, and what turns those frames into functions.
+//!
+//! [`PythonTarget::detect`] finds a process's interpreter (`_PyRuntime` in a libpython or a
+//! static python binary, [`detect`]) and its version's [`layout::Layout`];
+//! [`PythonTarget::kernel_layout`] is what the kernel program walks with;
+//! [`PythonTarget::threads`] lists every Python thread (host tid, `PyThreadState` address) for
+//! the kernel's thread map; [`PythonTarget::walk_thread`] walks a thread's frames from userspace
+//! by the kernel program's own rules (the reference the kernel's output is checked against);
+//! [`PythonTarget::resolve`] names a recorded frame (reading its code object once, [`code`]) with
+//! its line ([`linetable`]).
+
+pub mod code;
+pub mod detect;
+pub mod layout;
+pub mod linetable;
+pub mod memory;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
+
+use anyhow::{anyhow, Context};
+use profiler_common::{
+    PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, MAX_STACK_DEPTH,
+    PYTHON_FRAME_OWNED_BY_CSTACK,
+};
+
+use self::{code::CodeInfo, layout::Layout, memory::ProcessMemory};
+use crate::Result;
+/// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
+pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
+
+/// Most Python frames one walk records (the kernel program's bound).
+pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
+/// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
+const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
+/// Most interpreters, and threads per interpreter, listed (the lists are linked in the target's
+/// memory, which may change while it is read).
+const MAX_INTERPRETERS: usize = 256;
+const MAX_THREADS_PER_INTERPRETER: usize = 16384;
+/// Bytes of glibc's `struct pthread` searched for the thread id (glibc 2.36 keeps it at 720).
+const PTHREAD_SEARCH_BYTES: usize = 1024;
+
+/// One CPython process bpfprof reads Python frames of.
+pub struct PythonTarget {
+    pid: u32,
+    interpreter: detect::Interpreter,
+    layout: Layout,
+    memory: ProcessMemory,
+    /// Code objects read so far, by address.
+    codes: HashMap<u64, CodeInfo>,
+    /// 3.10: where glibc's `struct pthread` keeps the thread's tid, once found.
+    pthread_tid_offset: Option<u64>,
+}
+
+/// A Python function as a frame names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonFunction {
+    /// The qualified name (`Worker.run`) on 3.11 and later, the plain name on 3.10.
+    pub name: String,
+    /// The code's file name (`co_filename`), as the process sees it.
+    pub file: String,
+    /// The line of the frame's current instruction.
+    pub line: u32,
+    /// The line the function starts on (`co_firstlineno`).
+    pub first_line: u32,
+}
+
+impl PythonTarget {
+    /// None when the process runs no supported CPython (with the reason logged at debug).
+    pub fn detect(pid: u32) -> Result<Option<PythonTarget>> {
+        let memory = ProcessMemory::new(pid);
+        let interpreter = match detect::find(pid, &memory)? {
+            Ok(found) => found,
+            Err(reason) => {
+                log::debug!("pid {pid}: no Python frames: {reason}");
+                return Ok(None);
+            }
+        };
+        let layout = match layout::table(interpreter.version.1) {
+            Some(layout) if interpreter.version.1 < 13 => layout,
+            _ => {
+                let raw = memory
+                    .read_vec(interpreter.runtime, layout::DEBUG_OFFSETS_SIZE)
+                    .context("read _Py_DebugOffsets")?;
+                match Layout::from_debug_offsets(&raw) {
+                    Ok(layout) => layout,
+                    Err(e) => {
+                        log::debug!("pid {pid}: no Python frames: {e}");
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        log::debug!(
+            "pid {pid}: CPython {}.{} in {}, _PyRuntime at {:#x}",
+            interpreter.version.0,
+            interpreter.version.1,
+            interpreter.path.display(),
+            interpreter.runtime
+        );
+        Ok(Some(PythonTarget {
+            pid,
+            interpreter,
+            layout,
+            memory,
+            codes: HashMap::new(),
+            pthread_tid_offset: None,
+        }))
+    }
+
+    /// The process (in bpfprof's pid namespace).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `(major, minor)` of the interpreter.
+    pub fn version(&self) -> (u8, u8) {
+        self.interpreter.version
+    }
+
+    /// The object that defines `_PyRuntime`, as the process sees its path.
+    pub fn interpreter_path(&self) -> &PathBuf {
+        &self.interpreter.path
+    }
+
+    /// Address of `_PyRuntime` in the process.
+    pub fn runtime_address(&self) -> u64 {
+        self.interpreter.runtime
+    }
+
+    /// All the offsets in use, userspace's included.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The offsets the kernel program walks this process's frames with.
+    pub fn kernel_layout(&self) -> PythonProcess {
+        self.layout.kernel
+    }
+
+    /// Host tid -> PyThreadState address for every thread of every interpreter.
+    pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
+        let l = self.layout.clone();
+        let mut states = Vec::new();
+        let mut interp = self
+            .memory
+            .read_u64(self.interpreter.runtime + l.runtime_interpreters_head as u64)
+            .context("read _PyRuntime.interpreters.head")?;
+        let mut seen = HashSet::new();
+        while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+            let mut tstate = self
+                .memory
+                .read_u64(interp + l.interp_threads_head as u64)?;
+            let mut count = 0;
+            while tstate != 0 && count < MAX_THREADS_PER_INTERPRETER {
+                let thread_id = self.memory.read_u64(tstate + l.tstate_thread_id as u64)?;
+                let native = match l.tstate_native_thread_id {
+                    Some(off) => Some(self.memory.read_u64(tstate + off as u64)? as u32),
+                    None => None,
+                };
+                states.push((tstate, thread_id, native));
+                tstate = self.memory.read_u64(tstate + l.tstate_next as u64)?;
+                count += 1;
+            }
+            interp = self.memory.read_u64(interp + l.interp_next as u64)?;
+        }
+        let to_host = self.namespace_tids()?;
+        let ns_tids: Vec<u32> = if states.iter().all(|s| s.2.is_some()) {
+            states.iter().map(|s| s.2.unwrap_or(0)).collect()
+        } else {
+            self.tids_from_pthreads(&states, &to_host)?
+        };
+        let mut out = Vec::new();
+        for (&(tstate, _, _), ns_tid) in states.iter().zip(ns_tids) {
+            // A thread state whose thread has exited (or not yet started) has no task.
+            if let Some(&host) = to_host.get(&ns_tid) {
+                out.push((host, tstate));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The process's threads: tid in its own pid namespace -> tid in bpfprof's (the kernel's
+    /// thread map is keyed by the host's tid), from each task's `NSpid` line, which lists the
+    /// ids from the reader's namespace inwards.
+    fn namespace_tids(&self) -> Result<HashMap<u32, u32>> {
+        let dir = format!("/proc/{}/task", self.pid);
+        let mut map = HashMap::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+            let entry = entry.with_context(|| format!("read {dir}"))?;
+            let Some(host) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // A thread may exit between the listing and this read.
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last()?.parse::<u32>().ok())
+                .unwrap_or(host);
+            map.insert(inner, host);
+        }
+        Ok(map)
+    }
+
+    /// 3.10: each thread's tid (in its namespace) from its `pthread_t`, which glibc makes the
+    /// address of the thread's `struct pthread`. The offset of `tid` in that struct differs
+    /// between glibc versions and no debug info is usually installed, so it is found from the
+    /// data: the one 4-byte-aligned offset at which every thread's struct holds a distinct id of
+    /// one of the process's tasks, and the main thread's (if it runs Python) the process's own id.
+    fn tids_from_pthreads(
+        &mut self,
+        states: &[(u64, u64, Option<u32>)],
+        to_host: &HashMap<u32, u32>,
+    ) -> Result<Vec<u32>> {
+        let blocks: Vec<Vec<u8>> = states
+            .iter()
+            .map(|&(_, pthread, _)| {
+                self.memory
+                    .read_vec(pthread, PTHREAD_SEARCH_BYTES)
+                    .unwrap_or_default()
+            })
+            .collect();
+        let at = |block: &[u8], off: usize| -> Option<u32> {
+            block
+                .get(off..off + 4)
+                .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+        };
+        if self.pthread_tid_offset.is_none() && !blocks.is_empty() {
+            let ns_pid = to_host
+                .iter()
+                .find(|&(_, &host)| host == self.pid)
+                .map(|(&inner, _)| inner);
+            let offset = (0..PTHREAD_SEARCH_BYTES)
+                .step_by(4)
+                .find(|&off| {
+                    let ids: Vec<Option<u32>> = blocks.iter().map(|b| at(b, off)).collect();
+                    let distinct: HashSet<_> = ids.iter().collect();
+                    ids.iter()
+                        .all(|id| id.is_some_and(|id| to_host.contains_key(&id)))
+                        && distinct.len() == ids.len()
+                        && (ns_pid.is_none() || ids.contains(&ns_pid))
+                })
+                .ok_or_else(|| {
+                    anyhow!(
+                        "pid {}: cannot find the tid in glibc's struct pthread of its {} Python threads",
+                        self.pid,
+                        blocks.len()
+                    )
+                })?;
+            log::debug!("pid {}: struct pthread keeps the tid at {offset}", self.pid);
+            self.pthread_tid_offset = Some(offset as u64);
+        }
+        let offset = self.pthread_tid_offset.unwrap_or(0) as usize;
+        Ok(blocks.iter().map(|b| at(b, offset).unwrap_or(0)).collect())
+    }
+
+    /// The Python frames of the thread whose `PyThreadState` is at `tstate`, innermost first,
+    /// walked by the kernel program's rules: the same offsets, packing and eval-entry flags
+    /// (3.10 every frame; 3.11 a frame with `is_entry`; 3.12+ the frame just before a shim
+    /// frame, which is not recorded); it ends at [`MAX_PYTHON_DEPTH`] frames or at a null or
+    /// unreadable pointer.
+    pub fn walk_thread(&mut self, tstate: u64) -> Result<Vec<PythonFrame>> {
+        let k = self.layout.kernel;
+        let mut frame = self
+            .memory
+            .read_u64(tstate + k.tstate_frame as u64)
+            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
+        if self.layout.has_cframe() && frame != 0 {
+            frame = self
+                .memory
+                .read_u64(frame + k.cframe_current_frame as u64)
+                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
+        }
+        let mut packed: Vec<u64> = Vec::new();
+        let mut visited = 0;
+        while frame != 0 && packed.len() < MAX_PYTHON_DEPTH && visited < MAX_FRAMES_VISITED {
+            visited += 1;
+            match self.read_frame(frame, &k) {
+                Ok(Some(entry)) => packed.push(entry),
+                Ok(None) => {
+                    // A shim frame: the frame recorded just before it began the eval call.
+                    if let Some(last) = packed.last_mut() {
+                        *last = PythonFrame::with_eval_entry(*last);
+                    }
+                }
+                Err(_) => break,
+            }
+            frame = match self.memory.read_u64(frame + k.frame_previous as u64) {
+                Ok(previous) => previous,
+                Err(_) => break,
+            };
+        }
+        Ok(packed.into_iter().map(PythonFrame::unpack).collect())
+    }
+
+    /// One frame packed as the kernel packs it, or None for a shim frame.
+    fn read_frame(&mut self, frame: u64, k: &PythonProcess) -> Result<Option<u64>> {
+        let entry = match k.entry_rule {
+            r if r == PythonEntryRule::EveryFrame as u32 => true,
+            r if r == PythonEntryRule::EntryFlag as u32 => {
+                self.memory.read_u8(frame + k.frame_entry as u64)? != 0
+            }
+            _ => {
+                if self.memory.read_u8(frame + k.frame_entry as u64)?
+                    == PYTHON_FRAME_OWNED_BY_CSTACK
+                {
+                    return Ok(None);
+                }
+                false
+            }
+        };
+        let code = self.memory.read_u64(frame + k.frame_code as u64)?;
+        let instruction = if k.instr_rule == PythonInstrRule::LastiIndex as u32 {
+            // -1 before the first instruction runs: index 0.
+            self.memory.read_i32(frame + k.frame_instr as u64)?.max(0) as u32
+        } else {
+            let pointer = self.memory.read_u64(frame + k.frame_instr as u64)?;
+            let first = code.wrapping_add(k.code_instructions as u64);
+            // 3.11's `prev_instr` starts one code unit before the first instruction: index 0.
+            let units = pointer.saturating_sub(first) / 2;
+            u32::try_from(units).unwrap_or(u32::MAX)
+        };
+        Ok(Some(PythonFrame::pack(code, instruction, entry)))
+    }
+
+    /// Name, file, line of one recorded frame; cached by code address.
+    pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
+        if !self.codes.contains_key(&frame.code) {
+            let info = code::read_code(&self.memory, &self.layout, frame.code)
+                .with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
+            self.codes.insert(frame.code, info);
+        }
+        let info = &self.codes[&frame.code];
+        Ok(PythonFunction {
+            name: info.name.clone(),
+            file: info.file.clone(),
+            line: info.line(frame.instruction),
+            first_line: info.first_line,
+        })
+    }
+}

@@ -1,0 +1,650 @@
+//! CPython frames read from outside the interpreter (bpfprof's `python` module), on the real
+//! interpreters: pyenv's 3.10, 3.11, 3.12 and 3.13 (shared libpython, built with `-g`) and
+//! Debian's 3.11 (a stripped static binary). For each, a workload with known stacks
+//! (tests/workloads/pystack.py) is detected, its threads listed, each thread's frames walked by
+//! the kernel program's rules and resolved to names, files and lines, all compared with the
+//! script's text. The version tables are re-derived from the pyenv builds' DWARF (with gdb), and
+//! 3.13's layout (read from `_Py_DebugOffsets` in the process) is compared with its DWARF too.
+//! Also a process in its own pid and mount namespace. Runs without root except that one.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use bpfprof::python::FRAME_OWNED_BY_CSTACK;
+use bpfprof::python::{PythonFunction, PythonTarget};
+use bpfprof_tests::*;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn pyenv(version: &str) -> PathBuf {
+    PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()))
+        .join(".pyenv/versions")
+        .join(version)
+}
+
+/// The interpreter at `python`, or None (skip) when it is missing and not under CI.
+fn require(python: &Path) -> bool {
+    if python.exists() {
+        return true;
+    }
+    assert!(!ci(), "{} is needed under CI", python.display());
+    eprintln!("skipping: no {}", python.display());
+    false
+}
+
+fn script() -> PathBuf {
+    workspace_root().join("tests/workloads/pystack.py")
+}
+
+/// The 1-based line of the marker comment `# MARK name` in the workload.
+fn mark(name: &str) -> u32 {
+    let text = std::fs::read_to_string(script()).expect("read pystack.py");
+    let needle = format!("# MARK {name}");
+    let hits: Vec<u32> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with(&needle))
+        .map(|(i, _)| i as u32 + 1)
+        .collect();
+    assert_eq!(hits.len(), 1, "marker {needle:?} once in pystack.py");
+    hits[0]
+}
+
+/// The 1-based line of the `def NAME(` in the workload.
+fn def_line(name: &str) -> u32 {
+    let text = std::fs::read_to_string(script()).expect("read pystack.py");
+    let needle = format!("def {name}(");
+    text.lines()
+        .position(|l| l.trim_start().starts_with(&needle))
+        .unwrap_or_else(|| panic!("no `def {name}` in pystack.py")) as u32
+        + 1
+}
+
+/// A running pystack.py and the thread ids it reported (in its own pid namespace).
+struct Running {
+    _workload: Workload,
+    /// The interpreter's process on the host (a child of `unshare` in the namespace test).
+    pid: u32,
+    main_ns_tid: u32,
+    worker_ns_tid: u32,
+    _dir: tempfile::TempDir,
+}
+
+fn start(command: &[&str]) -> Running {
+    let dir = tempdir();
+    let report = dir.path().join("ready");
+    let mut cmd = Command::new(command[0]);
+    cmd.args(&command[1..]).arg(script()).arg(&report);
+    let workload = Workload::spawn_command(cmd);
+    let text = poll_until(READY_TIMEOUT, || std::fs::read_to_string(&report).ok())
+        .unwrap_or_else(|| panic!("{command:?} did not report its threads"));
+    let ids: Vec<u32> = text
+        .split_whitespace()
+        .map(|s| s.parse().expect("thread id"))
+        .collect();
+    // Under `unshare --fork`, the interpreter is unshare's only child.
+    let pid = if command[0] == "unshare" {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", workload.pid()))
+                .expect("unshare's children");
+        children
+            .split_whitespace()
+            .next()
+            .expect("unshare has a child")
+            .parse()
+            .expect("pid")
+    } else {
+        workload.pid()
+    };
+    Running {
+        _workload: workload,
+        pid,
+        main_ns_tid: ids[0],
+        worker_ns_tid: ids[1],
+        _dir: dir,
+    }
+}
+
+/// Host tid of the task whose innermost NSpid is `ns_tid`.
+fn host_tid(pid: u32, ns_tid: u32) -> u32 {
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let entry = entry.expect("task");
+        let status = std::fs::read_to_string(entry.path().join("status")).expect("status");
+        let inner: u32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|ids| ids.split_whitespace().last()?.parse().ok())
+            .expect("NSpid");
+        if inner == ns_tid {
+            return entry.file_name().to_str().unwrap().parse().unwrap();
+        }
+    }
+    panic!("pid {pid} has no task {ns_tid} in its namespace");
+}
+
+/// Offsets from gdb's reading of `lib`'s DWARF: one `print/d` per expression.
+fn dwarf_values(lib: &Path, exprs: &[String]) -> Vec<u64> {
+    let mut cmd = Command::new("gdb");
+    cmd.args(["-batch", "-nx"]);
+    for e in exprs {
+        cmd.arg("-ex").arg(format!("print/d {e}"));
+    }
+    let out = cmd.arg(lib).output().expect("run gdb");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let values: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| {
+            l.split_once(" = ")
+                .map(|(_, v)| v.trim().parse().expect("gdb number"))
+        })
+        .collect();
+    assert_eq!(
+        values.len(),
+        exprs.len(),
+        "gdb answered every expression for {}: {stdout}\n{}",
+        lib.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    values
+}
+
+/// Compares every offset of the target's layout with `lib`'s DWARF.
+fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
+    let minor = target.version().1;
+    let l = target.layout();
+    let k = l.kernel;
+    let off = |ty: &str, field: &str| format!("(long)&(({ty} *)0)->{field}");
+    let frame_ty = if minor == 10 {
+        "PyFrameObject"
+    } else {
+        "struct _PyInterpreterFrame"
+    };
+    let mut checks: Vec<(&str, String, u64)> = vec![
+        (
+            "interpreters.head",
+            off("_PyRuntimeState", "interpreters.head"),
+            l.runtime_interpreters_head as u64,
+        ),
+        (
+            "interp next",
+            off("PyInterpreterState", "next"),
+            l.interp_next as u64,
+        ),
+        (
+            "interp threads",
+            off(
+                "PyInterpreterState",
+                if minor == 10 {
+                    "tstate_head"
+                } else {
+                    "threads.head"
+                },
+            ),
+            l.interp_threads_head as u64,
+        ),
+        (
+            "tstate next",
+            off("PyThreadState", "next"),
+            l.tstate_next as u64,
+        ),
+        (
+            "tstate thread_id",
+            off("PyThreadState", "thread_id"),
+            l.tstate_thread_id as u64,
+        ),
+        (
+            "tstate frame",
+            off(
+                "PyThreadState",
+                match minor {
+                    10 => "frame",
+                    11 | 12 => "cframe",
+                    _ => "current_frame",
+                },
+            ),
+            k.tstate_frame as u64,
+        ),
+        (
+            "frame previous",
+            off(frame_ty, if minor == 10 { "f_back" } else { "previous" }),
+            k.frame_previous as u64,
+        ),
+        (
+            "frame code",
+            off(
+                frame_ty,
+                if minor == 13 {
+                    "f_executable"
+                } else {
+                    "f_code"
+                },
+            ),
+            k.frame_code as u64,
+        ),
+        (
+            "frame instr",
+            off(
+                frame_ty,
+                match minor {
+                    10 => "f_lasti",
+                    11 | 12 => "prev_instr",
+                    _ => "instr_ptr",
+                },
+            ),
+            k.frame_instr as u64,
+        ),
+        (
+            "co_filename",
+            off("PyCodeObject", "co_filename"),
+            l.code_filename as u64,
+        ),
+        (
+            "co_name",
+            off("PyCodeObject", "co_name"),
+            l.code_name as u64,
+        ),
+        (
+            "co_firstlineno",
+            off("PyCodeObject", "co_firstlineno"),
+            l.code_firstlineno as u64,
+        ),
+        (
+            "co_linetable",
+            off("PyCodeObject", "co_linetable"),
+            l.code_linetable as u64,
+        ),
+        ("ob_type", off("PyObject", "ob_type"), l.object_type as u64),
+        (
+            "tp_name",
+            off("PyTypeObject", "tp_name"),
+            l.type_name as u64,
+        ),
+        (
+            "str length",
+            off("PyASCIIObject", "length"),
+            l.unicode_length as u64,
+        ),
+        (
+            "str state",
+            off("PyASCIIObject", "state"),
+            l.unicode_state as u64,
+        ),
+        (
+            "sizeof PyASCIIObject",
+            "sizeof(PyASCIIObject)".into(),
+            l.unicode_ascii_size as u64,
+        ),
+        (
+            "sizeof PyCompactUnicodeObject",
+            "sizeof(PyCompactUnicodeObject)".into(),
+            l.unicode_compact_size as u64,
+        ),
+        (
+            "bytes size",
+            off("PyVarObject", "ob_size"),
+            l.bytes_size as u64,
+        ),
+        (
+            "bytes data",
+            off("PyBytesObject", "ob_sval"),
+            l.bytes_data as u64,
+        ),
+    ];
+    if minor >= 11 {
+        checks.push((
+            "native_thread_id",
+            off("PyThreadState", "native_thread_id"),
+            l.tstate_native_thread_id.expect("3.11+ has it") as u64,
+        ));
+        checks.push((
+            "co_qualname",
+            off("PyCodeObject", "co_qualname"),
+            l.code_qualname.expect("3.11+ has it") as u64,
+        ));
+        checks.push((
+            "co_code_adaptive",
+            off("PyCodeObject", "co_code_adaptive"),
+            k.code_instructions as u64,
+        ));
+        checks.push((
+            "frame entry",
+            off(frame_ty, if minor == 11 { "is_entry" } else { "owner" }),
+            k.frame_entry as u64,
+        ));
+    }
+    if minor == 11 || minor == 12 {
+        checks.push((
+            "cframe current_frame",
+            off("_PyCFrame", "current_frame"),
+            k.cframe_current_frame as u64,
+        ));
+    }
+    if minor >= 12 {
+        checks.push((
+            "FRAME_OWNED_BY_CSTACK",
+            "(int)FRAME_OWNED_BY_CSTACK".into(),
+            FRAME_OWNED_BY_CSTACK as u64,
+        ));
+    }
+    let exprs: Vec<String> = checks.iter().map(|c| c.1.clone()).collect();
+    let values = dwarf_values(lib, &exprs);
+    for ((what, expr, ours), dwarf) in checks.iter().zip(values) {
+        assert_eq!(*ours, dwarf, "3.{minor} {what} ({expr}): ours vs DWARF");
+    }
+    eprintln!(
+        "3.{minor}: {} offsets agree with {}",
+        checks.len(),
+        lib.display()
+    );
+}
+
+/// One expected frame: name, file (None: threading.py of the interpreter's stdlib), line
+/// (None: any line within the function), first line.
+struct Expect {
+    name: String,
+    in_script: bool,
+    line: Option<u32>,
+    first_line: Option<u32>,
+}
+
+fn script_frame(name: &str, line: u32, first_line: u32) -> Expect {
+    Expect {
+        name: name.into(),
+        in_script: true,
+        line: Some(line),
+        first_line: Some(first_line),
+    }
+}
+
+fn threading_frame(name: &str) -> Expect {
+    Expect {
+        name: name.into(),
+        in_script: false,
+        line: None,
+        first_line: None,
+    }
+}
+
+fn check_stack(label: &str, got: &[PythonFunction], expected: &[Expect]) {
+    let names: Vec<&str> = got.iter().map(|f| f.name.as_str()).collect();
+    let want: Vec<&str> = expected.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names, want,
+        "{label}: function names, innermost first: {got:#?}"
+    );
+    let script = script().display().to_string();
+    for (f, e) in got.iter().zip(expected) {
+        if e.in_script {
+            assert_eq!(f.file, script, "{label}: file of {}", e.name);
+        } else {
+            assert!(
+                f.file.ends_with("/threading.py"),
+                "{label}: {} in threading.py, got {}",
+                e.name,
+                f.file
+            );
+        }
+        if let Some(line) = e.line {
+            assert_eq!(f.line, line, "{label}: line of {}", e.name);
+        } else {
+            assert!(
+                f.line > f.first_line,
+                "{label}: {} at line {} inside its body (starts at {})",
+                e.name,
+                f.line,
+                f.first_line
+            );
+        }
+        if let Some(first) = e.first_line {
+            assert_eq!(f.first_line, first, "{label}: first line of {}", e.name);
+        }
+    }
+}
+
+/// Detects, lists threads, walks and resolves both threads of a running pystack.py.
+fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) {
+    let pid = running.pid;
+    let mut target = PythonTarget::detect(pid)
+        .expect("detect")
+        .unwrap_or_else(|| panic!("pid {pid}: no CPython detected"));
+    assert_eq!(target.version(), expect_version);
+    assert_eq!(
+        target.kernel_layout().version,
+        0x0300 | expect_version.1 as u32
+    );
+    eprintln!(
+        "pid {pid}: CPython {:?} in {}, _PyRuntime at {:#x}",
+        target.version(),
+        target.interpreter_path().display(),
+        target.runtime_address()
+    );
+    if let Some(lib) = dwarf {
+        check_layout_against_dwarf(&target, lib);
+    }
+
+    let threads: HashMap<u32, u64> = target.threads().expect("threads").into_iter().collect();
+    let main_tid = host_tid(pid, running.main_ns_tid);
+    let worker_tid = host_tid(pid, running.worker_ns_tid);
+    assert_eq!(main_tid, pid, "the main thread's host tid is the pid");
+    let mut tids: Vec<u32> = threads.keys().copied().collect();
+    tids.sort();
+    let mut want = vec![main_tid, worker_tid];
+    want.sort();
+    assert_eq!(tids, want, "host tids of the Python threads");
+
+    let minor = expect_version.1;
+    let qual = |class: &str, name: &str| {
+        if minor >= 11 {
+            format!("{class}.{name}")
+        } else {
+            name.to_string()
+        }
+    };
+
+    // The main thread: <module> -> outer -> middlé -> inner_日本 (blocked in time.sleep).
+    let frames = target.walk_thread(threads[&main_tid]).expect("walk main");
+    let resolved: Vec<PythonFunction> = frames
+        .iter()
+        .map(|&f| target.resolve(f).expect("resolve"))
+        .collect();
+    check_stack(
+        "main thread",
+        &resolved,
+        &[
+            script_frame("inner_日本", mark("main-leaf"), def_line("inner_日本")),
+            script_frame("middlé", mark("middle-call"), def_line("middlé")),
+            script_frame("outer", mark("outer-call"), def_line("outer")),
+            script_frame("<module>", mark("module-call"), 1),
+        ],
+    );
+    let entries: Vec<bool> = frames.iter().map(|f| f.eval_entry).collect();
+    // 3.10 runs every frame in its own eval call; from 3.11 Python-to-Python calls stay in the
+    // caller's eval call, so only <module> (run by PyEval_EvalCode) begins one.
+    let want_entries = if minor == 10 {
+        vec![true; 4]
+    } else {
+        vec![false, false, false, true]
+    };
+    assert_eq!(entries, want_entries, "main thread's eval-entry flags");
+
+    // The worker: threading's bootstrap -> Thread.run -> Worker.run -> Worker.spin_𠀀.
+    let frames = target
+        .walk_thread(threads[&worker_tid])
+        .expect("walk worker");
+    let resolved: Vec<PythonFunction> = frames
+        .iter()
+        .map(|&f| target.resolve(f).expect("resolve"))
+        .collect();
+    check_stack(
+        "worker thread",
+        &resolved,
+        &[
+            script_frame(
+                &qual("Worker", "spin_𠀀"),
+                mark("worker-leaf"),
+                def_line("spin_𠀀"),
+            ),
+            script_frame(&qual("Worker", "run"), mark("worker-call"), def_line("run")),
+            threading_frame(&qual("Thread", "run")),
+            threading_frame(&qual("Thread", "_bootstrap_inner")),
+            threading_frame(&qual("Thread", "_bootstrap")),
+        ],
+    );
+    let entries: Vec<bool> = frames.iter().map(|f| f.eval_entry).collect();
+    if minor == 10 {
+        assert!(
+            entries.iter().all(|&e| e),
+            "3.10: every frame is an eval call"
+        );
+    } else {
+        // Python-to-Python calls (`self.spin_𠀀()`, `self.run()`, `self._bootstrap_inner()`)
+        // stay in the caller's eval call; Thread.run calls its target through
+        // CALL_FUNCTION_EX, which enters a new one on 3.11-3.13 (3.13.0's libpython has no
+        // `_PyEvalFramePushAndInit_Ex`, with which 3.14 inlines it); the thread's first frame
+        // is run from C.
+        assert_eq!(
+            entries,
+            vec![false, true, false, false, true],
+            "worker's eval-entry flags on 3.{minor}"
+        );
+    }
+    // Every frame's code object is cached after the first resolve: resolving again is the
+    // same answer.
+    assert_eq!(
+        target.resolve(frames[0]).expect("resolve again"),
+        resolved[0]
+    );
+}
+
+fn pyenv_case(version: &str, expect: (u8, u8)) {
+    let home = pyenv(version);
+    let python = home.join("bin/python3");
+    if !require(&python) {
+        return;
+    }
+    let lib = home.join(format!("lib/libpython{}.{}.so.1.0", expect.0, expect.1));
+    let running = start(&[python.to_str().unwrap()]);
+    check_process(&running, expect, Some(&lib));
+}
+
+#[test]
+fn pyenv_cpython_3_10() {
+    pyenv_case("3.10.13", (3, 10));
+}
+
+#[test]
+fn pyenv_cpython_3_11() {
+    pyenv_case("3.11.7", (3, 11));
+}
+
+#[test]
+fn pyenv_cpython_3_12() {
+    pyenv_case("3.12.1", (3, 12));
+}
+
+#[test]
+fn pyenv_cpython_3_13() {
+    pyenv_case("3.13.0", (3, 13));
+}
+
+/// Debian's python3.11: a stripped, statically linked interpreter (`_PyRuntime` only in its
+/// dynamic symbols); the 3.11 table from pyenv's DWARF serves it too.
+#[test]
+fn debian_cpython_3_11() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !require(python) {
+        return;
+    }
+    let running = start(&["/usr/bin/python3.11"]);
+    check_process(&running, (3, 11), None);
+}
+
+/// A CPython in its own pid and mount namespaces: the interpreter's file is read through
+/// `/proc/PID/root`, and the tids it reports (1 for its main thread) are translated to the
+/// host's. 3.10 (thread ids from glibc's `struct pthread`) and 3.12 (`native_thread_id`).
+fn namespaced_case(version: &str, expect: (u8, u8)) {
+    if !require_root() {
+        return;
+    }
+    let python = pyenv(version).join("bin/python3");
+    if !require(&python) {
+        return;
+    }
+    let running = start(&[
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        python.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        running.main_ns_tid, 1,
+        "the interpreter is pid 1 in its namespace"
+    );
+    assert_ne!(running.pid, 1);
+    check_process(&running, expect, None);
+}
+
+#[test]
+fn cpython_3_10_in_another_pid_and_mount_namespace() {
+    namespaced_case("3.10.13", (3, 10));
+}
+
+#[test]
+fn cpython_3_12_in_another_pid_and_mount_namespace() {
+    namespaced_case("3.12.1", (3, 12));
+}
+
+#[test]
+fn a_process_without_python_is_not_a_target() {
+    let mut sleep = Command::new("sleep");
+    sleep.arg("30");
+    let workload = Workload::spawn_command(sleep);
+    let target = PythonTarget::detect(workload.pid()).expect("detect");
+    assert!(target.is_none(), "sleep is no CPython");
+}
+
+/// CPython 3.9 has none of the layouts: detected as no target (the reason is logged).
+#[test]
+fn an_unsupported_cpython_is_not_a_target() {
+    let python = pyenv("3.9.18").join("bin/python3");
+    if !require(&python) {
+        return;
+    }
+    let mut cmd = Command::new(&python);
+    cmd.args(["-c", "import time; time.sleep(30)"]);
+    let workload = Workload::spawn_command(cmd);
+    // Until the interpreter has mapped libpython, the process is not yet a CPython.
+    poll_until(READY_TIMEOUT, || {
+        std::fs::read_to_string(format!("/proc/{}/maps", workload.pid()))
+            .ok()
+            .filter(|m| m.contains("libpython3.9"))
+    })
+    .expect("python 3.9 maps its libpython");
+    let target = PythonTarget::detect(workload.pid()).expect("detect");
+    assert!(target.is_none(), "3.9 is not supported");
+    let memory = bpfprof::python::memory::ProcessMemory::new(workload.pid());
+    let reason = bpfprof::python::detect::find(workload.pid(), &memory)
+        .expect("find")
+        .expect_err("no interpreter bpfprof supports");
+    assert!(
+        reason.starts_with("CPython 3.9 in ") && reason.contains("libpython3.9"),
+        "the reason names the version and the object: {reason}"
+    );
+}
+
+#[test]
+fn a_missing_process_is_an_error() {
+    let err = PythonTarget::detect(u32::MAX - 1)
+        .err()
+        .expect("no such pid");
+    assert!(
+        matches!(err, bpfprof::Error::NoSuchProcess(_)),
+        "NoSuchProcess: {err}"
+    );
+}

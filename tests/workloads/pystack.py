@@ -1,0 +1,44 @@
+"""A Python process with known stacks for the python_layout test: the main thread blocks in
+inner_日本() under middlé() and outer(); a second thread blocks in Worker.spin_𠀀() under
+Worker.run(). The names cover CPython's three string kinds (1, 2 and 4 bytes a character). Each
+marked line is where its frame waits; the test finds the markers in this text."""
+
+import os
+import sys
+import threading
+import time
+
+
+class Worker:
+    def run(self, ready):
+        ready.set()
+        self.spin_𠀀()  # MARK worker-call
+
+    def spin_𠀀(self):
+        while True:
+            time.sleep(0.05)  # MARK worker-leaf
+
+
+def inner_日本():
+    while True:
+        time.sleep(0.05)  # MARK main-leaf
+
+
+def middlé():
+    inner_日本()  # MARK middle-call
+
+
+def outer():
+    middlé()  # MARK outer-call
+
+
+ready = threading.Event()
+worker = threading.Thread(target=Worker().run, args=(ready,), name="worker", daemon=True)
+worker.start()
+ready.wait()
+# Main thread's and worker's ids (in this process's pid namespace), then the ready file appears.
+report = sys.argv[1]
+with open(report + ".tmp", "w") as f:
+    f.write(f"{threading.get_native_id()} {worker.native_id}\n")
+os.rename(report + ".tmp", report)
+outer()  # MARK module-call
