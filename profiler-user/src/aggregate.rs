@@ -23,6 +23,8 @@ pub struct AggregateOptions {
     pub line_numbers: bool,
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
+    /// Keep the interpreter's C frames between Python frames (`--python-glue`).
+    pub python_glue: bool,
 }
 
 impl Default for AggregateOptions {
@@ -32,6 +34,7 @@ impl Default for AggregateOptions {
             max_stack_length: profiler_common::MAX_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
+            python_glue: false,
         }
     }
 }
@@ -44,6 +47,8 @@ pub struct TargetSamples<'a> {
     pub maps: &'a ProcessMaps,
     /// Its samples.
     pub samples: &'a [Sample],
+    /// Names of its Python frames, when the kernel read them.
+    pub python: Option<&'a crate::python_stacks::PythonSymbols>,
 }
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
@@ -120,11 +125,24 @@ pub fn aggregate(
                 frames.push(interner.intern(ProfileFrame::Code(frame)));
                 addresses.push(address);
             };
+            let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
             for addr in user.iter().rev() {
                 let address = mappings.user(input.target.pid, input.maps, *addr);
                 for frame in symbolizer.user(input.maps, *addr).iter() {
-                    push(frame, address);
+                    user_frames.push((frame.clone(), address));
                 }
+            }
+            if let Some(symbols) = input.python {
+                user_frames = crate::python_stacks::merge(
+                    user_frames,
+                    &sample.python_frames,
+                    symbols,
+                    options.python_glue,
+                    None,
+                );
+            }
+            for (frame, address) in &user_frames {
+                push(frame, *address);
             }
             for addr in kernel.iter().rev() {
                 let address = mappings.kernel(*addr);

@@ -601,6 +601,21 @@ impl KernelProgram {
         moved
     }
 
+    /// The Python stacks recorded so far, by the pid (in its namespace) of the process they
+    /// belong to: what userspace must name while the process still lives.
+    pub fn python_stack_ids(&self) -> Vec<(u32, StackId)> {
+        let kernel = self.samples.keys().filter_map(|k| k.ok());
+        let moved = self.offloaded_samples.keys().copied();
+        let mut ids: Vec<(u32, StackId)> = kernel
+            .chain(moved)
+            .filter(|k| k.python_stack != 0)
+            .map(|k| (k.pid, k.python_stack))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// The frames of stack `id` (innermost first), wherever it is; empty for id 0 or a stack
     /// that was never stored.
     pub(crate) fn stack(&self, id: StackId) -> Result<Vec<u64>> {

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod procmaps;
 pub mod profile;
 pub mod python;
+pub mod python_stacks;
 pub mod record;
 pub mod recording;
 pub mod request;

@@ -263,6 +263,15 @@ struct RecordArgs {
     #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
     unwind: bpfprof::unwind::UnwindMode,
 
+    /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
+    /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
+    #[arg(long, value_enum, default_value_t = bpfprof::python_stacks::PythonMode::default())]
+    python: bpfprof::python_stacks::PythonMode,
+
+    /// Keep the interpreter's own C frames between Python frames (folded away by default).
+    #[arg(long)]
+    python_glue: bool,
+
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
@@ -568,6 +577,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             max_stack_length: Some(cli.max_stack_length),
             per_thread: cli.per_thread,
             line_numbers: cli.line_numbers,
+            python_glue: cli.python_glue,
         },
     )?;
     let options = validated.options;
@@ -575,6 +585,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     bpfprof::unwind::set_default_mode(cli.unwind);
+    bpfprof::python_stacks::set_default_mode(cli.python);
     let recorder = if launch {
         Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
     } else {

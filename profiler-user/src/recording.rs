@@ -23,6 +23,7 @@ use crate::{
     kernel::Counters,
     pool::{ProgramPool, Slot},
     procmaps::ProcessMaps,
+    python_stacks::{PythonMode, PythonTracking},
     sample::Sample,
     sampling::{KernelLimits, Sampling, SamplingRequest},
     symbolize::Symbolizer,
@@ -44,6 +45,8 @@ pub struct ProcessRecording {
     pub direct: bool,
     /// Whether it has been seen to exit.
     pub exited: bool,
+    /// Its Python frames, when it runs a CPython the kernel walks.
+    pub python: Option<PythonTracking>,
 }
 
 impl ProcessRecording {
@@ -79,6 +82,8 @@ pub struct Recording {
     max_sample_rate_at_start: u64,
     started: Instant,
     last_refresh: Instant,
+    /// Whether CPython processes get their Python frames read.
+    python_mode: PythonMode,
 }
 
 /// Where a recording stands after a tick.
@@ -105,7 +110,13 @@ impl Recording {
             max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
+            python_mode: crate::python_stacks::default_mode(),
         }
+    }
+
+    /// Sets whether CPython processes added from now on get their Python frames read.
+    pub fn set_python_mode(&mut self, mode: PythonMode) {
+        self.python_mode = mode;
     }
 
     /// The event and rate in use, once a target was added.
@@ -152,19 +163,26 @@ impl Recording {
                     log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
                 }
             }
-            program.add_target(slot.run, &target, self.follow_children)
+            program.add_target(slot.run, &target, self.follow_children)?;
+            Ok(match self.python_mode {
+                PythonMode::Auto => PythonTracking::start(program, target.pid),
+                PythonMode::Off => None,
+            })
         });
-        if let Err(e) = registered {
-            if !self
-                .processes
-                .keys()
-                .any(|k| k.0 == slot.program_id && k.1 == slot.run)
-            {
-                self.slots.retain(|(s, _)| *s != slot);
-                pool.release(slot);
+        let python = match registered {
+            Ok(python) => python,
+            Err(e) => {
+                if !self
+                    .processes
+                    .keys()
+                    .any(|k| k.0 == slot.program_id && k.1 == slot.run)
+                {
+                    self.slots.retain(|(s, _)| *s != slot);
+                    pool.release(slot);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         self.processes.insert(
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {
@@ -173,6 +191,7 @@ impl Recording {
                 maps,
                 direct: true,
                 exited: false,
+                python,
             },
         );
         Ok(())
@@ -188,6 +207,10 @@ impl Recording {
                 }
                 if let Ok(program) = pool.program(p.slot) {
                     let _ = program.unwind.track(pid);
+                    // A launched command is a CPython only once it has exec'd.
+                    if p.python.is_none() && self.python_mode == PythonMode::Auto {
+                        p.python = PythonTracking::start(program, pid);
+                    }
                 }
             }
         }
@@ -219,12 +242,26 @@ impl Recording {
                 }
             }
         }
+        // Python stacks recorded so far, per program, named below while their processes live.
+        let mut python_ids = std::collections::HashMap::new();
         for p in self.processes.values_mut() {
             p.poll(refresh);
+            let Ok(program) = pool.program(p.slot) else {
+                continue;
+            };
             // New code (dlopen, exec) gets its unwind tables while the run goes on.
             if refresh && !p.exited {
-                if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(p.target.pid);
+                let _ = program.unwind.track(p.target.pid);
+            }
+            if let Some(python) = &mut p.python {
+                if p.exited {
+                    python.stop(program);
+                } else if refresh {
+                    python.refresh_threads(program);
+                    let ids = python_ids
+                        .entry(p.slot.program_id)
+                        .or_insert_with(|| program.python_stack_ids());
+                    python.name_new_stacks(program, ids, p.target.ns_pid);
                 }
             }
         }
@@ -267,6 +304,10 @@ impl Recording {
                         maps,
                         direct: false,
                         exited: false,
+                        python: match self.python_mode {
+                            PythonMode::Auto => PythonTracking::start(program, pid),
+                            PythonMode::Off => None,
+                        },
                     },
                 );
             }
@@ -279,7 +320,18 @@ impl Recording {
     /// Stops keeping samples, takes everything recorded out of the kernel and frees the run
     /// slots (unloading programs no run needs any more).
     pub fn collect(mut self, pool: &mut ProgramPool) -> Result<Collected> {
+        let mut python_ids = std::collections::HashMap::new();
         for p in self.processes.values_mut() {
+            // The last Python stacks are named while the process may still live.
+            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
+                if !p.exited && p.target.is_alive() {
+                    let ids = python_ids
+                        .entry(p.slot.program_id)
+                        .or_insert_with(|| program.python_stack_ids());
+                    python.name_new_stacks(program, ids, p.target.ns_pid);
+                }
+                python.stop(program);
+            }
             if p.direct {
                 if let Ok(program) = pool.program(p.slot) {
                     let _ = program.remove_target(p.slot.run, &p.target);
@@ -421,6 +473,7 @@ impl Collected {
                 target: &p.target,
                 maps: &p.maps,
                 samples: by_process.get(key).unwrap_or(&empty),
+                python: p.python.as_ref().map(|t| t.symbols()),
             })
             .collect();
         let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
@@ -499,6 +552,7 @@ impl ProcessRecording {
             maps: ProcessMaps::gone(ns_pid),
             direct: false,
             exited: true,
+            python: None,
         }
     }
 }

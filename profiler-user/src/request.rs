@@ -28,6 +28,8 @@ pub struct TagsAndStacks<'a> {
     pub per_thread: bool,
     /// Show source lines.
     pub line_numbers: bool,
+    /// Keep the interpreter's C frames between Python frames.
+    pub python_glue: bool,
 }
 
 /// A recording request that passed every check: what the pipeline is handed.
@@ -69,6 +71,7 @@ impl RecordingRequest {
                 max_stack_length,
                 line_numbers: stacks.line_numbers,
                 tags,
+                python_glue: stacks.python_glue,
             },
         })
     }
@@ -107,6 +110,7 @@ impl RecordingRequest {
                 max_stack_length: req.max_stack_length,
                 per_thread: false,
                 line_numbers: false,
+                python_glue: false,
             },
         )
     }

@@ -23,6 +23,8 @@ pub enum FrameKind {
     User,
     /// Kernel code.
     Kernel,
+    /// A Python function the kernel read from a CPython interpreter's frames.
+    Python,
 }
 
 /// One resolved frame.
