@@ -338,11 +338,12 @@ impl KernelProgram {
         Ok(())
     }
 
-    /// Stops sampling on every CPU; counts and stacks stay readable.
+    /// Stops sampling on every CPU and following children; counts and stacks stay readable.
     pub fn detach(&mut self) {
         if let Some(events) = self.events.take() {
             events.detach();
         }
+        self.tracepoints.clear();
     }
 
     /// Starts keeping the samples of `target` under `run`, and with `follow` those of the
