@@ -7,7 +7,9 @@
 //! also keep their burn loops inside the leaf functions for the same reason.
 //!
 //! Workloads named `nofp*` are built as distributions build most software, `-O2
-//! -fomit-frame-pointer`: their stacks unwind only through CFI (`.eh_frame`).
+//! -fomit-frame-pointer`: their stacks unwind only through CFI (`.eh_frame`). Those ending in
+//! `_ibt` are also built for Intel IBT (`-fcf-protection=full`, PLT stubs in `.plt.sec`), as
+//! Ubuntu and Fedora build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,7 +40,15 @@ fn main() {
             .and_then(|s| s.to_str())
             .expect("UTF-8 workload name");
         let out = out_dir.join(name);
-        let flags: &[&str] = if name.starts_with("nofp") {
+        let flags: &[&str] = if name.starts_with("nofp") && name.ends_with("_ibt") {
+            &[
+                "-O2",
+                "-g",
+                "-fomit-frame-pointer",
+                "-fcf-protection=full",
+                "-Wl,-z,ibtplt",
+            ]
+        } else if name.starts_with("nofp") {
             &["-O2", "-g", "-fomit-frame-pointer"]
         } else {
             &[

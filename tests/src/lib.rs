@@ -145,6 +145,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "shortlived" => env!("WORKLOAD_SHORTLIVED"),
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),
         "nofp" => env!("WORKLOAD_NOFP"),
+        "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
         other => panic!("unknown workload {other:?}"),
     };
     PathBuf::from(path)
