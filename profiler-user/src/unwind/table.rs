@@ -492,4 +492,29 @@ mod tests {
             .iter()
             .any(|r| r.cfa_rule() == CfaRule::Rsp as u8 && r.cfa_offset > 300));
     }
+
+    #[test]
+    fn vdso_image_from_memory_matches_readelf() {
+        // The vDSO has no file: its image is read from memory, as the loader reads a target's.
+        use std::os::unix::fs::FileExt;
+        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
+        let vdso = maps
+            .iter()
+            .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
+            .expect("a [vdso] mapping");
+        let (start, end) = vdso.address;
+        let mut image = vec![0u8; (end - start) as usize];
+        std::fs::File::open("/proc/self/mem")
+            .unwrap()
+            .read_exact_at(&mut image, start)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vdso.so");
+        std::fs::write(&path, &image).unwrap();
+        let (table, source) = UnwindTable::from_elf(&image).unwrap();
+        assert_eq!(source, CfiSource::EhFrameHdr);
+        assert!(!table.rows.is_empty());
+        let checked = check_against_readelf(&path);
+        assert!(checked >= 10, "only {checked} rows checked");
+    }
 }
