@@ -230,3 +230,200 @@ fn a_binary_only_visible_in_the_targets_mount_namespace() {
     });
     c.finish();
 }
+
+/// Debian's `xz -9` (no frame pointers, nor has its liblzma) recorded by bpfprof and by
+/// `perf record --call-graph dwarf` at the same time: for each of the five hottest leaf
+/// functions, the caller chain (three frames above the leaf) most of its samples have is the
+/// same in both. perf names liblzma's internal functions `[unknown]`, so both tools' stacks
+/// are named by bpfprof's symbolizer: perf's from the addresses `perf script` prints. What is
+/// compared is the unwinding: bpfprof's walk in the kernel against perf's DWARF unwinding of
+/// copied stacks after the fact.
+#[test]
+fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
+    use bpfprof::{
+        procmaps::ProcessMaps,
+        symbolize::{lookup_addresses, Symbolizer},
+    };
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let input = dir.path().join("input.txt");
+    // 20 MB of pseudo-random text: xz -9 compresses it for longer than the runs.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let text: Vec<u8> = (0..20_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let mut cmd = Command::new("xz");
+    cmd.args(["-9", "-T1", "-c"])
+        .arg(&input)
+        .stdout(Stdio::null());
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = target.pid();
+    let perf_data = dir.path().join("perf.data");
+    let mut perf = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "--call-graph",
+            "dwarf",
+        ])
+        .args(["-p", &pid.to_string(), "-o"])
+        .arg(&perf_data)
+        .args(["--", "sleep", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("running perf (linux-perf)");
+    let bpfprof = profile_pid("cfi", pid, 3, &dir.path().join("xz.folded"));
+    assert!(perf.wait().unwrap().success(), "perf record failed");
+    let script = Command::new("perf")
+        .args(["script", "-F", "comm,ip,dso", "--no-inline", "-i"])
+        .arg(&perf_data)
+        .stderr(Stdio::null())
+        .output()
+        .expect("running perf script");
+    assert!(script.status.success(), "perf script failed");
+
+    // perf's stacks: leaf first, as (DSO path, file offset), user frames only.
+    let mut perf_stacks: Vec<Vec<(String, u64)>> = Vec::new();
+    for sample in String::from_utf8_lossy(&script.stdout).split("\n\n") {
+        let frames: Vec<(String, u64)> = sample
+            .lines()
+            .filter(|l| l.starts_with('\t'))
+            .filter_map(|l| {
+                // `\t    15b76 (/usr/lib/x86_64-linux-gnu/liblzma.so.5.4.1)`; kernel frames
+                // name no file.
+                let (addr, dso) = l.trim().split_once(' ')?;
+                let dso = dso.trim_start_matches('(').trim_end_matches(')');
+                let offset = u64::from_str_radix(addr, 16).ok()?;
+                dso.starts_with('/').then(|| (dso.to_string(), offset))
+            })
+            .collect();
+        if !frames.is_empty() {
+            perf_stacks.push(frames);
+        }
+    }
+    // Runtime addresses, from the mappings of the DSOs perf names.
+    let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let runtime = |dso: &str, offset: u64| -> Option<u64> {
+        maps_text.lines().find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (range, map_offset, path) = (f[0], f[2], f.get(5)?);
+            let (start, end) = range.split_once('-')?;
+            let (start, end) = (
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            );
+            let map_offset = u64::from_str_radix(map_offset, 16).ok()?;
+            (*path == dso && offset >= map_offset && offset < map_offset + (end - start))
+                .then(|| start + offset - map_offset)
+        })
+    };
+    let maps = ProcessMaps::capture(pid, pid).unwrap();
+    let mut symbolizer = Symbolizer::new();
+    let addr_stacks: Vec<Vec<u64>> = perf_stacks
+        .iter()
+        .map(|s| {
+            s.iter()
+                .filter_map(|(dso, off)| runtime(dso, *off))
+                .collect()
+        })
+        .collect();
+    symbolizer.prepare_user(
+        &maps,
+        addr_stacks
+            .iter()
+            .flat_map(|s| lookup_addresses(s).collect::<Vec<_>>()),
+    );
+    // Root first, each address expanded into its inlined frames as the folded output does.
+    let perf_folded: Vec<Vec<String>> = addr_stacks
+        .iter()
+        .map(|s| {
+            let leaf_first: Vec<u64> = lookup_addresses(s).collect();
+            leaf_first
+                .iter()
+                .rev()
+                .flat_map(|a| {
+                    symbolizer
+                        .user(&maps, *a)
+                        .iter()
+                        .map(|f| f.name.clone())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .collect();
+
+    // For each leaf function: how many samples, and by which 3-frame caller chain.
+    type Chains = BTreeMap<String, BTreeMap<Vec<String>, u64>>;
+    let add = |chains: &mut Chains, user: &[&str], count: u64| {
+        if let Some((leaf, callers)) = user.split_last() {
+            let chain = callers[callers.len().saturating_sub(3)..]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            *chains
+                .entry(leaf.to_string())
+                .or_default()
+                .entry(chain)
+                .or_insert(0) += count;
+        }
+    };
+    let mut ours = Chains::new();
+    for (frames, count) in &bpfprof.stacks {
+        add(&mut ours, &user_frames(frames), *count);
+    }
+    let mut theirs = Chains::new();
+    for frames in &perf_folded {
+        let user: Vec<&str> = frames.iter().map(String::as_str).collect();
+        add(&mut theirs, &user, 1);
+    }
+    let total = |c: &BTreeMap<Vec<String>, u64>| c.values().sum::<u64>();
+    let dominant = |c: &BTreeMap<Vec<String>, u64>| {
+        c.iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(chain, n)| (chain.clone(), *n))
+    };
+    let mut leaves: Vec<(&String, u64)> = ours.iter().map(|(l, c)| (l, total(c))).collect();
+    leaves.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let mut c = Checks::new();
+    c.check(bpfprof.total() >= 1000 && perf_folded.len() >= 1000, || {
+        format!(
+            "too few samples: bpfprof {}, perf {}",
+            bpfprof.total(),
+            perf_folded.len()
+        )
+    });
+    for (leaf, count) in leaves.iter().take(5) {
+        let (our_chain, our_n) = dominant(&ours[*leaf]).unwrap();
+        let Some(their) = theirs.get(*leaf) else {
+            c.check(false, || {
+                format!("{leaf} ({count} bpfprof samples) has no perf sample")
+            });
+            continue;
+        };
+        let (their_chain, their_n) = dominant(their).unwrap();
+        eprintln!(
+            "{leaf}: bpfprof {our_n}/{count} under {our_chain:?}; perf {their_n}/{} under {their_chain:?}",
+            total(their)
+        );
+        c.check(our_chain == their_chain, || {
+            format!(
+                "{leaf}: bpfprof's dominant callers {our_chain:?} ({our_n} of {count}), perf's {their_chain:?} ({their_n} of {})",
+                total(their)
+            )
+        });
+    }
+    c.finish();
+}
