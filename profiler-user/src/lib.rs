@@ -16,6 +16,7 @@ pub mod error;
 pub mod kernel;
 pub mod output;
 pub mod perf_events;
+pub mod plt;
 pub mod pool;
 pub mod procmaps;
 pub mod profile;

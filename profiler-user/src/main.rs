@@ -170,6 +170,10 @@ struct RunArgs {
     /// Also profile the children the process forks during the run (and theirs).
     #[arg(long)]
     follow_children: bool,
+    /// How user stacks are walked: auto, fp or cfi (as the recording's --unwind); the
+    /// daemon's default is auto.
+    #[arg(long, value_enum)]
+    unwind: Option<bpfprof::unwind::UnwindMode>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -371,6 +375,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 max_stack_length: args.max_stack_length,
                 formats: args.formats.clone(),
                 follow_children: args.follow_children,
+                unwind: args.unwind.map(|m| m.name().to_string()),
             };
             let started = client.run(request).map_err(Error::from)?;
             if args.run_async {

@@ -16,6 +16,7 @@ use crate::{
     error::{Error, Result},
     kernel::KernelProgram,
     sampling::{KernelLimits, Sampling, SamplingRequest},
+    unwind::UnwindMode,
 };
 
 /// Most programs attached at once: each one costs a perf event and a timer per CPU, so a
@@ -33,6 +34,8 @@ pub struct Slot {
 
 struct Pooled {
     request: SamplingRequest,
+    /// How the program walks user stacks: runs asking for another mode get another program.
+    unwind: UnwindMode,
     program: KernelProgram,
     sampling: Sampling,
     /// Bit `r` set: run slot `r` is taken.
@@ -78,11 +81,15 @@ impl ProgramPool {
         }
     }
 
-    /// Takes a free run slot of the program that samples as `request` asks, loading and
-    /// attaching one when none has a free slot.
-    pub fn acquire(&mut self, request: &SamplingRequest) -> Result<(Slot, Sampling)> {
+    /// Takes a free run slot of the program that samples as `request` asks and walks user
+    /// stacks as `unwind` says, loading and attaching one when none has a free slot.
+    pub fn acquire(
+        &mut self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+    ) -> Result<(Slot, Sampling)> {
         for (id, p) in &mut self.programs {
-            if p.request == *request && p.used != u64::MAX {
+            if p.request == *request && p.unwind == unwind && p.used != u64::MAX {
                 let run = p.used.trailing_ones();
                 p.used |= 1 << run;
                 p.program.reset_counters(run)?;
@@ -110,6 +117,7 @@ impl ProgramPool {
                 program
             }
         };
+        program.unwind.set_mode(unwind);
         let sampling = program.attach(&plan)?;
         program.reset_counters(0)?;
         let id = program.program_id();
@@ -118,6 +126,7 @@ impl ProgramPool {
             id,
             Pooled {
                 request: *request,
+                unwind,
                 program,
                 sampling,
                 used: 1,

@@ -67,6 +67,8 @@ impl ProcessRecording {
 /// A recording in progress.
 pub struct Recording {
     request: SamplingRequest,
+    /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
+    unwind: crate::unwind::UnwindMode,
     sampling: Option<Sampling>,
     follow_children: bool,
     /// One run slot per pid namespace of the targets: a sample names its process by its pid in
@@ -101,6 +103,7 @@ impl Recording {
     pub fn new(request: SamplingRequest, follow_children: bool) -> Recording {
         Recording {
             request,
+            unwind: crate::unwind::default_mode(),
             sampling: None,
             follow_children,
             slots: Vec::new(),
@@ -117,6 +120,12 @@ impl Recording {
     /// Sets whether CPython processes added from now on get their Python frames read.
     pub fn set_python_mode(&mut self, mode: PythonMode) {
         self.python_mode = mode;
+    }
+
+    /// Walks user stacks as `unwind` says (before the first target is added).
+    pub fn with_unwind(mut self, unwind: crate::unwind::UnwindMode) -> Recording {
+        self.unwind = unwind;
+        self
     }
 
     /// The event and rate in use, once a target was added.
@@ -140,7 +149,7 @@ impl Recording {
         let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
             Some((slot, _)) => *slot,
             None => {
-                let (slot, sampling) = pool.acquire(&self.request)?;
+                let (slot, sampling) = pool.acquire(&self.request, self.unwind)?;
                 if self.slots.is_empty() {
                     self.started = Instant::now();
                     self.delivery_at_start = pool.program(slot)?.delivery();

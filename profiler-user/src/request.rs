@@ -10,6 +10,7 @@ use crate::{
     error::{Error, Result},
     protocol::{RunRequest, MAX_TAGS},
     sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
+    unwind::UnwindMode,
 };
 
 /// Deepest stack kept when a request names none: all the kernel program records.
@@ -45,6 +46,8 @@ pub struct RecordingRequest {
     pub duration: Option<Duration>,
     /// How samples become a profile.
     pub options: AggregateOptions,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
 }
 
 impl RecordingRequest {
@@ -73,11 +76,13 @@ impl RecordingRequest {
                 tags,
                 python_glue: stacks.python_glue,
             },
+            unwind: UnwindMode::default(),
         })
     }
 
     /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
     pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
+        let unwind: UnwindMode = req.unwind.as_deref().unwrap_or("auto").parse()?;
         let sampling = SamplingRequest {
             event: req.event.as_deref().unwrap_or("auto").parse()?,
             sample_interval: req.sample_interval,
@@ -95,7 +100,7 @@ impl RecordingRequest {
             });
         }
         let duration = Duration::from_millis(duration_ms);
-        RecordingRequest::validate(
+        let mut validated = RecordingRequest::validate(
             sampling,
             req.follow_children,
             Some(duration),
@@ -112,7 +117,9 @@ impl RecordingRequest {
                 line_numbers: false,
                 python_glue: false,
             },
-        )
+        )?;
+        validated.unwind = unwind;
+        Ok(validated)
     }
 
     /// The samples per second the request means.
@@ -212,6 +219,32 @@ mod tests {
         assert_eq!(
             ok.options.max_stack_length,
             profiler_common::MAX_STACK_DEPTH
+        );
+        // An absent unwind mode is auto (older clients); a named one is kept; an unknown
+        // one is refused with the names that work.
+        assert_eq!(ok.unwind, UnwindMode::Auto);
+        let fp = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                unwind: Some("fp".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(fp.unwind, UnwindMode::Fp);
+        let err = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                unwind: Some("dwarf".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("expected auto, fp or cfi"),
+            "{err}"
         );
     }
 }

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bpfprof import FunctionProfiler, PhaseProfiler
+from bpfprof import BpfprofError, Client, FunctionProfiler, PhaseProfiler
 
 from conftest import folded_text
 
@@ -72,3 +72,28 @@ def test_a_phase_session_against_the_real_daemon(real_daemon) -> None:
     tags = {(t["key"], t["value"]) for t in result["summary"]["tags"]}
     assert ("phase", "warmup") in tags and ("session", phases.session) in tags
     assert phases.stats.succeeded == 1
+
+
+def test_the_unwind_mode_reaches_the_daemon(real_daemon) -> None:
+    # The run's summary counts the stacks each unwinder walked: fp must walk none by CFI
+    # tables, cfi must walk this interpreter's stacks with them.
+    walked = {}
+    for mode in ("fp", "cfi"):
+        profiler = FunctionProfiler(stop_at_error=True, unwind=mode, socket_path=real_daemon)
+        profiler.profile(python_busy_loop, 1.0)
+        result = profiler.profile_result
+        assert result is not None and result["samples"] > 50, result
+        walked[mode] = result["summary"]["unwind"]
+    assert walked["fp"]["cfi_stacks"] == 0 and walked["fp"]["frame_pointer_stacks"] > 50, walked
+    assert walked["cfi"]["cfi_stacks"] > 50 and walked["cfi"]["frame_pointer_stacks"] == 0, walked
+    phases = PhaseProfiler.enable(
+        socket_path=real_daemon, stop_at_error=True, env={"BPFPROF_UNWIND": "fp"}
+    )
+    phases.profile_phase(python_busy_loop, "fp-phase", 0.5)
+    assert phases.results["fp-phase"]["summary"]["unwind"]["cfi_stacks"] == 0
+    # An unknown mode: refused before any run by the profiler, and by the daemon itself.
+    with pytest.raises(ValueError, match="expected auto, fp or cfi"):
+        FunctionProfiler(unwind="dwarf")
+    with Client(real_daemon) as client, pytest.raises(BpfprofError) as refused:
+        client.run(1, unwind="dwarf", duration_ms=1000)
+    assert refused.value.code == "bad_request" and "expected auto, fp or cfi" in str(refused.value)

@@ -146,6 +146,11 @@ pub fn workload_path(name: &str) -> PathBuf {
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),
         "nofp" => env!("WORKLOAD_NOFP"),
         "nofp_signal" => env!("WORKLOAD_NOFP_SIGNAL"),
+        "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
+        "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
+        "libhot" => env!("WORKLOAD_LIBHOT"),
+        "rustwork_nofp" => env!("WORKLOAD_RUSTWORK_NOFP"),
+        "rustwork_fp" => env!("WORKLOAD_RUSTWORK_FP"),
         other => panic!("unknown workload {other:?}"),
     };
     PathBuf::from(path)

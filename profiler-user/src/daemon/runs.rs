@@ -97,7 +97,8 @@ fn refusal(e: Error) -> Refusal {
         Error::InvalidSampling(_)
         | Error::InvalidTarget { .. }
         | Error::InvalidOutput(_)
-        | Error::InvalidTag(_) => ErrorCode::BadRequest,
+        | Error::InvalidTag(_)
+        | Error::Usage(_) => ErrorCode::BadRequest,
         _ => ErrorCode::Internal,
     };
     (code, e.to_string())
@@ -200,7 +201,8 @@ impl Runs {
         let mut recording = Recording::new(
             validated.recording.sampling,
             validated.recording.follow_children,
-        );
+        )
+        .with_unwind(validated.recording.unwind);
         if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
             // Release whatever the failed attach took.
             let _ = recording.collect(&mut inner.pool);

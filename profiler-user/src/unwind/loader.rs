@@ -28,6 +28,9 @@ pub enum FileKey {
     BuildId(Vec<u8>),
     /// (device, inode, mtime in ns) of a file without a build id.
     Inode(u64, u64, i128),
+    /// The vDSO of a kernel whose image carries no build id (the kernel's own images do):
+    /// every process of one boot maps the same one.
+    VdsoWithoutBuildId,
     /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
     /// anonymous executable memory with no CFI: one table serves every arena.
     PythonTrampolines,
@@ -188,6 +191,18 @@ impl UnwindMaps {
                     report.with_table += 1;
                 }
             }
+            if matches!(map.pathname, MMapPath::Vdso) {
+                match self.vdso_table(pid, start, end, &mut report) {
+                    Ok(Some((resident, bias))) => {
+                        mapping.first_row = resident.first_row;
+                        mapping.rows = resident.rows;
+                        mapping.bias = bias;
+                        report.with_table += usize::from(resident.rows > 0);
+                    }
+                    Ok(None) => {}
+                    Err(e) => log::debug!("no unwind table for pid {pid}'s vDSO: {e:#}"),
+                }
+            }
             if let MMapPath::Path(path) = &map.pathname {
                 // map_files reaches the file whatever the target's mount namespace.
                 let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
@@ -281,16 +296,62 @@ impl UnwindMaps {
         let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
         let bias = load_bias(&image, start, offset)?;
         let key = file_key(&handle, &image)?;
-        if let Some(resident) = self.resident.get(&key) {
-            return Ok(Some((*resident, bias)));
+        Ok(self
+            .resident_table(key, &image, &file.display().to_string(), report)?
+            .map(|resident| (resident, bias)))
+    }
+
+    /// The resident table of the vDSO mapped at `start..end` of `pid`, and its load bias. The
+    /// vDSO has no file: its ELF image is read from the process's memory, and its table is
+    /// built once per kernel (by the image's build id) for every process.
+    fn vdso_table(
+        &mut self,
+        pid: u32,
+        start: u64,
+        end: u64,
+        report: &mut LoadReport,
+    ) -> anyhow::Result<Option<(Resident, u64)>> {
+        use std::os::unix::fs::FileExt;
+        let len = usize::try_from(end - start).context("vDSO size")?;
+        if len > MAX_VDSO_BYTES {
+            return Err(anyhow!("a vDSO of {len} bytes is larger than any kernel's"));
         }
-        let (table, source) = UnwindTable::from_elf(&image)?;
+        let mut image = vec![0u8; len];
+        std::fs::File::open(format!("/proc/{pid}/mem"))
+            .and_then(|mem| mem.read_exact_at(&mut image, start))
+            .with_context(|| format!("reading the vDSO from /proc/{pid}/mem"))?;
+        let bias = load_bias(&image, start, 0)?;
+        let key = {
+            use object::Object;
+            let elf = object::File::parse(&*image).context("parsing the vDSO's ELF headers")?;
+            match elf.build_id() {
+                Ok(Some(id)) => FileKey::BuildId(id.to_vec()),
+                _ => FileKey::VdsoWithoutBuildId,
+            }
+        };
+        Ok(self
+            .resident_table(key, &image, "[vdso]", report)?
+            .map(|resident| (resident, bias)))
+    }
+
+    /// The resident table under `key`, built from the ELF image `image` (named `name` in
+    /// logs) and written into the row array on first sight; `None` when there is no room.
+    fn resident_table(
+        &mut self,
+        key: FileKey,
+        image: &[u8],
+        name: &str,
+        report: &mut LoadReport,
+    ) -> anyhow::Result<Option<Resident>> {
+        if let Some(resident) = self.resident.get(&key) {
+            return Ok(Some(*resident));
+        }
+        let (table, source) = UnwindTable::from_elf(image)?;
         let rows = table.rows.len() as u32;
         if u64::from(self.next_row) + u64::from(rows) > u64::from(MAX_UNWIND_ROWS) {
             report.no_room += 1;
             log::warn!(
-                "the unwind row array is full ({MAX_UNWIND_ROWS} rows); {} unwinds by frame pointer",
-                file.display()
+                "the unwind row array is full ({MAX_UNWIND_ROWS} rows); {name} unwinds by frame pointer"
             );
             return Ok(None);
         }
@@ -307,13 +368,14 @@ impl UnwindMaps {
         self.resident.insert(key, resident);
         report.tables_built += 1;
         report.rows_written += rows as usize;
-        log::debug!(
-            "unwind table for {}: {rows} rows from {source:?}",
-            file.display()
-        );
-        Ok(Some((resident, bias)))
+        log::debug!("unwind table for {name}: {rows} rows from {source:?}");
+        Ok(Some(resident))
     }
 }
+
+/// Largest vDSO image read (x86-64's is 8 KiB; a bound on what a mapping named `[vdso]` makes
+/// bpfprof read).
+const MAX_VDSO_BYTES: usize = 1 << 20;
 
 /// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
 /// Its tables are loaded after the exec; building bpfprof's own would only delay the command.

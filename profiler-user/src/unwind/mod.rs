@@ -50,3 +50,55 @@ pub enum UnwindMode {
     /// Like auto, but failing to load a target's tables is an error.
     Cfi = 2,
 }
+
+impl UnwindMode {
+    /// The name `--unwind` and the protocol's `unwind` field take.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnwindMode::Auto => "auto",
+            UnwindMode::Fp => "fp",
+            UnwindMode::Cfi => "cfi",
+        }
+    }
+}
+
+impl std::str::FromStr for UnwindMode {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<UnwindMode> {
+        [UnwindMode::Auto, UnwindMode::Fp, UnwindMode::Cfi]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                crate::error::Error::Usage(format!(
+                    "unknown unwind mode {s:?}: expected auto, fp or cfi"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_by_their_names_and_unknown_ones_are_refused() {
+        for mode in [UnwindMode::Auto, UnwindMode::Fp, UnwindMode::Cfi] {
+            assert_eq!(mode.name().parse::<UnwindMode>().unwrap(), mode);
+            // The protocol's name is the CLI's.
+            assert_eq!(
+                serde_json::to_value(mode).unwrap(),
+                serde_json::json!(mode.name())
+            );
+        }
+        let err = "dwarf".parse::<UnwindMode>().unwrap_err();
+        assert!(
+            err.to_string().contains("expected auto, fp or cfi"),
+            "{err}"
+        );
+        assert_eq!(
+            err.exit_code(),
+            crate::error::Error::Usage(String::new()).exit_code()
+        );
+    }
+}
