@@ -389,6 +389,11 @@ pub struct PythonProcess {
     pub code_instructions: u32,
     /// CPython's version, `major << 8 | minor` (0x030c for 3.12); for userspace and bpftool.
     pub version: u32,
+    /// Address of the GIL's `last_holder` (the `PyThreadState` that last took it), or 0 when
+    /// unknown (then no sample says whether its thread held the GIL).
+    pub gil_holder: u64,
+    /// Address of the GIL's `locked` flag (a C `int`); read with `gil_holder`.
+    pub gil_locked: u64,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address
@@ -429,6 +434,12 @@ impl PythonFrame {
         }
         v
     }
+
+    /// The entry the kernel appends, outermost, to the Python stack of a thread that holds the
+    /// GIL (code address 0 is never a frame).
+    pub const GIL_HELD: u64 = 1 << Self::CODE_BITS;
+    /// The entry appended to the Python stack of a thread that does not hold the GIL.
+    pub const GIL_NOT_HELD: u64 = 2 << Self::CODE_BITS;
 
     /// Marks a packed frame as the first of an eval call.
     #[inline(always)]

@@ -116,7 +116,29 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
         };
     }
     // SAFETY: as above.
-    let len = (unsafe { (*frames).len } as usize).min(MAX_STACK_DEPTH);
+    let mut len = (unsafe { (*frames).len } as usize).min(MAX_STACK_DEPTH);
+    if len > 0 && layout.gil_holder != 0 && len < MAX_STACK_DEPTH {
+        // Whether this thread holds the GIL: it is locked and this thread took it last.
+        // SAFETY: user memory read through the checked helper.
+        let state = unsafe {
+            (
+                bpf_probe_read_user(layout.gil_locked as *const i32),
+                bpf_probe_read_user(layout.gil_holder as *const u64),
+            )
+        };
+        if let (Ok(locked), Ok(holder)) = state {
+            let marker = if locked != 0 && holder == tstate {
+                PythonFrame::GIL_HELD
+            } else {
+                PythonFrame::GIL_NOT_HELD
+            };
+            // SAFETY: as above; `len` is below the array's length.
+            unsafe { (*frames).ips[len] = marker };
+            len += 1;
+            // SAFETY: as above.
+            unsafe { (*frames).len = len as u64 };
+        }
+    }
     if len > 0 {
         crate::count(run, Counter::PythonStacks);
     } else if walk.failed != 0 {

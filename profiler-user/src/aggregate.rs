@@ -23,8 +23,8 @@ pub struct AggregateOptions {
     pub line_numbers: bool,
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
-    /// Keep the interpreter's C frames between Python frames (`--python-glue`).
-    pub python_glue: bool,
+    /// How Python frames are shown (`--python-glue`, `--python-gil`).
+    pub python: crate::python_stacks::MergeOptions,
 }
 
 impl Default for AggregateOptions {
@@ -34,7 +34,7 @@ impl Default for AggregateOptions {
             max_stack_length: profiler_common::MAX_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
-            python_glue: false,
+            python: Default::default(),
         }
     }
 }
@@ -137,7 +137,7 @@ pub fn aggregate(
                     user_frames,
                     &sample.python_frames,
                     symbols,
-                    options.python_glue,
+                    options.python,
                     None,
                 );
             }

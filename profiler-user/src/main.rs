@@ -276,6 +276,11 @@ struct RecordArgs {
     #[arg(long)]
     python_glue: bool,
 
+    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
+    /// sampled thread held CPython's global interpreter lock.
+    #[arg(long)]
+    python_gil: bool,
+
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
@@ -582,7 +587,10 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             max_stack_length: Some(cli.max_stack_length),
             per_thread: cli.per_thread,
             line_numbers: cli.line_numbers,
-            python_glue: cli.python_glue,
+            python: bpfprof::python_stacks::MergeOptions {
+                keep_glue: cli.python_glue,
+                show_gil: cli.python_gil,
+            },
         },
     )?;
     let options = validated.options;

@@ -54,6 +54,8 @@ pub fn default_mode() -> PythonMode {
 /// One CPython process whose frames the kernel walks.
 pub struct PythonTracking {
     target: PythonTarget,
+    /// The layout the kernel has (its GIL addresses appear once the interpreter made its GIL).
+    layout: profiler_common::PythonProcess,
     /// Host tids given to the kernel.
     threads: HashSet<u32>,
     /// Python stacks already named.
@@ -76,17 +78,16 @@ impl PythonTracking {
             }
         };
         let (major, minor) = target.version();
-        if let Err(e) = program
-            .python
-            .processes
-            .insert(pid, target.kernel_layout(), 0)
-        {
+        let mut target = target;
+        let layout = target.kernel_layout_with_gil();
+        if let Err(e) = program.python.processes.insert(pid, layout, 0) {
             log::warn!("pid {pid}: cannot register CPython {major}.{minor} with the kernel: {e}");
             return None;
         }
         log::info!("pid {pid}: CPython {major}.{minor}: Python frames on");
         let mut tracking = PythonTracking {
             target,
+            layout,
             threads: HashSet::new(),
             named_stacks: HashSet::new(),
             symbols: PythonSymbols::new(),
@@ -99,6 +100,18 @@ impl PythonTracking {
     /// Gives the kernel the thread states of threads started since the last call, and
     /// forgets those that ended.
     pub fn refresh_threads(&mut self, program: &mut KernelProgram) {
+        if self.layout.gil_holder == 0 {
+            let layout = self.target.kernel_layout_with_gil();
+            if layout != self.layout
+                && program
+                    .python
+                    .processes
+                    .insert(self.target.pid(), layout, 0)
+                    .is_ok()
+            {
+                self.layout = layout;
+            }
+        }
         let threads = match self.target.threads() {
             Ok(t) => t,
             Err(e) => {
@@ -196,6 +209,30 @@ fn python_frame(function: Option<&PythonFunction>) -> Frame {
     }
 }
 
+/// How [`merge`] shows Python frames.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MergeOptions {
+    /// Keep the interpreter's C frames between Python frames (`--python-glue`).
+    pub keep_glue: bool,
+    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python thread's stack
+    /// (`--python-gil`).
+    pub show_gil: bool,
+}
+
+/// The root frame that says whether a sample's thread held the GIL.
+fn gil_frame(held: bool) -> Frame {
+    Frame {
+        name: if held { "[GIL held]" } else { "[GIL not held]" }.to_string(),
+        module: None,
+        kind: FrameKind::Python,
+        inlined: false,
+        file: None,
+        line: None,
+        start_line: None,
+        build_id: None,
+    }
+}
+
 /// Whether `frame` is C code of the interpreter itself (libpython or a static python
 /// binary): the glue between Python frames.
 fn is_interpreter(frame: &Frame) -> bool {
@@ -220,8 +257,29 @@ pub fn merge<A: Clone>(
     native: Vec<(Frame, A)>,
     python: &[u64],
     symbols: &PythonSymbols,
-    keep_glue: bool,
+    options: MergeOptions,
     python_address: A,
+) -> Vec<(Frame, A)> {
+    // The kernel's GIL entry, outermost, is not a frame.
+    let (python, gil) = match python.split_last() {
+        Some((&PythonFrame::GIL_HELD, rest)) => (rest, Some(true)),
+        Some((&PythonFrame::GIL_NOT_HELD, rest)) => (rest, Some(false)),
+        _ => (python, None),
+    };
+    let mut out = merge_frames(native, python, symbols, options.keep_glue, &python_address);
+    if let (true, Some(held)) = (options.show_gil, gil) {
+        out.insert(0, (gil_frame(held), python_address));
+    }
+    out
+}
+
+/// [`merge`] without the GIL entry.
+fn merge_frames<A: Clone>(
+    native: Vec<(Frame, A)>,
+    python: &[u64],
+    symbols: &PythonSymbols,
+    keep_glue: bool,
+    python_address: &A,
 ) -> Vec<(Frame, A)> {
     if python.is_empty() {
         return native;
@@ -341,7 +399,7 @@ mod tests {
             native("time_sleep", PY),
         ];
         let names = |v: &[(Frame, u32)]| v.iter().map(|(f, _)| f.name.clone()).collect::<Vec<_>>();
-        let merged = merge(stack.clone(), &python, &symbols, false, 0);
+        let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
         assert_eq!(
             names(&merged),
             [
@@ -356,7 +414,11 @@ mod tests {
         assert_eq!(merged[4].0.kind, FrameKind::Python);
         assert_eq!(merged[4].0.line, Some(5));
         assert_eq!(merged[4].1, 0, "Python frames get the Python address");
-        let kept = merge(stack, &python, &symbols, true, 0);
+        let glue = MergeOptions {
+            keep_glue: true,
+            show_gil: false,
+        };
+        let kept = merge(stack, &python, &symbols, glue, 0);
         assert_eq!(
             names(&kept),
             [
@@ -381,7 +443,7 @@ mod tests {
             vec![native("burn", "/x/ext.so")],
             &python,
             &symbols,
-            false,
+            MergeOptions::default(),
             0,
         );
         let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
@@ -391,9 +453,27 @@ mod tests {
             Vec::new(),
             &[PythonFrame::pack(0x20, 0, true)],
             &symbols,
-            false,
+            MergeOptions::default(),
             0,
         );
         assert_eq!(merged[0].0.name, "[unknown Python code]");
+    }
+
+    #[test]
+    fn the_gil_entry_is_a_root_frame_only_when_asked_for() {
+        let symbols = PythonSymbols::new();
+        let python = vec![PythonFrame::pack(0x10, 1, true), PythonFrame::GIL_HELD];
+        let names = |show_gil| {
+            let options = MergeOptions {
+                keep_glue: false,
+                show_gil,
+            };
+            merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
+                .into_iter()
+                .map(|(f, _)| f.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(false), ["[unknown Python code]", "main"]);
+        assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
     }
 }

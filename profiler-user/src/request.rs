@@ -29,8 +29,8 @@ pub struct TagsAndStacks<'a> {
     pub per_thread: bool,
     /// Show source lines.
     pub line_numbers: bool,
-    /// Keep the interpreter's C frames between Python frames.
-    pub python_glue: bool,
+    /// How Python frames are shown.
+    pub python: crate::python_stacks::MergeOptions,
 }
 
 /// A recording request that passed every check: what the pipeline is handed.
@@ -74,7 +74,7 @@ impl RecordingRequest {
                 max_stack_length,
                 line_numbers: stacks.line_numbers,
                 tags,
-                python_glue: stacks.python_glue,
+                python: stacks.python,
             },
             unwind: UnwindMode::default(),
         })
@@ -115,7 +115,7 @@ impl RecordingRequest {
                 max_stack_length: req.max_stack_length,
                 per_thread: false,
                 line_numbers: false,
-                python_glue: false,
+                python: Default::default(),
             },
         )?;
         validated.unwind = unwind;

@@ -330,6 +330,22 @@ fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
             FRAME_OWNED_BY_CSTACK as u64,
         ));
     }
+    // The GIL's state: where it is, and its two fields the kernel reads.
+    let (gil_ty, gil_offset) = match l.gil {
+        bpfprof::python::layout::GilState::InRuntime(o) => ("_PyRuntimeState", o),
+        bpfprof::python::layout::GilState::BehindInterpreter(o) => ("PyInterpreterState", o),
+    };
+    checks.push(("ceval.gil", off(gil_ty, "ceval.gil"), gil_offset as u64));
+    checks.push((
+        "gil last_holder",
+        off("struct _gil_runtime_state", "last_holder"),
+        bpfprof::python::layout::GIL_LAST_HOLDER,
+    ));
+    checks.push((
+        "gil locked",
+        off("struct _gil_runtime_state", "locked"),
+        bpfprof::python::layout::GIL_LOCKED,
+    ));
     let exprs: Vec<String> = checks.iter().map(|c| c.1.clone()).collect();
     let values = dwarf_values(lib, &exprs);
     for ((what, expr, ours), dwarf) in checks.iter().zip(values) {

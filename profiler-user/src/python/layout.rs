@@ -21,6 +21,8 @@ use anyhow::Result;
 pub struct Layout {
     /// The offsets the kernel program walks frames with.
     pub kernel: PythonProcess,
+    /// Where the GIL's state is.
+    pub gil: GilState,
     /// `_PyRuntimeState.interpreters.head`.
     pub runtime_interpreters_head: u32,
     /// `PyInterpreterState.next`.
@@ -86,11 +88,30 @@ const BYTES_DATA: u32 = 32;
 /// `Layout::kernel.cframe_current_frame` where the thread state points to the frame directly.
 const NO_CFRAME: u32 = u32::MAX;
 
+/// Where a CPython keeps its GIL's `struct _gil_runtime_state`, whose `last_holder` is at
+/// [`GIL_LAST_HOLDER`] and `locked` at [`GIL_LOCKED`] (the same in 3.10-3.13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GilState {
+    /// Inside `_PyRuntime`, at this offset (`ceval.gil`: 3.10, 3.11).
+    InRuntime(u32),
+    /// Behind the pointer at this offset of the main `PyInterpreterState` (`ceval.gil`:
+    /// 3.12 and later).
+    BehindInterpreter(u32),
+}
+
+/// `offsetof(struct _gil_runtime_state, last_holder)`.
+pub const GIL_LAST_HOLDER: u64 = 8;
+/// `offsetof(struct _gil_runtime_state, locked)`.
+pub const GIL_LOCKED: u64 = 16;
+/// `offsetof(PyInterpreterState, ceval.gil)` in 3.13, which `_Py_DebugOffsets` does not give.
+const GIL_POINTER_3_13: u32 = 16;
+
 /// The layout of CPython 3.`minor` for `minor` in 10..=12; 3.13 and later describe themselves.
 pub fn table(minor: u8) -> Option<Layout> {
     let version = 0x0300 | minor as u32;
     match minor {
         10 => Some(Layout {
+            gil: GilState::InRuntime(352),
             kernel: PythonProcess {
                 tstate_frame: 24,
                 cframe_current_frame: NO_CFRAME,
@@ -102,6 +123,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 entry_rule: PythonEntryRule::EveryFrame as u32,
                 code_instructions: 0,
                 version,
+                gil_holder: 0,
+                gil_locked: 0,
             },
             runtime_interpreters_head: 32,
             interp_next: 0,
@@ -125,6 +148,7 @@ pub fn table(minor: u8) -> Option<Layout> {
             line_format: LineTableFormat::Pep626,
         }),
         11 => Some(Layout {
+            gil: GilState::InRuntime(360),
             kernel: PythonProcess {
                 tstate_frame: 56,
                 cframe_current_frame: 8,
@@ -136,6 +160,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 entry_rule: PythonEntryRule::EntryFlag as u32,
                 code_instructions: 184,
                 version,
+                gil_holder: 0,
+                gil_locked: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -159,6 +185,7 @@ pub fn table(minor: u8) -> Option<Layout> {
             line_format: LineTableFormat::Locations,
         }),
         12 => Some(Layout {
+            gil: GilState::BehindInterpreter(384),
             kernel: PythonProcess {
                 tstate_frame: 56,
                 cframe_current_frame: 0,
@@ -170,6 +197,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 entry_rule: PythonEntryRule::ShimFrame as u32,
                 code_instructions: 192,
                 version,
+                gil_holder: 0,
+                gil_locked: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -271,6 +300,7 @@ impl Layout {
             "a free-threaded (no-GIL) CPython 3.13: its object headers are not supported"
         );
         Ok(Layout {
+            gil: GilState::BehindInterpreter(GIL_POINTER_3_13),
             kernel: PythonProcess {
                 tstate_frame: small(d::TSTATE_CURRENT_FRAME)?,
                 cframe_current_frame: NO_CFRAME,
@@ -282,6 +312,8 @@ impl Layout {
                 entry_rule: PythonEntryRule::ShimFrame as u32,
                 code_instructions: small(d::CODE_ADAPTIVE)?,
                 version: 0x030d,
+                gil_holder: 0,
+                gil_locked: 0,
             },
             runtime_interpreters_head: small(d::RUNTIME_INTERPRETERS_HEAD)?,
             interp_next: small(d::INTERP_NEXT)?,

@@ -141,6 +141,28 @@ impl PythonTarget {
         self.layout.kernel
     }
 
+    /// [`Self::kernel_layout`] with the addresses of the GIL's state, once the interpreter
+    /// has made its GIL (3.12+ allocate it at start-up: a process caught before that has
+    /// none yet, so call this again later).
+    pub fn kernel_layout_with_gil(&mut self) -> PythonProcess {
+        let mut k = self.layout.kernel;
+        let base = match self.layout.gil {
+            layout::GilState::InRuntime(offset) => Some(self.interpreter.runtime + offset as u64),
+            layout::GilState::BehindInterpreter(offset) => self
+                .memory
+                .read_u64(self.interpreter.runtime + self.layout.runtime_interpreters_head as u64)
+                .ok()
+                .filter(|interp| *interp != 0)
+                .and_then(|interp| self.memory.read_u64(interp + offset as u64).ok())
+                .filter(|gil| *gil != 0),
+        };
+        if let Some(base) = base {
+            k.gil_holder = base + layout::GIL_LAST_HOLDER;
+            k.gil_locked = base + layout::GIL_LOCKED;
+        }
+        k
+    }
+
     /// Host tid -> PyThreadState address for every thread of every interpreter.
     pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
         let l = self.layout.clone();
