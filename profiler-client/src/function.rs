@@ -98,6 +98,9 @@ pub struct ProfileOptions {
     /// How user stacks are walked: `auto`, `fp` or `cfi` (as `bpfprof --unwind`); `None`
     /// leaves the daemon's default (`auto`).
     pub unwind: Option<String>,
+    /// Python frames of a CPython caller: `auto` or `off` (as `bpfprof --python`); `None`
+    /// leaves it to the daemon (auto).
+    pub python: Option<String>,
     /// Sampling period in event units (cycles, or ns for cpu-clock).
     pub sample_interval: i64,
     /// Samples per second; when set it is sent instead of `sample_interval`.
@@ -125,6 +128,7 @@ impl Default for ProfileOptions {
             max_profile_duration: Duration::from_secs(600),
             event: None,
             unwind: None,
+            python: None,
             sample_interval: 10_000_000,
             frequency: None,
             sample_tags: Vec::new(),
@@ -156,6 +160,7 @@ impl ProfileOptions {
             formats: self.formats.clone(),
             follow_children: false,
             unwind: self.unwind.clone(),
+            python: self.python.clone(),
         }
     }
 }

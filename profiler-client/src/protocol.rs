@@ -126,6 +126,9 @@ pub struct RunRequest {
     /// How user stacks are walked: `auto`, `fp` or `cfi` (as `--unwind`); `None` is `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwind: Option<String>,
+    /// Python frames of CPython targets: `auto` or `off` (as `--python`); `None` is `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 /// A run's life-cycle state.

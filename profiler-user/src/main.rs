@@ -174,6 +174,10 @@ struct RunArgs {
     /// daemon's default is auto.
     #[arg(long, value_enum)]
     unwind: Option<bpfprof::unwind::UnwindMode>,
+
+    /// Python frames of a CPython target: auto or off (the daemon's default is auto).
+    #[arg(long, value_enum)]
+    python: Option<bpfprof::python_stacks::PythonMode>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -381,6 +385,7 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 formats: args.formats.clone(),
                 follow_children: args.follow_children,
                 unwind: args.unwind.map(|m| m.name().to_string()),
+                python: args.python.map(|m| m.name().to_string()),
             };
             let started = client.run(request).map_err(Error::from)?;
             if args.run_async {

@@ -36,6 +36,30 @@ pub enum PythonMode {
     Off,
 }
 
+impl PythonMode {
+    /// The mode's name on the command line and in the protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            PythonMode::Auto => "auto",
+            PythonMode::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for PythonMode {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<PythonMode> {
+        match s {
+            "auto" => Ok(PythonMode::Auto),
+            "off" => Ok(PythonMode::Off),
+            _ => Err(crate::error::Error::Usage(format!(
+                "unknown Python mode {s:?}: expected auto or off"
+            ))),
+        }
+    }
+}
+
 static DEFAULT_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Sets the mode recordings created from now on use (the CLI's `--python`).

@@ -48,6 +48,8 @@ pub struct RecordingRequest {
     pub options: AggregateOptions,
     /// How user stacks are walked.
     pub unwind: UnwindMode,
+    /// Whether CPython targets get their Python frames read.
+    pub python: crate::python_stacks::PythonMode,
 }
 
 impl RecordingRequest {
@@ -77,12 +79,15 @@ impl RecordingRequest {
                 python: stacks.python,
             },
             unwind: UnwindMode::default(),
+            python: crate::python_stacks::default_mode(),
         })
     }
 
     /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
     pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
         let unwind: UnwindMode = req.unwind.as_deref().unwrap_or("auto").parse()?;
+        let python: crate::python_stacks::PythonMode =
+            req.python.as_deref().unwrap_or("auto").parse()?;
         let sampling = SamplingRequest {
             event: req.event.as_deref().unwrap_or("auto").parse()?,
             sample_interval: req.sample_interval,
@@ -119,6 +124,7 @@ impl RecordingRequest {
             },
         )?;
         validated.unwind = unwind;
+        validated.python = python;
         Ok(validated)
     }
 
@@ -223,6 +229,28 @@ mod tests {
         // An absent unwind mode is auto (older clients); a named one is kept; an unknown
         // one is refused with the names that work.
         assert_eq!(ok.unwind, UnwindMode::Auto);
+        // Likewise the Python mode.
+        assert_eq!(ok.python, crate::python_stacks::PythonMode::Auto);
+        let off = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                python: Some("off".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        assert_eq!(off.python, crate::python_stacks::PythonMode::Off);
+        let err = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                python: Some("pyperf".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(600),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("expected auto or off"), "{err}");
         let fp = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,

@@ -53,6 +53,22 @@ def test_the_unwind_mode_is_sent_by_profilers_decorators_and_phases(fake_daemon,
             bad()
 
 
+def test_the_python_frames_mode_is_sent_only_when_off(fake_daemon) -> None:
+    daemon = fake_daemon()
+    FunctionProfiler(python_frames="off", socket_path=daemon.path).profile(lambda: None)
+    FunctionProfiler(socket_path=daemon.path).profile(lambda: None)
+
+    @bpfprof.profile(python_frames="off", socket_path=daemon.path)
+    def work() -> int:
+        return 1
+
+    assert work() == 1
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    assert [r.get("python") for r in runs] == ["off", None, "off"]
+    with pytest.raises(ValueError, match="expected auto or off"):
+        FunctionProfiler(python_frames="no")
+
+
 def test_refusal_still_runs_the_function_with_a_warning(fake_daemon, caplog) -> None:
     daemon = fake_daemon(
         lambda r: {"ok": False, "error": {"code": "permission_denied", "message": "not yours"}}

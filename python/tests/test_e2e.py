@@ -97,3 +97,12 @@ def test_the_unwind_mode_reaches_the_daemon(real_daemon) -> None:
     with Client(real_daemon) as client, pytest.raises(BpfprofError) as refused:
         client.run(1, unwind="dwarf", duration_ms=1000)
     assert refused.value.code == "bad_request" and "expected auto, fp or cfi" in str(refused.value)
+
+
+def test_python_frames_off_leaves_the_interpreter_frames(real_daemon) -> None:
+    profiler = FunctionProfiler(stop_at_error=True, python_frames="off", socket_path=real_daemon)
+    profiler.profile(python_busy_loop, 1.0)
+    folded = folded_text(profiler.profile_result)
+    # Without the daemon's Python walk the function is CPython's evaluation loop, unnamed.
+    assert "python_busy_loop" not in folded, folded[:2000]
+    assert "_PyEval_EvalFrameDefault" in folded, folded[:2000]

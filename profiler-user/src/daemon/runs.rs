@@ -203,6 +203,7 @@ impl Runs {
             validated.recording.follow_children,
         )
         .with_unwind(validated.recording.unwind);
+        recording.set_python_mode(validated.recording.python);
         if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
             // Release whatever the failed attach took.
             let _ = recording.collect(&mut inner.pool);

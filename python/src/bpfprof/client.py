@@ -35,6 +35,7 @@ __all__ = [
     "SOCKET_ENV",
     "UNWIND_MODES",
     "check_unwind",
+    "check_python_frames",
     "current_pid_namespace",
     "socket_path",
 ]
@@ -89,6 +90,18 @@ def socket_path(explicit: Optional[PathLike] = None) -> str:
 
 
 _resolve_socket_path = socket_path
+
+
+#: Whether the daemon reads a CPython target's Python frames (``bpfprof --python``).
+PYTHON_FRAME_MODES = ("auto", "off")
+
+
+def check_python_frames(mode: str) -> str:
+    """Returns ``mode`` if it is one of :data:`PYTHON_FRAME_MODES`; raises :class:`ValueError`
+    otherwise."""
+    if mode not in PYTHON_FRAME_MODES:
+        raise ValueError(f"unknown python_frames mode {mode!r}: expected auto or off")
+    return mode
 
 
 def check_unwind(unwind: str) -> str:
@@ -300,6 +313,7 @@ class Client:
         formats: Optional[Sequence[str]] = None,
         timeout: Optional[float] = None,
         unwind: Optional[str] = None,
+        python_frames: Optional[str] = None,
     ) -> Reply:
         """Starts profiling process ``pid`` (as seen in pid namespace ``pid_ns``).
 
@@ -307,6 +321,8 @@ class Client:
         Returns the reply (``run_id``, ``state``). None arguments take the daemon's defaults.
         ``unwind`` is how user stacks are walked: ``auto``, ``fp`` or ``cfi`` (as
         ``bpfprof --unwind``); the daemon refuses other values (``bad_request``).
+        ``python_frames`` is ``auto`` (the daemon reads a CPython target's Python frames) or
+        ``off`` (as ``bpfprof --python``).
         """
         fields: Dict[str, Any] = {
             "pid": int(pid),
@@ -320,6 +336,7 @@ class Client:
             "max_stack_length": None if max_stack_length is None else int(max_stack_length),
             "formats": None if formats is None else list(formats),
             "unwind": unwind,
+            "python": python_frames,
         }
         return self.request("run", fields, timeout)
 

@@ -30,6 +30,7 @@ from .client import (
     BpfprofError,
     Client,
     PathLike,
+    check_python_frames,
     check_unwind,
     current_pid_namespace,
 )
@@ -97,6 +98,8 @@ class FunctionProfiler:
             frame pointers elsewhere), ``fp`` (frame pointers only) or ``cfi`` (as ``auto``,
             but a process whose tables cannot be loaded fails the run). Other values raise
             :class:`ValueError` here.
+        python_frames: ``auto`` (the daemon reads this interpreter's Python frames, so the
+            profile names Python functions) or ``off`` (interpreter C functions only).
         socket_path: The daemon's socket; default ``$BPFPROF_SOCKET``, else the daemon's
             default path.
 
@@ -121,9 +124,12 @@ class FunctionProfiler:
         event: str = "auto",
         formats: Optional[Sequence[str]] = None,
         unwind: str = "auto",
+        python_frames: str = "auto",
         socket_path: Optional[PathLike] = None,
     ) -> None:
         check_unwind(unwind)
+        check_python_frames(python_frames)
+        self.python_frames: str = python_frames
         self.stop_at_error: bool = stop_at_error
         self.max_profile_duration_sec: float = max_profile_duration_sec
         self.sample_each: float = sample_each
@@ -294,6 +300,7 @@ class FunctionProfiler:
                 timeout=self.timeout_wait_for_running_sec,
                 # "auto" is the daemon's default: not sent, so older daemons accept the run.
                 unwind=None if self.unwind == "auto" else self.unwind,
+                python_frames=None if self.python_frames == "auto" else self.python_frames,
             )
         except BpfprofError as err:
             if err.code == "timeout":
