@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 
 use crate::error::{Error, Result};
 
@@ -124,6 +124,9 @@ pub struct ProcessMaps {
     jit_stamp: Option<(u64, std::time::SystemTime)>,
     /// The process's executable as `/proc/PID/exe` names it, as last seen.
     exe: Option<PathBuf>,
+    /// The executable mappings of the last read of `/proc/PID/maps`, as procfs parsed them,
+    /// so the unwinder's tables are refreshed from the same read (see [`Self::last_read`]).
+    last_read: Vec<MemoryMap>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -159,7 +162,15 @@ impl ProcessMaps {
             jit: Vec::new(),
             jit_stamp: None,
             exe: None,
+            last_read: Vec::new(),
         }
+    }
+
+    /// The executable mappings as the last successful read of `/proc/PID/maps` listed them
+    /// (empty before the first): what [`crate::unwind::UnwindMaps::track_maps`] takes, so one
+    /// parse per refresh serves both symbolization and unwinding.
+    pub fn last_read(&self) -> &[MemoryMap] {
+        &self.last_read
     }
 
     /// The process name at the last capture.
@@ -189,10 +200,12 @@ impl ProcessMaps {
         }
         let maps = process.maps().map_err(|_| gone())?;
         let mut mappings = Vec::new();
+        let mut read = Vec::new();
         for map in maps {
             if !map.perms.contains(MMPermissions::EXECUTE) {
                 continue;
             }
+            read.push(map.clone());
             let (start, end) = map.address;
             let backing = match &map.pathname {
                 MMapPath::Path(path) => {
@@ -234,6 +247,7 @@ impl ProcessMaps {
         if mappings.is_empty() {
             return Ok(());
         }
+        self.last_read = read;
         if self.generations.first().map(|g| same_layout(g, &mappings)) != Some(true) {
             self.generations.insert(0, mappings);
         }

@@ -151,7 +151,9 @@ impl Recording {
         };
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
-            program.unwind.track(target.pid)?;
+            program
+                .unwind
+                .track_maps(target.pid, Some(maps.last_read()))?;
             program.add_target(slot.run, &target, self.follow_children)
         });
         if let Err(e) = registered {
@@ -187,7 +189,7 @@ impl Recording {
                     log::debug!("maps of pid {pid}: {e}");
                 }
                 if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(pid);
+                    let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
                 }
             }
         }
@@ -221,10 +223,13 @@ impl Recording {
         }
         for p in self.processes.values_mut() {
             p.poll(refresh);
-            // New code (dlopen, exec) gets its unwind tables while the run goes on.
+            // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
+            // same read of the maps as symbolization.
             if refresh && !p.exited {
                 if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(p.target.pid);
+                    let _ = program
+                        .unwind
+                        .track_maps(p.target.pid, Some(p.maps.last_read()));
                 }
             }
         }
@@ -256,7 +261,7 @@ impl Recording {
         match adopted {
             Ok((target, maps)) => {
                 log::debug!("following child pid {pid} ({})", target.comm);
-                if let Err(e) = program.unwind.track(pid) {
+                if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
                     log::debug!("unwind tables of child pid {pid}: {e}");
                 }
                 self.processes.insert(

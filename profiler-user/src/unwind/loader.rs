@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use aya::maps::{HashMap, Map, MapData};
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use profiler_common::{
     CfaRule, ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
 };
@@ -133,10 +133,21 @@ impl UnwindMaps {
     /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
     /// warning; with `cfi` it is an error.
     pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
+        self.track_maps(pid, None)
+    }
+
+    /// Like [`Self::track`], from the executable mappings of a read of `/proc/PID/maps` the
+    /// caller already made ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty
+    /// list reads them here.
+    pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
-        match self.load_process(pid) {
+        let loaded = match maps.filter(|m| !m.is_empty()) {
+            Some(maps) => self.load_maps(pid, maps),
+            None => self.load_process(pid),
+        };
+        match loaded {
             Ok(report) => {
                 if report.tables_built > 0 {
                     log::info!(
@@ -164,9 +175,14 @@ impl UnwindMaps {
         let maps = process
             .maps()
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
+        self.load_maps(pid, &maps.0)
+    }
+
+    /// [`Self::load_process`] from mappings of `pid` already read.
+    pub fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<LoadReport> {
         let mut report = LoadReport::default();
         let mut mappings = Vec::new();
-        for map in maps.iter() {
+        for map in maps {
             if !map.perms.contains(MMPermissions::EXECUTE) {
                 continue;
             }
