@@ -62,6 +62,9 @@ impl MappedFile {
     }
 }
 
+/// The name `/proc/PID/maps` gives the vDSO's mapping, kept as its module name.
+pub const VDSO: &str = "[vdso]";
+
 /// One executable mapping.
 #[derive(Clone, Debug)]
 struct Mapping {
@@ -127,6 +130,8 @@ pub struct ProcessMaps {
     /// The executable mappings of the last read of `/proc/PID/maps`, as procfs parsed them,
     /// so the unwinder's tables are refreshed from the same read (see [`Self::last_read`]).
     last_read: Vec<MemoryMap>,
+    /// The vDSO's exported functions, read from its image on first sight (it has no file).
+    vdso: Option<crate::vdso::VdsoSymbols>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -163,6 +168,7 @@ impl ProcessMaps {
             jit_stamp: None,
             exe: None,
             last_read: Vec::new(),
+            vdso: None,
         }
     }
 
@@ -230,7 +236,15 @@ impl ProcessMaps {
                         },
                     }
                 }
-                MMapPath::Vdso => Backing::Named("[vdso]".into()),
+                MMapPath::Vdso => {
+                    if self.vdso.is_none() {
+                        self.vdso = crate::vdso::read_image(self.pid, start, end)
+                            .map_err(|e| log::debug!("pid {}: {e:#}", self.pid))
+                            .ok()
+                            .and_then(|image| crate::vdso::VdsoSymbols::parse(&image));
+                    }
+                    Backing::Named(VDSO.into())
+                }
                 MMapPath::Vsyscall => Backing::Named("[vsyscall]".into()),
                 MMapPath::Anonymous => Backing::Named("[anon]".into()),
                 other => Backing::Named(format!("{other:?}")),
@@ -271,6 +285,11 @@ impl ProcessMaps {
         };
         self.jit = parse_perf_map(&text);
         self.jit_stamp = Some(stamp);
+    }
+
+    /// The vDSO function at `offset` in the `[vdso]` mapping, if it exports one there.
+    pub fn vdso_symbol(&self, offset: u64) -> Option<&str> {
+        self.vdso.as_ref()?.name(offset)
     }
 
     /// The JIT symbol covering `addr`, if the target announced one.

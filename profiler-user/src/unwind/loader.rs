@@ -322,15 +322,7 @@ impl UnwindMaps {
         end: u64,
         report: &mut LoadReport,
     ) -> anyhow::Result<Option<(Resident, u64)>> {
-        use std::os::unix::fs::FileExt;
-        let len = usize::try_from(end - start).context("vDSO size")?;
-        if len > MAX_VDSO_BYTES {
-            return Err(anyhow!("a vDSO of {len} bytes is larger than any kernel's"));
-        }
-        let mut image = vec![0u8; len];
-        std::fs::File::open(format!("/proc/{pid}/mem"))
-            .and_then(|mem| mem.read_exact_at(&mut image, start))
-            .with_context(|| format!("reading the vDSO from /proc/{pid}/mem"))?;
+        let image = crate::vdso::read_image(pid, start, end)?;
         let bias = load_bias(&image, start, 0)?;
         let key = {
             use object::Object;
@@ -341,7 +333,7 @@ impl UnwindMaps {
             }
         };
         Ok(self
-            .resident_table(key, &image, "[vdso]", report)?
+            .resident_table(key, &image, crate::procmaps::VDSO, report)?
             .map(|resident| (resident, bias)))
     }
 
@@ -383,10 +375,6 @@ impl UnwindMaps {
         Ok(Some(resident))
     }
 }
-
-/// Largest vDSO image read (x86-64's is 8 KiB; a bound on what a mapping named `[vdso]` makes
-/// bpfprof read).
-const MAX_VDSO_BYTES: usize = 1 << 20;
 
 /// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
 /// Its tables are loaded after the exec; building bpfprof's own would only delay the command.
