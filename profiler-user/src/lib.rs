@@ -33,6 +33,7 @@ pub mod strobeclient;
 pub mod symbolize;
 pub mod target;
 pub mod unwind;
+pub mod vdso;
 
 pub use bpfprof_client as client;
 pub use bpfprof_client::protocol;

@@ -162,7 +162,9 @@ impl Recording {
         };
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
-            program.unwind.track(target.pid)?;
+            program
+                .unwind
+                .track_maps(target.pid, Some(maps.last_read()))?;
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
                 // samples wait for the CFI walker (verifying since the program loaded). A
@@ -215,7 +217,7 @@ impl Recording {
                     log::debug!("maps of pid {pid}: {e}");
                 }
                 if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(pid);
+                    let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
                         p.python = PythonTracking::start(program, pid);
@@ -258,9 +260,12 @@ impl Recording {
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
-            // New code (dlopen, exec) gets its unwind tables while the run goes on.
+            // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
+            // same read of the maps as symbolization.
             if refresh && !p.exited {
-                let _ = program.unwind.track(p.target.pid);
+                let _ = program
+                    .unwind
+                    .track_maps(p.target.pid, Some(p.maps.last_read()));
             }
             if let Some(python) = &mut p.python {
                 if p.exited {
@@ -302,7 +307,7 @@ impl Recording {
         match adopted {
             Ok((target, maps)) => {
                 log::debug!("following child pid {pid} ({})", target.comm);
-                if let Err(e) = program.unwind.track(pid) {
+                if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
                     log::debug!("unwind tables of child pid {pid}: {e}");
                 }
                 self.processes.insert(

@@ -207,6 +207,12 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
         sample_interval: args.sample_interval,
         duration_ms: Some(duration_ms),
         sample_tags: args.sample_tags.clone(),
+        // strobelight's command line has no unwinder choice: the environment gives it, as for
+        // phase profilers; the daemon refuses unknown modes.
+        unwind: std::env::var(crate::client::UNWIND_ENV)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()),
         ..RunRequest::default()
     };
     let mut client = connect(&args.socket)?;

@@ -242,7 +242,12 @@ impl Symbolizer {
                 .get(&(file.id, offset))
                 .cloned()
                 .unwrap_or_else(|| unknown(&file.module_name(), offset, FrameKind::User)),
-            Location::Named(name, offset) => unknown(&name, offset, FrameKind::User),
+            Location::Named(name, offset) => match maps.vdso_symbol(offset) {
+                Some(function) if name == crate::procmaps::VDSO => {
+                    renamed(&name, offset, function.to_string())
+                }
+                _ => unknown(&name, offset, FrameKind::User),
+            },
             Location::Unmapped => unknown("[unmapped]", addr, FrameKind::User),
         }
     }

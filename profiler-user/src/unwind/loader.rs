@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use aya::maps::{HashMap, Map, MapData};
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use profiler_common::{
     CfaRule, ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
 };
@@ -133,10 +133,21 @@ impl UnwindMaps {
     /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
     /// warning; with `cfi` it is an error.
     pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
+        self.track_maps(pid, None)
+    }
+
+    /// Like [`Self::track`], from the executable mappings of a read of `/proc/PID/maps` the
+    /// caller already made ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty
+    /// list reads them here.
+    pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
-        match self.load_process(pid) {
+        let loaded = match maps.filter(|m| !m.is_empty()) {
+            Some(maps) => self.load_maps(pid, maps),
+            None => self.load_process(pid),
+        };
+        match loaded {
             Ok(report) => {
                 if report.tables_built > 0 {
                     log::info!(
@@ -164,9 +175,14 @@ impl UnwindMaps {
         let maps = process
             .maps()
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
+        self.load_maps(pid, &maps.0)
+    }
+
+    /// [`Self::load_process`] from mappings of `pid` already read.
+    pub fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<LoadReport> {
         let mut report = LoadReport::default();
         let mut mappings = Vec::new();
-        for map in maps.iter() {
+        for map in maps {
             if !map.perms.contains(MMPermissions::EXECUTE) {
                 continue;
             }
@@ -311,15 +327,7 @@ impl UnwindMaps {
         end: u64,
         report: &mut LoadReport,
     ) -> anyhow::Result<Option<(Resident, u64)>> {
-        use std::os::unix::fs::FileExt;
-        let len = usize::try_from(end - start).context("vDSO size")?;
-        if len > MAX_VDSO_BYTES {
-            return Err(anyhow!("a vDSO of {len} bytes is larger than any kernel's"));
-        }
-        let mut image = vec![0u8; len];
-        std::fs::File::open(format!("/proc/{pid}/mem"))
-            .and_then(|mem| mem.read_exact_at(&mut image, start))
-            .with_context(|| format!("reading the vDSO from /proc/{pid}/mem"))?;
+        let image = crate::vdso::read_image(pid, start, end)?;
         let bias = load_bias(&image, start, 0)?;
         let key = {
             use object::Object;
@@ -330,7 +338,7 @@ impl UnwindMaps {
             }
         };
         Ok(self
-            .resident_table(key, &image, "[vdso]", report)?
+            .resident_table(key, &image, crate::procmaps::VDSO, report)?
             .map(|resident| (resident, bias)))
     }
 
@@ -372,10 +380,6 @@ impl UnwindMaps {
         Ok(Some(resident))
     }
 }
-
-/// Largest vDSO image read (x86-64's is 8 KiB; a bound on what a mapping named `[vdso]` makes
-/// bpfprof read).
-const MAX_VDSO_BYTES: usize = 1 << 20;
 
 /// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
 /// Its tables are loaded after the exec; building bpfprof's own would only delay the command.

@@ -150,6 +150,9 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
                 sample_interval=args.sample_interval,
                 duration_ms=duration,
                 sample_tags=tags or None,
+                # strobelight's command line has no unwinder choice: the environment gives
+                # it, as for phase profilers; the daemon refuses unknown modes.
+                unwind=os.environ.get("BPFPROF_UNWIND", "").strip() or None,
             )
 
         try:
