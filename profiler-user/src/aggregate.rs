@@ -63,6 +63,7 @@ pub fn aggregate(
     let mut mappings = Mappings::default();
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
     let mut truncated = 0;
+    let mut ended_early = 0;
     symbolizer.set_start_lines(options.line_numbers);
     for input in inputs {
         symbolizer.prepare_user(
@@ -106,11 +107,23 @@ pub fn aggregate(
             let kernel: Vec<u64> = lookup_addresses(&sample.kernel_frames)
                 .take(limit)
                 .collect();
-            let user: Vec<u64> = lookup_addresses(&sample.user_frames)
+            let mut user: Vec<u64> = lookup_addresses(&sample.user_frames)
                 .take(limit - kernel.len())
                 .collect();
             let cut =
                 kernel.len() + user.len() < sample.kernel_frames.len() + sample.user_frames.len();
+            // A frame-pointer walk through code without frame pointers reads data as return
+            // addresses: the stack ends at the first address outside every mapping of the
+            // process (no call returns there), keeping the frames found until then.
+            if input.maps.is_known() {
+                if let Some(bad) = user
+                    .iter()
+                    .position(|a| input.maps.mapping_at(*a).is_none())
+                {
+                    user.truncate(bad);
+                    ended_early += sample.count;
+                }
+            }
             if sample.truncated || cut {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
@@ -168,6 +181,7 @@ pub fn aggregate(
             .then_with(|| a.addresses.cmp(&b.addresses))
     });
     meta.losses.truncated = truncated;
+    meta.losses.stack_ended_early += ended_early;
     Profile {
         meta,
         frames: interner.frames,

@@ -299,6 +299,11 @@ impl ProcessMaps {
         (addr < sym.end).then_some(sym.name.as_str())
     }
 
+    /// Whether any mapping of the process was read (not so for a process that exited first).
+    pub fn is_known(&self) -> bool {
+        self.generations.iter().any(|g| !g.is_empty())
+    }
+
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
     /// real addresses (pprof's mappings).
     pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {
