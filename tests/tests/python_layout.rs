@@ -15,7 +15,7 @@ use std::{
 };
 
 use bpfprof::python::FRAME_OWNED_BY_CSTACK;
-use bpfprof::python::{PythonFunction, PythonTarget};
+use bpfprof::python::{PythonFunction, PythonTarget, MAX_PYTHON_DEPTH};
 use bpfprof_tests::*;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,6 +71,7 @@ struct Running {
     pid: u32,
     main_ns_tid: u32,
     worker_ns_tid: u32,
+    deep_ns_tid: u32,
     _dir: tempfile::TempDir,
 }
 
@@ -105,6 +106,7 @@ fn start(command: &[&str]) -> Running {
         pid,
         main_ns_tid: ids[0],
         worker_ns_tid: ids[1],
+        deep_ns_tid: ids[2],
         _dir: dir,
     }
 }
@@ -429,10 +431,11 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
     let threads: HashMap<u32, u64> = target.threads().expect("threads").into_iter().collect();
     let main_tid = host_tid(pid, running.main_ns_tid);
     let worker_tid = host_tid(pid, running.worker_ns_tid);
+    let deep_tid = host_tid(pid, running.deep_ns_tid);
     assert_eq!(main_tid, pid, "the main thread's host tid is the pid");
     let mut tids: Vec<u32> = threads.keys().copied().collect();
     tids.sort();
-    let mut want = vec![main_tid, worker_tid];
+    let mut want = vec![main_tid, worker_tid, deep_tid];
     want.sort();
     assert_eq!(tids, want, "host tids of the Python threads");
 
@@ -512,6 +515,37 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
             "worker's eval-entry flags on 3.{minor}"
         );
     }
+    // The deep thread: recurse() 201 times, then map() (C) calls leaf(). The walk keeps the
+    // innermost MAX_PYTHON_DEPTH frames: leaf, then recurse frames.
+    let frames = target.walk_thread(threads[&deep_tid]).expect("walk deep");
+    assert_eq!(
+        frames.len(),
+        MAX_PYTHON_DEPTH,
+        "a deep stack is cut at the kernel's bound"
+    );
+    let resolved: Vec<PythonFunction> = frames
+        .iter()
+        .map(|&f| target.resolve(f).expect("resolve"))
+        .collect();
+    let mut expected = vec![
+        script_frame("leaf", mark("deep-leaf"), def_line("leaf")),
+        script_frame("recurse", mark("deep-through-c"), def_line("recurse")),
+    ];
+    while expected.len() < MAX_PYTHON_DEPTH {
+        expected.push(script_frame(
+            "recurse",
+            mark("deep-recurse"),
+            def_line("recurse"),
+        ));
+    }
+    check_stack("deep thread", &resolved, &expected);
+    let entries: Vec<bool> = frames.iter().map(|f| f.eval_entry).collect();
+    // leaf() is called from C (map), so it begins an eval call on every version; from 3.11 the
+    // recursive calls stay in one eval call, whose first frame is past the bound.
+    let mut want_entries = vec![minor == 10; MAX_PYTHON_DEPTH];
+    want_entries[0] = true;
+    assert_eq!(entries, want_entries, "deep thread's eval-entry flags");
+
     // Every frame's code object is cached after the first resolve: resolving again is the
     // same answer.
     assert_eq!(
