@@ -634,6 +634,47 @@ fn cpython_3_12_in_another_pid_and_mount_namespace() {
     namespaced_case("3.12.1", (3, 12));
 }
 
+/// Debian's python3.11 run from a copy on a tmpfs mounted only in the process's own mount
+/// namespace: bpfprof's namespace has no such file, so detection must read the interpreter
+/// through `/proc/PID/root`.
+#[test]
+fn cpython_from_a_file_only_its_mount_namespace_has() {
+    if !require_root() {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3.11");
+    if !require(python) {
+        return;
+    }
+    let private = tempdir();
+    let dir = private.path().display().to_string();
+    let inside = format!(
+        "mount -t tmpfs bpfprof-test {dir} && cp {} {dir}/ && exec {dir}/python3.11 \"$@\"",
+        python.display()
+    );
+    let running = start(&[
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        "sh",
+        "-c",
+        &inside,
+        "sh",
+    ]);
+    let copy = private.path().join("python3.11");
+    assert!(
+        !copy.exists(),
+        "the copy is invisible outside the namespace"
+    );
+    check_process(&running, (3, 11), None);
+    let target = PythonTarget::detect(running.pid)
+        .expect("detect")
+        .expect("CPython");
+    assert_eq!(target.interpreter_path(), &copy);
+}
+
 #[test]
 fn a_process_without_python_is_not_a_target() {
     let mut sleep = Command::new("sleep");
