@@ -40,8 +40,11 @@ const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
 /// memory, which may change while it is read).
 const MAX_INTERPRETERS: usize = 256;
 const MAX_THREADS_PER_INTERPRETER: usize = 16384;
-/// Bytes of glibc's `struct pthread` searched for the thread id (glibc 2.36 keeps it at 720).
+/// Bytes of glibc's `struct pthread` searched for the thread id.
 const PTHREAD_SEARCH_BYTES: usize = 1024;
+/// `offsetof(struct pthread, tid)` in glibc 2.26 and later on x86-64 (Debian 12's 2.36 too);
+/// preferred when the search finds several offsets that fit.
+const GLIBC_PTHREAD_TID: usize = 0x2d0;
 
 /// One CPython process bpfprof reads Python frames of.
 pub struct PythonTarget {
@@ -214,54 +217,67 @@ impl PythonTarget {
 
     /// 3.10: each thread's tid (in its namespace) from its `pthread_t`, which glibc makes the
     /// address of the thread's `struct pthread`. The offset of `tid` in that struct differs
-    /// between glibc versions and no debug info is usually installed, so it is found from the
-    /// data: the one 4-byte-aligned offset at which every thread's struct holds a distinct id of
-    /// one of the process's tasks, and the main thread's (if it runs Python) the process's own id.
+    /// between glibc versions and libc's debug info is rarely installed, so it is found from the
+    /// data: a 4-byte-aligned offset at which every thread's struct holds either a distinct id
+    /// of one of the process's tasks or 0 (the kernel clears it when a thread exits), at least
+    /// one being the process's own id (its main thread runs Python in all but embedded
+    /// interpreters, for which that condition is dropped). Among several, glibc 2.26+'s offset
+    /// on x86-64 wins, then the smallest. Found once per process.
     fn tids_from_pthreads(
         &mut self,
         states: &[(u64, u64, Option<u32>)],
         to_host: &HashMap<u32, u32>,
     ) -> Result<Vec<u32>> {
-        let blocks: Vec<Vec<u8>> = states
+        let blocks: Vec<Option<Vec<u8>>> = states
             .iter()
-            .map(|&(_, pthread, _)| {
-                self.memory
-                    .read_vec(pthread, PTHREAD_SEARCH_BYTES)
-                    .unwrap_or_default()
-            })
+            .map(|&(_, pthread, _)| self.memory.read_vec(pthread, PTHREAD_SEARCH_BYTES).ok())
             .collect();
-        let at = |block: &[u8], off: usize| -> Option<u32> {
-            block
-                .get(off..off + 4)
-                .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+        let at = |block: &[u8], off: usize| -> u32 {
+            u32::from_ne_bytes(block[off..off + 4].try_into().expect("4 bytes"))
         };
-        if self.pthread_tid_offset.is_none() && !blocks.is_empty() {
+        if self.pthread_tid_offset.is_none() {
             let ns_pid = to_host
                 .iter()
                 .find(|&(_, &host)| host == self.pid)
                 .map(|(&inner, _)| inner);
-            let offset = (0..PTHREAD_SEARCH_BYTES)
-                .step_by(4)
-                .find(|&off| {
-                    let ids: Vec<Option<u32>> = blocks.iter().map(|b| at(b, off)).collect();
-                    let distinct: HashSet<_> = ids.iter().collect();
-                    ids.iter()
-                        .all(|id| id.is_some_and(|id| to_host.contains_key(&id)))
-                        && distinct.len() == ids.len()
-                        && (ns_pid.is_none() || ids.contains(&ns_pid))
-                })
+            let readable: Vec<&Vec<u8>> = blocks.iter().flatten().collect();
+            let fits = |off: &usize, need_pid: bool| {
+                let ids: Vec<u32> = readable.iter().map(|b| at(b, *off)).collect();
+                let live: Vec<u32> = ids.iter().copied().filter(|&id| id != 0).collect();
+                let distinct: HashSet<u32> = live.iter().copied().collect();
+                !live.is_empty()
+                    && distinct.len() == live.len()
+                    && live.iter().all(|id| to_host.contains_key(id))
+                    && (!need_pid || ns_pid.is_some_and(|pid| live.contains(&pid)))
+            };
+            let offsets = || (0..=PTHREAD_SEARCH_BYTES - 4).step_by(4);
+            let mut candidates: Vec<usize> = offsets().filter(|o| fits(o, true)).collect();
+            if candidates.is_empty() {
+                candidates = offsets().filter(|o| fits(o, false)).collect();
+            }
+            let offset = candidates
+                .iter()
+                .copied()
+                .find(|&o| o == GLIBC_PTHREAD_TID)
+                .or(candidates.first().copied())
                 .ok_or_else(|| {
                     anyhow!(
                         "pid {}: cannot find the tid in glibc's struct pthread of its {} Python threads",
                         self.pid,
-                        blocks.len()
+                        readable.len()
                     )
                 })?;
-            log::debug!("pid {}: struct pthread keeps the tid at {offset}", self.pid);
+            log::debug!(
+                "pid {}: struct pthread keeps the tid at {offset} (candidates {candidates:?})",
+                self.pid
+            );
             self.pthread_tid_offset = Some(offset as u64);
         }
         let offset = self.pthread_tid_offset.unwrap_or(0) as usize;
-        Ok(blocks.iter().map(|b| at(b, offset).unwrap_or(0)).collect())
+        Ok(blocks
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| at(b, offset)))
+            .collect())
     }
 
     /// The Python frames of the thread whose `PyThreadState` is at `tstate`, innermost first,
