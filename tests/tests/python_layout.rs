@@ -5,7 +5,9 @@
 //! the kernel program's rules and resolved to names, files and lines, all compared with the
 //! script's text. The version tables are re-derived from the pyenv builds' DWARF (with gdb), and
 //! 3.13's layout (read from `_Py_DebugOffsets` in the process) is compared with its DWARF too.
-//! Also a process in its own pid and mount namespace. Runs without root except that one.
+//! Each complete walk's eval-entry flags are checked against the native stacks gdb unwinds (one
+//! entry frame per `_PyEval_EvalFrameDefault`), and Python frames merged into them. Also
+//! processes in their own pid and mount namespaces. Those and the gdb checks need root.
 
 use std::{
     collections::HashMap,
@@ -15,7 +17,10 @@ use std::{
 };
 
 use bpfprof::python::FRAME_OWNED_BY_CSTACK;
-use bpfprof::python::{PythonFunction, PythonTarget, MAX_PYTHON_DEPTH};
+use bpfprof::python::{
+    merge::{merge_stacks, MergedFrame},
+    PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
+};
 use bpfprof_tests::*;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -408,7 +413,15 @@ fn check_stack(label: &str, got: &[PythonFunction], expected: &[Expect]) {
 }
 
 /// Detects, lists threads, walks and resolves both threads of a running pystack.py.
-fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) {
+/// What [`check_process`] found: the target, its threads by host tid, and the main, worker and
+/// deep threads' host tids.
+struct Checked {
+    target: PythonTarget,
+    threads: HashMap<u32, u64>,
+    tids: [u32; 3],
+}
+
+fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) -> Checked {
     let pid = running.pid;
     let mut target = PythonTarget::detect(pid)
         .expect("detect")
@@ -552,6 +565,109 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
         target.resolve(frames[0]).expect("resolve again"),
         resolved[0]
     );
+    Checked {
+        target,
+        threads,
+        tids: [main_tid, worker_tid, deep_tid],
+    }
+}
+
+/// Each thread's native stack (function names, innermost first) by host tid, from gdb, which
+/// unwinds by the objects' CFI and names inlined frames too.
+fn native_stacks(pid: u32) -> HashMap<u32, Vec<String>> {
+    let out = Command::new("gdb")
+        .args([
+            "-batch",
+            "-nx",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
+        .output()
+        .expect("run gdb");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let thread_re = regex::Regex::new(r"^Thread \d+ .*\(LWP (\d+)\)").unwrap();
+    let frame_re = regex::Regex::new(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+) \(").unwrap();
+    let mut stacks: HashMap<u32, Vec<String>> = HashMap::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(c) = thread_re.captures(line) {
+            current = Some(c[1].parse().expect("tid"));
+        } else if let (Some(tid), Some(c)) = (current, frame_re.captures(line)) {
+            stacks.entry(tid).or_default().push(c[1].to_string());
+        }
+    }
+    assert!(!stacks.is_empty(), "gdb backtraces of pid {pid}: {text}");
+    stacks
+}
+
+const EVAL: &str = "_PyEval_EvalFrameDefault";
+
+/// The eval-entry flags against the real native stacks: a complete walk has one entry frame
+/// per native `_PyEval_EvalFrameDefault` frame, and merging puts each eval call's Python frames
+/// where the native stack has that call (leaf() under map_next, C code between its caller and
+/// it).
+fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool) {
+    // gdb attaches with ptrace, which needs root here (the workload is not gdb's child).
+    if !require_root() {
+        return;
+    }
+    let natives = native_stacks(pid);
+    let [main_tid, worker_tid, deep_tid] = checked.tids;
+    for tid in [main_tid, worker_tid] {
+        let frames = checked
+            .target
+            .walk_thread(checked.threads[&tid])
+            .expect("walk");
+        let entries = frames.iter().filter(|f| f.eval_entry).count();
+        let native = &natives[&tid];
+        let evals = native.iter().filter(|n| *n == EVAL).count();
+        assert_eq!(
+            entries, evals,
+            "thread {tid}: eval-entry frames vs native {EVAL} frames: {native:?}"
+        );
+    }
+    let frames = checked
+        .target
+        .walk_thread(checked.threads[&deep_tid])
+        .expect("walk");
+    let merged = merge_stacks(natives[&deep_tid].clone(), &frames, |n| n == EVAL, false);
+    let names: Vec<String> = merged
+        .iter()
+        .map(|f| match f {
+            MergedFrame::Native(n) => n.clone(),
+            MergedFrame::Python(p) => {
+                format!("py:{}", checked.target.resolve(*p).expect("resolve").name)
+            }
+        })
+        .collect();
+    let leaf = names
+        .iter()
+        .position(|n| n == "py:leaf")
+        .expect("leaf in the merged stack");
+    let recurse = names
+        .iter()
+        .position(|n| n == "py:recurse")
+        .expect("recurse");
+    assert!(
+        leaf + 1 < recurse
+            && names[leaf + 1..recurse]
+                .iter()
+                .all(|n| !n.starts_with("py:")),
+        "leaf, then map()'s C code, then its caller: {names:?}"
+    );
+    // A stripped interpreter (Debian's) names only its exported functions.
+    if debug_info {
+        assert!(
+            names[leaf..recurse].iter().any(|n| n == "map_next"),
+            "map_next between leaf and recurse: {names:?}"
+        );
+    }
+    assert!(
+        names[..leaf].iter().any(|n| n.contains("sleep")),
+        "time.sleep's C code under leaf: {names:?}"
+    );
 }
 
 fn pyenv_case(version: &str, expect: (u8, u8)) {
@@ -562,7 +678,8 @@ fn pyenv_case(version: &str, expect: (u8, u8)) {
     }
     let lib = home.join(format!("lib/libpython{}.{}.so.1.0", expect.0, expect.1));
     let running = start(&[python.to_str().unwrap()]);
-    check_process(&running, expect, Some(&lib));
+    let mut checked = check_process(&running, expect, Some(&lib));
+    check_against_native_stacks(&mut checked, running.pid, true);
 }
 
 #[test]
@@ -594,7 +711,8 @@ fn debian_cpython_3_11() {
         return;
     }
     let running = start(&["/usr/bin/python3.11"]);
-    check_process(&running, (3, 11), None);
+    let mut checked = check_process(&running, (3, 11), None);
+    check_against_native_stacks(&mut checked, running.pid, false);
 }
 
 /// A CPython in its own pid and mount namespaces: the interpreter's file is read through
