@@ -18,6 +18,7 @@ use std::{
 
 use bpfprof::python::FRAME_OWNED_BY_CSTACK;
 use bpfprof::python::{
+    layout::GilLayout,
     merge::{merge_stacks, MergedFrame},
     PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
 };
@@ -77,14 +78,19 @@ struct Running {
     main_ns_tid: u32,
     worker_ns_tid: u32,
     deep_ns_tid: u32,
+    spinner_ns_tid: u32,
     _dir: tempfile::TempDir,
 }
 
-fn start(command: &[&str]) -> Running {
+/// Starts pystack.py under `command`; with `spin`, its fourth thread holds the GIL.
+fn start(command: &[&str], spin: bool) -> Running {
     let dir = tempdir();
     let report = dir.path().join("ready");
     let mut cmd = Command::new(command[0]);
     cmd.args(&command[1..]).arg(script()).arg(&report);
+    if spin {
+        cmd.arg("spin");
+    }
     let workload = Workload::spawn_command(cmd);
     let text = poll_until(READY_TIMEOUT, || std::fs::read_to_string(&report).ok())
         .unwrap_or_else(|| panic!("{command:?} did not report its threads"));
@@ -112,6 +118,7 @@ fn start(command: &[&str]) -> Running {
         main_ns_tid: ids[0],
         worker_ns_tid: ids[1],
         deep_ns_tid: ids[2],
+        spinner_ns_tid: ids[3],
         _dir: dir,
     }
 }
@@ -323,6 +330,44 @@ fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
             k.frame_entry as u64,
         ));
     }
+    match l.gil {
+        GilLayout::InRuntime {
+            locked,
+            last_holder,
+        } => {
+            checks.push((
+                "gil locked",
+                off("_PyRuntimeState", "ceval.gil.locked"),
+                locked as u64,
+            ));
+            checks.push((
+                "gil last_holder",
+                off("_PyRuntimeState", "ceval.gil.last_holder"),
+                last_holder as u64,
+            ));
+        }
+        GilLayout::PerInterpreter {
+            interp_gil,
+            locked,
+            last_holder,
+        } => {
+            checks.push((
+                "interp ceval.gil",
+                off("PyInterpreterState", "ceval.gil"),
+                interp_gil as u64,
+            ));
+            checks.push((
+                "gil locked",
+                off("struct _gil_runtime_state", "locked"),
+                locked as u64,
+            ));
+            checks.push((
+                "gil last_holder",
+                off("struct _gil_runtime_state", "last_holder"),
+                last_holder as u64,
+            ));
+        }
+    }
     if minor == 11 || minor == 12 {
         checks.push((
             "cframe current_frame",
@@ -413,12 +458,12 @@ fn check_stack(label: &str, got: &[PythonFunction], expected: &[Expect]) {
 }
 
 /// Detects, lists threads, walks and resolves both threads of a running pystack.py.
-/// What [`check_process`] found: the target, its threads by host tid, and the main, worker and
-/// deep threads' host tids.
+/// What [`check_process`] found: the target, its threads by host tid, and the main, worker,
+/// deep and spinner threads' host tids.
 struct Checked {
     target: PythonTarget,
     threads: HashMap<u32, u64>,
-    tids: [u32; 3],
+    tids: [u32; 4],
 }
 
 fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) -> Checked {
@@ -445,10 +490,11 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
     let main_tid = host_tid(pid, running.main_ns_tid);
     let worker_tid = host_tid(pid, running.worker_ns_tid);
     let deep_tid = host_tid(pid, running.deep_ns_tid);
+    let spinner_tid = host_tid(pid, running.spinner_ns_tid);
     assert_eq!(main_tid, pid, "the main thread's host tid is the pid");
     let mut tids: Vec<u32> = threads.keys().copied().collect();
     tids.sort();
-    let mut want = vec![main_tid, worker_tid, deep_tid];
+    let mut want = vec![main_tid, worker_tid, deep_tid, spinner_tid];
     want.sort();
     assert_eq!(tids, want, "host tids of the Python threads");
 
@@ -568,7 +614,7 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
     Checked {
         target,
         threads,
-        tids: [main_tid, worker_tid, deep_tid],
+        tids: [main_tid, worker_tid, deep_tid, spinner_tid],
     }
 }
 
@@ -604,6 +650,32 @@ fn native_stacks(pid: u32) -> HashMap<u32, Vec<String>> {
 
 const EVAL: &str = "_PyEval_EvalFrameDefault";
 
+/// Reads of the GIL's holder while the spinner thread runs Python without a pause.
+const GIL_READS: usize = 200;
+
+/// The GIL's holder is the spinner in most reads (the other threads take it only for the
+/// moments they wake from their sleeps), and never a thread state the interpreter does not list.
+fn check_gil_holder(checked: &mut Checked) {
+    let spinner = checked.threads[&checked.tids[3]];
+    let known: Vec<u64> = checked.threads.values().copied().collect();
+    let mut by_spinner = 0;
+    for _ in 0..GIL_READS {
+        if let Some(holder) = checked.target.gil_holder().expect("read the GIL") {
+            assert!(
+                known.contains(&holder),
+                "holder {holder:#x} is a listed thread state"
+            );
+            by_spinner += (holder == spinner) as usize;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        by_spinner * 2 > GIL_READS,
+        "the spinner held the GIL in {by_spinner} of {GIL_READS} reads"
+    );
+    eprintln!("the spinner held the GIL in {by_spinner} of {GIL_READS} reads");
+}
+
 /// The eval-entry flags against the real native stacks: a complete walk has one entry frame
 /// per native `_PyEval_EvalFrameDefault` frame, and merging puts each eval call's Python frames
 /// where the native stack has that call (leaf() under map_next, C code between its caller and
@@ -614,7 +686,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         return;
     }
     let natives = native_stacks(pid);
-    let [main_tid, worker_tid, deep_tid] = checked.tids;
+    let [main_tid, worker_tid, deep_tid, _] = checked.tids;
     for tid in [main_tid, worker_tid] {
         let frames = checked
             .target
@@ -664,10 +736,14 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
             "map_next between leaf and recurse: {names:?}"
         );
     }
-    assert!(
-        names[..leaf].iter().any(|n| n.contains("sleep")),
-        "time.sleep's C code under leaf: {names:?}"
-    );
+    // Under leaf: time.sleep's C code, or the GIL wait it ends in while the spinner holds it.
+    assert!(leaf > 0, "C code under leaf: {names:?}");
+    if debug_info {
+        assert!(
+            names[..leaf].iter().any(|n| n == "time_sleep"),
+            "time.sleep's C function under leaf: {names:?}"
+        );
+    }
 }
 
 fn pyenv_case(version: &str, expect: (u8, u8)) {
@@ -677,9 +753,10 @@ fn pyenv_case(version: &str, expect: (u8, u8)) {
         return;
     }
     let lib = home.join(format!("lib/libpython{}.{}.so.1.0", expect.0, expect.1));
-    let running = start(&[python.to_str().unwrap()]);
+    let running = start(&[python.to_str().unwrap()], true);
     let mut checked = check_process(&running, expect, Some(&lib));
     check_against_native_stacks(&mut checked, running.pid, true);
+    check_gil_holder(&mut checked);
 }
 
 #[test]
@@ -710,9 +787,10 @@ fn debian_cpython_3_11() {
     if !require(python) {
         return;
     }
-    let running = start(&["/usr/bin/python3.11"]);
+    let running = start(&["/usr/bin/python3.11"], true);
     let mut checked = check_process(&running, (3, 11), None);
     check_against_native_stacks(&mut checked, running.pid, false);
+    check_gil_holder(&mut checked);
 }
 
 /// A CPython in its own pid and mount namespaces: the interpreter's file is read through
@@ -726,14 +804,17 @@ fn namespaced_case(version: &str, expect: (u8, u8)) {
     if !require(&python) {
         return;
     }
-    let running = start(&[
-        "unshare",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-        python.to_str().unwrap(),
-    ]);
+    let running = start(
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            python.to_str().unwrap(),
+        ],
+        false,
+    );
     assert_eq!(
         running.main_ns_tid, 1,
         "the interpreter is pid 1 in its namespace"
@@ -770,17 +851,20 @@ fn cpython_from_a_file_only_its_mount_namespace_has() {
         "mount -t tmpfs bpfprof-test {dir} && cp {} {dir}/ && exec {dir}/python3.11 \"$@\"",
         python.display()
     );
-    let running = start(&[
-        "unshare",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-        "sh",
-        "-c",
-        &inside,
-        "sh",
-    ]);
+    let running = start(
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+            &inside,
+            "sh",
+        ],
+        false,
+    );
     let copy = private.path().join("python3.11");
     assert!(
         !copy.exists(),

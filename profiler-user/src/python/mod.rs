@@ -281,6 +281,57 @@ impl PythonTarget {
             .collect())
     }
 
+    /// Addresses of the main interpreter's GIL fields in the process: its `locked` flag (a C
+    /// `int`, non-zero while held) and `last_holder` (the `PyThreadState` that took it last),
+    /// for telling the GIL holder from waiters.
+    pub fn gil_addresses(&mut self) -> Result<(u64, u64)> {
+        let runtime = self.interpreter.runtime;
+        match self.layout.gil {
+            layout::GilLayout::InRuntime {
+                locked,
+                last_holder,
+            } => Ok((runtime + locked as u64, runtime + last_holder as u64)),
+            layout::GilLayout::PerInterpreter {
+                interp_gil,
+                locked,
+                last_holder,
+            } => {
+                let main = self
+                    .memory
+                    .read_u64(runtime + self.layout.runtime_interpreters_head as u64)
+                    .context("read _PyRuntime.interpreters.head")?;
+                // The main interpreter is the list's last (interpreters are pushed at its head).
+                let mut interp = main;
+                let mut seen = HashSet::new();
+                while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+                    let next = self
+                        .memory
+                        .read_u64(interp + self.layout.interp_next as u64)?;
+                    if next == 0 {
+                        break;
+                    }
+                    interp = next;
+                }
+                let gil = self.memory.read_u64(interp + interp_gil as u64)?;
+                if gil == 0 {
+                    return Err(
+                        anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into(),
+                    );
+                }
+                Ok((gil + locked as u64, gil + last_holder as u64))
+            }
+        }
+    }
+
+    /// The `PyThreadState` holding the main interpreter's GIL now, None while it is free.
+    pub fn gil_holder(&mut self) -> Result<Option<u64>> {
+        let (locked, holder) = self.gil_addresses()?;
+        if self.memory.read_i32(locked)? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.memory.read_u64(holder)?).filter(|&t| t != 0))
+    }
+
     /// The Python frames of the thread whose `PyThreadState` is at `tstate`, innermost first,
     /// walked by the kernel program's rules: the same offsets, packing and eval-entry flags
     /// (3.10 every frame; 3.11 a frame with `is_entry`; 3.12+ the frame just before a shim
