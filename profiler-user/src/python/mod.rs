@@ -28,7 +28,11 @@ use profiler_common::{
     PYTHON_FRAME_OWNED_BY_CSTACK,
 };
 
-use self::{code::CodeInfo, layout::Layout, memory::ProcessMemory};
+use self::{
+    code::{CodeInfo, CodeReader},
+    layout::Layout,
+    memory::ProcessMemory,
+};
 use crate::Result;
 /// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
 pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
@@ -55,6 +59,8 @@ pub struct PythonTarget {
     memory: ProcessMemory,
     /// Code objects read so far, by address.
     codes: HashMap<u64, CodeInfo>,
+    /// Reads code objects, with what they share cached.
+    code_reader: CodeReader,
     /// 3.10: where glibc's `struct pthread` keeps the thread's tid, once found.
     pthread_tid_offset: Option<u64>,
 }
@@ -111,6 +117,7 @@ impl PythonTarget {
             layout,
             memory,
             codes: HashMap::new(),
+            code_reader: CodeReader::default(),
             pthread_tid_offset: None,
         }))
     }
@@ -404,7 +411,9 @@ impl PythonTarget {
     /// Name, file, line of one recorded frame; cached by code address.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
         if !self.codes.contains_key(&frame.code) {
-            let info = code::read_code(&self.memory, &self.layout, frame.code)
+            let info = self
+                .code_reader
+                .read_code(&self.memory, &self.layout, frame.code)
                 .with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
             self.codes.insert(frame.code, info);
         }
