@@ -877,6 +877,36 @@ fn cpython_from_a_file_only_its_mount_namespace_has() {
     assert_eq!(target.interpreter_path(), &copy);
 }
 
+/// An interpreter whose file was deleted after it started (as a package upgrade does): its
+/// path no longer opens, so detection reads the mapped file through `/proc/PID/map_files`.
+#[test]
+fn cpython_whose_file_was_deleted() {
+    if !require_root() {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3.11");
+    if !require(python) {
+        return;
+    }
+    let dir = tempdir();
+    let copy = dir.path().join("python3.11");
+    std::fs::copy(python, &copy).expect("copy python3.11");
+    let running = start(&[copy.to_str().unwrap()], false);
+    std::fs::remove_file(&copy).expect("delete the copy");
+    let target = PythonTarget::detect(running.pid)
+        .expect("detect")
+        .expect("CPython");
+    assert!(
+        target
+            .interpreter_path()
+            .to_string_lossy()
+            .ends_with("(deleted)"),
+        "maps shows the file deleted: {}",
+        target.interpreter_path().display()
+    );
+    check_process(&running, (3, 11), None);
+}
+
 #[test]
 fn a_process_without_python_is_not_a_target() {
     let mut sleep = Command::new("sleep");

@@ -34,6 +34,7 @@ use self::{
     memory::ProcessMemory,
 };
 use crate::Result;
+
 /// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
 pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 
@@ -41,9 +42,10 @@ pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
 /// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
 const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
-/// Most interpreters, and threads per interpreter, listed (the lists are linked in the target's
-/// memory, which may change while it is read).
+/// Most interpreters listed (the list is linked in the target's memory, which may change while
+/// it is read, so a walk of it must end even on a cycle).
 const MAX_INTERPRETERS: usize = 256;
+/// Most threads listed per interpreter, for the same reason.
 const MAX_THREADS_PER_INTERPRETER: usize = 16384;
 /// Bytes of glibc's `struct pthread` searched for the thread id.
 const PTHREAD_SEARCH_BYTES: usize = 1024;
@@ -424,5 +426,15 @@ impl PythonTarget {
             line: info.line(frame.instruction),
             first_line: info.first_line,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The recording pipeline keeps targets in tokio tasks: they must move between threads.
+    #[test]
+    fn a_target_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::PythonTarget>();
     }
 }
