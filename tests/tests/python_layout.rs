@@ -48,7 +48,12 @@ fn script() -> PathBuf {
 
 /// The 1-based line of the marker comment `# MARK name` in the workload.
 fn mark(name: &str) -> u32 {
-    let text = std::fs::read_to_string(script()).expect("read pystack.py");
+    mark_in(&script(), name)
+}
+
+/// The 1-based line of the marker comment `# MARK name` in `script`.
+fn mark_in(script: &Path, name: &str) -> u32 {
+    let text = std::fs::read_to_string(script).expect("read the workload");
     let needle = format!("# MARK {name}");
     let hits: Vec<u32> = text
         .lines()
@@ -56,7 +61,12 @@ fn mark(name: &str) -> u32 {
         .filter(|(_, l)| l.trim_end().ends_with(&needle))
         .map(|(i, _)| i as u32 + 1)
         .collect();
-    assert_eq!(hits.len(), 1, "marker {needle:?} once in pystack.py");
+    assert_eq!(
+        hits.len(),
+        1,
+        "marker {needle:?} once in {}",
+        script.display()
+    );
     hits[0]
 }
 
@@ -84,10 +94,16 @@ struct Running {
 
 /// Starts pystack.py under `command`; with `spin`, its fourth thread holds the GIL.
 fn start(command: &[&str], spin: bool) -> Running {
+    start_script(command, &script(), spin)
+}
+
+/// Starts a workload script that reports its threads' ids (main thread first) in the file
+/// named by its first argument.
+fn start_script(command: &[&str], script: &Path, spin: bool) -> Running {
     let dir = tempdir();
     let report = dir.path().join("ready");
     let mut cmd = Command::new(command[0]);
-    cmd.args(&command[1..]).arg(script()).arg(&report);
+    cmd.args(&command[1..]).arg(script).arg(&report);
     if spin {
         cmd.arg("spin");
     }
@@ -112,13 +128,14 @@ fn start(command: &[&str], spin: bool) -> Running {
     } else {
         workload.pid()
     };
+    let id = |i: usize| ids.get(i).copied().unwrap_or(0);
     Running {
         _workload: workload,
         pid,
-        main_ns_tid: ids[0],
-        worker_ns_tid: ids[1],
-        deep_ns_tid: ids[2],
-        spinner_ns_tid: ids[3],
+        main_ns_tid: id(0),
+        worker_ns_tid: id(1),
+        deep_ns_tid: id(2),
+        spinner_ns_tid: id(3),
         _dir: dir,
     }
 }
@@ -905,6 +922,71 @@ fn cpython_whose_file_was_deleted() {
         target.interpreter_path().display()
     );
     check_process(&running, (3, 11), None);
+}
+
+/// A thread running code in a subinterpreter has a thread state in each interpreter; the one
+/// listed for it is the subinterpreter's, where it runs now, and its walk is the
+/// subinterpreter's code. 3.13 only: up to 3.12, `_xxsubinterpreters.run_string` runs the code
+/// on the subinterpreter's first thread state, the one made for the thread that created it
+/// (CPython gh-109860), so no thread state says which thread runs it.
+fn subinterpreter_case(python: &Path, expect: (u8, u8)) {
+    if !require(python) {
+        return;
+    }
+    let workload = workspace_root().join("tests/workloads/pysubinterp.py");
+    let running = start_script(&[python.to_str().unwrap()], &workload, false);
+    let pid = running.pid;
+    let mut target = PythonTarget::detect(pid).expect("detect").expect("CPython");
+    assert_eq!(target.version(), expect);
+    let threads: HashMap<u32, u64> = target.threads().expect("threads").into_iter().collect();
+    let main_tid = host_tid(pid, running.main_ns_tid);
+    let sub_tid = host_tid(pid, running.worker_ns_tid);
+    let mut tids: Vec<u32> = threads.keys().copied().collect();
+    tids.sort();
+    let mut want = vec![main_tid, sub_tid];
+    want.sort();
+    assert_eq!(tids, want, "one entry per thread");
+    let text = std::fs::read_to_string(&workload).expect("read the workload");
+    // The subinterpreter's code starts on the line of `SUB = f"""`.
+    let sub_start = text
+        .lines()
+        .position(|l| l.starts_with("SUB = "))
+        .expect("SUB in the workload") as u32;
+    let in_sub = |name: &str| mark_in(&workload, name) - sub_start;
+    let mut walk = |tid: u32| -> Vec<PythonFunction> {
+        let frames = target.walk_thread(threads[&tid]).expect("walk");
+        frames
+            .iter()
+            .map(|&f| target.resolve(f).expect("resolve"))
+            .collect()
+    };
+    let sub = walk(sub_tid);
+    let got: Vec<(&str, &str, u32)> = sub
+        .iter()
+        .map(|f| (f.name.as_str(), f.file.as_str(), f.line))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("sub_leaf", "<string>", in_sub("sub-leaf")),
+            ("<module>", "<string>", in_sub("sub-module")),
+        ],
+        "the sub thread runs the subinterpreter's code"
+    );
+    let main = walk(main_tid);
+    let got: Vec<(&str, u32)> = main.iter().map(|f| (f.name.as_str(), f.line)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("main_wait", mark_in(&workload, "main-wait")),
+            ("<module>", mark_in(&workload, "main-module")),
+        ]
+    );
+}
+
+#[test]
+fn subinterpreter_3_13() {
+    subinterpreter_case(&pyenv("3.13.0").join("bin/python3"), (3, 13));
 }
 
 #[test]

@@ -155,6 +155,9 @@ impl PythonTarget {
     }
 
     /// Host tid -> PyThreadState address for every thread of every interpreter.
+    ///
+    /// One entry per thread: of a thread's states in several interpreters, the first with a
+    /// frame, newest interpreter first (where a thread that entered a subinterpreter runs).
     pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
         let l = self.layout.clone();
         let mut states = Vec::new();
@@ -186,14 +189,47 @@ impl PythonTarget {
         } else {
             self.tids_from_pthreads(&states, &to_host)?
         };
-        let mut out = Vec::new();
+        // A thread that entered other interpreters (subinterpreters) has a thread state in
+        // each; the kernel's map holds one per thread: the first one with a frame, in list
+        // order (newest interpreter first, where a thread that switched interpreters runs now).
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        let mut chosen: HashMap<u32, (usize, bool)> = HashMap::new();
         for (&(tstate, _, _), ns_tid) in states.iter().zip(ns_tids) {
             // A thread state whose thread has exited (or not yet started) has no task.
-            if let Some(&host) = to_host.get(&ns_tid) {
-                out.push((host, tstate));
+            let Some(&host) = to_host.get(&ns_tid) else {
+                continue;
+            };
+            let has_frame = self.current_frame(tstate).is_ok_and(|f| f != 0);
+            match chosen.get(&host) {
+                None => {
+                    chosen.insert(host, (out.len(), has_frame));
+                    out.push((host, tstate));
+                }
+                Some(&(at, false)) if has_frame => {
+                    out[at] = (host, tstate);
+                    chosen.insert(host, (at, true));
+                }
+                Some(_) => {}
             }
         }
         Ok(out)
+    }
+
+    /// The innermost frame of the thread state at `tstate` (0 when it runs no Python), read as
+    /// the kernel reads it.
+    fn current_frame(&self, tstate: u64) -> Result<u64> {
+        let k = self.layout.kernel;
+        let mut frame = self
+            .memory
+            .read_u64(tstate + k.tstate_frame as u64)
+            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
+        if self.layout.has_cframe() && frame != 0 {
+            frame = self
+                .memory
+                .read_u64(frame + k.cframe_current_frame as u64)
+                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
+        }
+        Ok(frame)
     }
 
     /// The process's threads: tid in its own pid namespace -> tid in bpfprof's (the kernel's
@@ -242,6 +278,14 @@ impl PythonTarget {
             .iter()
             .map(|&(_, pthread, _)| self.memory.read_vec(pthread, PTHREAD_SEARCH_BYTES).ok())
             .collect();
+        // One struct per thread, however many interpreters the thread has a state in.
+        let mut unique_threads = HashSet::new();
+        let unique: Vec<&Vec<u8>> = states
+            .iter()
+            .zip(&blocks)
+            .filter(|((_, pthread, _), _)| unique_threads.insert(*pthread))
+            .filter_map(|(_, block)| block.as_ref())
+            .collect();
         let at = |block: &[u8], off: usize| -> u32 {
             u32::from_ne_bytes(block[off..off + 4].try_into().expect("4 bytes"))
         };
@@ -250,7 +294,7 @@ impl PythonTarget {
                 .iter()
                 .find(|&(_, &host)| host == self.pid)
                 .map(|(&inner, _)| inner);
-            let readable: Vec<&Vec<u8>> = blocks.iter().flatten().collect();
+            let readable = &unique;
             let fits = |off: &usize, need_pid: bool| {
                 let ids: Vec<u32> = readable.iter().map(|b| at(b, *off)).collect();
                 let live: Vec<u32> = ids.iter().copied().filter(|&id| id != 0).collect();
@@ -348,16 +392,7 @@ impl PythonTarget {
     /// unreadable pointer.
     pub fn walk_thread(&mut self, tstate: u64) -> Result<Vec<PythonFrame>> {
         let k = self.layout.kernel;
-        let mut frame = self
-            .memory
-            .read_u64(tstate + k.tstate_frame as u64)
-            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
-        if self.layout.has_cframe() && frame != 0 {
-            frame = self
-                .memory
-                .read_u64(frame + k.cframe_current_frame as u64)
-                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
-        }
+        let mut frame = self.current_frame(tstate)?;
         let mut packed: Vec<u64> = Vec::new();
         let mut visited = 0;
         while frame != 0 && packed.len() < MAX_PYTHON_DEPTH && visited < MAX_FRAMES_VISITED {
