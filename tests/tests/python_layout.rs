@@ -5,7 +5,9 @@
 //! the kernel program's rules and resolved to names, files and lines, all compared with the
 //! script's text. The version tables are re-derived from the pyenv builds' DWARF (with gdb), and
 //! 3.13's layout (read from `_Py_DebugOffsets` in the process) is compared with its DWARF too.
-//! Also a process in its own pid and mount namespace. Runs without root except that one.
+//! Each complete walk's eval-entry flags are checked against the native stacks gdb unwinds (one
+//! entry frame per `_PyEval_EvalFrameDefault`), and Python frames merged into them. Also
+//! processes in their own pid and mount namespaces. Those and the gdb checks need root.
 
 use std::{
     collections::HashMap,
@@ -15,7 +17,11 @@ use std::{
 };
 
 use bpfprof::python::FRAME_OWNED_BY_CSTACK;
-use bpfprof::python::{PythonFunction, PythonTarget};
+use bpfprof::python::{
+    layout::GilLayout,
+    merge::{merge_stacks, MergedFrame},
+    PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
+};
 use bpfprof_tests::*;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,7 +48,12 @@ fn script() -> PathBuf {
 
 /// The 1-based line of the marker comment `# MARK name` in the workload.
 fn mark(name: &str) -> u32 {
-    let text = std::fs::read_to_string(script()).expect("read pystack.py");
+    mark_in(&script(), name)
+}
+
+/// The 1-based line of the marker comment `# MARK name` in `script`.
+fn mark_in(script: &Path, name: &str) -> u32 {
+    let text = std::fs::read_to_string(script).expect("read the workload");
     let needle = format!("# MARK {name}");
     let hits: Vec<u32> = text
         .lines()
@@ -50,7 +61,12 @@ fn mark(name: &str) -> u32 {
         .filter(|(_, l)| l.trim_end().ends_with(&needle))
         .map(|(i, _)| i as u32 + 1)
         .collect();
-    assert_eq!(hits.len(), 1, "marker {needle:?} once in pystack.py");
+    assert_eq!(
+        hits.len(),
+        1,
+        "marker {needle:?} once in {}",
+        script.display()
+    );
     hits[0]
 }
 
@@ -71,14 +87,26 @@ struct Running {
     pid: u32,
     main_ns_tid: u32,
     worker_ns_tid: u32,
+    deep_ns_tid: u32,
+    spinner_ns_tid: u32,
     _dir: tempfile::TempDir,
 }
 
-fn start(command: &[&str]) -> Running {
+/// Starts pystack.py under `command`; with `spin`, its fourth thread holds the GIL.
+fn start(command: &[&str], spin: bool) -> Running {
+    start_script(command, &script(), spin)
+}
+
+/// Starts a workload script that reports its threads' ids (main thread first) in the file
+/// named by its first argument.
+fn start_script(command: &[&str], script: &Path, spin: bool) -> Running {
     let dir = tempdir();
     let report = dir.path().join("ready");
     let mut cmd = Command::new(command[0]);
-    cmd.args(&command[1..]).arg(script()).arg(&report);
+    cmd.args(&command[1..]).arg(script).arg(&report);
+    if spin {
+        cmd.arg("spin");
+    }
     let workload = Workload::spawn_command(cmd);
     let text = poll_until(READY_TIMEOUT, || std::fs::read_to_string(&report).ok())
         .unwrap_or_else(|| panic!("{command:?} did not report its threads"));
@@ -100,11 +128,14 @@ fn start(command: &[&str]) -> Running {
     } else {
         workload.pid()
     };
+    let id = |i: usize| ids.get(i).copied().unwrap_or(0);
     Running {
         _workload: workload,
         pid,
-        main_ns_tid: ids[0],
-        worker_ns_tid: ids[1],
+        main_ns_tid: id(0),
+        worker_ns_tid: id(1),
+        deep_ns_tid: id(2),
+        spinner_ns_tid: id(3),
         _dir: dir,
     }
 }
@@ -316,6 +347,44 @@ fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
             k.frame_entry as u64,
         ));
     }
+    match l.gil {
+        GilLayout::InRuntime {
+            locked,
+            last_holder,
+        } => {
+            checks.push((
+                "gil locked",
+                off("_PyRuntimeState", "ceval.gil.locked"),
+                locked as u64,
+            ));
+            checks.push((
+                "gil last_holder",
+                off("_PyRuntimeState", "ceval.gil.last_holder"),
+                last_holder as u64,
+            ));
+        }
+        GilLayout::PerInterpreter {
+            interp_gil,
+            locked,
+            last_holder,
+        } => {
+            checks.push((
+                "interp ceval.gil",
+                off("PyInterpreterState", "ceval.gil"),
+                interp_gil as u64,
+            ));
+            checks.push((
+                "gil locked",
+                off("struct _gil_runtime_state", "locked"),
+                locked as u64,
+            ));
+            checks.push((
+                "gil last_holder",
+                off("struct _gil_runtime_state", "last_holder"),
+                last_holder as u64,
+            ));
+        }
+    }
     if minor == 11 || minor == 12 {
         checks.push((
             "cframe current_frame",
@@ -422,7 +491,15 @@ fn check_stack(label: &str, got: &[PythonFunction], expected: &[Expect]) {
 }
 
 /// Detects, lists threads, walks and resolves both threads of a running pystack.py.
-fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) {
+/// What [`check_process`] found: the target, its threads by host tid, and the main, worker,
+/// deep and spinner threads' host tids.
+struct Checked {
+    target: PythonTarget,
+    threads: HashMap<u32, u64>,
+    tids: [u32; 4],
+}
+
+fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Path>) -> Checked {
     let pid = running.pid;
     let mut target = PythonTarget::detect(pid)
         .expect("detect")
@@ -445,10 +522,12 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
     let threads: HashMap<u32, u64> = target.threads().expect("threads").into_iter().collect();
     let main_tid = host_tid(pid, running.main_ns_tid);
     let worker_tid = host_tid(pid, running.worker_ns_tid);
+    let deep_tid = host_tid(pid, running.deep_ns_tid);
+    let spinner_tid = host_tid(pid, running.spinner_ns_tid);
     assert_eq!(main_tid, pid, "the main thread's host tid is the pid");
     let mut tids: Vec<u32> = threads.keys().copied().collect();
     tids.sort();
-    let mut want = vec![main_tid, worker_tid];
+    let mut want = vec![main_tid, worker_tid, deep_tid, spinner_tid];
     want.sort();
     assert_eq!(tids, want, "host tids of the Python threads");
 
@@ -528,12 +607,176 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
             "worker's eval-entry flags on 3.{minor}"
         );
     }
+    // The deep thread: recurse() 201 times, then map() (C) calls leaf(). The walk keeps the
+    // innermost MAX_PYTHON_DEPTH frames: leaf, then recurse frames.
+    let frames = target.walk_thread(threads[&deep_tid]).expect("walk deep");
+    assert_eq!(
+        frames.len(),
+        MAX_PYTHON_DEPTH,
+        "a deep stack is cut at the kernel's bound"
+    );
+    let resolved: Vec<PythonFunction> = frames
+        .iter()
+        .map(|&f| target.resolve(f).expect("resolve"))
+        .collect();
+    let mut expected = vec![
+        script_frame("leaf", mark("deep-leaf"), def_line("leaf")),
+        script_frame("recurse", mark("deep-through-c"), def_line("recurse")),
+    ];
+    while expected.len() < MAX_PYTHON_DEPTH {
+        expected.push(script_frame(
+            "recurse",
+            mark("deep-recurse"),
+            def_line("recurse"),
+        ));
+    }
+    check_stack("deep thread", &resolved, &expected);
+    let entries: Vec<bool> = frames.iter().map(|f| f.eval_entry).collect();
+    // leaf() is called from C (map), so it begins an eval call on every version; from 3.11 the
+    // recursive calls stay in one eval call, whose first frame is past the bound.
+    let mut want_entries = vec![minor == 10; MAX_PYTHON_DEPTH];
+    want_entries[0] = true;
+    assert_eq!(entries, want_entries, "deep thread's eval-entry flags");
+
     // Every frame's code object is cached after the first resolve: resolving again is the
     // same answer.
     assert_eq!(
         target.resolve(frames[0]).expect("resolve again"),
         resolved[0]
     );
+    Checked {
+        target,
+        threads,
+        tids: [main_tid, worker_tid, deep_tid, spinner_tid],
+    }
+}
+
+/// Each thread's native stack (function names, innermost first) by host tid, from gdb, which
+/// unwinds by the objects' CFI and names inlined frames too.
+fn native_stacks(pid: u32) -> HashMap<u32, Vec<String>> {
+    let out = Command::new("gdb")
+        .args([
+            "-batch",
+            "-nx",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
+        .output()
+        .expect("run gdb");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let thread_re = regex::Regex::new(r"^Thread \d+ .*\(LWP (\d+)\)").unwrap();
+    let frame_re = regex::Regex::new(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+) \(").unwrap();
+    let mut stacks: HashMap<u32, Vec<String>> = HashMap::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(c) = thread_re.captures(line) {
+            current = Some(c[1].parse().expect("tid"));
+        } else if let (Some(tid), Some(c)) = (current, frame_re.captures(line)) {
+            stacks.entry(tid).or_default().push(c[1].to_string());
+        }
+    }
+    assert!(!stacks.is_empty(), "gdb backtraces of pid {pid}: {text}");
+    stacks
+}
+
+const EVAL: &str = "_PyEval_EvalFrameDefault";
+
+/// Reads of the GIL's holder while the spinner thread runs Python without a pause.
+const GIL_READS: usize = 200;
+
+/// The GIL's holder is the spinner in most reads (the other threads take it only for the
+/// moments they wake from their sleeps), and never a thread state the interpreter does not list.
+fn check_gil_holder(checked: &mut Checked) {
+    let spinner = checked.threads[&checked.tids[3]];
+    let known: Vec<u64> = checked.threads.values().copied().collect();
+    let mut by_spinner = 0;
+    for _ in 0..GIL_READS {
+        if let Some(holder) = checked.target.gil_holder().expect("read the GIL") {
+            assert!(
+                known.contains(&holder),
+                "holder {holder:#x} is a listed thread state"
+            );
+            by_spinner += (holder == spinner) as usize;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        by_spinner * 2 > GIL_READS,
+        "the spinner held the GIL in {by_spinner} of {GIL_READS} reads"
+    );
+    eprintln!("the spinner held the GIL in {by_spinner} of {GIL_READS} reads");
+}
+
+/// The eval-entry flags against the real native stacks: a complete walk has one entry frame
+/// per native `_PyEval_EvalFrameDefault` frame, and merging puts each eval call's Python frames
+/// where the native stack has that call (leaf() under map_next, C code between its caller and
+/// it).
+fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool) {
+    // gdb attaches with ptrace, which needs root here (the workload is not gdb's child).
+    if !require_root() {
+        return;
+    }
+    let natives = native_stacks(pid);
+    let [main_tid, worker_tid, deep_tid, _] = checked.tids;
+    for tid in [main_tid, worker_tid] {
+        let frames = checked
+            .target
+            .walk_thread(checked.threads[&tid])
+            .expect("walk");
+        let entries = frames.iter().filter(|f| f.eval_entry).count();
+        let native = &natives[&tid];
+        let evals = native.iter().filter(|n| *n == EVAL).count();
+        assert_eq!(
+            entries, evals,
+            "thread {tid}: eval-entry frames vs native {EVAL} frames: {native:?}"
+        );
+    }
+    let frames = checked
+        .target
+        .walk_thread(checked.threads[&deep_tid])
+        .expect("walk");
+    let merged = merge_stacks(natives[&deep_tid].clone(), &frames, |n| n == EVAL, false);
+    let names: Vec<String> = merged
+        .iter()
+        .map(|f| match f {
+            MergedFrame::Native(n) => n.clone(),
+            MergedFrame::Python(p) => {
+                format!("py:{}", checked.target.resolve(*p).expect("resolve").name)
+            }
+        })
+        .collect();
+    let leaf = names
+        .iter()
+        .position(|n| n == "py:leaf")
+        .expect("leaf in the merged stack");
+    let recurse = names
+        .iter()
+        .position(|n| n == "py:recurse")
+        .expect("recurse");
+    assert!(
+        leaf + 1 < recurse
+            && names[leaf + 1..recurse]
+                .iter()
+                .all(|n| !n.starts_with("py:")),
+        "leaf, then map()'s C code, then its caller: {names:?}"
+    );
+    // A stripped interpreter (Debian's) names only its exported functions.
+    if debug_info {
+        assert!(
+            names[leaf..recurse].iter().any(|n| n == "map_next"),
+            "map_next between leaf and recurse: {names:?}"
+        );
+    }
+    // Under leaf: time.sleep's C code, or the GIL wait it ends in while the spinner holds it.
+    assert!(leaf > 0, "C code under leaf: {names:?}");
+    if debug_info {
+        assert!(
+            names[..leaf].iter().any(|n| n == "time_sleep"),
+            "time.sleep's C function under leaf: {names:?}"
+        );
+    }
 }
 
 fn pyenv_case(version: &str, expect: (u8, u8)) {
@@ -543,8 +786,10 @@ fn pyenv_case(version: &str, expect: (u8, u8)) {
         return;
     }
     let lib = home.join(format!("lib/libpython{}.{}.so.1.0", expect.0, expect.1));
-    let running = start(&[python.to_str().unwrap()]);
-    check_process(&running, expect, Some(&lib));
+    let running = start(&[python.to_str().unwrap()], true);
+    let mut checked = check_process(&running, expect, Some(&lib));
+    check_against_native_stacks(&mut checked, running.pid, true);
+    check_gil_holder(&mut checked);
 }
 
 #[test]
@@ -575,8 +820,10 @@ fn debian_cpython_3_11() {
     if !require(python) {
         return;
     }
-    let running = start(&["/usr/bin/python3.11"]);
-    check_process(&running, (3, 11), None);
+    let running = start(&["/usr/bin/python3.11"], true);
+    let mut checked = check_process(&running, (3, 11), None);
+    check_against_native_stacks(&mut checked, running.pid, false);
+    check_gil_holder(&mut checked);
 }
 
 /// A CPython in its own pid and mount namespaces: the interpreter's file is read through
@@ -590,14 +837,17 @@ fn namespaced_case(version: &str, expect: (u8, u8)) {
     if !require(&python) {
         return;
     }
-    let running = start(&[
-        "unshare",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-        python.to_str().unwrap(),
-    ]);
+    let running = start(
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            python.to_str().unwrap(),
+        ],
+        false,
+    );
     assert_eq!(
         running.main_ns_tid, 1,
         "the interpreter is pid 1 in its namespace"
@@ -614,6 +864,145 @@ fn cpython_3_10_in_another_pid_and_mount_namespace() {
 #[test]
 fn cpython_3_12_in_another_pid_and_mount_namespace() {
     namespaced_case("3.12.1", (3, 12));
+}
+
+/// Debian's python3.11 run from a copy on a tmpfs mounted only in the process's own mount
+/// namespace: bpfprof's namespace has no such file, so detection must read the interpreter
+/// through `/proc/PID/root`.
+#[test]
+fn cpython_from_a_file_only_its_mount_namespace_has() {
+    if !require_root() {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3.11");
+    if !require(python) {
+        return;
+    }
+    let private = tempdir();
+    let dir = private.path().display().to_string();
+    let inside = format!(
+        "mount -t tmpfs bpfprof-test {dir} && cp {} {dir}/ && exec {dir}/python3.11 \"$@\"",
+        python.display()
+    );
+    let running = start(
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+            &inside,
+            "sh",
+        ],
+        false,
+    );
+    let copy = private.path().join("python3.11");
+    assert!(
+        !copy.exists(),
+        "the copy is invisible outside the namespace"
+    );
+    check_process(&running, (3, 11), None);
+    let target = PythonTarget::detect(running.pid)
+        .expect("detect")
+        .expect("CPython");
+    assert_eq!(target.interpreter_path(), &copy);
+}
+
+/// An interpreter whose file was deleted after it started (as a package upgrade does): its
+/// path no longer opens, so detection reads the mapped file through `/proc/PID/map_files`.
+#[test]
+fn cpython_whose_file_was_deleted() {
+    if !require_root() {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3.11");
+    if !require(python) {
+        return;
+    }
+    let dir = tempdir();
+    let copy = dir.path().join("python3.11");
+    std::fs::copy(python, &copy).expect("copy python3.11");
+    let running = start(&[copy.to_str().unwrap()], false);
+    std::fs::remove_file(&copy).expect("delete the copy");
+    let target = PythonTarget::detect(running.pid)
+        .expect("detect")
+        .expect("CPython");
+    assert!(
+        target
+            .interpreter_path()
+            .to_string_lossy()
+            .ends_with("(deleted)"),
+        "maps shows the file deleted: {}",
+        target.interpreter_path().display()
+    );
+    check_process(&running, (3, 11), None);
+}
+
+/// A thread running code in a subinterpreter has a thread state in each interpreter; the one
+/// listed for it is the subinterpreter's, where it runs now, and its walk is the
+/// subinterpreter's code. 3.13 only: up to 3.12, `_xxsubinterpreters.run_string` runs the code
+/// on the subinterpreter's first thread state, the one made for the thread that created it
+/// (CPython gh-109860), so no thread state says which thread runs it.
+fn subinterpreter_case(python: &Path, expect: (u8, u8)) {
+    if !require(python) {
+        return;
+    }
+    let workload = workspace_root().join("tests/workloads/pysubinterp.py");
+    let running = start_script(&[python.to_str().unwrap()], &workload, false);
+    let pid = running.pid;
+    let mut target = PythonTarget::detect(pid).expect("detect").expect("CPython");
+    assert_eq!(target.version(), expect);
+    let threads: HashMap<u32, u64> = target.threads().expect("threads").into_iter().collect();
+    let main_tid = host_tid(pid, running.main_ns_tid);
+    let sub_tid = host_tid(pid, running.worker_ns_tid);
+    let mut tids: Vec<u32> = threads.keys().copied().collect();
+    tids.sort();
+    let mut want = vec![main_tid, sub_tid];
+    want.sort();
+    assert_eq!(tids, want, "one entry per thread");
+    let text = std::fs::read_to_string(&workload).expect("read the workload");
+    // The subinterpreter's code starts on the line of `SUB = f"""`.
+    let sub_start = text
+        .lines()
+        .position(|l| l.starts_with("SUB = "))
+        .expect("SUB in the workload") as u32;
+    let in_sub = |name: &str| mark_in(&workload, name) - sub_start;
+    let mut walk = |tid: u32| -> Vec<PythonFunction> {
+        let frames = target.walk_thread(threads[&tid]).expect("walk");
+        frames
+            .iter()
+            .map(|&f| target.resolve(f).expect("resolve"))
+            .collect()
+    };
+    let sub = walk(sub_tid);
+    let got: Vec<(&str, &str, u32)> = sub
+        .iter()
+        .map(|f| (f.name.as_str(), f.file.as_str(), f.line))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("sub_leaf", "<string>", in_sub("sub-leaf")),
+            ("<module>", "<string>", in_sub("sub-module")),
+        ],
+        "the sub thread runs the subinterpreter's code"
+    );
+    let main = walk(main_tid);
+    let got: Vec<(&str, u32)> = main.iter().map(|f| (f.name.as_str(), f.line)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("main_wait", mark_in(&workload, "main-wait")),
+            ("<module>", mark_in(&workload, "main-module")),
+        ]
+    );
+}
+
+#[test]
+fn subinterpreter_3_13() {
+    subinterpreter_case(&pyenv("3.13.0").join("bin/python3"), (3, 13));
 }
 
 #[test]

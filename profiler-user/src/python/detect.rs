@@ -24,8 +24,10 @@ pub struct Interpreter {
 /// Why a process has no interpreter bpfprof can read; `Ok(Err(reason))` of [`find`].
 pub type NotPython = String;
 
-/// One file's mappings: (start address, file offset) pairs.
-type FileMappings = BTreeMap<PathBuf, Vec<(u64, u64)>>;
+/// One file's mapping: start and end address, file offset.
+type Mapping = (u64, u64, u64);
+/// Each mapped file's mappings.
+type FileMappings = BTreeMap<PathBuf, Vec<Mapping>>;
 
 /// Versions whose layouts bpfprof knows.
 pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
@@ -52,7 +54,10 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
     let mut files: FileMappings = BTreeMap::new();
     for m in maps {
         if let MMapPath::Path(path) = m.pathname {
-            files.entry(path).or_default().push((m.address.0, m.offset));
+            files
+                .entry(path)
+                .or_default()
+                .push((m.address.0, m.address.1, m.offset));
         }
     }
     // Only objects named like CPython are opened: `libpython3.X.so*` and `python3.X` (the
@@ -124,16 +129,30 @@ fn version_from_name(path: &std::path::Path) -> Option<(u8, u8)> {
 
 /// Runtime addresses of `_PyRuntime` and, where defined, `Py_Version`, when `path` defines
 /// `_PyRuntime`. The file is read through `/proc/PID/root` so that a process in another mount
-/// namespace is read from its own files.
+/// namespace is read from its own files; where that path is gone (a file deleted or replaced
+/// since the process mapped it, shown as `PATH (deleted)`), through `/proc/PID/map_files`.
 fn runtime_of(
     pid: u32,
     path: &std::path::Path,
-    mappings: &[(u64, u64)],
+    mappings: &[Mapping],
 ) -> Result<Option<(u64, Option<u64>)>> {
-    let on_host =
+    let by_root =
         PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
-    let file =
-        std::fs::File::open(&on_host).with_context(|| format!("open {}", on_host.display()))?;
+    let (on_host, file) = match std::fs::File::open(&by_root) {
+        Ok(file) => (by_root, file),
+        Err(e) => {
+            let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
+            let by_mapping = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+            match std::fs::File::open(&by_mapping) {
+                Ok(file) => (by_mapping, file),
+                Err(_) => {
+                    return Err(anyhow::Error::from(e)
+                        .context(format!("open {}", by_root.display()))
+                        .into())
+                }
+            }
+        }
+    };
     // SAFETY: the map is read-only and private; a file changed under it would at worst give
     // wrong symbol values, which the reads of process memory then fail on.
     let data = unsafe { memmap2::Mmap::map(&file) }
@@ -160,12 +179,12 @@ fn runtime_of(
 
 /// The difference between the object's runtime and link-time addresses, from a mapping whose
 /// file offset is a loadable segment's (page-aligned) start.
-fn load_bias(elf: &object::File, mappings: &[(u64, u64)]) -> Option<u64> {
+fn load_bias(elf: &object::File, mappings: &[Mapping]) -> Option<u64> {
     const PAGE: u64 = 4096;
     for segment in elf.segments() {
         let (file_offset, _) = segment.file_range();
         let aligned_offset = file_offset & !(PAGE - 1);
-        if let Some(&(start, _)) = mappings.iter().find(|&&(_, off)| off == aligned_offset) {
+        if let Some(&(start, _, _)) = mappings.iter().find(|m| m.2 == aligned_offset) {
             let aligned_vaddr = segment.address() & !(PAGE - 1);
             return Some(start.wrapping_sub(aligned_vaddr));
         }

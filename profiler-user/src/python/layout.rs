@@ -63,6 +63,30 @@ pub struct Layout {
     pub bytes_data: u32,
     /// The format of `co_linetable`.
     pub line_format: LineTableFormat,
+    /// Where the main interpreter's GIL is.
+    pub gil: GilLayout,
+}
+
+/// Where the main interpreter's GIL (`struct _gil_runtime_state`) is, and its `locked` (a C
+/// `int`) and `last_holder` (a `PyThreadState *`) fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GilLayout {
+    /// Inside `_PyRuntime` (3.10, 3.11: `_PyRuntime.ceval.gil`); offsets from `_PyRuntime`.
+    InRuntime {
+        /// Offset of `ceval.gil.locked` in `_PyRuntime`.
+        locked: u32,
+        /// Offset of `ceval.gil.last_holder` in `_PyRuntime`.
+        last_holder: u32,
+    },
+    /// Per interpreter (3.12 and later): `PyInterpreterState.ceval.gil` points to it.
+    PerInterpreter {
+        /// Offset of the `ceval.gil` pointer in `PyInterpreterState`.
+        interp_gil: u32,
+        /// Offset of `locked` in the GIL's struct.
+        locked: u32,
+        /// Offset of `last_holder` in the GIL's struct.
+        last_holder: u32,
+    },
 }
 
 /// Bits of `PyASCIIObject.state` (the same in 3.10-3.13): `interned:2, kind:3, compact:1,
@@ -146,6 +170,10 @@ pub fn table(minor: u8) -> Option<Layout> {
             bytes_size: BYTES_SIZE,
             bytes_data: BYTES_DATA,
             line_format: LineTableFormat::Pep626,
+            gil: GilLayout::InRuntime {
+                locked: 368,
+                last_holder: 360,
+            },
         }),
         11 => Some(Layout {
             gil: GilState::InRuntime(360),
@@ -183,6 +211,10 @@ pub fn table(minor: u8) -> Option<Layout> {
             bytes_size: BYTES_SIZE,
             bytes_data: BYTES_DATA,
             line_format: LineTableFormat::Locations,
+            gil: GilLayout::InRuntime {
+                locked: 376,
+                last_holder: 368,
+            },
         }),
         12 => Some(Layout {
             gil: GilState::BehindInterpreter(384),
@@ -221,6 +253,11 @@ pub fn table(minor: u8) -> Option<Layout> {
             bytes_size: BYTES_SIZE,
             bytes_data: BYTES_DATA,
             line_format: LineTableFormat::Locations,
+            gil: GilLayout::PerInterpreter {
+                interp_gil: 384,
+                locked: 16,
+                last_holder: 8,
+            },
         }),
         _ => None,
     }
@@ -259,6 +296,10 @@ mod debug_offsets {
     pub const UNICODE_STATE: usize = 544;
     pub const UNICODE_LENGTH: usize = 552;
     pub const UNICODE_ASCII_SIZE: usize = 560;
+    pub const INTERP_CEVAL_GIL: usize = 112;
+    pub const INTERP_GIL_STATE: usize = 120;
+    pub const INTERP_GIL_LOCKED: usize = 136;
+    pub const INTERP_GIL_HOLDER: usize = 144;
 }
 
 /// Bytes a `PyCompactUnicodeObject` adds to a `PyASCIIObject` in 3.12 and later: `utf8_length`
@@ -335,6 +376,18 @@ impl Layout {
             bytes_size: small(d::BYTES_SIZE)?,
             bytes_data: small(d::BYTES_DATA)?,
             line_format: LineTableFormat::Locations,
+            // 3.13 gives the offsets of the fields of the interpreter's own `_gil` in
+            // `PyInterpreterState`; `ceval.gil` points to that struct (to the main
+            // interpreter's for interpreters that share its GIL).
+            gil: GilLayout::PerInterpreter {
+                interp_gil: small(d::INTERP_CEVAL_GIL)?,
+                locked: small(d::INTERP_GIL_LOCKED)?
+                    .checked_sub(small(d::INTERP_GIL_STATE)?)
+                    .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's locked before the GIL"))?,
+                last_holder: small(d::INTERP_GIL_HOLDER)?
+                    .checked_sub(small(d::INTERP_GIL_STATE)?)
+                    .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's holder before the GIL"))?,
+            },
         })
     }
 

@@ -15,6 +15,7 @@ pub mod detect;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
+pub mod merge;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -27,8 +28,13 @@ use profiler_common::{
     PYTHON_FRAME_OWNED_BY_CSTACK,
 };
 
-use self::{code::CodeInfo, layout::Layout, memory::ProcessMemory};
+use self::{
+    code::{CodeInfo, CodeReader},
+    layout::Layout,
+    memory::ProcessMemory,
+};
 use crate::Result;
+
 /// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
 pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 
@@ -36,12 +42,16 @@ pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
 /// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
 const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
-/// Most interpreters, and threads per interpreter, listed (the lists are linked in the target's
-/// memory, which may change while it is read).
+/// Most interpreters listed (the list is linked in the target's memory, which may change while
+/// it is read, so a walk of it must end even on a cycle).
 const MAX_INTERPRETERS: usize = 256;
+/// Most threads listed per interpreter, for the same reason.
 const MAX_THREADS_PER_INTERPRETER: usize = 16384;
-/// Bytes of glibc's `struct pthread` searched for the thread id (glibc 2.36 keeps it at 720).
+/// Bytes of glibc's `struct pthread` searched for the thread id.
 const PTHREAD_SEARCH_BYTES: usize = 1024;
+/// `offsetof(struct pthread, tid)` in glibc 2.26 and later on x86-64 (Debian 12's 2.36 too);
+/// preferred when the search finds several offsets that fit.
+const GLIBC_PTHREAD_TID: usize = 0x2d0;
 
 /// One CPython process bpfprof reads Python frames of.
 pub struct PythonTarget {
@@ -51,6 +61,8 @@ pub struct PythonTarget {
     memory: ProcessMemory,
     /// Code objects read so far, by address.
     codes: HashMap<u64, CodeInfo>,
+    /// Reads code objects, with what they share cached.
+    code_reader: CodeReader,
     /// 3.10: where glibc's `struct pthread` keeps the thread's tid, once found.
     pthread_tid_offset: Option<u64>,
 }
@@ -107,6 +119,7 @@ impl PythonTarget {
             layout,
             memory,
             codes: HashMap::new(),
+            code_reader: CodeReader::default(),
             pthread_tid_offset: None,
         }))
     }
@@ -164,6 +177,9 @@ impl PythonTarget {
     }
 
     /// Host tid -> PyThreadState address for every thread of every interpreter.
+    ///
+    /// One entry per thread: of a thread's states in several interpreters, the first with a
+    /// frame, newest interpreter first (where a thread that entered a subinterpreter runs).
     pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
         let l = self.layout.clone();
         let mut states = Vec::new();
@@ -195,14 +211,47 @@ impl PythonTarget {
         } else {
             self.tids_from_pthreads(&states, &to_host)?
         };
-        let mut out = Vec::new();
+        // A thread that entered other interpreters (subinterpreters) has a thread state in
+        // each; the kernel's map holds one per thread: the first one with a frame, in list
+        // order (newest interpreter first, where a thread that switched interpreters runs now).
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        let mut chosen: HashMap<u32, (usize, bool)> = HashMap::new();
         for (&(tstate, _, _), ns_tid) in states.iter().zip(ns_tids) {
             // A thread state whose thread has exited (or not yet started) has no task.
-            if let Some(&host) = to_host.get(&ns_tid) {
-                out.push((host, tstate));
+            let Some(&host) = to_host.get(&ns_tid) else {
+                continue;
+            };
+            let has_frame = self.current_frame(tstate).is_ok_and(|f| f != 0);
+            match chosen.get(&host) {
+                None => {
+                    chosen.insert(host, (out.len(), has_frame));
+                    out.push((host, tstate));
+                }
+                Some(&(at, false)) if has_frame => {
+                    out[at] = (host, tstate);
+                    chosen.insert(host, (at, true));
+                }
+                Some(_) => {}
             }
         }
         Ok(out)
+    }
+
+    /// The innermost frame of the thread state at `tstate` (0 when it runs no Python), read as
+    /// the kernel reads it.
+    fn current_frame(&self, tstate: u64) -> Result<u64> {
+        let k = self.layout.kernel;
+        let mut frame = self
+            .memory
+            .read_u64(tstate + k.tstate_frame as u64)
+            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
+        if self.layout.has_cframe() && frame != 0 {
+            frame = self
+                .memory
+                .read_u64(frame + k.cframe_current_frame as u64)
+                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
+        }
+        Ok(frame)
     }
 
     /// The process's threads: tid in its own pid namespace -> tid in bpfprof's (the kernel's
@@ -236,54 +285,126 @@ impl PythonTarget {
 
     /// 3.10: each thread's tid (in its namespace) from its `pthread_t`, which glibc makes the
     /// address of the thread's `struct pthread`. The offset of `tid` in that struct differs
-    /// between glibc versions and no debug info is usually installed, so it is found from the
-    /// data: the one 4-byte-aligned offset at which every thread's struct holds a distinct id of
-    /// one of the process's tasks, and the main thread's (if it runs Python) the process's own id.
+    /// between glibc versions and libc's debug info is rarely installed, so it is found from the
+    /// data: a 4-byte-aligned offset at which every thread's struct holds either a distinct id
+    /// of one of the process's tasks or 0 (the kernel clears it when a thread exits), at least
+    /// one being the process's own id (its main thread runs Python in all but embedded
+    /// interpreters, for which that condition is dropped). Among several, glibc 2.26+'s offset
+    /// on x86-64 wins, then the smallest. Found once per process.
     fn tids_from_pthreads(
         &mut self,
         states: &[(u64, u64, Option<u32>)],
         to_host: &HashMap<u32, u32>,
     ) -> Result<Vec<u32>> {
-        let blocks: Vec<Vec<u8>> = states
+        let blocks: Vec<Option<Vec<u8>>> = states
             .iter()
-            .map(|&(_, pthread, _)| {
-                self.memory
-                    .read_vec(pthread, PTHREAD_SEARCH_BYTES)
-                    .unwrap_or_default()
-            })
+            .map(|&(_, pthread, _)| self.memory.read_vec(pthread, PTHREAD_SEARCH_BYTES).ok())
             .collect();
-        let at = |block: &[u8], off: usize| -> Option<u32> {
-            block
-                .get(off..off + 4)
-                .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+        // One struct per thread, however many interpreters the thread has a state in.
+        let mut unique_threads = HashSet::new();
+        let unique: Vec<&Vec<u8>> = states
+            .iter()
+            .zip(&blocks)
+            .filter(|((_, pthread, _), _)| unique_threads.insert(*pthread))
+            .filter_map(|(_, block)| block.as_ref())
+            .collect();
+        let at = |block: &[u8], off: usize| -> u32 {
+            u32::from_ne_bytes(block[off..off + 4].try_into().expect("4 bytes"))
         };
-        if self.pthread_tid_offset.is_none() && !blocks.is_empty() {
+        if self.pthread_tid_offset.is_none() {
             let ns_pid = to_host
                 .iter()
                 .find(|&(_, &host)| host == self.pid)
                 .map(|(&inner, _)| inner);
-            let offset = (0..PTHREAD_SEARCH_BYTES)
-                .step_by(4)
-                .find(|&off| {
-                    let ids: Vec<Option<u32>> = blocks.iter().map(|b| at(b, off)).collect();
-                    let distinct: HashSet<_> = ids.iter().collect();
-                    ids.iter()
-                        .all(|id| id.is_some_and(|id| to_host.contains_key(&id)))
-                        && distinct.len() == ids.len()
-                        && (ns_pid.is_none() || ids.contains(&ns_pid))
-                })
+            let readable = &unique;
+            let fits = |off: &usize, need_pid: bool| {
+                let ids: Vec<u32> = readable.iter().map(|b| at(b, *off)).collect();
+                let live: Vec<u32> = ids.iter().copied().filter(|&id| id != 0).collect();
+                let distinct: HashSet<u32> = live.iter().copied().collect();
+                !live.is_empty()
+                    && distinct.len() == live.len()
+                    && live.iter().all(|id| to_host.contains_key(id))
+                    && (!need_pid || ns_pid.is_some_and(|pid| live.contains(&pid)))
+            };
+            let offsets = || (0..=PTHREAD_SEARCH_BYTES - 4).step_by(4);
+            let mut candidates: Vec<usize> = offsets().filter(|o| fits(o, true)).collect();
+            if candidates.is_empty() {
+                candidates = offsets().filter(|o| fits(o, false)).collect();
+            }
+            let offset = candidates
+                .iter()
+                .copied()
+                .find(|&o| o == GLIBC_PTHREAD_TID)
+                .or(candidates.first().copied())
                 .ok_or_else(|| {
                     anyhow!(
                         "pid {}: cannot find the tid in glibc's struct pthread of its {} Python threads",
                         self.pid,
-                        blocks.len()
+                        readable.len()
                     )
                 })?;
-            log::debug!("pid {}: struct pthread keeps the tid at {offset}", self.pid);
+            log::debug!(
+                "pid {}: struct pthread keeps the tid at {offset} (candidates {candidates:?})",
+                self.pid
+            );
             self.pthread_tid_offset = Some(offset as u64);
         }
         let offset = self.pthread_tid_offset.unwrap_or(0) as usize;
-        Ok(blocks.iter().map(|b| at(b, offset).unwrap_or(0)).collect())
+        Ok(blocks
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| at(b, offset)))
+            .collect())
+    }
+
+    /// Addresses of the main interpreter's GIL fields in the process: its `locked` flag (a C
+    /// `int`, non-zero while held) and `last_holder` (the `PyThreadState` that took it last),
+    /// for telling the GIL holder from waiters.
+    pub fn gil_addresses(&mut self) -> Result<(u64, u64)> {
+        let runtime = self.interpreter.runtime;
+        match self.layout.gil {
+            layout::GilLayout::InRuntime {
+                locked,
+                last_holder,
+            } => Ok((runtime + locked as u64, runtime + last_holder as u64)),
+            layout::GilLayout::PerInterpreter {
+                interp_gil,
+                locked,
+                last_holder,
+            } => {
+                let main = self
+                    .memory
+                    .read_u64(runtime + self.layout.runtime_interpreters_head as u64)
+                    .context("read _PyRuntime.interpreters.head")?;
+                // The main interpreter is the list's last (interpreters are pushed at its head).
+                let mut interp = main;
+                let mut seen = HashSet::new();
+                while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+                    let next = self
+                        .memory
+                        .read_u64(interp + self.layout.interp_next as u64)?;
+                    if next == 0 {
+                        break;
+                    }
+                    interp = next;
+                }
+                let gil = self.memory.read_u64(interp + interp_gil as u64)?;
+                if gil == 0 {
+                    return Err(
+                        anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into(),
+                    );
+                }
+                Ok((gil + locked as u64, gil + last_holder as u64))
+            }
+        }
+    }
+
+    /// The `PyThreadState` holding the main interpreter's GIL now, None while it is free.
+    pub fn gil_holder(&mut self) -> Result<Option<u64>> {
+        let (locked, holder) = self.gil_addresses()?;
+        if self.memory.read_i32(locked)? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.memory.read_u64(holder)?).filter(|&t| t != 0))
     }
 
     /// The Python frames of the thread whose `PyThreadState` is at `tstate`, innermost first,
@@ -293,16 +414,7 @@ impl PythonTarget {
     /// unreadable pointer.
     pub fn walk_thread(&mut self, tstate: u64) -> Result<Vec<PythonFrame>> {
         let k = self.layout.kernel;
-        let mut frame = self
-            .memory
-            .read_u64(tstate + k.tstate_frame as u64)
-            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
-        if self.layout.has_cframe() && frame != 0 {
-            frame = self
-                .memory
-                .read_u64(frame + k.cframe_current_frame as u64)
-                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
-        }
+        let mut frame = self.current_frame(tstate)?;
         let mut packed: Vec<u64> = Vec::new();
         let mut visited = 0;
         while frame != 0 && packed.len() < MAX_PYTHON_DEPTH && visited < MAX_FRAMES_VISITED {
@@ -358,7 +470,9 @@ impl PythonTarget {
     /// Name, file, line of one recorded frame; cached by code address.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
         if !self.codes.contains_key(&frame.code) {
-            let info = code::read_code(&self.memory, &self.layout, frame.code)
+            let info = self
+                .code_reader
+                .read_code(&self.memory, &self.layout, frame.code)
                 .with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
             self.codes.insert(frame.code, info);
         }
@@ -369,5 +483,15 @@ impl PythonTarget {
             line: info.line(frame.instruction),
             first_line: info.first_line,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The recording pipeline keeps targets in tokio tasks: they must move between threads.
+    #[test]
+    fn a_target_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::PythonTarget>();
     }
 }
