@@ -18,9 +18,11 @@ use std::{
 
 use bpfprof::python::FRAME_OWNED_BY_CSTACK;
 use bpfprof::python::{
-    layout::GilLayout,
-    merge::{merge_stacks, MergedFrame},
-    PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
+    layout::GilLayout, PythonFrame, PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
+};
+use bpfprof::{
+    python_stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
+    symbolize::{Frame, FrameKind},
 };
 use bpfprof_tests::*;
 
@@ -399,22 +401,6 @@ fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
             FRAME_OWNED_BY_CSTACK as u64,
         ));
     }
-    // The GIL's state: where it is, and its two fields the kernel reads.
-    let (gil_ty, gil_offset) = match l.gil {
-        bpfprof::python::layout::GilState::InRuntime(o) => ("_PyRuntimeState", o),
-        bpfprof::python::layout::GilState::BehindInterpreter(o) => ("PyInterpreterState", o),
-    };
-    checks.push(("ceval.gil", off(gil_ty, "ceval.gil"), gil_offset as u64));
-    checks.push((
-        "gil last_holder",
-        off("struct _gil_runtime_state", "last_holder"),
-        bpfprof::python::layout::GIL_LAST_HOLDER,
-    ));
-    checks.push((
-        "gil locked",
-        off("struct _gil_runtime_state", "locked"),
-        bpfprof::python::layout::GIL_LOCKED,
-    ));
     let exprs: Vec<String> = checks.iter().map(|c| c.1.clone()).collect();
     let values = dwarf_values(lib, &exprs);
     for ((what, expr, ours), dwarf) in checks.iter().zip(values) {
@@ -713,6 +699,20 @@ fn check_gil_holder(checked: &mut Checked) {
 /// per native `_PyEval_EvalFrameDefault` frame, and merging puts each eval call's Python frames
 /// where the native stack has that call (leaf() under map_next, C code between its caller and
 /// it).
+/// A native frame named `name`, as the symbolizer would give it.
+fn native_frame(name: &str) -> Frame {
+    Frame {
+        name: name.to_string(),
+        module: None,
+        kind: FrameKind::User,
+        inlined: false,
+        file: None,
+        line: None,
+        start_line: None,
+        build_id: None,
+    }
+}
+
 fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool) {
     // gdb attaches with ptrace, which needs root here (the workload is not gdb's child).
     if !require_root() {
@@ -737,14 +737,35 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         .target
         .walk_thread(checked.threads[&deep_tid])
         .expect("walk");
-    let merged = merge_stacks(natives[&deep_tid].clone(), &frames, |n| n == EVAL, false);
+    // The profile's merge (root first), fed gdb's native frames and the walked Python frames
+    // with their names; glue kept, so that map()'s C code stays visible.
+    let native: Vec<(Frame, ())> = natives[&deep_tid]
+        .iter()
+        .rev()
+        .map(|name| (native_frame(name), ()))
+        .collect();
+    let mut symbols = PythonSymbols::new();
+    let packed: Vec<u64> = frames
+        .iter()
+        .map(|f| {
+            let p = PythonFrame::pack(f.code, f.instruction, f.eval_entry);
+            let function = checked.target.resolve(*f).expect("resolve");
+            symbols.insert(symbol_key(p), function);
+            p
+        })
+        .collect();
+    let options = MergeOptions {
+        keep_glue: true,
+        show_gil: false,
+    };
+    let merged = merge(native, &packed, &symbols, options, ());
+    // Leaf first again, as gdb lists frames.
     let names: Vec<String> = merged
         .iter()
-        .map(|f| match f {
-            MergedFrame::Native(n) => n.clone(),
-            MergedFrame::Python(p) => {
-                format!("py:{}", checked.target.resolve(*p).expect("resolve").name)
-            }
+        .rev()
+        .map(|(f, _)| match f.kind {
+            FrameKind::Python => format!("py:{}", f.name),
+            _ => f.name.clone(),
         })
         .collect();
     let leaf = names

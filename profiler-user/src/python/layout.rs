@@ -21,8 +21,6 @@ use anyhow::Result;
 pub struct Layout {
     /// The offsets the kernel program walks frames with.
     pub kernel: PythonProcess,
-    /// Where the GIL's state is.
-    pub gil: GilState,
     /// `_PyRuntimeState.interpreters.head`.
     pub runtime_interpreters_head: u32,
     /// `PyInterpreterState.next`.
@@ -112,30 +110,11 @@ const BYTES_DATA: u32 = 32;
 /// `Layout::kernel.cframe_current_frame` where the thread state points to the frame directly.
 const NO_CFRAME: u32 = u32::MAX;
 
-/// Where a CPython keeps its GIL's `struct _gil_runtime_state`, whose `last_holder` is at
-/// [`GIL_LAST_HOLDER`] and `locked` at [`GIL_LOCKED`] (the same in 3.10-3.13).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GilState {
-    /// Inside `_PyRuntime`, at this offset (`ceval.gil`: 3.10, 3.11).
-    InRuntime(u32),
-    /// Behind the pointer at this offset of the main `PyInterpreterState` (`ceval.gil`:
-    /// 3.12 and later).
-    BehindInterpreter(u32),
-}
-
-/// `offsetof(struct _gil_runtime_state, last_holder)`.
-pub const GIL_LAST_HOLDER: u64 = 8;
-/// `offsetof(struct _gil_runtime_state, locked)`.
-pub const GIL_LOCKED: u64 = 16;
-/// `offsetof(PyInterpreterState, ceval.gil)` in 3.13, which `_Py_DebugOffsets` does not give.
-const GIL_POINTER_3_13: u32 = 16;
-
 /// The layout of CPython 3.`minor` for `minor` in 10..=12; 3.13 and later describe themselves.
 pub fn table(minor: u8) -> Option<Layout> {
     let version = 0x0300 | minor as u32;
     match minor {
         10 => Some(Layout {
-            gil: GilState::InRuntime(352),
             kernel: PythonProcess {
                 tstate_frame: 24,
                 cframe_current_frame: NO_CFRAME,
@@ -176,7 +155,6 @@ pub fn table(minor: u8) -> Option<Layout> {
             },
         }),
         11 => Some(Layout {
-            gil: GilState::InRuntime(360),
             kernel: PythonProcess {
                 tstate_frame: 56,
                 cframe_current_frame: 8,
@@ -217,7 +195,6 @@ pub fn table(minor: u8) -> Option<Layout> {
             },
         }),
         12 => Some(Layout {
-            gil: GilState::BehindInterpreter(384),
             kernel: PythonProcess {
                 tstate_frame: 56,
                 cframe_current_frame: 0,
@@ -341,7 +318,6 @@ impl Layout {
             "a free-threaded (no-GIL) CPython 3.13: its object headers are not supported"
         );
         Ok(Layout {
-            gil: GilState::BehindInterpreter(GIL_POINTER_3_13),
             kernel: PythonProcess {
                 tstate_frame: small(d::TSTATE_CURRENT_FRAME)?,
                 cframe_current_frame: NO_CFRAME,

@@ -15,7 +15,6 @@ pub mod detect;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
-pub mod merge;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,8 +23,7 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use profiler_common::{
-    PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, MAX_STACK_DEPTH,
-    PYTHON_FRAME_OWNED_BY_CSTACK,
+    PythonEntryRule, PythonInstrRule, PythonProcess, MAX_STACK_DEPTH, PYTHON_FRAME_OWNED_BY_CSTACK,
 };
 
 use self::{
@@ -35,6 +33,8 @@ use self::{
 };
 use crate::Result;
 
+/// A Python frame as the kernel program records it (re-exported for callers of this module).
+pub use profiler_common::PythonFrame;
 /// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
 pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 
@@ -154,24 +154,14 @@ impl PythonTarget {
         self.layout.kernel
     }
 
-    /// [`Self::kernel_layout`] with the addresses of the GIL's state, once the interpreter
-    /// has made its GIL (3.12+ allocate it at start-up: a process caught before that has
-    /// none yet, so call this again later).
+    /// [`Self::kernel_layout`] with the addresses of the main interpreter's GIL state, once
+    /// the interpreter has made its GIL (3.12+ allocate it at start-up: a process caught
+    /// before that has none yet, so call this again later).
     pub fn kernel_layout_with_gil(&mut self) -> PythonProcess {
         let mut k = self.layout.kernel;
-        let base = match self.layout.gil {
-            layout::GilState::InRuntime(offset) => Some(self.interpreter.runtime + offset as u64),
-            layout::GilState::BehindInterpreter(offset) => self
-                .memory
-                .read_u64(self.interpreter.runtime + self.layout.runtime_interpreters_head as u64)
-                .ok()
-                .filter(|interp| *interp != 0)
-                .and_then(|interp| self.memory.read_u64(interp + offset as u64).ok())
-                .filter(|gil| *gil != 0),
-        };
-        if let Some(base) = base {
-            k.gil_holder = base + layout::GIL_LAST_HOLDER;
-            k.gil_locked = base + layout::GIL_LOCKED;
+        if let Ok((locked, last_holder)) = self.gil_addresses() {
+            k.gil_locked = locked;
+            k.gil_holder = last_holder;
         }
         k
     }
