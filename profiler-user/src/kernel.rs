@@ -128,6 +128,7 @@ impl KernelProgram {
         // would parse the kernel's BTF once more (on top of the loader's own parse) to do them.
         let mut ebpf = EbpfLoader::new()
             .btf(None)
+            .map_max_entries("UNWIND_ROWS", crate::unwind::table_rows())
             .load(PROGRAM_OBJECT)
             .map_err(|e| match &e {
                 EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })

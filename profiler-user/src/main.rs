@@ -74,6 +74,10 @@ struct DaemonArgs {
     /// Socket to listen on [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Kernel memory for CFI unwind tables, per kernel program, in MiB (8 bytes a row; a
+    /// 430 MB libtorch_cpu.so needs about 32).
+    #[arg(long, default_value_t = 16)]
+    unwind_table_mib: u32,
     /// Where runs and their results are kept.
     #[arg(long, default_value = "/var/lib/bpfprof")]
     state_dir: PathBuf,
@@ -271,6 +275,11 @@ struct RecordArgs {
     #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
     unwind: bpfprof::unwind::UnwindMode,
 
+    /// Kernel memory for CFI unwind tables, in MiB (8 bytes a row: libc takes 0.2, a 430 MB
+    /// libtorch_cpu.so about 32); objects past it unwind by frame pointer, with a warning.
+    #[arg(long, default_value_t = 16)]
+    unwind_table_mib: u32,
+
     /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
     /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
     #[arg(long, value_enum, default_value_t = bpfprof::python_stacks::PythonMode::default())]
@@ -316,6 +325,7 @@ ended it), as `time` does; when --duration ends first, the command is stopped wi
 (SIGKILL 5 s later) and bpfprof exits 0.";
 
 async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
+    bpfprof::unwind::set_table_mib(args.unwind_table_mib)?;
     let config = DaemonConfig {
         socket: protocol::socket_path(args.socket.as_deref()),
         state_dir: args.state_dir,
@@ -603,6 +613,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     bpfprof::unwind::set_default_mode(cli.unwind);
+    bpfprof::unwind::set_table_mib(cli.unwind_table_mib)?;
     bpfprof::python_stacks::set_default_mode(cli.python);
     let recorder = if launch {
         Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)

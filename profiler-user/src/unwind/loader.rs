@@ -76,9 +76,9 @@ pub struct LoadReport {
 
 /// The kernel's CFI maps and the tables resident in them.
 ///
-/// Memory bound: the kernel's row array ([`MAX_UNWIND_ROWS`] rows of 8 bytes, 16 MiB) holds
-/// every table; userspace keeps no copy of the rows, only one small entry per resident file.
-/// When the array is full, further objects unwind by frame pointer (and are reported).
+/// Memory bound: the kernel's row array (8-byte rows, 16 MiB by default, `--unwind-table-mib`)
+/// holds every table; userspace keeps no copy of the rows, only one small entry per resident
+/// file. When the array is full, further objects unwind by frame pointer (and are reported).
 pub struct UnwindMaps {
     rows: memmap2::MmapMut,
     /// Keeps the row array's fd open while it is mapped.
@@ -86,6 +86,8 @@ pub struct UnwindMaps {
     processes: HashMap<MapData, u32, ProcessMappings>,
     resident: StdHashMap<FileKey, Resident>,
     next_row: u32,
+    /// Rows the kernel's array holds.
+    capacity: u32,
     /// The mappings last given to the kernel, per process, to skip unchanged reloads.
     loaded: StdHashMap<u32, Vec<UnwindMapping>>,
     mode: UnwindMode,
@@ -98,7 +100,11 @@ impl UnwindMaps {
             Map::Array(data) => data,
             other => return Err(anyhow!("UNWIND_ROWS is not an array: {other:?}")),
         };
-        let len = MAX_UNWIND_ROWS as usize * std::mem::size_of::<UnwindRow>();
+        let capacity = rows_map
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(MAX_UNWIND_ROWS);
+        let len = capacity as usize * std::mem::size_of::<UnwindRow>();
         // SAFETY: the map was created with BPF_F_MMAPABLE and is `len` bytes long; the kernel
         // program only reads it.
         let rows = unsafe {
@@ -114,6 +120,7 @@ impl UnwindMaps {
             processes,
             resident: StdHashMap::new(),
             next_row: 0,
+            capacity,
             loaded: StdHashMap::new(),
             mode: super::default_mode(),
         })
@@ -279,7 +286,7 @@ impl UnwindMaps {
         if let Some(resident) = self.resident.get(&key) {
             return Some(*resident);
         }
-        if self.next_row >= MAX_UNWIND_ROWS {
+        if self.next_row >= self.capacity {
             return None;
         }
         let resident = Resident {
@@ -356,10 +363,13 @@ impl UnwindMaps {
         }
         let (table, source) = UnwindTable::from_elf(image)?;
         let rows = table.rows.len() as u32;
-        if u64::from(self.next_row) + u64::from(rows) > u64::from(MAX_UNWIND_ROWS) {
+        if u64::from(self.next_row) + u64::from(rows) > u64::from(self.capacity) {
             report.no_room += 1;
             log::warn!(
-                "the unwind row array is full ({MAX_UNWIND_ROWS} rows); {name} unwinds by frame pointer"
+                "the unwind row array is full ({} rows, {} MiB; --unwind-table-mib raises it): \
+                 {name} ({rows} rows) unwinds by frame pointer",
+                self.capacity,
+                u64::from(self.capacity) * 8 >> 20
             );
             return Ok(None);
         }
