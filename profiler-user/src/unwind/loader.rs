@@ -369,7 +369,7 @@ impl UnwindMaps {
                 "the unwind row array is full ({} rows, {} MiB; --unwind-table-mib raises it): \
                  {name} ({rows} rows) unwinds by frame pointer",
                 self.capacity,
-                u64::from(self.capacity) * 8 >> 20
+                (u64::from(self.capacity) * 8) >> 20
             );
             return Ok(None);
         }
