@@ -146,6 +146,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),
         "nofp" => env!("WORKLOAD_NOFP"),
         "nofp_signal" => env!("WORKLOAD_NOFP_SIGNAL"),
+        "nofp_dlsym" => env!("WORKLOAD_NOFP_DLSYM"),
         "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
         "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
         "libhot" => env!("WORKLOAD_LIBHOT"),

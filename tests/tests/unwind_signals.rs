@@ -100,3 +100,47 @@ fn frame_pointers_do_not_cross_the_signal_frame() {
          pointers: the workload has frame pointers"
     );
 }
+
+/// Code in the dynamic linker (the process's highest executable mapping, right below
+/// `[vsyscall]` in the kernel's half) unwinds to `main` like any other: `dlsym` spends its time
+/// in ld.so's symbol lookup. (The kernel's mapping search once took `[vsyscall]` for the
+/// mapping of every ld.so address: all such stacks ended at their first frame, as did 3% of a
+/// Python 3.12 profile, in `__tls_get_addr`.)
+#[test]
+fn code_in_the_dynamic_linker_unwinds_to_main() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let target = Workload::spawn("nofp_dlsym", &["30"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let out = dir.path().join("dlsym.folded");
+    let run = run_bpfprof(
+        [
+            "--unwind",
+            "cfi",
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "999",
+            "-d",
+            "3s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    run.assert_code(exit::OK);
+    let profile = Profile::read(&out);
+    let in_lookup = profile.count_containing("look_up_symbols");
+    let total = profile.total();
+    assert!(total >= 300, "only {total} samples");
+    assert!(
+        in_lookup as f64 >= 0.95 * total as f64
+            && profile.count_where(
+                |f| f.iter().any(|x| x == "main") && f.iter().any(|x| x == "look_up_symbols")
+            ) == in_lookup,
+        "{in_lookup} of {total} samples reach main through look_up_symbols:\n{}",
+        profile.top(8)
+    );
+}

@@ -74,6 +74,9 @@ pub struct LoadReport {
     pub no_room: usize,
 }
 
+/// Addresses from here up are the kernel's (x86-64, 4- and 5-level paging alike).
+const USER_ADDRESS_LIMIT: u64 = 1 << 63;
+
 /// The kernel's CFI maps and the tables resident in them.
 ///
 /// Memory bound: the kernel's row array (8-byte rows, 16 MiB by default, `--unwind-table-mib`)
@@ -190,10 +193,13 @@ impl UnwindMaps {
         let mut report = LoadReport::default();
         let mut mappings = Vec::new();
         for map in maps {
-            if !map.perms.contains(MMPermissions::EXECUTE) {
+            let (start, end) = map.address;
+            // `[vsyscall]` lies in the kernel's half of the address space: it is no user code
+            // to unwind, and the kernel walk's branch-free bisection compares addresses by the
+            // sign of their difference, which holds only within the user half.
+            if !map.perms.contains(MMPermissions::EXECUTE) || start >= USER_ADDRESS_LIMIT {
                 continue;
             }
-            let (start, end) = map.address;
             let mut mapping = UnwindMapping {
                 start,
                 end,

@@ -483,6 +483,20 @@ mod tests {
     }
 
     #[test]
+    fn ld_so_rows_match_readelf() {
+        let checked = check_against_readelf(Path::new("/lib64/ld-linux-x86-64.so.2"));
+        assert!(checked > 500, "only {checked} rows checked");
+        // __tls_get_addr's fast path: no frame, the return address at rsp.
+        let (table, _) = UnwindTable::from_path(Path::new("/lib64/ld-linux-x86-64.so.2")).unwrap();
+        let row = table.lookup(0x144c0).expect("a row");
+        assert_eq!(
+            (row.cfa_rule(), row.cfa_offset),
+            (CfaRule::Rsp as u8, 8),
+            "{row:?}"
+        );
+    }
+
+    #[test]
     fn libc_rows_match_readelf() {
         let checked = check_against_readelf(Path::new(LIBC));
         assert!(checked > 5000, "only {checked} rows checked");
