@@ -133,9 +133,9 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
                 file=err,
             )
     print(
-        f"INFO --profiler {PYPERF}: Python functions come from CPython's perf trampolines: run "
-        "Python 3.12 or later with -X perf (or PYTHONPERFSUPPORT=1); without them the stacks "
-        "show the interpreter's C frames",
+        f"INFO --profiler {PYPERF}: Python functions are read from the interpreter's frames "
+        "(CPython 3.10 to 3.13, no restart or -X perf needed); other Pythons show the "
+        "interpreter's C frames",
         file=err,
     )
     duration_ms = DEFAULT_DURATION_MS if args.duration_ms is None else args.duration_ms
