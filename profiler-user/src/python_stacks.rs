@@ -22,6 +22,9 @@ use crate::{
 /// an eval call's entry.
 pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
+/// How CPython's perf map names its trampolines (`py::function:file.py`).
+const PERF_TRAMPOLINE_PREFIX: &str = "py::";
+
 /// Names of recorded Python frames, by packed frame without its eval-entry flag (code object
 /// and instruction).
 pub type PythonSymbols = HashMap<u64, PythonFunction>;
@@ -308,6 +311,12 @@ fn merge_frames<A: Clone>(
     if python.is_empty() {
         return native;
     }
+    // CPython's perf trampolines (`py::name:file`, named from the process's perf map) say
+    // again what the walked frames say: with the walk, they go.
+    let native: Vec<(Frame, A)> = native
+        .into_iter()
+        .filter(|(f, _)| !f.name.starts_with(PERF_TRAMPOLINE_PREFIX))
+        .collect();
     // Groups of frames one eval call ran, root first, each root first.
     let mut groups: Vec<Vec<Frame>> = Vec::new();
     let mut current: Vec<Frame> = Vec::new();
@@ -456,6 +465,21 @@ mod tests {
                 "time_sleep"
             ]
         );
+    }
+
+    #[test]
+    fn perf_trampoline_frames_give_way_to_walked_frames() {
+        let mut symbols = PythonSymbols::new();
+        symbols.insert(PythonFrame::pack(0x10, 1, false), function("f", 3));
+        let python = vec![PythonFrame::pack(0x10, 1, true)];
+        let stack = vec![
+            native("main", "/x/a"),
+            native("py::f:/app/work.py", "[perf-map]"),
+            native(EVAL_FUNCTION, PY),
+        ];
+        let merged = merge(stack, &python, &symbols, MergeOptions::default(), 0);
+        let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
+        assert_eq!(names, ["main", "f"]);
     }
 
     #[test]
