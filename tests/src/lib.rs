@@ -572,6 +572,17 @@ where
     spawn_bpfprof(args).wait_timeout(timeout)
 }
 
+/// Profiles running process `pid` for `duration` (as `-d` takes it) with `args` besides, into
+/// a folded file in `dir`; asserts bpfprof succeeded and returns the profile.
+pub fn profile_pid(pid: u32, duration: &str, args: &[&str], dir: &Path) -> Profile {
+    let out = dir.join("profile.folded");
+    let pid = pid.to_string();
+    let mut all: Vec<&str> = vec!["--pid", &pid, "-d", duration, "-o", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run_bpfprof(&all, Duration::from_secs(120)).assert_code(exit::OK);
+    Profile::read(&out)
+}
+
 // ---------------------------------------------------------------------------
 // Folded output
 // ---------------------------------------------------------------------------

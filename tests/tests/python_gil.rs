@@ -58,23 +58,12 @@ fn the_gil_holder_and_the_threads_without_it_are_told_apart() {
         let target = Workload::spawn_command(cmd);
         std::thread::sleep(Duration::from_millis(800));
         let dir = tempdir();
-        let out = dir.path().join("gil.folded");
-        let run = run_bpfprof(
-            [
-                "--pid",
-                &target.pid().to_string(),
-                "--python-gil",
-                "-F",
-                "499",
-                "-d",
-                "3s",
-                "-o",
-                out.to_str().unwrap(),
-            ],
-            Duration::from_secs(60),
+        let profile = profile_pid(
+            target.pid(),
+            "3s",
+            &["--python-gil", "-F", "499"],
+            dir.path(),
         );
-        run.assert_code(exit::OK);
-        let profile = Profile::read(&out);
         let spin_held = with_gil(&profile, "spinning", true);
         let spin_free = with_gil(&profile, "spinning", false);
         let hash_held = with_gil(&profile, "hashing", true);
@@ -109,20 +98,7 @@ fn without_the_option_no_gil_frame_is_shown() {
     let target = Workload::spawn_command(cmd);
     std::thread::sleep(Duration::from_millis(800));
     let dir = tempdir();
-    let out = dir.path().join("nogil.folded");
-    let run = run_bpfprof(
-        [
-            "--pid",
-            &target.pid().to_string(),
-            "-d",
-            "2s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    run.assert_code(exit::OK);
-    let profile = Profile::read(&out);
+    let profile = profile_pid(target.pid(), "2s", &[], dir.path());
     assert!(
         profile.count_containing("spinning") > 50,
         "{}",

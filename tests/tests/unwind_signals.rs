@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use bpfprof_tests::{exit, is_kernel_frame, require_root, run_bpfprof, tempdir, Profile, Workload};
+use bpfprof_tests::{is_kernel_frame, profile_pid, require_root, tempdir, Workload};
 
 #[test]
 fn a_hot_signal_handler_unwinds_through_the_signal_frame_to_main() {
@@ -14,24 +14,12 @@ fn a_hot_signal_handler_unwinds_through_the_signal_frame_to_main() {
     let dir = tempdir();
     let target = Workload::spawn("nofp_signal", &["30"]);
     std::thread::sleep(Duration::from_millis(200));
-    let out = dir.path().join("signal.folded");
-    let run = run_bpfprof(
-        [
-            "--unwind",
-            "cfi",
-            "--pid",
-            &target.pid().to_string(),
-            "-F",
-            "999",
-            "-d",
-            "4s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
+    let profile = profile_pid(
+        target.pid(),
+        "4s",
+        &["--unwind", "cfi", "-F", "999"],
+        dir.path(),
     );
-    run.assert_code(exit::OK);
-    let profile = Profile::read(&out);
     // User frames, root first: ... main, wait_for_signals, <signal trampoline>, on_alarm,
     // burn_in_handler (the trampoline is a local symbol of libc, named by whatever symbol
     // precedes it in a stripped libc).
@@ -68,24 +56,12 @@ fn frame_pointers_do_not_cross_the_signal_frame() {
     let dir = tempdir();
     let target = Workload::spawn("nofp_signal", &["30"]);
     std::thread::sleep(Duration::from_millis(200));
-    let out = dir.path().join("signal-fp.folded");
-    let run = run_bpfprof(
-        [
-            "--unwind",
-            "fp",
-            "--pid",
-            &target.pid().to_string(),
-            "-F",
-            "999",
-            "-d",
-            "3s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
+    let profile = profile_pid(
+        target.pid(),
+        "3s",
+        &["--unwind", "fp", "-F", "999"],
+        dir.path(),
     );
-    run.assert_code(exit::OK);
-    let profile = Profile::read(&out);
     let in_handler = profile.count_containing("burn_in_handler");
     let whole = profile.count_where(|f| {
         f.iter().any(|x| x == "wait_for_signals") && f.iter().any(|x| x == "burn_in_handler")
@@ -114,24 +90,12 @@ fn code_in_the_dynamic_linker_unwinds_to_main() {
     let dir = tempdir();
     let target = Workload::spawn("nofp_dlsym", &["30"]);
     std::thread::sleep(Duration::from_millis(200));
-    let out = dir.path().join("dlsym.folded");
-    let run = run_bpfprof(
-        [
-            "--unwind",
-            "cfi",
-            "--pid",
-            &target.pid().to_string(),
-            "-F",
-            "999",
-            "-d",
-            "3s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
+    let profile = profile_pid(
+        target.pid(),
+        "3s",
+        &["--unwind", "cfi", "-F", "999"],
+        dir.path(),
     );
-    run.assert_code(exit::OK);
-    let profile = Profile::read(&out);
     let in_lookup = profile.count_containing("look_up_symbols");
     let total = profile.total();
     assert!(total >= 300, "only {total} samples");
