@@ -126,12 +126,22 @@ fn open(sampling: &Sampling, cpu: u32) -> io::Result<OwnedFd> {
         }
     }
     attr.set_disabled(1);
-    // SAFETY: a fully initialized attr; pid -1 with a cpu samples every task on that CPU.
+    // pid -1 with a cpu samples every task on that CPU.
+    open_event(&mut attr, -1, cpu as i32)
+}
+
+/// `perf_event_open(attr, pid, cpu)`, close-on-exec, as an owned fd.
+fn open_event(
+    attr: &mut sys::bindings::perf_event_attr,
+    pid: i32,
+    cpu: i32,
+) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a fully initialized perf_event_attr of the size it states.
     let fd = unsafe {
         sys::perf_event_open(
-            &mut attr,
-            -1,
-            cpu as i32,
+            attr,
+            pid,
+            cpu,
             -1,
             sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
         )
@@ -168,21 +178,8 @@ pub fn probe_cycles() -> io::Result<()> {
     attr.set_disabled(1);
     attr.set_exclude_kernel(1);
     attr.set_exclude_hv(1);
-    // SAFETY: a fully initialized attr; pid 0 with cpu -1 counts the calling thread.
-    let fd = unsafe {
-        sys::perf_event_open(
-            &mut attr,
-            0,
-            -1,
-            -1,
-            sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: perf_event_open returned a new fd that nothing else owns; dropping closes it.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    // pid 0 with cpu -1 counts the calling thread; dropping the fd closes it.
+    drop(open_event(&mut attr, 0, -1)?);
     Ok(())
 }
 
@@ -275,22 +272,9 @@ impl AttachedTracepoint {
         };
         attr.__bindgen_anon_2.wakeup_events = 1;
         attr.set_disabled(1);
-        // SAFETY: a fully initialized attr; a tracepoint event on CPU 0 for every process runs
-        // its program for the tracepoint on every CPU.
-        let fd = unsafe {
-            sys::perf_event_open(
-                &mut attr,
-                -1,
-                0,
-                -1,
-                sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: perf_event_open returned a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A tracepoint event on CPU 0 for every process runs its program for the tracepoint
+        // on every CPU.
+        let fd = open_event(&mut attr, -1, 0)?;
         // SAFETY: `fd` is a perf event we own; the program fd is valid while we run.
         unsafe {
             check(sys::ioctls::SET_BPF(fd.as_raw_fd(), program_fd as u32))?;
