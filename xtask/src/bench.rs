@@ -32,6 +32,9 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+
+#[path = "bench_stacks.rs"]
+mod stacks;
 use serde_json::Value;
 
 /// Options of `cargo xtask bench`.
@@ -378,6 +381,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
+    }
+    if want(7) {
+        bench.stacks(&plan, &mut sections, &mut verdicts)?;
     }
 
     writeln!(md, "## Targets\n")?;
