@@ -347,6 +347,10 @@ pub enum PythonEntryRule {
     ShimFrame = 2,
 }
 
+/// Bytes of a frame the kernel reads at once: every field of [`PythonProcess`] that is read
+/// from a frame must end within them (3.10's `f_lasti`, the farthest, ends at byte 100).
+pub const PYTHON_FRAME_BYTES: usize = 104;
+
 /// The owner value of 3.12+'s shim frames (`FRAME_OWNED_BY_CSTACK`).
 pub const PYTHON_FRAME_OWNED_BY_CSTACK: u8 = 3;
 

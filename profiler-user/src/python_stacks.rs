@@ -107,6 +107,14 @@ impl PythonTracking {
         let (major, minor) = target.version();
         let mut target = target;
         let layout = target.kernel_layout_with_gil();
+        if !fits_frame_copy(&layout) {
+            log::warn!(
+                "pid {pid}: CPython {major}.{minor}'s frame fields lie past the {} bytes the \
+                 kernel reads per frame: no Python frames",
+                profiler_common::PYTHON_FRAME_BYTES
+            );
+            return None;
+        }
         if let Err(e) = program.python.processes.insert(pid, layout, 0) {
             log::warn!("pid {pid}: cannot register CPython {major}.{minor} with the kernel: {e}");
             return None;
@@ -202,6 +210,23 @@ impl PythonTracking {
     pub fn symbols(&self) -> &PythonSymbols {
         &self.symbols
     }
+}
+
+/// Whether every frame field the kernel reads ends within the bytes it copies per frame.
+fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
+    let instr = if k.instr_rule == profiler_common::PythonInstrRule::LastiIndex as u32 {
+        4
+    } else {
+        8
+    };
+    [
+        (k.frame_previous, 8),
+        (k.frame_code, 8),
+        (k.frame_instr, instr),
+        (k.frame_entry, 1),
+    ]
+    .iter()
+    .all(|&(offset, size)| offset as usize + size <= profiler_common::PYTHON_FRAME_BYTES)
 }
 
 /// The key of a packed frame in [`PythonSymbols`]: the frame without its eval-entry flag.

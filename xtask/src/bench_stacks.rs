@@ -83,7 +83,10 @@ impl Bench {
     ) -> Result<()> {
         println!("==> 7. stacks without frame pointers, and Python frames");
         self.cc(&self.root.join("bench/burn.c"), "burn_nofp", NOFP_CFLAGS)?;
-        writeln!(md, "\n## 7. Stacks without frame pointers, and Python frames\n")?;
+        writeln!(
+            md,
+            "\n## 7. Stacks without frame pointers, and Python frames\n"
+        )?;
         self.kernel_time(plan, md, verdicts)?;
         self.table_build(md, verdicts)?;
         self.dwarf_overhead(plan, md, verdicts)?;
@@ -249,7 +252,8 @@ impl Bench {
         let ms: f64 = cols[n - 4].parse()?;
         let bytes_per_row: f64 = cols[n - 1].parse()?;
         verdicts.push(Verdict {
-            target: "unwind table of a 400 MB library in under 2 s, at most 12 bytes per row".into(),
+            target: "unwind table of a 400 MB library in under 2 s, at most 12 bytes per row"
+                .into(),
             measured: format!("{:.2} s, {bytes_per_row} bytes per row", ms / 1000.0),
             met: ms < 2000.0 && bytes_per_row <= 12.0,
         });
@@ -292,7 +296,12 @@ impl Bench {
     }
 
     /// Workload slowdown and bytes written: bpfprof's CFI walk vs perf's DWARF unwinding.
-    fn dwarf_overhead(&self, plan: &Plan, md: &mut String, verdicts: &mut Vec<Verdict>) -> Result<()> {
+    fn dwarf_overhead(
+        &self,
+        plan: &Plan,
+        md: &mut String,
+        verdicts: &mut Vec<Verdict>,
+    ) -> Result<()> {
         let rounds = plan.rounds.min(5);
         let threads = self.cpus.to_string();
         let burn = self.dir.join("burn_nofp");
@@ -306,7 +315,9 @@ impl Bench {
             ("perf record -g (frame pointers)", Vec::new(), Vec::new()),
         ];
         for _ in 0..rounds {
-            alone.push(workload_secs(Command::new(&burn).args([BURN_ITERS, &threads]))?);
+            alone.push(workload_secs(
+                Command::new(&burn).args([BURN_ITERS, &threads]),
+            )?);
             let mut bpf = Command::new(&self.bpfprof);
             bpf.args(["-F", "999", "--unwind", "cfi", "-q", "-o"])
                 .arg(&bpf_out)
@@ -350,8 +361,9 @@ impl Bench {
         let bpf_added = median(&arms[0].1) / base - 1.0;
         let dwarf_added = median(&arms[1].1) / base - 1.0;
         verdicts.push(Verdict {
-            target: "overhead and bytes far below perf --call-graph dwarf (999 Hz, no frame pointers)"
-                .into(),
+            target:
+                "overhead and bytes far below perf --call-graph dwarf (999 Hz, no frame pointers)"
+                    .into(),
             measured: format!(
                 "added time {:+.1}% vs {:+.1}%; {} vs {}",
                 bpf_added * 100.0,
@@ -369,7 +381,10 @@ impl Bench {
     /// Python: kernel time for a 30-deep Python stack, and overhead next to py-spy.
     fn python_cost(&self, plan: &Plan, md: &mut String, verdicts: &mut Vec<Verdict>) -> Result<()> {
         let Some(python) = pyenv_python("3.12") else {
-            writeln!(md, "\n### Python\n\nNot measured: no pyenv CPython 3.12 here.")?;
+            writeln!(
+                md,
+                "\n### Python\n\nNot measured: no pyenv CPython 3.12 here."
+            )?;
             return Ok(());
         };
         let py_spy = py_spy()?;
@@ -484,7 +499,11 @@ fn pyenv_python(minor: &str) -> Option<PathBuf> {
     let mut found: Vec<PathBuf> = fs::read_dir(home.join(".pyenv/versions"))
         .ok()?
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{minor}.")))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{minor}."))
+        })
         .map(|e| e.path().join("bin/python3"))
         .filter(|p| p.exists())
         .collect();
@@ -520,7 +539,10 @@ fn python_workload() -> String {
     let mut s = String::from("import sys, time\n\n");
     for i in 0..PYTHON_DEPTH {
         if i + 1 < PYTHON_DEPTH {
-            s.push_str(&format!("def level{i}(n):\n    return level{}(n)\n\n", i + 1));
+            s.push_str(&format!(
+                "def level{i}(n):\n    return level{}(n)\n\n",
+                i + 1
+            ));
         } else {
             s.push_str(&format!(
                 "def level{i}(n):\n    t = 0\n    for k in range(n):\n        t += k * k\n    return t\n\n"
