@@ -29,6 +29,21 @@ const PY_SPY_TOLERANCE: f64 = 0.05;
 const DEPTH: usize = 50;
 const WORKERS: usize = 3;
 
+/// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.
+fn py_spy() -> Option<PathBuf> {
+    find_tool("py-spy").or_else(|| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('scripts'))",
+            ])
+            .output()
+            .ok()?;
+        let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("py-spy");
+        bin.is_file().then_some(bin)
+    })
+}
+
 /// The CPythons under test: a label naming the version, and the interpreter.
 fn pythons() -> Vec<(String, PathBuf)> {
     let pyenv =
@@ -142,7 +157,7 @@ fn split_by_pid_names_lines_and_shares_next_to_py_spy() {
     if !require_root() {
         return;
     }
-    let py_spy = find_tool("py-spy");
+    let py_spy = py_spy();
     assert!(
         py_spy.is_some() || !ci(),
         "py-spy is needed under CI (cargo xtask setup installs it)"
