@@ -514,3 +514,76 @@ fn function_profiler_through_the_daemon() {
     }
     checks.finish();
 }
+
+/// CPython 3.12+ with its perf trampolines on (`-X perf`, `PYTHONPERFSUPPORT=1`): the walked
+/// Python frames, and none of the trampolines' `py::` repeats of them; with `--python off` the
+/// trampolines' frames are what names the Python functions.
+#[test]
+fn perf_trampolines_with_the_walk() {
+    if !require_root() {
+        return;
+    }
+    let script = workload("pyhot.py");
+    let mut checks = Checks::new();
+    for (label, python) in pythons() {
+        let version = Command::new(&python)
+            .args(["-c", "import sys; print(sys.version_info >= (3, 12))"])
+            .output()
+            .expect("run python");
+        if String::from_utf8_lossy(&version.stdout).trim() != "True" {
+            continue;
+        }
+        let dir = tempdir();
+        for (how, mode) in [("-X perf", "auto"), ("PYTHONPERFSUPPORT=1", "off")] {
+            let out = dir.path().join(format!("{mode}.folded"));
+            let mut cmd = Command::new(bpfprof_bin());
+            cmd.args(record_args(&[&out], &["--python", mode, "--"]))
+                .arg(&python);
+            if how == "-X perf" {
+                cmd.args(["-X", "perf"]);
+            } else {
+                cmd.env("PYTHONPERFSUPPORT", "1");
+            }
+            cmd.arg(&script).arg("2");
+            spawn_bpfprof_command(cmd)
+                .wait_timeout(TIMEOUT)
+                .assert_code(exit::OK);
+            let profile = Profile::read(&out);
+            let trampolines = profile.count_where(|f| f.iter().any(|x| x.starts_with("py::")));
+            let walked = profile.count_where(|f| {
+                f.iter()
+                    .position(|x| x == "parent_hot")
+                    .is_some_and(|i| f[i + 1..].iter().any(|x| x == "leaf_hot"))
+            });
+            let total = profile.total();
+            eprintln!(
+                "{label} {how} --python {mode}: {walked} walked parent_hot;leaf_hot, \
+                 {trampolines} with py:: frames, of {total}"
+            );
+            if mode == "auto" {
+                checks.check(
+                    trampolines == 0 && walked as f64 >= 0.5 * total as f64,
+                    || {
+                        format!(
+                        "{label} {how}: {walked} of {total} samples under parent_hot;leaf_hot, \
+                         {trampolines} with py:: frames\n{}",
+                        profile.top(6)
+                    )
+                    },
+                );
+            } else {
+                checks.check(
+                    walked == 0 && trampolines as f64 >= 0.5 * total as f64,
+                    || {
+                        format!(
+                        "{label} {how} --python off: {trampolines} of {total} samples with py:: \
+                         frames, {walked} with walked ones\n{}",
+                        profile.top(6)
+                    )
+                    },
+                );
+            }
+        }
+    }
+    checks.finish();
+}
