@@ -22,8 +22,11 @@ use crate::{
 /// an eval call's entry.
 pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
-/// How CPython's perf map names its trampolines (`py::function:file.py`).
+/// How CPython 3.12+'s perf map names a trampoline: `py::QUALNAME:FILE`.
 const PERF_TRAMPOLINE_PREFIX: &str = "py::";
+
+/// The C function that calls into a perf trampoline.
+const PERF_TRAMPOLINE_EVALUATOR: &str = "py_trampoline_evaluator";
 
 /// Names of recorded Python frames, by packed frame without its eval-entry flag (code object
 /// and instruction).
@@ -298,13 +301,23 @@ fn is_interpreter(frame: &Frame) -> bool {
         })
 }
 
+/// Whether `frame` is one of CPython 3.12+'s perf trampolines (`-X perf`): a `py::NAME:FILE`
+/// frame named from the interpreter's perf map, or the C function that enters them. Where the
+/// kernel walked the Python frames they only repeat them.
+fn is_perf_trampoline(frame: &Frame) -> bool {
+    frame.kind == FrameKind::User
+        && (frame.name == PERF_TRAMPOLINE_EVALUATOR
+            || (frame.name.starts_with(PERF_TRAMPOLINE_PREFIX)
+                && frame.module.as_deref() == Some(crate::symbolize::JIT_MODULE)))
+}
+
 /// Merges a sample's Python frames (`python`, packed, leaf first) into its native user frames
 /// (`native`, root first, each with what the caller keeps beside it): each
 /// `_PyEval_EvalFrameDefault` frame becomes the Python frames that call ran, matched from the
 /// leaf (native stacks lose frames at the root, not the leaf). Python frames left over (a
 /// native stack that ended early) go at the root. Unless `keep_glue`, the interpreter's own C
 /// frames between two Python frames are dropped: they say how CPython called a function, not
-/// what the program did.
+/// what the program did; so are perf-trampoline frames, which repeat the Python frames.
 pub fn merge<A: Clone>(
     native: Vec<(Frame, A)>,
     python: &[u64],
@@ -336,12 +349,6 @@ fn merge_frames<A: Clone>(
     if python.is_empty() {
         return native;
     }
-    // CPython's perf trampolines (`py::name:file`, named from the process's perf map) say
-    // again what the walked frames say: with the walk, they go.
-    let native: Vec<(Frame, A)> = native
-        .into_iter()
-        .filter(|(f, _)| !f.name.starts_with(PERF_TRAMPOLINE_PREFIX))
-        .collect();
     // Groups of frames one eval call ran, root first, each root first.
     let mut groups: Vec<Vec<Frame>> = Vec::new();
     let mut current: Vec<Frame> = Vec::new();
@@ -391,7 +398,9 @@ fn merge_frames<A: Clone>(
     let last = out.iter().rposition(|(f, _)| is_python(f)).unwrap_or(first);
     out.into_iter()
         .enumerate()
-        .filter(|(i, (f, _))| !(*i > first && *i < last && is_interpreter(f)))
+        .filter(|(i, (f, _))| {
+            !(is_perf_trampoline(f) || (*i > first && *i < last && is_interpreter(f)))
+        })
         .map(|(_, x)| x)
         .collect()
 }
@@ -492,19 +501,47 @@ mod tests {
         );
     }
 
+    /// Under `-X perf` each eval call sits under its perf trampoline (`py::NAME:FILE`, named
+    /// from the perf map): the walked Python frames make them repeats, dropped unless glue is kept.
     #[test]
-    fn perf_trampoline_frames_give_way_to_walked_frames() {
+    fn perf_trampolines_go_where_the_kernel_walked_the_frames() {
         let mut symbols = PythonSymbols::new();
-        symbols.insert(PythonFrame::pack(0x10, 1, false), function("f", 3));
-        let python = vec![PythonFrame::pack(0x10, 1, true)];
-        let stack = vec![
-            native("main", "/x/a"),
-            native("py::f:/app/work.py", "[perf-map]"),
-            native(EVAL_FUNCTION, PY),
+        symbols.insert(PythonFrame::pack(0x10, 1, false), function("leaf", 3));
+        symbols.insert(PythonFrame::pack(0x20, 1, false), function("<module>", 9));
+        let python = vec![
+            PythonFrame::pack(0x10, 1, true),
+            PythonFrame::pack(0x20, 1, true),
         ];
-        let merged = merge(stack, &python, &symbols, MergeOptions::default(), 0);
-        let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
-        assert_eq!(names, ["main", "f"]);
+        let trampoline = |name: &str| native(name, crate::symbolize::JIT_MODULE);
+        let stack = vec![
+            native("Py_RunMain", PY),
+            native(PERF_TRAMPOLINE_EVALUATOR, "/usr/bin/python3.12"),
+            trampoline("py::<module>:/app/work.py"),
+            native(EVAL_FUNCTION, PY),
+            native(PERF_TRAMPOLINE_EVALUATOR, "/usr/bin/python3.12"),
+            trampoline("py::leaf:/app/work.py"),
+            native(EVAL_FUNCTION, PY),
+            native("burn", "/x/ext.so"),
+        ];
+        let names = |v: &[(Frame, u32)]| v.iter().map(|(f, _)| f.name.clone()).collect::<Vec<_>>();
+        let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
+        assert_eq!(names(&merged), ["Py_RunMain", "<module>", "leaf", "burn"]);
+        // Glue kept: every frame, trampolines too.
+        let glue = MergeOptions {
+            keep_glue: true,
+            show_gil: false,
+        };
+        let kept = merge(stack, &python, &symbols, glue, 0);
+        assert_eq!(kept.len(), 8);
+        // A `py::` frame that is no perf-map frame (a C function so named) stays.
+        let own = merge(
+            vec![native("py::mine", "/x/ext.so")],
+            &python,
+            &symbols,
+            MergeOptions::default(),
+            0,
+        );
+        assert!(names(&own).contains(&"py::mine".to_string()));
     }
 
     #[test]

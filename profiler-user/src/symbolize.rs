@@ -6,6 +6,9 @@ use std::{
     sync::Arc,
 };
 
+/// The module of frames named from a JIT's perf map (`perf-PID.map`).
+pub const JIT_MODULE: &str = "[jit]";
+
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
     CodeInfo, Input, Symbolized, Symbolizer as Blazesym,
@@ -226,7 +229,7 @@ impl Symbolizer {
             if let Some(name) = maps.jit_symbol(addr) {
                 return Arc::from([Frame {
                     name: name.to_string(),
-                    module: Some("[jit]".into()),
+                    module: Some(JIT_MODULE.into()),
                     kind: FrameKind::User,
                     inlined: false,
                     file: None,

@@ -110,10 +110,13 @@ impl Target {
                     seen.push((process.pid as u32, nspid));
                 }
                 if let Some(&depth) = depth_of_ns.get(&ns) {
-                    if let Some((host_pid, _)) = seen
-                        .iter()
-                        .find(|(_, nspid)| nspid.get(depth) == Some(&pid))
-                    {
+                    // Other namespaces at the same depth (other containers) have their own
+                    // pid 1, 2, ...: only a process whose namespace is `ns` or lies inside it
+                    // is the one named.
+                    if let Some((host_pid, _)) = seen.iter().find(|(host_pid, nspid)| {
+                        nspid.get(depth) == Some(&pid)
+                            && ancestor_namespace_is(*host_pid, nspid.len() - 1 - depth, ns)
+                    }) {
                         return Target::from_pid(*host_pid);
                     }
                 }
@@ -177,6 +180,28 @@ impl Target {
 
 /// Converts a userspace `st_dev` into the kernel's internal `dev_t` (`major << 20 | minor`),
 /// the encoding `bpf_get_ns_current_pid_tgid` compares against.
+/// Whether the pid namespace `levels` above the one of process `pid` has inode `ns` (0 levels:
+/// the process's own), followed with the kernel's `NS_GET_PARENT`.
+fn ancestor_namespace_is(pid: u32, levels: usize, ns: u64) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/pid")) else {
+        return false;
+    };
+    let mut fd = OwnedFd::from(file);
+    for _ in 0..levels {
+        // SAFETY: NS_GET_PARENT takes no argument and returns a new descriptor or -1.
+        let parent = unsafe { libc::ioctl(fd.as_raw_fd(), libc::NS_GET_PARENT) };
+        if parent < 0 {
+            return false;
+        }
+        // SAFETY: `parent` is a descriptor the kernel just opened for us and nothing else owns.
+        fd = unsafe { OwnedFd::from_raw_fd(parent) };
+    }
+    std::fs::File::from(fd)
+        .metadata()
+        .is_ok_and(|meta| meta.ino() == ns)
+}
+
 fn kernel_dev(dev: u64) -> u64 {
     let major = libc::major(dev) as u64;
     let minor = libc::minor(dev) as u64;

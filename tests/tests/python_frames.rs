@@ -73,6 +73,10 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
             "499".into(),
             "--unwind".into(),
             unwind.into(),
+            // The trampolines' own frames: where the kernel walks the Python frames (auto),
+            // they would only repeat them and are left out.
+            "--python".into(),
+            "off".into(),
             "-o".into(),
             out.display().to_string(),
             "--summary-json".into(),
@@ -149,13 +153,19 @@ fn the_python_client_turns_perf_trampolines_on_for_the_profiled_call() {
     };
     let daemon = Daemon::start(&[]);
     // No -X perf: the client turns the trampolines on around the profiled call.
-    let out = Command::new(&python)
+    let child = Command::new(&python)
         .arg(workload())
         .args(["2", "client"])
         .arg(daemon.socket())
         .env("PYTHONPATH", workspace_root().join("python/src"))
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run the Python workload");
+    let perf_map = PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+    let out = child
+        .wait_with_output()
+        .expect("wait for the Python workload");
     assert!(
         out.status.success(),
         "{}",
@@ -163,13 +173,25 @@ fn the_python_client_turns_perf_trampolines_on_for_the_profiled_call() {
     );
     let folded = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let profile = Profile::read(std::path::Path::new(&folded));
-    let hot = profile.count_where(|f| {
-        f.iter().any(|x| x.starts_with("py::parent_hot"))
-            && f.iter().any(|x| x.starts_with("py::leaf_hot"))
-    });
+    // The trampolines were on: the interpreter wrote their perf map.
+    let map = std::fs::read_to_string(&perf_map).unwrap_or_default();
+    let _ = std::fs::remove_file(&perf_map);
     assert!(
-        hot as f64 >= 0.5 * profile.total() as f64,
-        "{hot} of {} samples under py::parent_hot;py::leaf_hot\n{}",
+        map.contains("py::parent_hot:") && map.contains("py::leaf_hot:"),
+        "{} has no trampolines for parent_hot and leaf_hot",
+        perf_map.display()
+    );
+    // The daemon walks the Python frames itself, so the trampolines' repeats of them are
+    // left out of its profile.
+    let hot = profile.count_where(|f| {
+        f.iter()
+            .position(|x| x == "parent_hot")
+            .is_some_and(|i| f[i + 1..].iter().any(|x| x == "leaf_hot"))
+    });
+    let trampolines = profile.count_where(|f| f.iter().any(|x| x.starts_with("py::")));
+    assert!(
+        hot as f64 >= 0.5 * profile.total() as f64 && trampolines == 0,
+        "{hot} of {} samples under parent_hot;leaf_hot, {trampolines} with py:: frames\n{}",
         profile.total(),
         profile.top(6)
     );

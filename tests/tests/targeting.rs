@@ -196,6 +196,44 @@ fn pid_in_another_pid_namespace() {
     );
 }
 
+/// Two containers, each with its own pid 1: `NS:1` names the pid 1 of namespace NS, whichever
+/// of them comes first in /proc (it took the first pid 1 at that depth: the other container's).
+#[test]
+fn ns_pid_names_the_process_of_that_namespace_not_another_at_the_same_depth() {
+    if !require_root() {
+        return;
+    }
+    let workload = bpfprof_tests::workload_path("hotcold");
+    let containers: Vec<(Workload, u32)> = (0..2)
+        .map(|_| {
+            let mut cmd = Command::new("unshare");
+            cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+                .arg(&workload)
+                .arg("30");
+            let unshare = Workload::spawn_command(cmd);
+            let host_pid = poll_until(Duration::from_secs(5), || {
+                all_pids().into_iter().find(|&pid| {
+                    proc_status(pid).is_some_and(|st| st.name == "hotcold" && st.nspid.len() == 2)
+                        && is_descendant_of(pid, unshare.pid())
+                })
+            })
+            .expect("hotcold inside a new pid namespace did not show up");
+            (unshare, host_pid)
+        })
+        .collect();
+    settle();
+    for (_, host_pid) in &containers {
+        let ns = pid_ns_inode(*host_pid);
+        let (_, summary) = profile_pids(&[format!("{ns}:1")], "300ms");
+        assert_eq!(
+            summary.targets()[0]["pid"].as_u64(),
+            Some(*host_pid as u64),
+            "{ns}:1 is host pid {host_pid}; summary: {}",
+            summary.0
+        );
+    }
+}
+
 #[test]
 fn kernel_frames_follow_user_frames() {
     if !require_root() {

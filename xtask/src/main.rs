@@ -93,6 +93,9 @@ const VALIDATORS_DIR: &str = "target/validators";
 /// Python modules the Python client's tests need, with the pip package providing each.
 const PYTHON_MODULES: &[(&str, &str)] = &[("pytest", "pytest"), ("numpy", "numpy")];
 
+/// Programs from PyPI the tests run: py-spy, the peer the Python-walk tests compare shares with.
+const PYTHON_TOOLS: &[&str] = &["py-spy"];
+
 #[derive(Parser)]
 #[command(
     name = "xtask",
@@ -387,6 +390,18 @@ fn setup_python() -> Result<()> {
         cmd.args(["-m", "pip", "install", "--quiet", package]);
         run(&mut cmd)?;
         println!("    {module}: installed");
+    }
+    for tool in PYTHON_TOOLS {
+        if probe(Command::new(tool).arg("--version")).is_some() {
+            println!("    {tool}: already installed");
+            continue;
+        }
+        let mut cmd = command("python3");
+        cmd.args(["-m", "pip", "install", "--quiet", tool]);
+        run(&mut cmd)?;
+        // Under pyenv the new script is on PATH only once its shim exists.
+        let _ = probe(Command::new("pyenv").arg("rehash"));
+        println!("    {tool}: installed");
     }
     Ok(())
 }
