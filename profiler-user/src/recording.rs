@@ -160,6 +160,7 @@ impl Recording {
                 slot
             }
         };
+        let mut waited = false;
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
             program
@@ -173,6 +174,7 @@ impl Recording {
                 if let Err(e) = program.wait_walker() {
                     log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
                 }
+                waited = true;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
             Ok(match self.python_mode {
@@ -180,6 +182,11 @@ impl Recording {
                 PythonMode::Off => None,
             })
         });
+        if waited && self.processes.is_empty() {
+            // The run's duration counts from its first sample, not from the program's load:
+            // on a loaded machine the walker's verification takes a good part of a short run.
+            self.started = Instant::now();
+        }
         let python = match registered {
             Ok(python) => python,
             Err(e) => {

@@ -64,11 +64,7 @@ fn python_functions_of_a_cpython_without_frame_pointers() {
     let record = |unwind: &str| {
         let out = dir.path().join(format!("{unwind}.folded"));
         let summary = dir.path().join(format!("{unwind}.json"));
-        // `--python off`: this test is about the trampolines, not the kernel's frame walk
-        // (which would name the same functions and drop the trampoline frames).
         let args = [
-            "--python".into(),
-            "off".into(),
             "-F".into(),
             "499".into(),
             "--unwind".into(),
