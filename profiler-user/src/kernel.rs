@@ -603,15 +603,16 @@ impl KernelProgram {
         moved
     }
 
-    /// The Python stacks recorded so far, by the pid (in its namespace) of the process they
-    /// belong to: what userspace must name while the process still lives.
-    pub fn python_stack_ids(&self) -> Vec<(u32, StackId)> {
+    /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
+    /// namespace) of the process they belong to: what userspace must name while the process
+    /// still lives. A pid alone could be another namespace's process in another run.
+    pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
         let moved = self.offloaded_samples.keys().copied();
-        let mut ids: Vec<(u32, StackId)> = kernel
+        let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
             .filter(|k| k.python_stack != 0)
-            .map(|k| (k.pid, k.python_stack))
+            .map(|k| (k.runs, k.pid, k.python_stack))
             .collect();
         ids.sort_unstable();
         ids.dedup();

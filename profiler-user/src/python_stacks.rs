@@ -168,15 +168,18 @@ impl PythonTracking {
         self.threads = now;
     }
 
-    /// Names the frames of the Python stacks the kernel recorded for this process (`ns_pid`
-    /// in its namespace) since the last call: code objects are read from the live process.
+    /// Names the frames of the Python stacks the kernel recorded for this process (run slot
+    /// `run`, `ns_pid` in its namespace) since the last call: code objects are read from the live process.
     pub fn name_new_stacks(
         &mut self,
         program: &KernelProgram,
-        ids: &[(u32, StackId)],
+        ids: &[(u64, u32, StackId)],
+        run: u32,
         ns_pid: u32,
     ) {
-        for (_, id) in ids.iter().filter(|(pid, _)| *pid == ns_pid) {
+        let mine =
+            |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
+        for (_, _, id) in ids.iter().filter(mine) {
             if !self.named_stacks.insert(*id) {
                 continue;
             }

@@ -282,7 +282,7 @@ impl Recording {
                     let ids = python_ids
                         .entry(p.slot.program_id)
                         .or_insert_with(|| program.python_stack_ids());
-                    python.name_new_stacks(program, ids, p.target.ns_pid);
+                    python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
                 }
             }
         }
@@ -349,7 +349,7 @@ impl Recording {
                     let ids = python_ids
                         .entry(p.slot.program_id)
                         .or_insert_with(|| program.python_stack_ids());
-                    python.name_new_stacks(program, ids, p.target.ns_pid);
+                    python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
                 }
                 python.stop(program);
             }
