@@ -34,6 +34,8 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
+mod unwind;
+
 /// Options of `cargo xtask bench`.
 pub struct BenchArgs {
     /// One round at fewer frequencies and sizes: a smoke run that checks the machinery.
@@ -344,6 +346,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if plan.quick { " --quick" } else { "" },
         bench.machine()?
     )?;
+    // The machine is shared: the load average says how much else ran (filled in at the end).
+    let load_at_start = unwind::load_average();
+    writeln!(
+        md,
+        "Load average (1 min) when the bench started: {load_at_start}; LOAD_AT_END\n"
+    )?;
     if plan.quick {
         writeln!(md, "**Quick run**: one round, one frequency per section; a smoke run, not figures to quote.\n")?;
     }
@@ -379,6 +387,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
     }
+    // Issues 11 and 12: CFI unwinding and Python frames (xtask/src/bench/unwind.rs).
+    if want(7) {
+        bench.kernel_unwind(&plan, &mut sections, &mut verdicts)?;
+    }
+    if want(8) {
+        bench.table_build(&plan, &mut sections, &mut verdicts)?;
+    }
+    if want(9) {
+        bench.unwind_startup(&plan, &mut sections, &mut verdicts)?;
+    }
+    if want(10) {
+        bench.dwarf_overhead(&plan, &mut sections, &mut verdicts)?;
+    }
+    if want(11) {
+        bench.python(&plan, &mut sections, &mut verdicts)?;
+    }
+    let mut md = md.replace(
+        "LOAD_AT_END",
+        &format!("when it ended: {}.", unwind::load_average()),
+    );
 
     writeln!(md, "## Targets\n")?;
     writeln!(md, "| target | measured | met |\n|---|---|---|")?;

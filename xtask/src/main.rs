@@ -308,6 +308,7 @@ fn setup() -> Result<()> {
     setup_validators()?;
     setup_pprof()?;
     setup_python()?;
+    setup_py_spy()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
@@ -386,6 +387,19 @@ fn setup_python() -> Result<()> {
         run(&mut cmd)?;
         println!("    {module}: installed");
     }
+    Ok(())
+}
+
+/// py-spy, the Python profiler `cargo xtask bench` compares bpfprof with on Python workloads
+/// (issue 12); pip puts its `py-spy` binary on the PATH of the Python that installs it.
+fn setup_py_spy() -> Result<()> {
+    println!("==> py-spy (for the bench)");
+    if probe(Command::new("py-spy").arg("--version")).is_some() {
+        println!("    already installed");
+        return Ok(());
+    }
+    run(command("python3").args(["-m", "pip", "install", "--quiet", "py-spy"]))?;
+    println!("    installed");
     Ok(())
 }
 
