@@ -7,7 +7,13 @@
 //! also keep their burn loops inside the leaf functions for the same reason.
 //!
 //! Workloads named `nofp*` are built as distributions build most software, `-O2
-//! -fomit-frame-pointer`: their stacks unwind only through CFI (`.eh_frame`).
+//! -fomit-frame-pointer`: their stacks unwind only through CFI (`.eh_frame`). Those ending in
+//! `_ibt` are also built for Intel IBT (`-fcf-protection=full`, PLT stubs in `.plt.sec`), as
+//! Ubuntu and Fedora build. Those named `lib*` are shared libraries (`libNAME.so`, without
+//! frame pointers), for workloads that `dlopen` them.
+//!
+//! Rust workloads (`*.rs`) are built twice with `rustc -C opt-level=3 -g`: `NAME_nofp` with
+//! `-C force-frame-pointers=no` (a release build's default) and `NAME_fp` with `=yes`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,9 +33,10 @@ fn main() {
     let mut sources: Vec<PathBuf> = fs::read_dir(&src_dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", src_dir.display()))
         .map(|entry| entry.expect("directory entry").path())
-        .filter(|p| p.extension().is_some_and(|ext| ext == "c"))
+        .filter(|p| p.extension().is_some_and(|ext| ext == "c" || ext == "rs"))
         .collect();
     sources.sort();
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
 
     for src in &sources {
         println!("cargo:rerun-if-changed={}", src.display());
@@ -37,8 +44,44 @@ fn main() {
             .file_stem()
             .and_then(|s| s.to_str())
             .expect("UTF-8 workload name");
+        if src.extension().is_some_and(|ext| ext == "rs") {
+            for (variant, frame_pointers) in [("nofp", "no"), ("fp", "yes")] {
+                let out = out_dir.join(format!("{name}_{variant}"));
+                compile_rust(&rustc, frame_pointers, src, &out);
+                println!(
+                    "cargo:rustc-env=WORKLOAD_{}_{}={}",
+                    name.to_ascii_uppercase(),
+                    variant.to_ascii_uppercase(),
+                    out.display()
+                );
+            }
+            continue;
+        }
+        if name.starts_with("lib") {
+            let out = out_dir.join(format!("{name}.so"));
+            compile(
+                &cc,
+                &["-O2", "-g", "-fomit-frame-pointer", "-fPIC", "-shared"],
+                src,
+                &out,
+            );
+            println!(
+                "cargo:rustc-env=WORKLOAD_{}={}",
+                name.to_ascii_uppercase(),
+                out.display()
+            );
+            continue;
+        }
         let out = out_dir.join(name);
-        let flags: &[&str] = if name.starts_with("nofp") {
+        let flags: &[&str] = if name.starts_with("nofp") && name.ends_with("_ibt") {
+            &[
+                "-O2",
+                "-g",
+                "-fomit-frame-pointer",
+                "-fcf-protection=full",
+                "-Wl,-z,ibtplt",
+            ]
+        } else if name.starts_with("nofp") {
             &["-O2", "-g", "-fomit-frame-pointer"]
         } else {
             &[
@@ -70,6 +113,22 @@ fn compile(cc: &str, flags: &[&str], src: &Path, out: &Path) {
     assert!(
         status.success(),
         "`{cc}` failed to compile {} ({status})",
+        src.display()
+    );
+}
+
+fn compile_rust(rustc: &str, frame_pointers: &str, src: &Path, out: &Path) {
+    let status = Command::new(rustc)
+        .args(["--edition", "2021", "-C", "opt-level=3", "-g", "-C"])
+        .arg(format!("force-frame-pointers={frame_pointers}"))
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run `{rustc}`: {e}"));
+    assert!(
+        status.success(),
+        "`{rustc}` failed to compile {} ({status})",
         src.display()
     );
 }

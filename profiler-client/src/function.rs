@@ -95,6 +95,12 @@ pub struct ProfileOptions {
     pub max_profile_duration: Duration,
     /// `auto`, `cycles` or `cpu-clock`; `None` leaves the daemon's default (`auto`).
     pub event: Option<String>,
+    /// How user stacks are walked: `auto`, `fp` or `cfi` (as `bpfprof --unwind`); `None`
+    /// leaves the daemon's default (`auto`).
+    pub unwind: Option<String>,
+    /// Python frames of a CPython caller: `auto` or `off` (as `bpfprof --python`); `None`
+    /// leaves it to the daemon (auto).
+    pub python: Option<String>,
     /// Sampling period in event units (cycles, or ns for cpu-clock).
     pub sample_interval: i64,
     /// Samples per second; when set it is sent instead of `sample_interval`.
@@ -121,6 +127,8 @@ impl Default for ProfileOptions {
             stop_at_error: false,
             max_profile_duration: Duration::from_secs(600),
             event: None,
+            unwind: None,
+            python: None,
             sample_interval: 10_000_000,
             frequency: None,
             sample_tags: Vec::new(),
@@ -151,6 +159,8 @@ impl ProfileOptions {
             max_stack_length: Some(self.max_stack_length),
             formats: self.formats.clone(),
             follow_children: false,
+            unwind: self.unwind.clone(),
+            python: self.python.clone(),
         }
     }
 }
@@ -448,6 +458,22 @@ mod tests {
         }
         .run_request(1, None);
         assert_eq!((req.frequency, req.sample_interval), (Some(99), None));
+    }
+
+    #[test]
+    fn unwind_mode_is_sent_only_when_set() {
+        let default = ProfileOptions::default().run_request(1, None);
+        // Absent on the wire, so a daemon that predates the field accepts the request.
+        let line = serde_json::to_string(&default).unwrap();
+        assert!(!line.contains("unwind"), "{line}");
+        let req = ProfileOptions {
+            unwind: Some("cfi".into()),
+            ..ProfileOptions::default()
+        }
+        .run_request(1, None);
+        assert_eq!(req.unwind.as_deref(), Some("cfi"));
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.contains(r#""unwind":"cfi""#), "{line}");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub const SAMPLE_INTERVAL_ENV: &str = "BPFPROF_SAMPLE_INTERVAL";
 pub const MAX_STACK_LENGTH_ENV: &str = "BPFPROF_MAX_STACK_LENGTH";
 /// Longest a phase's run lasts, in seconds (fractions allowed).
 pub const MAX_PROFILE_TIME_ENV: &str = "BPFPROF_MAX_PROFILE_TIME";
+/// How user stacks are walked: `auto`, `fp` or `cfi` (as `bpfprof --unwind`).
+pub const UNWIND_ENV: &str = "BPFPROF_UNWIND";
+/// The unwind modes the daemon knows.
+pub const UNWIND_MODES: [&str; 3] = ["auto", "fp", "cfi"];
 
 /// Tag key naming the session.
 pub const SESSION_TAG: &str = "session";
@@ -58,7 +62,7 @@ pub struct PhaseConfig {
 
 impl PhaseConfig {
     /// Defaults overridden by `BPFPROF_SAMPLE_INTERVAL`, `BPFPROF_MAX_STACK_LENGTH`,
-    /// `BPFPROF_MAX_PROFILE_TIME` (seconds) and `BPFPROF_PHASE_FILTER`; invalid values are
+    /// `BPFPROF_MAX_PROFILE_TIME` (seconds), `BPFPROF_UNWIND` and `BPFPROF_PHASE_FILTER`; invalid values are
     /// warned about and ignored. The socket comes from `BPFPROF_SOCKET` as for every client.
     pub fn from_env() -> PhaseConfig {
         PhaseConfig::from_lookup(|key| std::env::var(key).ok())
@@ -96,6 +100,13 @@ impl PhaseConfig {
                     "bpfprof: ignoring {MAX_PROFILE_TIME_ENV}={v:?}: not a positive number of \
                      seconds"
                 ),
+            }
+        }
+        if let Some(v) = get(UNWIND_ENV) {
+            if UNWIND_MODES.contains(&v.as_str()) {
+                config.options.unwind = Some(v);
+            } else {
+                log::warn!("bpfprof: ignoring {UNWIND_ENV}={v:?}: expected auto, fp or cfi");
             }
         }
         config.filter = get(PHASE_FILTER_ENV);
@@ -556,6 +567,7 @@ mod tests {
             (SAMPLE_INTERVAL_ENV, "5000"),
             (MAX_STACK_LENGTH_ENV, " 64 "),
             (MAX_PROFILE_TIME_ENV, "1.5"),
+            (UNWIND_ENV, "fp"),
             (PHASE_FILTER_ENV, "fwd"),
         ]
         .into();
@@ -564,11 +576,13 @@ mod tests {
         assert_eq!(c.options.max_stack_length, 64);
         assert_eq!(c.options.max_profile_duration, Duration::from_millis(1500));
         assert_eq!(c.filter.as_deref(), Some("fwd"));
+        assert_eq!(c.options.unwind.as_deref(), Some("fp"));
 
         let bad: HashMap<&str, &str> = [
             (SAMPLE_INTERVAL_ENV, "-1"),
             (MAX_STACK_LENGTH_ENV, "lots"),
             (MAX_PROFILE_TIME_ENV, "0"),
+            (UNWIND_ENV, "dwarf"),
             (PHASE_FILTER_ENV, ""),
         ]
         .into();

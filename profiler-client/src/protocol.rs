@@ -123,6 +123,12 @@ pub struct RunRequest {
     /// Also profile the children the target forks during the run (and theirs).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub follow_children: bool,
+    /// How user stacks are walked: `auto`, `fp` or `cfi` (as `--unwind`); `None` is `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwind: Option<String>,
+    /// Python frames of CPython targets: `auto` or `off` (as `--python`); `None` is `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 /// A run's life-cycle state.

@@ -7,6 +7,10 @@
 
 /// Name of the perf_event program in the kernel object (and in `bpftool prog list`).
 pub const PROGRAM_NAME: &str = "bpfprof_sample";
+/// Name of the walker program (CFI and Python walks) the sampling program tail-calls.
+pub const WALKER_PROGRAM_NAME: &str = "bpfprof_walk";
+/// Index of the walker program in the kernel program's program array.
+pub const WALKER_SLOT: u32 = 0;
 /// Names of the `sched:sched_process_fork` tracepoint programs that follow targets' children,
 /// one per record layout, in the order of [`FORK_CHILD_PID_OFFSETS`].
 pub const FORK_PROGRAM_NAMES: [&str; 2] = ["bpfprof_fork", "bpfprof_fork_data_loc"];
@@ -145,8 +149,9 @@ pub enum Counter {
     /// Samples of CPython threads the kernel did not know yet (started since userspace last
     /// listed the interpreter's threads) or whose frames could not be read: no Python frames.
     PythonStackMissing = 10,
-    /// Samples whose user stack was walked by frame pointers because the CFI walker was not
-    /// loaded yet (it verifies in the background while sampling starts).
+    /// Samples of processes with CFI tables or Python frames that were taken before the walker
+    /// program was loaded (it verifies in the background while sampling starts): their user
+    /// stacks come from frame pointers and they have no Python frames.
     CfiNotReady = 11,
 }
 
@@ -211,7 +216,19 @@ pub enum CfaRule {
     Plt = 3,
     /// The return address is undefined: the outermost frame (`_start`, a thread's entry).
     EndOfStack = 4,
+    /// A signal trampoline (`__restore_rt`): rsp points at the `ucontext_t` the kernel saved,
+    /// and the interrupted frame's rip, rsp and rbp are read from its `uc_mcontext`.
+    SignalFrame = 5,
 }
+
+/// Offsets in the x86-64 `ucontext_t` the kernel pushes for a signal handler, from rsp at the
+/// signal trampoline: `uc_mcontext.rsp`, `.rip` and `.rbp` (gregs after 40 bytes of uc_flags,
+/// uc_link and uc_stack; rsp is greg 15, rip 16, rbp 10).
+pub const SIGNAL_FRAME_RSP: u64 = 160;
+/// See [`SIGNAL_FRAME_RSP`].
+pub const SIGNAL_FRAME_RIP: u64 = 168;
+/// See [`SIGNAL_FRAME_RSP`].
+pub const SIGNAL_FRAME_RBP: u64 = 120;
 
 /// One row of an unwind table: the rules that hold from `pc` up to the next row's `pc`.
 ///
@@ -330,6 +347,10 @@ pub enum PythonEntryRule {
     ShimFrame = 2,
 }
 
+/// Bytes of a frame the kernel reads at once: every field of [`PythonProcess`] that is read
+/// from a frame must end within them (3.10's `f_lasti`, the farthest, ends at byte 100).
+pub const PYTHON_FRAME_BYTES: usize = 104;
+
 /// The owner value of 3.12+'s shim frames (`FRAME_OWNED_BY_CSTACK`).
 pub const PYTHON_FRAME_OWNED_BY_CSTACK: u8 = 3;
 
@@ -372,6 +393,11 @@ pub struct PythonProcess {
     pub code_instructions: u32,
     /// CPython's version, `major << 8 | minor` (0x030c for 3.12); for userspace and bpftool.
     pub version: u32,
+    /// Address of the GIL's `last_holder` (the `PyThreadState` that last took it), or 0 when
+    /// unknown (then no sample says whether its thread held the GIL).
+    pub gil_holder: u64,
+    /// Address of the GIL's `locked` flag (a C `int`); read with `gil_holder`.
+    pub gil_locked: u64,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address
@@ -412,6 +438,12 @@ impl PythonFrame {
         }
         v
     }
+
+    /// The entry the kernel appends, outermost, to the Python stack of a thread that holds the
+    /// GIL (code address 0 is never a frame).
+    pub const GIL_HELD: u64 = 1 << Self::CODE_BITS;
+    /// The entry appended to the Python stack of a thread that does not hold the GIL.
+    pub const GIL_NOT_HELD: u64 = 2 << Self::CODE_BITS;
 
     /// Marks a packed frame as the first of an eval call.
     #[inline(always)]

@@ -16,7 +16,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid, bpf_get_stack, generated::bpf_loop,
     },
     macros::{map, perf_event, tracepoint},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray},
     programs::{PerfEventContext, TracePointContext},
     EbpfContext,
 };
@@ -24,9 +24,10 @@ use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS, INVOCATIONS_INDEX,
     MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES,
+    STACK_MAP_ENTRIES, WALKER_SLOT,
 };
 
+mod python;
 mod unwind;
 
 const EEXIST: i32 = 17;
@@ -68,11 +69,37 @@ static SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(SAMPLE_MAP_E
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIES, 0);
 
+/// The walker program (CFI and Python walks) at [`WALKER_SLOT`] once userspace has loaded it.
+/// It takes ten times longer to verify than the sampling program, so userspace starts sampling
+/// with the sampling program alone and adds the walker from a background thread: samples
+/// taken before that use frame pointers and are counted as such.
+#[map]
+static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The sampling program: keeps target samples, with frame-pointer stacks, and hands samples of
+/// processes that need the CFI or Python walk to the walker program.
 #[perf_event]
 pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
     increment(INVOCATIONS_INDEX);
     if let Some(target) = current_target() {
-        record(&ctx, &target);
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let wants_walker = unwind::is_unwound(tgid) || python::is_python(tgid);
+        if wants_walker {
+            // SAFETY: the context is this program's own; the call does not return when the
+            // walker is loaded.
+            unsafe { WALKERS.tail_call(&ctx, WALKER_SLOT) };
+        }
+        record::<false>(&ctx, &target, wants_walker);
+    }
+    0
+}
+
+/// The walker program: records the sample with the CFI walk of its user stack and the Python
+/// walk of its interpreter frames. Reached only by tail call from `bpfprof_sample`.
+#[perf_event]
+pub fn bpfprof_walk(ctx: PerfEventContext) -> u32 {
+    if let Some(target) = current_target() {
+        record::<true>(&ctx, &target, false);
     }
     0
 }
@@ -204,30 +231,48 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
 }
 
 /// Records one sample for every run of `target`: the stacks are stored once and one count
-/// (keyed by the set of runs) goes up; only the per-run counters are kept per run.
+/// (keyed by the set of runs) goes up; only the per-run counters are kept per run. `WALK`
+/// (the walker program) walks user stacks by CFI and Python frames; without it the kernel's
+/// frame-pointer walk is used, and `walker_missed` says the process wanted the walker.
 #[inline(always)]
-fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
+fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walker_missed: bool) {
     let runs = target.runs;
     if runs == 0 {
         return;
     }
     increment(ALL_RUNS_SAMPLES_INDEX);
-    // Processes userspace loaded CFI tables for are walked by `unwind`; the rest by the
-    // kernel's frame-pointer walk. The walk's own statistics (CFI stacks, walks that ended
-    // early, frame-pointer frames) go to the lowest run of the sample only: they describe the
-    // unwinder, and one count per sample is what they need.
-    let user_stack = match unwind::walk_user_stack(ctx, lowest_bit(runs), &SCRATCH) {
-        Some(len) => store_frames(len, Counter::UserStackMapFull),
-        None => store_stack(ctx, BPF_F_USER_STACK as u64),
+    // The walks' own statistics (CFI stacks, walks that ended early, frame-pointer frames,
+    // Python stacks) go to the lowest run of the sample only: they describe the unwinder, and
+    // one count per sample is what they need.
+    let stats_run = lowest_bit(runs);
+    let user_stack = if WALK {
+        // Processes userspace loaded CFI tables for are walked by `unwind`; the rest by the
+        // kernel's frame-pointer walk.
+        let id = match unwind::user_registers(ctx) {
+            Some((ip, sp, bp)) => unwind::cfi_stack(ip, sp, bp, stats_run),
+            None => unwind::NOT_UNWOUND,
+        };
+        if id == unwind::NOT_UNWOUND {
+            store_stack(ctx, BPF_F_USER_STACK as u64)
+        } else {
+            Ok(id)
+        }
+    } else {
+        store_stack(ctx, BPF_F_USER_STACK as u64)
     };
     let kernel_stack = store_stack(ctx, 0);
+    let python_stack = if WALK {
+        python::bpfprof_python_stack(stats_run)
+    } else {
+        0
+    };
     let key = SampleKey {
         runs,
         pid: target.task.tgid,
         tid: target.task.pid,
         user_stack: user_stack.unwrap_or(0),
         kernel_stack: kernel_stack.unwrap_or(0),
-        python_stack: 0,
+        python_stack,
     };
     let map_full = !increment_sample(&key);
     let counts = RunCounts {
@@ -237,6 +282,12 @@ fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
             kernel_stack.err().map_or(NO_COUNTER, |c| c as u32),
             if map_full {
                 Counter::SampleMapFull as u32
+            } else {
+                NO_COUNTER
+            },
+            NO_COUNTER,
+            if walker_missed {
+                Counter::CfiNotReady as u32
             } else {
                 NO_COUNTER
             },
@@ -267,8 +318,9 @@ fn record(ctx: &PerfEventContext, target: &CurrentTarget) {
 struct RunCounts {
     runs: u64,
     /// Counters to add one to besides `Samples` (a stack that could not be read or stored, a
-    /// full sample map), or [`NO_COUNTER`].
-    extra: [u32; 3],
+    /// full sample map, a sample that wanted the walker before it was loaded), or
+    /// [`NO_COUNTER`].
+    extra: [u32; 5],
 }
 
 const NO_COUNTER: u32 = u32::MAX;
@@ -366,7 +418,7 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
 /// Stores the `len` frames in this CPU's scratch slot under their hash unless already there,
 /// and returns the hash; `full` when the stack map has no room.
 #[inline(always)]
-fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter> {
+pub(crate) fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter> {
     let Some(frames) = SCRATCH.get_ptr_mut(0) else {
         return Err(full);
     };

@@ -23,6 +23,8 @@ pub struct AggregateOptions {
     pub line_numbers: bool,
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
+    /// How Python frames are shown (`--python-glue`, `--python-gil`).
+    pub python: crate::python_stacks::MergeOptions,
 }
 
 impl Default for AggregateOptions {
@@ -32,6 +34,7 @@ impl Default for AggregateOptions {
             max_stack_length: profiler_common::MAX_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
+            python: Default::default(),
         }
     }
 }
@@ -44,6 +47,8 @@ pub struct TargetSamples<'a> {
     pub maps: &'a ProcessMaps,
     /// Its samples.
     pub samples: &'a [Sample],
+    /// Names of its Python frames, when the kernel read them.
+    pub python: Option<&'a crate::python_stacks::PythonSymbols>,
 }
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
@@ -58,6 +63,7 @@ pub fn aggregate(
     let mut mappings = Mappings::default();
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
     let mut truncated = 0;
+    let mut ended_early = 0;
     symbolizer.set_start_lines(options.line_numbers);
     for input in inputs {
         symbolizer.prepare_user(
@@ -101,11 +107,23 @@ pub fn aggregate(
             let kernel: Vec<u64> = lookup_addresses(&sample.kernel_frames)
                 .take(limit)
                 .collect();
-            let user: Vec<u64> = lookup_addresses(&sample.user_frames)
+            let mut user: Vec<u64> = lookup_addresses(&sample.user_frames)
                 .take(limit - kernel.len())
                 .collect();
             let cut =
                 kernel.len() + user.len() < sample.kernel_frames.len() + sample.user_frames.len();
+            // A frame-pointer walk through code without frame pointers reads data as return
+            // addresses: the stack ends at the first address outside every mapping of the
+            // process (no call returns there), keeping the frames found until then.
+            if input.maps.is_known() {
+                if let Some(bad) = user
+                    .iter()
+                    .position(|a| input.maps.mapping_at(*a).is_none())
+                {
+                    user.truncate(bad);
+                    ended_early += sample.count;
+                }
+            }
             if sample.truncated || cut {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
@@ -120,11 +138,24 @@ pub fn aggregate(
                 frames.push(interner.intern(ProfileFrame::Code(frame)));
                 addresses.push(address);
             };
+            let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
             for addr in user.iter().rev() {
                 let address = mappings.user(input.target.pid, input.maps, *addr);
                 for frame in symbolizer.user(input.maps, *addr).iter() {
-                    push(frame, address);
+                    user_frames.push((frame.clone(), address));
                 }
+            }
+            if let Some(symbols) = input.python {
+                user_frames = crate::python_stacks::merge(
+                    user_frames,
+                    &sample.python_frames,
+                    symbols,
+                    options.python,
+                    None,
+                );
+            }
+            for (frame, address) in &user_frames {
+                push(frame, *address);
             }
             for addr in kernel.iter().rev() {
                 let address = mappings.kernel(*addr);
@@ -150,6 +181,7 @@ pub fn aggregate(
             .then_with(|| a.addresses.cmp(&b.addresses))
     });
     meta.losses.truncated = truncated;
+    meta.losses.stack_ended_early += ended_early;
     Profile {
         meta,
         frames: interner.frames,

@@ -403,6 +403,24 @@ fn program_load_and_attach() -> Vec<Check> {
         format!("loaded and verified (program id {})", program.program_id()),
         "",
     );
+    let walker = match program.wait_walker() {
+        Ok(took) => check(
+            "walker_load",
+            Status::Ok,
+            format!(
+                "the CFI and Python walker verified in {} ms",
+                took.as_millis()
+            ),
+            "",
+        ),
+        Err(e) => check(
+            "walker_load",
+            Status::Fail,
+            e,
+            "stacks fall back to frame pointers; report it with this output and the kernel \
+             version",
+        ),
+    };
     let request = SamplingRequest {
         event: EventChoice::CpuClock,
         frequency: Some(99),
@@ -430,7 +448,7 @@ fn program_load_and_attach() -> Vec<Check> {
              capabilities above",
         ),
     };
-    vec![load, attach]
+    vec![load, walker, attach]
 }
 
 /// Helpers the kernel program calls, all required.

@@ -18,6 +18,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     for (key, count) in counts {
         let user_frames = stack(program, &mut stacks, key.user_stack)?;
         let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
+        let python_frames = stack(program, &mut stacks, key.python_stack)?;
         out.push(Sample {
             run,
             pid: key.pid,
@@ -26,6 +27,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
                 || kernel_frames.len() >= MAX_STACK_DEPTH,
             user_frames,
             kernel_frames,
+            python_frames,
             count,
         });
     }

@@ -9,20 +9,20 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{PerfEvent, ProgramError, TracePoint},
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray},
+    programs::{PerfEvent, ProgramError, ProgramFd, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES,
     INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
-    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
 };
 
 use crate::{
     error::{Error, Result},
-    perf_events::{is_missing_event, AttachedEvents},
+    perf_events::{is_missing_event, AttachedEvents, AttachedTracepoint},
     sampling::{Sampling, SamplingPlan},
     target::Target,
 };
@@ -45,9 +45,37 @@ impl Counters {
     }
 }
 
+/// The walker program (CFI and Python walks), verified in a background thread while sampling
+/// runs without it.
+enum Walker {
+    /// The thread holds the loaded object while the kernel verifies the walker.
+    Loading(std::thread::JoinHandle<WalkerLoaded>),
+    /// Verified and in the program array, or refused.
+    Done(Box<WalkerLoaded>),
+    /// Between the two, while being joined.
+    Joining,
+}
+
+/// What the walker thread hands back: the object (which owns the programs), the program array
+/// it filled (kept open: the kernel empties a program array when its last user fd closes) and
+/// how long verification took, or why it failed.
+struct WalkerLoaded {
+    _ebpf: Ebpf,
+    _walkers: Option<ProgramArray<MapData>>,
+    outcome: std::result::Result<std::time::Duration, String>,
+}
+
 /// The loaded kernel program and its maps.
 pub struct KernelProgram {
-    ebpf: Ebpf,
+    /// The sampling program, loaded and verified (its object is owned by the walker thread or
+    /// `walker`).
+    sample_fd: ProgramFd,
+    /// The fork programs, one per record layout (see [`FORK_PROGRAM_NAMES`]), and the exit
+    /// program: verified at load, attached when a run first follows children.
+    fork_fds: Vec<ProgramFd>,
+    exit_fd: ProgramFd,
+    tracepoints: Vec<AttachedTracepoint>,
+    walker: Walker,
     events: Option<AttachedEvents>,
     /// The event and rate attached.
     sampling: Option<Sampling>,
@@ -61,8 +89,6 @@ pub struct KernelProgram {
     config: Array<MapData, u64>,
     /// Runs that follow their targets' children.
     following_runs: u64,
-    /// Whether the fork and exit tracepoints are attached (on the first run that follows).
-    tracepoints_attached: bool,
     samples: HashMap<MapData, SampleKey, u64>,
     /// Sample counts moved out of the kernel map, split per run (the key's `runs` holds the
     /// one run's bit), added up.
@@ -82,6 +108,16 @@ pub struct KernelProgram {
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// The CFI unwinding maps and their resident tables (see [`crate::unwind`]).
     pub unwind: crate::unwind::UnwindMaps,
+    /// The Python walk's maps: interpreters' layouts and thread states.
+    pub python: PythonMaps,
+}
+
+/// The kernel maps of the Python walk.
+pub struct PythonMaps {
+    /// Layouts of the CPython processes the kernel walks, by host tgid.
+    pub processes: HashMap<MapData, u32, profiler_common::PythonProcess>,
+    /// `PyThreadState` address by host tid.
+    pub threads: HashMap<MapData, u32, u64>,
 }
 
 impl KernelProgram {
@@ -92,6 +128,7 @@ impl KernelProgram {
         // would parse the kernel's BTF once more (on top of the loader's own parse) to do them.
         let mut ebpf = EbpfLoader::new()
             .btf(None)
+            .map_max_entries("UNWIND_ROWS", crate::unwind::table_rows())
             .load(PROGRAM_OBJECT)
             .map_err(|e| match &e {
                 EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
@@ -106,26 +143,29 @@ impl KernelProgram {
             .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no {PROGRAM_NAME}")))?
             .try_into()
             .map_err(|e: ProgramError| Error::Kernel(e.into()))?;
-        program.load().map_err(|e| match &e {
-            ProgramError::SyscallError(s) if is_permission(&s.io_error) => {
-                Error::PermissionDenied(format!("the kernel refused to load the program: {e}"))
-            }
-            _ => {
-                // Name what this kernel lacks rather than show the verifier's log alone.
-                let missing = crate::doctor::missing_helpers();
-                if missing.is_empty() {
-                    Error::Kernel(anyhow!(e).context("verifying the sampling program"))
-                } else {
-                    Error::EventUnsupported(format!(
-                        "this kernel lacks what the sampling program needs: {}; bpfprof \
-                         supports Linux 6.1 and later (`bpfprof doctor` checks a machine)",
-                        missing.join(", ")
-                    ))
-                }
-            }
-        })?;
+        program
+            .load()
+            .map_err(|e| load_error(e, "the sampling program"))?;
         let program_id = program.info().map_err(|e| Error::Kernel(e.into()))?.id();
+        let sample_fd = clone_fd(program.fd())?;
         log::info!("loaded program id {program_id}");
+        // The tracepoint programs are small: verified now, so that attaching them later needs
+        // only their fds.
+        let mut tracepoint_fd = |name: &str| -> Result<ProgramFd> {
+            let tp: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| kernel_err(anyhow!("the eBPF object has no {name}")))?
+                .try_into()
+                .map_err(|e: ProgramError| kernel_err(e))?;
+            tp.load()
+                .map_err(|e| kernel_err(anyhow!(e).context(format!("verifying {name}"))))?;
+            clone_fd(tp.fd())
+        };
+        let fork_fds = FORK_PROGRAM_NAMES
+            .iter()
+            .map(|name| tracepoint_fd(name))
+            .collect::<Result<Vec<_>>>()?;
+        let exit_fd = tracepoint_fd(EXIT_PROGRAM_NAME)?;
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no map {name}")))
@@ -140,8 +180,18 @@ impl KernelProgram {
         let unwind =
             crate::unwind::UnwindMaps::new(take("UNWIND_ROWS")?, take("UNWIND_PROCESSES")?)
                 .map_err(kernel_err)?;
+        let python = PythonMaps {
+            processes: HashMap::try_from(take("PYTHON_PROCESSES")?).map_err(kernel_err)?,
+            threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
+        };
+        let walkers = ProgramArray::try_from(take("WALKERS")?).map_err(kernel_err)?;
+        let walker = Walker::Loading(start_walker(ebpf, walkers));
         Ok(KernelProgram {
-            ebpf,
+            sample_fd,
+            fork_fds,
+            exit_fd,
+            tracepoints: Vec::new(),
+            walker,
             events: None,
             sampling: None,
             program_id,
@@ -151,7 +201,6 @@ impl KernelProgram {
             followed,
             config,
             following_runs: 0,
-            tracepoints_attached: false,
             samples,
             stacks,
             offloaded_stacks: StdHashMap::new(),
@@ -162,7 +211,54 @@ impl KernelProgram {
             stats_at_attach: None,
             stats_fd: None,
             unwind,
+            python,
         })
+    }
+
+    /// Whether the walker program is verified and in use; notes it (and logs a refusal) when
+    /// its thread has just finished.
+    pub fn walker_ready(&mut self) -> bool {
+        if let Walker::Loading(handle) = &self.walker {
+            if !handle.is_finished() {
+                return false;
+            }
+            self.join_walker();
+        }
+        matches!(&self.walker, Walker::Done(w) if w.outcome.is_ok())
+    }
+
+    /// Waits for the walker program's verification: how long it took, or why it failed.
+    pub fn wait_walker(&mut self) -> std::result::Result<std::time::Duration, String> {
+        self.join_walker();
+        match &self.walker {
+            Walker::Done(w) => w.outcome.clone(),
+            _ => Err("the walker thread did not finish".into()),
+        }
+    }
+
+    fn join_walker(&mut self) {
+        if !matches!(self.walker, Walker::Loading(_)) {
+            return;
+        }
+        let Walker::Loading(handle) = std::mem::replace(&mut self.walker, Walker::Joining) else {
+            return;
+        };
+        match handle.join() {
+            Ok(loaded) => {
+                match &loaded.outcome {
+                    Ok(took) => log::info!(
+                        "walker program (CFI, Python) verified in {} ms",
+                        took.as_millis()
+                    ),
+                    Err(e) => log::warn!(
+                        "the CFI and Python walker did not load ({e}): user stacks use frame \
+                         pointers and Python frames are not read"
+                    ),
+                }
+                self.walker = Walker::Done(Box::new(loaded));
+            }
+            Err(_) => log::warn!("the walker thread panicked: stacks use frame pointers"),
+        }
     }
 
     /// Turns on the kernel's BPF run-time statistics while this program lives (they cost two
@@ -190,12 +286,11 @@ impl KernelProgram {
         if !enabled {
             return None;
         }
-        let info = self
-            .ebpf
-            .program(PROGRAM_NAME)
-            .and_then(|p| <&PerfEvent>::try_from(p).ok())?
-            .info()
-            .ok()?;
+        // By id rather than through the object, which the walker thread may hold. A tail call
+        // runs inside its caller's accounting, so this includes the walker's time.
+        let info = aya::programs::loaded_programs()
+            .filter_map(|p| p.ok())
+            .find(|p| p.id() == self.program_id)?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 
@@ -236,12 +331,7 @@ impl KernelProgram {
     fn attach_event(&mut self, sampling: &Sampling) -> io::Result<()> {
         let cpus = aya::util::online_cpus()
             .map_err(|(path, e)| io::Error::new(e.kind(), format!("{path}: {e}")))?;
-        let program_fd = self
-            .program_mut()
-            .fd()
-            .map_err(|e| io::Error::other(e.to_string()))?
-            .as_fd()
-            .as_raw_fd();
+        let program_fd = self.sample_fd.as_fd().as_raw_fd();
         let events = AttachedEvents::attach(sampling, &cpus, program_fd, sampling.jitter)?;
         self.events = Some(events);
         self.sampling = Some(*sampling);
@@ -249,18 +339,12 @@ impl KernelProgram {
         Ok(())
     }
 
-    fn program_mut(&mut self) -> &mut PerfEvent {
-        self.ebpf
-            .program_mut(PROGRAM_NAME)
-            .and_then(|p| p.try_into().ok())
-            .expect("checked at load")
-    }
-
-    /// Stops sampling on every CPU; counts and stacks stay readable.
+    /// Stops sampling on every CPU and following children; counts and stacks stay readable.
     pub fn detach(&mut self) {
         if let Some(events) = self.events.take() {
             events.detach();
         }
+        self.tracepoints.clear();
     }
 
     /// Starts keeping the samples of `target` under `run`, and with `follow` those of the
@@ -342,35 +426,29 @@ impl KernelProgram {
     /// Makes the kernel follow the children of `run`'s targets: attaches the fork and exit
     /// tracepoints the first time.
     fn follow_children(&mut self, run: u32) -> Result<()> {
-        if !self.tracepoints_attached {
+        if self.tracepoints.is_empty() {
             let offset = fork_child_pid_offset()?;
-            let fork_program = FORK_CHILD_PID_OFFSETS
+            let fork = FORK_CHILD_PID_OFFSETS
                 .iter()
                 .position(|o| *o as u64 == offset)
-                .map(|i| FORK_PROGRAM_NAMES[i])
                 .ok_or_else(|| {
                     Error::EventUnsupported(format!(
                         "cannot follow children on this kernel: its sched_process_fork record \
                          has child_pid at byte {offset}, a layout bpfprof does not know"
                     ))
                 })?;
-            for (program, name) in [
-                (fork_program, "sched_process_fork"),
-                (EXIT_PROGRAM_NAME, "sched_process_exit"),
+            let tracefs = ensure_tracefs()?;
+            for (fd, name) in [
+                (&self.fork_fds[fork], "sched_process_fork"),
+                (&self.exit_fd, "sched_process_exit"),
             ] {
-                let tp: &mut TracePoint = self
-                    .ebpf
-                    .program_mut(program)
-                    .ok_or_else(|| kernel_err(anyhow!("the eBPF object has no {program}")))?
-                    .try_into()
-                    .map_err(|e: ProgramError| kernel_err(e))?;
-                tp.load()
-                    .map_err(|e| kernel_err(anyhow!(e).context(format!("verifying {program}"))))?;
-                tp.attach("sched", name).map_err(|e| {
-                    kernel_err(anyhow!(e).context(format!("attaching to sched:{name}")))
-                })?;
+                let tp =
+                    AttachedTracepoint::attach(&tracefs, "sched", name, fd.as_fd().as_raw_fd())
+                        .map_err(|e| {
+                            kernel_err(anyhow!(e).context(format!("attaching to sched:{name}")))
+                        })?;
+                self.tracepoints.push(tp);
             }
-            self.tracepoints_attached = true;
         }
         self.following_runs |= 1 << run;
         self.write_following()
@@ -444,6 +522,7 @@ impl KernelProgram {
     /// between its read and its deletion loses that increment, which [`Self::take_samples`]'s
     /// callers see as `samples_seen` above the samples drained, so moves are kept rare.
     pub fn offload_when_due(&mut self) {
+        self.walker_ready();
         let (at, moved) = self.last_offload;
         let busy = moved >= STACK_MAP_ENTRIES as usize / 16;
         if busy || at.elapsed() >= OFFLOAD_INTERVAL {
@@ -524,6 +603,21 @@ impl KernelProgram {
         moved
     }
 
+    /// The Python stacks recorded so far, by the pid (in its namespace) of the process they
+    /// belong to: what userspace must name while the process still lives.
+    pub fn python_stack_ids(&self) -> Vec<(u32, StackId)> {
+        let kernel = self.samples.keys().filter_map(|k| k.ok());
+        let moved = self.offloaded_samples.keys().copied();
+        let mut ids: Vec<(u32, StackId)> = kernel
+            .chain(moved)
+            .filter(|k| k.python_stack != 0)
+            .map(|k| (k.pid, k.python_stack))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// The frames of stack `id` (innermost first), wherever it is; empty for id 0 or a stack
     /// that was never stored.
     pub(crate) fn stack(&self, id: StackId) -> Result<Vec<u64>> {
@@ -582,6 +676,66 @@ impl KernelProgram {
         }
         Ok(out)
     }
+}
+
+/// Verifies the walker program on a new thread and puts it in `walkers`, where the sampling
+/// program tail-calls it; the thread hands the object back when done.
+fn start_walker(
+    mut ebpf: Ebpf,
+    mut walkers: ProgramArray<MapData>,
+) -> std::thread::JoinHandle<WalkerLoaded> {
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let outcome = (|| -> std::result::Result<(), String> {
+            let program: &mut PerfEvent = ebpf
+                .program_mut(WALKER_PROGRAM_NAME)
+                .ok_or_else(|| format!("the eBPF object has no {WALKER_PROGRAM_NAME}"))?
+                .try_into()
+                .map_err(|e: ProgramError| e.to_string())?;
+            program
+                .load()
+                .map_err(|e| load_error(e, "the walker program").to_string())?;
+            let fd = program.fd().map_err(|e| e.to_string())?;
+            walkers
+                .set(WALKER_SLOT, fd, 0)
+                .map_err(|e| format!("installing the walker: {e}"))
+        })();
+        let took = started.elapsed();
+        WalkerLoaded {
+            _ebpf: ebpf,
+            _walkers: outcome.is_ok().then_some(walkers),
+            outcome: outcome.map(|()| took),
+        }
+    })
+}
+
+/// A program that failed to load, as the error a person can act on: permission, a helper this
+/// kernel lacks (probed, not guessed from the version), or the verifier's own message.
+fn load_error(e: ProgramError, what: &str) -> Error {
+    match &e {
+        ProgramError::SyscallError(s) if is_permission(&s.io_error) => {
+            Error::PermissionDenied(format!("the kernel refused to load {what}: {e}"))
+        }
+        _ => {
+            let missing = crate::doctor::missing_helpers();
+            if missing.is_empty() {
+                Error::Kernel(anyhow!(e).context(format!("verifying {what}")))
+            } else {
+                Error::EventUnsupported(format!(
+                    "this kernel lacks what {what} needs: {}; bpfprof supports Linux 6.1 and \
+                     later (`bpfprof doctor` checks a machine)",
+                    missing.join(", ")
+                ))
+            }
+        }
+    }
+}
+
+/// Our own copy of a loaded program's fd, usable without the object.
+fn clone_fd(fd: std::result::Result<&ProgramFd, ProgramError>) -> Result<ProgramFd> {
+    fd.map_err(kernel_err)?
+        .try_clone()
+        .map_err(|e| kernel_err(anyhow!(e).context("duplicating a program fd")))
 }
 
 fn frames_of(stack: &StackFrames) -> Vec<u64> {

@@ -74,6 +74,10 @@ struct DaemonArgs {
     /// Socket to listen on [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Kernel memory for CFI unwind tables, per kernel program, in MiB (8 bytes a row; a
+    /// 430 MB libtorch_cpu.so needs about 32).
+    #[arg(long, default_value_t = 16)]
+    unwind_table_mib: u32,
     /// Where runs and their results are kept.
     #[arg(long, default_value = "/var/lib/bpfprof")]
     state_dir: PathBuf,
@@ -170,6 +174,14 @@ struct RunArgs {
     /// Also profile the children the process forks during the run (and theirs).
     #[arg(long)]
     follow_children: bool,
+    /// How user stacks are walked: auto, fp or cfi (as the recording's --unwind); the
+    /// daemon's default is auto.
+    #[arg(long, value_enum)]
+    unwind: Option<bpfprof::unwind::UnwindMode>,
+
+    /// Python frames of a CPython target: auto or off (the daemon's default is auto).
+    #[arg(long, value_enum)]
+    python: Option<bpfprof::python_stacks::PythonMode>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -263,6 +275,25 @@ struct RecordArgs {
     #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
     unwind: bpfprof::unwind::UnwindMode,
 
+    /// Kernel memory for CFI unwind tables, in MiB (8 bytes a row: libc takes 0.2, a 430 MB
+    /// libtorch_cpu.so about 32); objects past it unwind by frame pointer, with a warning.
+    #[arg(long, default_value_t = 16)]
+    unwind_table_mib: u32,
+
+    /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
+    /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
+    #[arg(long, value_enum, default_value_t = bpfprof::python_stacks::PythonMode::default())]
+    python: bpfprof::python_stacks::PythonMode,
+
+    /// Keep the interpreter's own C frames between Python frames (folded away by default).
+    #[arg(long)]
+    python_glue: bool,
+
+    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
+    /// sampled thread held CPython's global interpreter lock.
+    #[arg(long)]
+    python_gil: bool,
+
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
@@ -294,6 +325,7 @@ ended it), as `time` does; when --duration ends first, the command is stopped wi
 (SIGKILL 5 s later) and bpfprof exits 0.";
 
 async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
+    bpfprof::unwind::set_table_mib(args.unwind_table_mib)?;
     let config = DaemonConfig {
         socket: protocol::socket_path(args.socket.as_deref()),
         state_dir: args.state_dir,
@@ -362,6 +394,8 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 max_stack_length: args.max_stack_length,
                 formats: args.formats.clone(),
                 follow_children: args.follow_children,
+                unwind: args.unwind.map(|m| m.name().to_string()),
+                python: args.python.map(|m| m.name().to_string()),
             };
             let started = client.run(request).map_err(Error::from)?;
             if args.run_async {
@@ -568,6 +602,10 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             max_stack_length: Some(cli.max_stack_length),
             per_thread: cli.per_thread,
             line_numbers: cli.line_numbers,
+            python: bpfprof::python_stacks::MergeOptions {
+                keep_glue: cli.python_glue,
+                show_gil: cli.python_gil,
+            },
         },
     )?;
     let options = validated.options;
@@ -575,6 +613,8 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     bpfprof::unwind::set_default_mode(cli.unwind);
+    bpfprof::unwind::set_table_mib(cli.unwind_table_mib)?;
+    bpfprof::python_stacks::set_default_mode(cli.python);
     let recorder = if launch {
         Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
     } else {
@@ -790,6 +830,18 @@ fn summary(profile: &Profile) -> String {
             unwound.cfi_stacks,
             unwound.frame_pointer_frames_in_cfi_stacks,
             unwound.frame_pointer_stacks
+        ));
+    }
+    if unwound.before_walker_ready > 0 {
+        out.push_str(&format!(
+            "  {} stacks were taken by frame pointers while the CFI walker was still loading\n",
+            unwound.before_walker_ready
+        ));
+    }
+    if unwound.python_stacks + unwound.python_stacks_missing > 0 {
+        out.push_str(&format!(
+            "  Python frames: read in {} samples, not readable in {}\n",
+            unwound.python_stacks, unwound.python_stacks_missing
         ));
     }
     let losses = meta.losses.nonzero();

@@ -126,12 +126,22 @@ fn open(sampling: &Sampling, cpu: u32) -> io::Result<OwnedFd> {
         }
     }
     attr.set_disabled(1);
-    // SAFETY: a fully initialized attr; pid -1 with a cpu samples every task on that CPU.
+    // pid -1 with a cpu samples every task on that CPU.
+    open_event(&mut attr, -1, cpu as i32)
+}
+
+/// `perf_event_open(attr, pid, cpu)`, close-on-exec, as an owned fd.
+fn open_event(
+    attr: &mut sys::bindings::perf_event_attr,
+    pid: i32,
+    cpu: i32,
+) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a fully initialized perf_event_attr of the size it states.
     let fd = unsafe {
         sys::perf_event_open(
-            &mut attr,
-            -1,
-            cpu as i32,
+            attr,
+            pid,
+            cpu,
             -1,
             sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
         )
@@ -168,21 +178,8 @@ pub fn probe_cycles() -> io::Result<()> {
     attr.set_disabled(1);
     attr.set_exclude_kernel(1);
     attr.set_exclude_hv(1);
-    // SAFETY: a fully initialized attr; pid 0 with cpu -1 counts the calling thread.
-    let fd = unsafe {
-        sys::perf_event_open(
-            &mut attr,
-            0,
-            -1,
-            -1,
-            sys::bindings::PERF_FLAG_FD_CLOEXEC as u64,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: perf_event_open returned a new fd that nothing else owns; dropping closes it.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    // pid 0 with cpu -1 counts the calling thread; dropping the fd closes it.
+    drop(open_event(&mut attr, 0, -1)?);
     Ok(())
 }
 
@@ -242,6 +239,49 @@ fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (Arc<AtomicBool>, JoinHand
 fn jittered(mean: u64, span: f64, u: f64) -> u64 {
     let rate = (1.0 - JITTER + 2.0 * JITTER * u) / mean as f64 + 0.5 / span;
     ((1.0 / rate).round() as u64).max(1)
+}
+
+/// A tracepoint's perf event with a program attached; the program runs for the tracepoint on
+/// every CPU, and detaches when this is dropped.
+///
+/// bpfprof attaches tracepoints itself, from the program's fd, so that attaching needs no
+/// access to the loaded object (which a background thread may be holding while it verifies
+/// the walker program).
+pub struct AttachedTracepoint {
+    _fd: OwnedFd,
+}
+
+impl AttachedTracepoint {
+    /// Attaches `program_fd` to tracepoint `category:name` (whose id is in tracefs).
+    pub fn attach(
+        tracefs: &std::path::Path,
+        category: &str,
+        name: &str,
+        program_fd: RawFd,
+    ) -> io::Result<AttachedTracepoint> {
+        let id_path = tracefs.join("events").join(category).join(name).join("id");
+        let id: u64 = std::fs::read_to_string(&id_path)?
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::other(format!("{}: {e}", id_path.display())))?;
+        let mut attr = sys::bindings::perf_event_attr {
+            size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+            type_: sys::bindings::PERF_TYPE_TRACEPOINT,
+            config: id,
+            ..Default::default()
+        };
+        attr.__bindgen_anon_2.wakeup_events = 1;
+        attr.set_disabled(1);
+        // A tracepoint event on CPU 0 for every process runs its program for the tracepoint
+        // on every CPU.
+        let fd = open_event(&mut attr, -1, 0)?;
+        // SAFETY: `fd` is a perf event we own; the program fd is valid while we run.
+        unsafe {
+            check(sys::ioctls::SET_BPF(fd.as_raw_fd(), program_fd as u32))?;
+            check(sys::ioctls::ENABLE(fd.as_raw_fd(), 0))?;
+        }
+        Ok(AttachedTracepoint { _fd: fd })
+    }
 }
 
 #[cfg(test)]

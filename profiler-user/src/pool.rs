@@ -1,8 +1,14 @@
 //! The kernel programs in use: one loaded and attached program per distinct sampling request,
-//! each with up to [`MAX_RUNS`] run slots. A program is detached and unloaded when its last
-//! slot is released, so nothing samples while no run needs it.
+//! each with up to [`MAX_RUNS`] run slots. A program is detached when its last slot is
+//! released, so nothing samples while no run needs it; a pool that lingers (the daemon's)
+//! keeps one detached program loaded for a while, so that the next run starts without
+//! loading and verifying the program again (its walker takes ~0.2 s to verify) and finds
+//! its unwind tables resident.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use profiler_common::MAX_RUNS;
 
@@ -10,6 +16,7 @@ use crate::{
     error::{Error, Result},
     kernel::KernelProgram,
     sampling::{KernelLimits, Sampling, SamplingRequest},
+    unwind::UnwindMode,
 };
 
 /// Most programs attached at once: each one costs a perf event and a timer per CPU, so a
@@ -27,6 +34,8 @@ pub struct Slot {
 
 struct Pooled {
     request: SamplingRequest,
+    /// How the program walks user stacks: runs asking for another mode get another program.
+    unwind: UnwindMode,
     program: KernelProgram,
     sampling: Sampling,
     /// Bit `r` set: run slot `r` is taken.
@@ -38,6 +47,10 @@ struct Pooled {
 pub struct ProgramPool {
     programs: BTreeMap<u32, Pooled>,
     bpf_stats: bool,
+    /// How long a detached program stays loaded for the next run; `None`: unloaded at once.
+    linger: Option<Duration>,
+    /// The detached program kept for the next run, and since when.
+    spare: Option<(KernelProgram, Instant)>,
 }
 
 impl ProgramPool {
@@ -46,14 +59,37 @@ impl ProgramPool {
         ProgramPool {
             programs: BTreeMap::new(),
             bpf_stats,
+            linger: None,
+            spare: None,
         }
     }
 
-    /// Takes a free run slot of the program that samples as `request` asks, loading and
-    /// attaching one when none has a free slot.
-    pub fn acquire(&mut self, request: &SamplingRequest) -> Result<(Slot, Sampling)> {
+    /// Keeps the last detached program loaded for `linger` after its last run (see the
+    /// module's documentation); call [`Self::expire_idle`] to unload it once that has passed.
+    pub fn with_linger(mut self, linger: Duration) -> ProgramPool {
+        self.linger = Some(linger);
+        self
+    }
+
+    /// Unloads the spare program once it has been idle for the linger time.
+    pub fn expire_idle(&mut self) {
+        if let (Some((_, since)), Some(linger)) = (&self.spare, self.linger) {
+            if since.elapsed() >= linger {
+                self.spare = None;
+                log::info!("unloaded the idle kernel program");
+            }
+        }
+    }
+
+    /// Takes a free run slot of the program that samples as `request` asks and walks user
+    /// stacks as `unwind` says, loading and attaching one when none has a free slot.
+    pub fn acquire(
+        &mut self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+    ) -> Result<(Slot, Sampling)> {
         for (id, p) in &mut self.programs {
-            if p.request == *request && p.used != u64::MAX {
+            if p.request == *request && p.unwind == unwind && p.used != u64::MAX {
                 let run = p.used.trailing_ones();
                 p.used |= 1 << run;
                 p.program.reset_counters(run)?;
@@ -71,10 +107,17 @@ impl ProgramPool {
             )));
         }
         let plan = request.plan(&KernelLimits::read())?;
-        let mut program = KernelProgram::load()?;
-        if self.bpf_stats {
-            program.enable_run_stats()?;
-        }
+        let mut program = match self.spare.take() {
+            Some((program, _)) => program,
+            None => {
+                let mut program = KernelProgram::load()?;
+                if self.bpf_stats {
+                    program.enable_run_stats()?;
+                }
+                program
+            }
+        };
+        program.unwind.set_mode(unwind);
         let sampling = program.attach(&plan)?;
         program.reset_counters(0)?;
         let id = program.program_id();
@@ -83,6 +126,7 @@ impl ProgramPool {
             id,
             Pooled {
                 request: *request,
+                unwind,
                 program,
                 sampling,
                 used: 1,
@@ -115,6 +159,10 @@ impl ProgramPool {
             if let Some(mut p) = self.programs.remove(&slot.program_id) {
                 p.program.detach();
                 log::info!("detached program {}: no run uses it", slot.program_id);
+                if self.linger.is_some() {
+                    p.program.clear_stacks();
+                    self.spare = Some((p.program, Instant::now()));
+                }
             }
         }
     }

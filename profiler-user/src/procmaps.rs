@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 
 use crate::error::{Error, Result};
 
@@ -61,6 +61,9 @@ impl MappedFile {
             .unwrap_or_else(|| self.path.to_string_lossy().into_owned())
     }
 }
+
+/// The name `/proc/PID/maps` gives the vDSO's mapping, kept as its module name.
+pub const VDSO: &str = "[vdso]";
 
 /// One executable mapping.
 #[derive(Clone, Debug)]
@@ -124,6 +127,11 @@ pub struct ProcessMaps {
     jit_stamp: Option<(u64, std::time::SystemTime)>,
     /// The process's executable as `/proc/PID/exe` names it, as last seen.
     exe: Option<PathBuf>,
+    /// The executable mappings of the last read of `/proc/PID/maps`, as procfs parsed them,
+    /// so the unwinder's tables are refreshed from the same read (see [`Self::last_read`]).
+    last_read: Vec<MemoryMap>,
+    /// The vDSO's exported functions, read from its image on first sight (it has no file).
+    vdso: Option<crate::vdso::VdsoSymbols>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -159,7 +167,16 @@ impl ProcessMaps {
             jit: Vec::new(),
             jit_stamp: None,
             exe: None,
+            last_read: Vec::new(),
+            vdso: None,
         }
+    }
+
+    /// The executable mappings as the last successful read of `/proc/PID/maps` listed them
+    /// (empty before the first): what [`crate::unwind::UnwindMaps::track_maps`] takes, so one
+    /// parse per refresh serves both symbolization and unwinding.
+    pub fn last_read(&self) -> &[MemoryMap] {
+        &self.last_read
     }
 
     /// The process name at the last capture.
@@ -189,10 +206,12 @@ impl ProcessMaps {
         }
         let maps = process.maps().map_err(|_| gone())?;
         let mut mappings = Vec::new();
+        let mut read = Vec::new();
         for map in maps {
             if !map.perms.contains(MMPermissions::EXECUTE) {
                 continue;
             }
+            read.push(map.clone());
             let (start, end) = map.address;
             let backing = match &map.pathname {
                 MMapPath::Path(path) => {
@@ -217,7 +236,15 @@ impl ProcessMaps {
                         },
                     }
                 }
-                MMapPath::Vdso => Backing::Named("[vdso]".into()),
+                MMapPath::Vdso => {
+                    if self.vdso.is_none() {
+                        self.vdso = crate::vdso::read_image(self.pid, start, end)
+                            .map_err(|e| log::debug!("pid {}: {e:#}", self.pid))
+                            .ok()
+                            .and_then(|image| crate::vdso::VdsoSymbols::parse(&image));
+                    }
+                    Backing::Named(VDSO.into())
+                }
                 MMapPath::Vsyscall => Backing::Named("[vsyscall]".into()),
                 MMapPath::Anonymous => Backing::Named("[anon]".into()),
                 other => Backing::Named(format!("{other:?}")),
@@ -234,6 +261,7 @@ impl ProcessMaps {
         if mappings.is_empty() {
             return Ok(());
         }
+        self.last_read = read;
         if self.generations.first().map(|g| same_layout(g, &mappings)) != Some(true) {
             self.generations.insert(0, mappings);
         }
@@ -259,11 +287,21 @@ impl ProcessMaps {
         self.jit_stamp = Some(stamp);
     }
 
+    /// The vDSO function at `offset` in the `[vdso]` mapping, if it exports one there.
+    pub fn vdso_symbol(&self, offset: u64) -> Option<&str> {
+        self.vdso.as_ref()?.name(offset)
+    }
+
     /// The JIT symbol covering `addr`, if the target announced one.
     pub fn jit_symbol(&self, addr: u64) -> Option<&str> {
         let i = self.jit.partition_point(|s| s.start <= addr);
         let sym = self.jit.get(i.checked_sub(1)?)?;
         (addr < sym.end).then_some(sym.name.as_str())
+    }
+
+    /// Whether any mapping of the process was read (not so for a process that exited first).
+    pub fn is_known(&self) -> bool {
+        self.generations.iter().any(|g| !g.is_empty())
     }
 
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep

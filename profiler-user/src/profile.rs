@@ -306,6 +306,14 @@ pub struct Unwound {
     /// Frames inside CFI walks that had no table and were taken by frame pointer (JIT code,
     /// objects without CFI).
     pub frame_pointer_frames_in_cfi_stacks: u64,
+    /// Stacks of processes with CFI tables (or Python frames) taken by frame pointers because
+    /// the walker program was still verifying (the first ~0.2 s of a launched command).
+    pub before_walker_ready: u64,
+    /// Samples with Python frames read from the interpreter.
+    pub python_stacks: u64,
+    /// Samples of Python threads whose frames could not be read (a thread started since the
+    /// last refresh, or an unreadable frame).
+    pub python_stacks_missing: u64,
 }
 
 /// How far the events fell short of the requested rate over a recording, on every CPU.

@@ -23,6 +23,7 @@ use crate::{
     kernel::Counters,
     pool::{ProgramPool, Slot},
     procmaps::ProcessMaps,
+    python_stacks::{PythonMode, PythonTracking},
     sample::Sample,
     sampling::{KernelLimits, Sampling, SamplingRequest},
     symbolize::Symbolizer,
@@ -44,6 +45,8 @@ pub struct ProcessRecording {
     pub direct: bool,
     /// Whether it has been seen to exit.
     pub exited: bool,
+    /// Its Python frames, when it runs a CPython the kernel walks.
+    pub python: Option<PythonTracking>,
 }
 
 impl ProcessRecording {
@@ -64,6 +67,8 @@ impl ProcessRecording {
 /// A recording in progress.
 pub struct Recording {
     request: SamplingRequest,
+    /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
+    unwind: crate::unwind::UnwindMode,
     sampling: Option<Sampling>,
     follow_children: bool,
     /// One run slot per pid namespace of the targets: a sample names its process by its pid in
@@ -79,6 +84,8 @@ pub struct Recording {
     max_sample_rate_at_start: u64,
     started: Instant,
     last_refresh: Instant,
+    /// Whether CPython processes get their Python frames read.
+    python_mode: PythonMode,
 }
 
 /// Where a recording stands after a tick.
@@ -96,6 +103,7 @@ impl Recording {
     pub fn new(request: SamplingRequest, follow_children: bool) -> Recording {
         Recording {
             request,
+            unwind: crate::unwind::default_mode(),
             sampling: None,
             follow_children,
             slots: Vec::new(),
@@ -105,7 +113,19 @@ impl Recording {
             max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
+            python_mode: crate::python_stacks::default_mode(),
         }
+    }
+
+    /// Sets whether CPython processes added from now on get their Python frames read.
+    pub fn set_python_mode(&mut self, mode: PythonMode) {
+        self.python_mode = mode;
+    }
+
+    /// Walks user stacks as `unwind` says (before the first target is added).
+    pub fn with_unwind(mut self, unwind: crate::unwind::UnwindMode) -> Recording {
+        self.unwind = unwind;
+        self
     }
 
     /// The event and rate in use, once a target was added.
@@ -129,7 +149,7 @@ impl Recording {
         let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
             Some((slot, _)) => *slot,
             None => {
-                let (slot, sampling) = pool.acquire(&self.request)?;
+                let (slot, sampling) = pool.acquire(&self.request, self.unwind)?;
                 if self.slots.is_empty() {
                     self.started = Instant::now();
                     self.delivery_at_start = pool.program(slot)?.delivery();
@@ -142,20 +162,38 @@ impl Recording {
         };
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
-            program.unwind.track(target.pid)?;
-            program.add_target(slot.run, &target, self.follow_children)
-        });
-        if let Err(e) = registered {
-            if !self
-                .processes
-                .keys()
-                .any(|k| k.0 == slot.program_id && k.1 == slot.run)
-            {
-                self.slots.retain(|(s, _)| *s != slot);
-                pool.release(slot);
+            program
+                .unwind
+                .track_maps(target.pid, Some(maps.last_read()))?;
+            if program.unwind.is_tracked(target.pid) {
+                // A running process is profiled from its first sample with whole stacks: its
+                // samples wait for the CFI walker (verifying since the program loaded). A
+                // launched command is added before it execs, with no tables, and starts at
+                // once; its first samples use frame pointers and are counted.
+                if let Err(e) = program.wait_walker() {
+                    log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
+                }
             }
-            return Err(e);
-        }
+            program.add_target(slot.run, &target, self.follow_children)?;
+            Ok(match self.python_mode {
+                PythonMode::Auto => PythonTracking::start(program, target.pid),
+                PythonMode::Off => None,
+            })
+        });
+        let python = match registered {
+            Ok(python) => python,
+            Err(e) => {
+                if !self
+                    .processes
+                    .keys()
+                    .any(|k| k.0 == slot.program_id && k.1 == slot.run)
+                {
+                    self.slots.retain(|(s, _)| *s != slot);
+                    pool.release(slot);
+                }
+                return Err(e);
+            }
+        };
         self.processes.insert(
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {
@@ -164,6 +202,7 @@ impl Recording {
                 maps,
                 direct: true,
                 exited: false,
+                python,
             },
         );
         Ok(())
@@ -178,7 +217,11 @@ impl Recording {
                     log::debug!("maps of pid {pid}: {e}");
                 }
                 if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(pid);
+                    let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+                    // A launched command is a CPython only once it has exec'd.
+                    if p.python.is_none() && self.python_mode == PythonMode::Auto {
+                        p.python = PythonTracking::start(program, pid);
+                    }
                 }
             }
         }
@@ -210,12 +253,29 @@ impl Recording {
                 }
             }
         }
+        // Python stacks recorded so far, per program, named below while their processes live.
+        let mut python_ids = std::collections::HashMap::new();
         for p in self.processes.values_mut() {
             p.poll(refresh);
-            // New code (dlopen, exec) gets its unwind tables while the run goes on.
+            let Ok(program) = pool.program(p.slot) else {
+                continue;
+            };
+            // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
+            // same read of the maps as symbolization.
             if refresh && !p.exited {
-                if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track(p.target.pid);
+                let _ = program
+                    .unwind
+                    .track_maps(p.target.pid, Some(p.maps.last_read()));
+            }
+            if let Some(python) = &mut p.python {
+                if p.exited {
+                    python.stop(program);
+                } else if refresh {
+                    python.refresh_threads(program);
+                    let ids = python_ids
+                        .entry(p.slot.program_id)
+                        .or_insert_with(|| program.python_stack_ids());
+                    python.name_new_stacks(program, ids, p.target.ns_pid);
                 }
             }
         }
@@ -247,7 +307,7 @@ impl Recording {
         match adopted {
             Ok((target, maps)) => {
                 log::debug!("following child pid {pid} ({})", target.comm);
-                if let Err(e) = program.unwind.track(pid) {
+                if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
                     log::debug!("unwind tables of child pid {pid}: {e}");
                 }
                 self.processes.insert(
@@ -258,6 +318,10 @@ impl Recording {
                         maps,
                         direct: false,
                         exited: false,
+                        python: match self.python_mode {
+                            PythonMode::Auto => PythonTracking::start(program, pid),
+                            PythonMode::Off => None,
+                        },
                     },
                 );
             }
@@ -270,7 +334,18 @@ impl Recording {
     /// Stops keeping samples, takes everything recorded out of the kernel and frees the run
     /// slots (unloading programs no run needs any more).
     pub fn collect(mut self, pool: &mut ProgramPool) -> Result<Collected> {
+        let mut python_ids = std::collections::HashMap::new();
         for p in self.processes.values_mut() {
+            // The last Python stacks are named while the process may still live.
+            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
+                if !p.exited && p.target.is_alive() {
+                    let ids = python_ids
+                        .entry(p.slot.program_id)
+                        .or_insert_with(|| program.python_stack_ids());
+                    python.name_new_stacks(program, ids, p.target.ns_pid);
+                }
+                python.stop(program);
+            }
             if p.direct {
                 if let Ok(program) = pool.program(p.slot) {
                     let _ = program.remove_target(p.slot.run, &p.target);
@@ -412,6 +487,7 @@ impl Collected {
                 target: &p.target,
                 maps: &p.maps,
                 samples: by_process.get(key).unwrap_or(&empty),
+                python: p.python.as_ref().map(|t| t.symbols()),
             })
             .collect();
         let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
@@ -460,6 +536,9 @@ impl Collected {
                     .get(Counter::Samples)
                     .saturating_sub(counters.get(Counter::CfiStacks)),
                 frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
+                before_walker_ready: counters.get(Counter::CfiNotReady),
+                python_stacks: counters.get(Counter::PythonStacks),
+                python_stacks_missing: counters.get(Counter::PythonStackMissing),
             },
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);
@@ -487,6 +566,7 @@ impl ProcessRecording {
             maps: ProcessMaps::gone(ns_pid),
             direct: false,
             exited: true,
+            python: None,
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::{
     error::{Error, Result},
     protocol::{RunRequest, MAX_TAGS},
     sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
+    unwind::UnwindMode,
 };
 
 /// Deepest stack kept when a request names none: all the kernel program records.
@@ -28,6 +29,8 @@ pub struct TagsAndStacks<'a> {
     pub per_thread: bool,
     /// Show source lines.
     pub line_numbers: bool,
+    /// How Python frames are shown.
+    pub python: crate::python_stacks::MergeOptions,
 }
 
 /// A recording request that passed every check: what the pipeline is handed.
@@ -43,6 +46,10 @@ pub struct RecordingRequest {
     pub duration: Option<Duration>,
     /// How samples become a profile.
     pub options: AggregateOptions,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+    /// Whether CPython targets get their Python frames read.
+    pub python: crate::python_stacks::PythonMode,
 }
 
 impl RecordingRequest {
@@ -69,12 +76,18 @@ impl RecordingRequest {
                 max_stack_length,
                 line_numbers: stacks.line_numbers,
                 tags,
+                python: stacks.python,
             },
+            unwind: UnwindMode::default(),
+            python: crate::python_stacks::default_mode(),
         })
     }
 
     /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
     pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
+        let unwind: UnwindMode = req.unwind.as_deref().unwrap_or("auto").parse()?;
+        let python: crate::python_stacks::PythonMode =
+            req.python.as_deref().unwrap_or("auto").parse()?;
         let sampling = SamplingRequest {
             event: req.event.as_deref().unwrap_or("auto").parse()?,
             sample_interval: req.sample_interval,
@@ -92,7 +105,7 @@ impl RecordingRequest {
             });
         }
         let duration = Duration::from_millis(duration_ms);
-        RecordingRequest::validate(
+        let mut validated = RecordingRequest::validate(
             sampling,
             req.follow_children,
             Some(duration),
@@ -107,8 +120,12 @@ impl RecordingRequest {
                 max_stack_length: req.max_stack_length,
                 per_thread: false,
                 line_numbers: false,
+                python: Default::default(),
             },
-        )
+        )?;
+        validated.unwind = unwind;
+        validated.python = python;
+        Ok(validated)
     }
 
     /// The samples per second the request means.
@@ -208,6 +225,54 @@ mod tests {
         assert_eq!(
             ok.options.max_stack_length,
             profiler_common::MAX_STACK_DEPTH
+        );
+        // An absent unwind mode is auto (older clients); a named one is kept; an unknown
+        // one is refused with the names that work.
+        assert_eq!(ok.unwind, UnwindMode::Auto);
+        // Likewise the Python mode.
+        assert_eq!(ok.python, crate::python_stacks::PythonMode::Auto);
+        let off = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                python: Some("off".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        assert_eq!(off.python, crate::python_stacks::PythonMode::Off);
+        let err = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                python: Some("pyperf".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(600),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("expected auto or off"), "{err}");
+        let fp = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                unwind: Some("fp".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(fp.unwind, UnwindMode::Fp);
+        let err = RecordingRequest::from_run_request(
+            &RunRequest {
+                pid: 1,
+                unwind: Some("dwarf".into()),
+                ..RunRequest::default()
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("expected auto, fp or cfi"),
+            "{err}"
         );
     }
 }

@@ -15,6 +15,9 @@ pub struct Sample {
     pub user_frames: Vec<u64>,
     /// Kernel instruction pointers, leaf first.
     pub kernel_frames: Vec<u64>,
+    /// Python frames the kernel read from the interpreter, leaf first, packed as
+    /// [`profiler_common::PythonFrame`]s; empty for other processes.
+    pub python_frames: Vec<u64>,
     /// Whether the unwinder stopped at its depth limit, so outer frames are missing.
     pub truncated: bool,
     /// How many samples had exactly this run, thread and stack.

@@ -195,9 +195,9 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
     };
     let _ = writeln!(
         err,
-        "INFO --profiler {PYPERF}: Python functions come from CPython's perf trampolines: run \
-         Python 3.12 or later with -X perf (or PYTHONPERFSUPPORT=1); without them the stacks \
-         show the interpreter's C frames"
+        "INFO --profiler {PYPERF}: Python functions are read from the interpreter's frames \
+         (CPython 3.10 to 3.13, no restart or -X perf needed); other Pythons show the \
+         interpreter's C frames"
     );
     let duration_ms = args.duration_ms.unwrap_or(DEFAULT_DURATION_MS);
     let request = RunRequest {
@@ -207,6 +207,12 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
         sample_interval: args.sample_interval,
         duration_ms: Some(duration_ms),
         sample_tags: args.sample_tags.clone(),
+        // strobelight's command line has no unwinder choice: the environment gives it, as for
+        // phase profilers; the daemon refuses unknown modes.
+        unwind: std::env::var(crate::client::UNWIND_ENV)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()),
         ..RunRequest::default()
     };
     let mut client = connect(&args.socket)?;

@@ -12,6 +12,7 @@ use blazesym::symbolize::{
 };
 
 use crate::{
+    plt::PltStubs,
     procmaps::{FileId, Location, MappedFile, ProcessMaps},
     stripped::FunctionStarts,
 };
@@ -23,6 +24,8 @@ pub enum FrameKind {
     User,
     /// Kernel code.
     Kernel,
+    /// A Python function the kernel read from a CPython interpreter's frames.
+    Python,
 }
 
 /// One resolved frame.
@@ -55,6 +58,8 @@ pub struct Symbolizer {
     kernel: HashMap<u64, Arc<[Frame]>>,
     /// Where each file's functions start, for code no symbol covers (read on first need).
     function_starts: HashMap<FileId, Option<FunctionStarts>>,
+    /// Each file's PLT stubs, which no symbol covers (read on first sight of the file).
+    plt: HashMap<FileId, Option<PltStubs>>,
     /// Whether user frames get their function's first line (one more lookup per function).
     start_lines: bool,
 }
@@ -77,6 +82,7 @@ impl Symbolizer {
             user: HashMap::new(),
             kernel: HashMap::new(),
             function_starts: HashMap::new(),
+            plt: HashMap::new(),
             start_lines: false,
         }
     }
@@ -119,8 +125,20 @@ impl Symbolizer {
                     } else {
                         HashMap::new()
                     };
-                    for (offset, result) in offsets.iter().zip(results) {
-                        let mut frames = if result.as_sym().is_some() {
+                    let plt = self
+                        .plt
+                        .entry(id)
+                        .or_insert_with(|| PltStubs::read(&file.open_path()));
+                    let stub_names: Vec<Option<String>> = offsets
+                        .iter()
+                        .map(|o| plt.as_ref().and_then(|p| p.name(*o)).map(str::to_string))
+                        .collect();
+                    for ((offset, result), stub) in offsets.iter().zip(results).zip(stub_names) {
+                        let is_stub = stub.is_some();
+                        let mut frames = if let Some(stub) = stub {
+                            // A PLT stub: whatever symbol precedes it (`_init`) is not it.
+                            renamed(&module, *offset, stub)
+                        } else if result.as_sym().is_some() {
                             to_frames(&result, &module, *offset, FrameKind::User)
                         } else {
                             // No symbol covers it (a stripped library): name its function
@@ -130,17 +148,12 @@ impl Symbolizer {
                                 .entry(id)
                                 .or_insert_with(|| FunctionStarts::read(&file.open_path()));
                             match starts.as_ref().and_then(|s| s.name(&module, *offset)) {
-                                Some(name) => unknown(&module, *offset, FrameKind::User)
-                                    .iter()
-                                    .map(|f| Frame {
-                                        name: name.clone(),
-                                        ..f.clone()
-                                    })
-                                    .collect(),
+                                Some(name) => renamed(&module, *offset, name),
                                 None => unknown(&module, *offset, FrameKind::User),
                             }
                         };
-                        if let (Some(sym), Some(first)) = (result.as_sym(), frames.first()) {
+                        let named_by_symbol = result.as_sym().filter(|_| !is_stub);
+                        if let (Some(sym), Some(first)) = (named_by_symbol, frames.first()) {
                             let start_line = start_lines.get(&sym.addr).copied();
                             let mut owned = frames.to_vec();
                             owned[0] = Frame {
@@ -229,7 +242,12 @@ impl Symbolizer {
                 .get(&(file.id, offset))
                 .cloned()
                 .unwrap_or_else(|| unknown(&file.module_name(), offset, FrameKind::User)),
-            Location::Named(name, offset) => unknown(&name, offset, FrameKind::User),
+            Location::Named(name, offset) => match maps.vdso_symbol(offset) {
+                Some(function) if name == crate::procmaps::VDSO => {
+                    renamed(&name, offset, function.to_string())
+                }
+                _ => unknown(&name, offset, FrameKind::User),
+            },
             Location::Unmapped => unknown("[unmapped]", addr, FrameKind::User),
         }
     }
@@ -333,6 +351,18 @@ fn code_location(info: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
         }
         None => (None, None),
     }
+}
+
+/// A user frame at `offset` of `module` with a name of its own (a PLT stub, a function of a
+/// stripped library) and no source location.
+fn renamed(module: &str, offset: u64, name: String) -> Arc<[Frame]> {
+    unknown(module, offset, FrameKind::User)
+        .iter()
+        .map(|f| Frame {
+            name: name.clone(),
+            ..f.clone()
+        })
+        .collect()
 }
 
 fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {

@@ -22,6 +22,51 @@ def test_function_runs_profiled_and_results_are_collected(fake_daemon) -> None:
     run = daemon.requests[0]
     assert run["pid"] > 0 and run["sample_tags"] == ["a"] and run["max_stack_length"] == 127
     assert run["sample_interval"] == 10_000_000 and run["duration_ms"] == 600_000
+    # auto is the daemon's default: not sent, so a daemon without the field accepts the run.
+    assert "unwind" not in run
+
+
+def test_the_unwind_mode_is_sent_by_profilers_decorators_and_phases(fake_daemon, caplog) -> None:
+    daemon = fake_daemon()
+    FunctionProfiler(unwind="fp", socket_path=daemon.path).profile(lambda: None)
+
+    @bpfprof.profile(unwind="cfi", socket_path=daemon.path)
+    def work() -> int:
+        return 1
+
+    assert work() == 1
+    PhaseProfiler.enable(socket_path=daemon.path, env={"BPFPROF_UNWIND": "fp"}).profile_phase(
+        lambda: None, "p1"
+    )
+    PhaseProfiler.enable(socket_path=daemon.path, env={}, unwind="cfi").profile_phase(
+        lambda: None, "p2"
+    )
+    with caplog.at_level(logging.WARNING):
+        PhaseProfiler.enable(socket_path=daemon.path, env={"BPFPROF_UNWIND": "dwarf"}).profile_phase(
+            lambda: None, "p3"
+        )
+    assert "BPFPROF_UNWIND" in caplog.text
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    assert [r.get("unwind") for r in runs] == ["fp", "cfi", "fp", "cfi", None]
+    for bad in (lambda: FunctionProfiler(unwind="dwarf"), lambda: PhaseProfiler("s", unwind="x")):
+        with pytest.raises(ValueError, match="expected auto, fp or cfi"):
+            bad()
+
+
+def test_the_python_frames_mode_is_sent_only_when_off(fake_daemon) -> None:
+    daemon = fake_daemon()
+    FunctionProfiler(python_frames="off", socket_path=daemon.path).profile(lambda: None)
+    FunctionProfiler(socket_path=daemon.path).profile(lambda: None)
+
+    @bpfprof.profile(python_frames="off", socket_path=daemon.path)
+    def work() -> int:
+        return 1
+
+    assert work() == 1
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    assert [r.get("python") for r in runs] == ["off", None, "off"]
+    with pytest.raises(ValueError, match="expected auto or off"):
+        FunctionProfiler(python_frames="no")
 
 
 def test_refusal_still_runs_the_function_with_a_warning(fake_daemon, caplog) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bpfprof import FunctionProfiler, PhaseProfiler
+from bpfprof import BpfprofError, Client, FunctionProfiler, PhaseProfiler
 
 from conftest import folded_text
 
@@ -20,7 +20,7 @@ def python_busy_loop(seconds: float) -> int:
     return total
 
 
-def test_a_python_function_shows_its_interpreter_frames_and_tags(real_daemon) -> None:
+def test_a_python_function_shows_its_python_frames_and_tags(real_daemon) -> None:
     profiler = FunctionProfiler(
         stop_at_error=True, sample_tags=["py-e2e"], tags={"phase": "loop"}, socket_path=real_daemon
     )
@@ -29,8 +29,13 @@ def test_a_python_function_shows_its_interpreter_frames_and_tags(real_daemon) ->
     assert result is not None and result["state"] == "STOPPED", result
     assert result["samples"] > 50, result
     folded = folded_text(result)
-    # CPython's evaluation loop is the native frame every Python function runs in.
-    assert "_PyEval_EvalFrameDefault" in folded, folded[:2000]
+    # The daemon reads this interpreter's frames: the profiled function is named, under the
+    # client's own Python frames, in place of CPython's evaluation loop.
+    lines = [line for line in folded.splitlines() if line.strip()]
+    named = sum(int(line.rsplit(" ", 1)[1]) for line in lines if ";python_busy_loop" in line)
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+    assert named >= 0.9 * total, folded[:2000]
+    assert "FunctionProfiler.profile" in folded, folded[:2000]
     tags = {(t["key"], t["value"]) for t in result["summary"]["tags"]}
     assert tags == {("tag", "py-e2e"), ("phase", "loop")}
     assert "[tag py-e2e]" in folded
@@ -67,3 +72,37 @@ def test_a_phase_session_against_the_real_daemon(real_daemon) -> None:
     tags = {(t["key"], t["value"]) for t in result["summary"]["tags"]}
     assert ("phase", "warmup") in tags and ("session", phases.session) in tags
     assert phases.stats.succeeded == 1
+
+
+def test_the_unwind_mode_reaches_the_daemon(real_daemon) -> None:
+    # The run's summary counts the stacks each unwinder walked: fp must walk none by CFI
+    # tables, cfi must walk this interpreter's stacks with them.
+    walked = {}
+    for mode in ("fp", "cfi"):
+        profiler = FunctionProfiler(stop_at_error=True, unwind=mode, socket_path=real_daemon)
+        profiler.profile(python_busy_loop, 1.0)
+        result = profiler.profile_result
+        assert result is not None and result["samples"] > 50, result
+        walked[mode] = result["summary"]["unwind"]
+    assert walked["fp"]["cfi_stacks"] == 0 and walked["fp"]["frame_pointer_stacks"] > 50, walked
+    assert walked["cfi"]["cfi_stacks"] > 50 and walked["cfi"]["frame_pointer_stacks"] == 0, walked
+    phases = PhaseProfiler.enable(
+        socket_path=real_daemon, stop_at_error=True, env={"BPFPROF_UNWIND": "fp"}
+    )
+    phases.profile_phase(python_busy_loop, "fp-phase", 0.5)
+    assert phases.results["fp-phase"]["summary"]["unwind"]["cfi_stacks"] == 0
+    # An unknown mode: refused before any run by the profiler, and by the daemon itself.
+    with pytest.raises(ValueError, match="expected auto, fp or cfi"):
+        FunctionProfiler(unwind="dwarf")
+    with Client(real_daemon) as client, pytest.raises(BpfprofError) as refused:
+        client.run(1, unwind="dwarf", duration_ms=1000)
+    assert refused.value.code == "bad_request" and "expected auto, fp or cfi" in str(refused.value)
+
+
+def test_python_frames_off_leaves_the_interpreter_frames(real_daemon) -> None:
+    profiler = FunctionProfiler(stop_at_error=True, python_frames="off", socket_path=real_daemon)
+    profiler.profile(python_busy_loop, 1.0)
+    folded = folded_text(profiler.profile_result)
+    # Without the daemon's Python walk the function is CPython's evaluation loop, unnamed.
+    assert "python_busy_loop" not in folded, folded[:2000]
+    assert "_PyEval_EvalFrameDefault" in folded, folded[:2000]

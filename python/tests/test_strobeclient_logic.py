@@ -94,3 +94,14 @@ def test_bad_requests_exit_non_zero_with_a_reason(fake_daemon, argv, code) -> No
     got, err = strobe(daemon, argv)
     assert got == code and err.startswith("ERROR "), err
     assert daemon.requests == []
+
+
+def test_the_unwind_mode_comes_from_the_environment(fake_daemon, monkeypatch) -> None:
+    daemon = fake_daemon(lambda r: {"run_id": 5, "state": "RUNNING"})
+    code, err = strobe(daemon, PYTORCH_RUN)
+    assert code == 0, err
+    monkeypatch.setenv("BPFPROF_UNWIND", "fp")
+    code, err = strobe(daemon, PYTORCH_RUN)
+    assert code == 0, err
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    assert [r.get("unwind") for r in runs] == [None, "fp"]

@@ -145,6 +145,13 @@ pub fn workload_path(name: &str) -> PathBuf {
         "shortlived" => env!("WORKLOAD_SHORTLIVED"),
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),
         "nofp" => env!("WORKLOAD_NOFP"),
+        "nofp_signal" => env!("WORKLOAD_NOFP_SIGNAL"),
+        "nofp_dlsym" => env!("WORKLOAD_NOFP_DLSYM"),
+        "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
+        "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
+        "libhot" => env!("WORKLOAD_LIBHOT"),
+        "rustwork_nofp" => env!("WORKLOAD_RUSTWORK_NOFP"),
+        "rustwork_fp" => env!("WORKLOAD_RUSTWORK_FP"),
         other => panic!("unknown workload {other:?}"),
     };
     PathBuf::from(path)
@@ -563,6 +570,17 @@ where
     S: AsRef<OsStr>,
 {
     spawn_bpfprof(args).wait_timeout(timeout)
+}
+
+/// Profiles running process `pid` for `duration` (as `-d` takes it) with `args` besides, into
+/// a folded file in `dir`; asserts bpfprof succeeded and returns the profile.
+pub fn profile_pid(pid: u32, duration: &str, args: &[&str], dir: &Path) -> Profile {
+    let out = dir.join("profile.folded");
+    let pid = pid.to_string();
+    let mut all: Vec<&str> = vec!["--pid", &pid, "-d", duration, "-o", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run_bpfprof(&all, Duration::from_secs(120)).assert_code(exit::OK);
+    Profile::read(&out)
 }
 
 // ---------------------------------------------------------------------------

@@ -44,7 +44,13 @@ struct Strobe {
 
 impl Strobe {
     fn run(&self, args: &[&str]) -> RunResult {
+        self.run_with_env(args, &[])
+    }
+
+    /// [`Strobe::run`] with extra environment variables.
+    fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> RunResult {
         let mut cmd = self.user.command(&self.program);
+        cmd.envs(env.iter().copied());
         cmd.args(&self.prefix)
             .args(args)
             .env("BPFPROF_SOCKET", &self.socket)
@@ -407,7 +413,7 @@ fn pytorch_function_profiler_flow_through_both_front_ends() {
         assert_eq!(p.profile_result.len(), 3, "{name}: {:#?}", p.profile_result);
         check_profile(&p, &tags);
         assert!(
-            p.run_stderr.contains("CPython's perf trampolines"),
+            p.run_stderr.contains("read from the interpreter's frames"),
             "{name}: {}",
             p.run_stderr
         );
@@ -529,6 +535,14 @@ fn bad_command_lines_get_clear_errors_and_non_zero_exits() {
         ]);
         assert_ne!(event.code(), 0, "{name}");
         event.assert_stderr_mentions(&["branch-misses"]);
+
+        // The unwinder comes from the environment (strobelight's flags have none).
+        let unwind = strobe.run_with_env(
+            &["run", "--profiler", "pyperf", "--async", "--pid", &pid],
+            &[("BPFPROF_UNWIND", "dwarf")],
+        );
+        assert_ne!(unwind.code(), 0, "{name}");
+        unwind.assert_stderr_mentions(&["expected auto, fp or cfi"]);
 
         let hidden = strobe.run(&["getRunStatus", "--run-id", &root_run]);
         hidden.assert_code(9);

@@ -3,6 +3,8 @@
  * `nofp parents SECONDS`: a hot leaf `burn` called from two parents, `parent_a` with 3 units
  * of work per round and `parent_b` with 1, so about 75% / 25% of the leaf's samples.
  * `nofp recurse SECONDS`: `recurse` calls itself 100 deep, then `burn` spins at the bottom.
+ * `nofp vdso SECONDS`: `clock_a` (3 units) and `clock_b` (1 unit) call `clock_gettime`,
+ * which runs in the vDSO.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,26 @@ __attribute__((noinline)) int recurse(int depth, unsigned long n) {
     return r;
 }
 
+__attribute__((noinline)) void clock_loop(unsigned long n) {
+    struct timespec ts;
+    unsigned long total = sink;
+    for (unsigned long i = 0; i < n; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        total += (unsigned long)ts.tv_nsec;
+    }
+    sink = total;
+}
+
+__attribute__((noinline)) void clock_a(void) {
+    clock_loop(30000);
+    __asm__ volatile("" ::: "memory");
+}
+
+__attribute__((noinline)) void clock_b(void) {
+    clock_loop(10000);
+    __asm__ volatile("" ::: "memory");
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -53,7 +75,7 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: nofp parents|recurse SECONDS\n");
+        fprintf(stderr, "usage: nofp parents|recurse|vdso SECONDS\n");
         return 2;
     }
     double end = now() + atof(argv[2]);
@@ -62,6 +84,9 @@ int main(int argc, char **argv) {
         if (strcmp(argv[1], "parents") == 0) {
             parent_a();
             parent_b();
+        } else if (strcmp(argv[1], "vdso") == 0) {
+            clock_a();
+            clock_b();
         } else {
             sink += recurse(100, 1000000);
         }

@@ -48,8 +48,12 @@ if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[2] == "client":
         import bpfprof
 
+        # python_frames="off": the caller checks the trampolines, not the daemon's frame walk.
         profiler = bpfprof.FunctionProfiler(
-            stop_at_error=True, sample_each=2_000_000, socket_path=sys.argv[3]
+            stop_at_error=True,
+            sample_each=2_000_000,
+            socket_path=sys.argv[3],
+            python_frames="off",
         )
         profiler.profile(work, seconds)
         print(profiler.profile_result["files"]["folded"])

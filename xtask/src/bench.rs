@@ -32,6 +32,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+
 use serde_json::Value;
 
 mod unwind;

@@ -62,6 +62,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3-wheel",
     "gcc",
     "util-linux",
+    // The python_layout test re-derives CPython's struct offsets from libpython's DWARF.
+    "gdb",
     "bpftool",
     "qemu-system-x86",
     "cpio",

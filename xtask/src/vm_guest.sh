@@ -103,7 +103,7 @@ fi
 
 # --- children: a command's children and grandchildren are followed (the fork tracepoint, whose
 # record layout differs between kernels), and the command's exit status comes back -------------
-bpfprof -F 499 -q -o children.folded -- sh -c 'sh -c "shortlived 1; true"; shortlived 1; exit 3' \
+bpfprof -F 499 -q -o children.folded -- sh -c 'sh -c "shortlived 2; true"; shortlived 2; exit 3' \
     > children.log 2>&1
 rc=$?
 if [ $rc -eq 3 ] && grep -q 'short_work' children.folded; then

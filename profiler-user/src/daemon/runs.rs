@@ -32,6 +32,10 @@ const DEFAULT_FORMATS: [Format; 5] = [
     Format::Pstats,
 ];
 const TICK: Duration = Duration::from_millis(100);
+/// How long the daemon keeps its last kernel program loaded (detached) after the last run:
+/// runs in a series (a library profiling one call after another) then start without loading
+/// and verifying it again, with their unwind tables resident.
+pub const PROGRAM_LINGER: Duration = Duration::from_secs(30);
 /// Highest sampling rate a non-root client may ask for: a run's timer fires on every CPU of
 /// the machine, so its rate is a cost every user pays.
 pub const MAX_USER_HZ: f64 = 1000.0;
@@ -93,7 +97,8 @@ fn refusal(e: Error) -> Refusal {
         Error::InvalidSampling(_)
         | Error::InvalidTarget { .. }
         | Error::InvalidOutput(_)
-        | Error::InvalidTag(_) => ErrorCode::BadRequest,
+        | Error::InvalidTag(_)
+        | Error::Usage(_) => ErrorCode::BadRequest,
         _ => ErrorCode::Internal,
     };
     (code, e.to_string())
@@ -124,7 +129,7 @@ impl Runs {
         Runs {
             inner: Mutex::new(Inner {
                 runs,
-                pool: ProgramPool::new(false),
+                pool: ProgramPool::new(false).with_linger(PROGRAM_LINGER),
                 next_id,
             }),
             symbolizer: SymbolizerThread::spawn(),
@@ -196,7 +201,9 @@ impl Runs {
         let mut recording = Recording::new(
             validated.recording.sampling,
             validated.recording.follow_children,
-        );
+        )
+        .with_unwind(validated.recording.unwind);
+        recording.set_python_mode(validated.recording.python);
         if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
             // Release whatever the failed attach took.
             let _ = recording.collect(&mut inner.pool);
@@ -315,6 +322,12 @@ impl Runs {
             let mut inner = self.lock();
             recording.collect(&mut inner.pool)
         };
+        // The program may now be the pool's idle spare: unload it once it has lingered.
+        let runs = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(PROGRAM_LINGER + Duration::from_millis(100)).await;
+            runs.lock().pool.expire_idle();
+        });
         let collected = collected.map(|mut c| {
             if !may_see_kernel_frames(self.owner(id)) {
                 c.drop_kernel_frames();

@@ -178,7 +178,7 @@ fn key(frame: &ProfileFrame) -> Key {
                     Some(m) if m != "[kernel]" => format!("[kernel] {m}"),
                     _ => "[kernel]".to_string(),
                 },
-                FrameKind::User => f
+                FrameKind::User | FrameKind::Python => f
                     .file
                     .as_deref()
                     .or(f.module.as_deref())

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{anyhow, Context};
 use aya::maps::{HashMap, Map, MapData};
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use profiler_common::{
     CfaRule, ProcessMappings, UnwindMapping, UnwindRow, MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS,
 };
@@ -28,6 +28,9 @@ pub enum FileKey {
     BuildId(Vec<u8>),
     /// (device, inode, mtime in ns) of a file without a build id.
     Inode(u64, u64, i128),
+    /// The vDSO of a kernel whose image carries no build id (the kernel's own images do):
+    /// every process of one boot maps the same one.
+    VdsoWithoutBuildId,
     /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
     /// anonymous executable memory with no CFI: one table serves every arena.
     PythonTrampolines,
@@ -71,11 +74,14 @@ pub struct LoadReport {
     pub no_room: usize,
 }
 
+/// Addresses from here up are the kernel's (x86-64, 4- and 5-level paging alike).
+const USER_ADDRESS_LIMIT: u64 = 1 << 63;
+
 /// The kernel's CFI maps and the tables resident in them.
 ///
-/// Memory bound: the kernel's row array ([`MAX_UNWIND_ROWS`] rows of 8 bytes, 16 MiB) holds
-/// every table; userspace keeps no copy of the rows, only one small entry per resident file.
-/// When the array is full, further objects unwind by frame pointer (and are reported).
+/// Memory bound: the kernel's row array (8-byte rows, 16 MiB by default, `--unwind-table-mib`)
+/// holds every table; userspace keeps no copy of the rows, only one small entry per resident
+/// file. When the array is full, further objects unwind by frame pointer (and are reported).
 pub struct UnwindMaps {
     rows: memmap2::MmapMut,
     /// Keeps the row array's fd open while it is mapped.
@@ -83,6 +89,8 @@ pub struct UnwindMaps {
     processes: HashMap<MapData, u32, ProcessMappings>,
     resident: StdHashMap<FileKey, Resident>,
     next_row: u32,
+    /// Rows the kernel's array holds.
+    capacity: u32,
     /// The mappings last given to the kernel, per process, to skip unchanged reloads.
     loaded: StdHashMap<u32, Vec<UnwindMapping>>,
     mode: UnwindMode,
@@ -95,7 +103,11 @@ impl UnwindMaps {
             Map::Array(data) => data,
             other => return Err(anyhow!("UNWIND_ROWS is not an array: {other:?}")),
         };
-        let len = MAX_UNWIND_ROWS as usize * std::mem::size_of::<UnwindRow>();
+        let capacity = rows_map
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(MAX_UNWIND_ROWS);
+        let len = capacity as usize * std::mem::size_of::<UnwindRow>();
         // SAFETY: the map was created with BPF_F_MMAPABLE and is `len` bytes long; the kernel
         // program only reads it.
         let rows = unsafe {
@@ -111,6 +123,7 @@ impl UnwindMaps {
             processes,
             resident: StdHashMap::new(),
             next_row: 0,
+            capacity,
             loaded: StdHashMap::new(),
             mode: super::default_mode(),
         })
@@ -130,10 +143,21 @@ impl UnwindMaps {
     /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
     /// warning; with `cfi` it is an error.
     pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
+        self.track_maps(pid, None)
+    }
+
+    /// Like [`Self::track`], from the executable mappings of a read of `/proc/PID/maps` the
+    /// caller already made ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty
+    /// list reads them here.
+    pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
-        match self.load_process(pid) {
+        let loaded = match maps.filter(|m| !m.is_empty()) {
+            Some(maps) => self.load_maps(pid, maps),
+            None => self.load_process(pid),
+        };
+        match loaded {
             Ok(report) => {
                 if report.tables_built > 0 {
                     log::info!(
@@ -161,13 +185,21 @@ impl UnwindMaps {
         let maps = process
             .maps()
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
+        self.load_maps(pid, &maps.0)
+    }
+
+    /// [`Self::load_process`] from mappings of `pid` already read.
+    pub fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<LoadReport> {
         let mut report = LoadReport::default();
         let mut mappings = Vec::new();
-        for map in maps.iter() {
-            if !map.perms.contains(MMPermissions::EXECUTE) {
+        for map in maps {
+            let (start, end) = map.address;
+            // `[vsyscall]` lies in the kernel's half of the address space: it is no user code
+            // to unwind, and the kernel walk's branch-free bisection compares addresses by the
+            // sign of their difference, which holds only within the user half.
+            if !map.perms.contains(MMPermissions::EXECUTE) || start >= USER_ADDRESS_LIMIT {
                 continue;
             }
-            let (start, end) = map.address;
             let mut mapping = UnwindMapping {
                 start,
                 end,
@@ -186,6 +218,18 @@ impl UnwindMaps {
                     mapping.rows = resident.rows;
                     mapping.bias = start;
                     report.with_table += 1;
+                }
+            }
+            if matches!(map.pathname, MMapPath::Vdso) {
+                match self.vdso_table(pid, start, end, &mut report) {
+                    Ok(Some((resident, bias))) => {
+                        mapping.first_row = resident.first_row;
+                        mapping.rows = resident.rows;
+                        mapping.bias = bias;
+                        report.with_table += usize::from(resident.rows > 0);
+                    }
+                    Ok(None) => {}
+                    Err(e) => log::debug!("no unwind table for pid {pid}'s vDSO: {e:#}"),
                 }
             }
             if let MMapPath::Path(path) = &map.pathname {
@@ -227,6 +271,11 @@ impl UnwindMaps {
         Ok(report)
     }
 
+    /// Whether the kernel walks `pid` by CFI (its mappings are loaded).
+    pub fn is_tracked(&self, pid: u32) -> bool {
+        self.loaded.contains_key(&pid)
+    }
+
     /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
     pub fn unload_process(&mut self, pid: u32) {
         self.loaded.remove(&pid);
@@ -243,7 +292,7 @@ impl UnwindMaps {
         if let Some(resident) = self.resident.get(&key) {
             return Some(*resident);
         }
-        if self.next_row >= MAX_UNWIND_ROWS {
+        if self.next_row >= self.capacity {
             return None;
         }
         let resident = Resident {
@@ -276,16 +325,57 @@ impl UnwindMaps {
         let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
         let bias = load_bias(&image, start, offset)?;
         let key = file_key(&handle, &image)?;
+        Ok(self
+            .resident_table(key, &image, &file.display().to_string(), report)?
+            .map(|resident| (resident, bias)))
+    }
+
+    /// The resident table of the vDSO mapped at `start..end` of `pid`, and its load bias. The
+    /// vDSO has no file: its ELF image is read from the process's memory, and its table is
+    /// built once per kernel (by the image's build id) for every process.
+    fn vdso_table(
+        &mut self,
+        pid: u32,
+        start: u64,
+        end: u64,
+        report: &mut LoadReport,
+    ) -> anyhow::Result<Option<(Resident, u64)>> {
+        let image = crate::vdso::read_image(pid, start, end)?;
+        let bias = load_bias(&image, start, 0)?;
+        let key = {
+            use object::Object;
+            let elf = object::File::parse(&*image).context("parsing the vDSO's ELF headers")?;
+            match elf.build_id() {
+                Ok(Some(id)) => FileKey::BuildId(id.to_vec()),
+                _ => FileKey::VdsoWithoutBuildId,
+            }
+        };
+        Ok(self
+            .resident_table(key, &image, crate::procmaps::VDSO, report)?
+            .map(|resident| (resident, bias)))
+    }
+
+    /// The resident table under `key`, built from the ELF image `image` (named `name` in
+    /// logs) and written into the row array on first sight; `None` when there is no room.
+    fn resident_table(
+        &mut self,
+        key: FileKey,
+        image: &[u8],
+        name: &str,
+        report: &mut LoadReport,
+    ) -> anyhow::Result<Option<Resident>> {
         if let Some(resident) = self.resident.get(&key) {
-            return Ok(Some((*resident, bias)));
+            return Ok(Some(*resident));
         }
-        let (table, source) = UnwindTable::from_elf(&image)?;
+        let (table, source) = UnwindTable::from_elf(image)?;
         let rows = table.rows.len() as u32;
-        if u64::from(self.next_row) + u64::from(rows) > u64::from(MAX_UNWIND_ROWS) {
+        if u64::from(self.next_row) + u64::from(rows) > u64::from(self.capacity) {
             report.no_room += 1;
             log::warn!(
-                "the unwind row array is full ({MAX_UNWIND_ROWS} rows); {} unwinds by frame pointer",
-                file.display()
+                "the unwind row array is full ({} rows, {} MiB; --unwind-table-mib raises it): \
+                 {name} ({rows} rows) unwinds by frame pointer",
+                self.capacity,
+                (u64::from(self.capacity) * 8) >> 20
             );
             return Ok(None);
         }
@@ -302,11 +392,8 @@ impl UnwindMaps {
         self.resident.insert(key, resident);
         report.tables_built += 1;
         report.rows_written += rows as usize;
-        log::debug!(
-            "unwind table for {}: {rows} rows from {source:?}",
-            file.display()
-        );
-        Ok(Some((resident, bias)))
+        log::debug!("unwind table for {name}: {rows} rows from {source:?}");
+        Ok(Some(resident))
     }
 }
 

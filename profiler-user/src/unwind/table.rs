@@ -116,18 +116,39 @@ impl UnwindTable {
 /// object's virtual address, from the PT_LOAD segment that holds `offset`.
 pub fn load_bias(data: &[u8], start: u64, offset: u64) -> anyhow::Result<u64> {
     let elf = object::File::parse(data).context("parsing the ELF headers")?;
+    let bias = |file_start: u64, vaddr: u64| {
+        // runtime = start + (file position - offset); vaddr = p_vaddr + (file position - p_offset)
+        start
+            .wrapping_sub(offset)
+            .wrapping_add(file_start)
+            .wrapping_sub(vaddr)
+    };
+    // The kernel maps a segment from the page its p_offset is in. Segments share pages at
+    // their edges, so the page of a mapping's offset can also lie inside the segment before
+    // it (Rust and lld binaries put .text right after read-only data, with p_vaddr - p_offset
+    // differing between the two): the segment that starts in that page is the one mapped.
+    let page = |x: u64| x & !(PAGE_SIZE - 1);
+    let executable = |s: &object::Segment<'_, '_>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+    // Two segments may start in one page (read-only data, then writable data): the executable
+    // one is the one the unwinder asks about.
+    if let Some(segment) = elf
+        .segments()
+        .filter(|s| page(s.file_range().0) == page(offset))
+        .max_by_key(|s| executable(s))
+    {
+        return Ok(bias(segment.file_range().0, segment.address()));
+    }
     for segment in elf.segments() {
         let (file_start, file_size) = segment.file_range();
         if offset >= file_start && offset < file_start + file_size.max(1) {
-            // runtime = start + (file position - offset); vaddr = p_vaddr + (file position - p_offset)
-            return Ok(start
-                .wrapping_sub(offset)
-                .wrapping_add(file_start)
-                .wrapping_sub(segment.address()));
+            return Ok(bias(file_start, segment.address()));
         }
     }
     Err(anyhow!("no PT_LOAD segment holds file offset {offset:#x}"))
 }
+
+/// The page size of x86-64, the unit in which segments are mapped.
+const PAGE_SIZE: u64 = 4096;
 
 /// Walks the FDEs in the order `.eh_frame_hdr`'s binary search table lists them (sorted by
 /// address), falling back to a plain scan when the header has no table.
@@ -204,11 +225,12 @@ impl RowBuilder {
             // One unreadable FDE leaves its range to frame pointers; the rest still count.
             Err(_) => return Ok(()),
         };
+        let signal = fde.is_signal_trampoline();
         while let Ok(Some(row)) = table.next_row() {
             if row.start_address() >= row.end_address() {
                 continue;
             }
-            self.rows.push(convert(section, row));
+            self.rows.push(convert(section, row, signal));
         }
         // Past the FDE, nothing is known until the next FDE starts.
         self.rows.push(no_info(end as u32));
@@ -250,8 +272,21 @@ fn no_info(pc: u32) -> UnwindRow {
 fn convert<'a, S: UnwindSection<Slice<'a>>>(
     section: &S,
     row: &gimli::UnwindTableRow<usize>,
+    signal_trampoline: bool,
 ) -> UnwindRow {
     let pc = row.start_address() as u32;
+    if signal_trampoline {
+        // glibc's (and musl's) `__restore_rt`: CFA = *(rsp + 160), registers at fixed offsets
+        // from rsp in the saved ucontext. The walk reads that context itself; any other
+        // signal-frame CFI is left to frame pointers.
+        let is_ucontext = matches!(row.cfa(), GimliCfa::Expression(expr)
+            if expr.get(section).is_ok_and(|e| e.0.slice() == SIGCONTEXT_CFA));
+        return if is_ucontext {
+            UnwindRow::new(pc, CfaRule::SignalFrame, 0, None, 0).expect("a valid row")
+        } else {
+            no_info(pc)
+        };
+    }
     match row.register(X86_64::RA) {
         None | Some(RegisterRule::Undefined) => {
             return UnwindRow::new(pc, CfaRule::EndOfStack, 0, None, 0).expect("a valid row")
@@ -288,6 +323,10 @@ fn convert<'a, S: UnwindSection<Slice<'a>>>(
     };
     UnwindRow::new(pc, rule, cfa_offset, rbp, plt_threshold).unwrap_or_else(|| no_info(pc))
 }
+
+/// `DW_OP_breg7 (rsp) 160; DW_OP_deref`: the CFA of a signal trampoline is the interrupted
+/// rsp saved in the ucontext at rsp + 160.
+const SIGCONTEXT_CFA: &[u8] = &[0x77, 0xa0, 0x01, 0x06];
 
 /// Recognizes the CFA expression GNU ld and lld emit for `.plt` entries:
 /// `DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_litT; DW_OP_ge;
@@ -385,7 +424,7 @@ mod tests {
         let cfa = match row.cfa_rule() {
             r if r == CfaRule::Rsp as u8 => format!("rsp+{}", row.cfa_offset),
             r if r == CfaRule::Rbp as u8 => format!("rbp+{}", row.cfa_offset),
-            r if r == CfaRule::Plt as u8 => "exp".into(),
+            r if r == CfaRule::Plt as u8 || r == CfaRule::SignalFrame as u8 => "exp".into(),
             r if r == CfaRule::EndOfStack as u8 => "end".into(),
             _ => "none".into(),
         };
@@ -444,6 +483,20 @@ mod tests {
     }
 
     #[test]
+    fn ld_so_rows_match_readelf() {
+        let checked = check_against_readelf(Path::new("/lib64/ld-linux-x86-64.so.2"));
+        assert!(checked > 500, "only {checked} rows checked");
+        // __tls_get_addr's fast path: no frame, the return address at rsp.
+        let (table, _) = UnwindTable::from_path(Path::new("/lib64/ld-linux-x86-64.so.2")).unwrap();
+        let row = table.lookup(0x144c0).expect("a row");
+        assert_eq!(
+            (row.cfa_rule(), row.cfa_offset),
+            (CfaRule::Rsp as u8, 8),
+            "{row:?}"
+        );
+    }
+
+    #[test]
     fn libc_rows_match_readelf() {
         let checked = check_against_readelf(Path::new(LIBC));
         assert!(checked > 5000, "only {checked} rows checked");
@@ -491,5 +544,62 @@ mod tests {
             .rows
             .iter()
             .any(|r| r.cfa_rule() == CfaRule::Rsp as u8 && r.cfa_offset > 300));
+    }
+
+    #[test]
+    fn vdso_image_from_memory_matches_readelf() {
+        // The vDSO has no file: its image is read from memory, as the loader reads a target's.
+        use std::os::unix::fs::FileExt;
+        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
+        let vdso = maps
+            .iter()
+            .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
+            .expect("a [vdso] mapping");
+        let (start, end) = vdso.address;
+        let mut image = vec![0u8; (end - start) as usize];
+        std::fs::File::open("/proc/self/mem")
+            .unwrap()
+            .read_exact_at(&mut image, start)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vdso.so");
+        std::fs::write(&path, &image).unwrap();
+        let (table, source) = UnwindTable::from_elf(&image).unwrap();
+        assert_eq!(source, CfiSource::EhFrameHdr);
+        assert!(!table.rows.is_empty());
+        let checked = check_against_readelf(&path);
+        assert!(checked >= 10, "only {checked} rows checked");
+    }
+
+    #[test]
+    fn load_bias_of_a_text_segment_whose_page_starts_in_the_previous_one() {
+        // This test binary is linked by rust-lld, which puts .text right after the read-only
+        // data in the file but one page further in memory: the page the kernel maps .text
+        // from lies inside the read-only segment's file range.
+        use object::{Object, ObjectSymbol};
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let elf = object::File::parse(&*exe).unwrap();
+        let marker =
+            load_bias_of_a_text_segment_whose_page_starts_in_the_previous_one as *const () as usize;
+        let symbol = elf
+            .symbols()
+            .find(|s| {
+                s.name().is_ok_and(|n| {
+                    n.contains(
+                        "load_bias_of_a_text_segment_whose_page_starts_in_the_previous_one17h",
+                    )
+                })
+            })
+            .expect("the test's own symbol");
+        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
+        let text = maps
+            .iter()
+            .find(|m| {
+                let (start, end) = m.address;
+                (start..end).contains(&(marker as u64))
+            })
+            .expect("the mapping of this test's code");
+        let bias = load_bias(&exe, text.address.0, text.offset).unwrap();
+        assert_eq!(bias.wrapping_add(symbol.address()), marker as u64);
     }
 }

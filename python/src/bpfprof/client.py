@@ -33,6 +33,9 @@ __all__ = [
     "FINAL_STATES",
     "PROTOCOL_VERSION",
     "SOCKET_ENV",
+    "UNWIND_MODES",
+    "check_unwind",
+    "check_python_frames",
     "current_pid_namespace",
     "socket_path",
 ]
@@ -47,6 +50,8 @@ DEFAULT_SOCKET = "/run/bpfprof/bpfprof.sock"
 SOCKET_ENV = "BPFPROF_SOCKET"
 #: States in which a run has ended for good.
 FINAL_STATES = frozenset({"SUCCESS", "FAILED", "STOPPED"})
+#: How the daemon may walk user stacks (``bpfprof --unwind``); ``auto`` is its default.
+UNWIND_MODES = ("auto", "fp", "cfi")
 
 #: The daemon closes connections idle for 60 s; a connection idle this long is reopened.
 _RECONNECT_AFTER_IDLE_SEC = 45.0
@@ -85,6 +90,26 @@ def socket_path(explicit: Optional[PathLike] = None) -> str:
 
 
 _resolve_socket_path = socket_path
+
+
+#: Whether the daemon reads a CPython target's Python frames (``bpfprof --python``).
+PYTHON_FRAME_MODES = ("auto", "off")
+
+
+def check_python_frames(mode: str) -> str:
+    """Returns ``mode`` if it is one of :data:`PYTHON_FRAME_MODES`; raises :class:`ValueError`
+    otherwise."""
+    if mode not in PYTHON_FRAME_MODES:
+        raise ValueError(f"unknown python_frames mode {mode!r}: expected auto or off")
+    return mode
+
+
+def check_unwind(unwind: str) -> str:
+    """Returns ``unwind`` if it is one of :data:`UNWIND_MODES`; raises :class:`ValueError`
+    naming them otherwise (before any run is asked for)."""
+    if unwind not in UNWIND_MODES:
+        raise ValueError(f"unknown unwind mode {unwind!r}: expected auto, fp or cfi")
+    return unwind
 
 
 def current_pid_namespace() -> Optional[int]:
@@ -287,11 +312,17 @@ class Client:
         max_stack_length: Optional[int] = None,
         formats: Optional[Sequence[str]] = None,
         timeout: Optional[float] = None,
+        unwind: Optional[str] = None,
+        python_frames: Optional[str] = None,
     ) -> Reply:
         """Starts profiling process ``pid`` (as seen in pid namespace ``pid_ns``).
 
         The daemon replies once the run is ``RUNNING``; ``timeout`` bounds that wait.
         Returns the reply (``run_id``, ``state``). None arguments take the daemon's defaults.
+        ``unwind`` is how user stacks are walked: ``auto``, ``fp`` or ``cfi`` (as
+        ``bpfprof --unwind``); the daemon refuses other values (``bad_request``).
+        ``python_frames`` is ``auto`` (the daemon reads a CPython target's Python frames) or
+        ``off`` (as ``bpfprof --python``).
         """
         fields: Dict[str, Any] = {
             "pid": int(pid),
@@ -304,6 +335,8 @@ class Client:
             "tags": dict(tags) if tags else None,
             "max_stack_length": None if max_stack_length is None else int(max_stack_length),
             "formats": None if formats is None else list(formats),
+            "unwind": unwind,
+            "python": python_frames,
         }
         return self.request("run", fields, timeout)
 

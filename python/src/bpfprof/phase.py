@@ -9,8 +9,9 @@ the phase's name, so that all runs of one program execution can be found and com
 
 Defaults come from the environment: ``BPFPROF_SAMPLE_INTERVAL`` (event units, default 1e7),
 ``BPFPROF_MAX_STACK_LENGTH`` (default 127), ``BPFPROF_MAX_PROFILE_TIME`` (seconds, default
-600), and ``BPFPROF_PHASE_FILTER``, a regular expression: phases whose name it does not match
-run unprofiled. An invalid filter is reported and profiles nothing, since whoever set it meant
+600), ``BPFPROF_UNWIND`` (``auto``, ``fp`` or ``cfi``, as ``bpfprof --unwind``; default
+``auto``), and ``BPFPROF_PHASE_FILTER``, a regular expression: phases whose name it does not
+match run unprofiled. An invalid filter is reported and profiles nothing, since whoever set it meant
 to narrow profiling down.
 """
 
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
-from .client import BpfprofError, PathLike
+from .client import UNWIND_MODES, BpfprofError, PathLike, check_unwind
 from .client import socket_path as resolve_socket_path
 from .profiler import FunctionProfiler
 
@@ -70,6 +71,16 @@ def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _env_unwind(env: Mapping[str, str]) -> str:
+    raw = env.get("BPFPROF_UNWIND", "").strip()
+    if raw == "":
+        return "auto"
+    if raw not in UNWIND_MODES:
+        logger.warning("bpfprof: ignoring BPFPROF_UNWIND=%r: expected auto, fp or cfi", raw)
+        return "auto"
+    return raw
+
+
 class PhaseProfiler:
     """Profiles named phases of one program execution, tagging runs with session and phase.
 
@@ -84,6 +95,7 @@ class PhaseProfiler:
         stop_at_error: bool = False,
         socket_path: Optional[PathLike] = None,
         env: Optional[Mapping[str, str]] = None,
+        unwind: Optional[str] = None,
     ) -> None:  # noqa: D107
         env = os.environ if env is None else env
         self.session: str = sanitize_tag(session)
@@ -92,6 +104,7 @@ class PhaseProfiler:
         self.sample_interval: float = _env_number(env, "BPFPROF_SAMPLE_INTERVAL", 1e7)
         self.max_stack_length: int = int(_env_number(env, "BPFPROF_MAX_STACK_LENGTH", 127))
         self.max_profile_time_sec: float = _env_number(env, "BPFPROF_MAX_PROFILE_TIME", 600)
+        self.unwind: str = check_unwind(unwind) if unwind is not None else _env_unwind(env)
         self._filter: Optional[re.Pattern[str]] = None
         self._filter_invalid = False
         raw_filter = env.get("BPFPROF_PHASE_FILTER")
@@ -117,10 +130,13 @@ class PhaseProfiler:
         stop_at_error: bool = False,
         socket_path: Optional[PathLike] = None,
         env: Optional[Mapping[str, str]] = None,
+        unwind: Optional[str] = None,
     ) -> "PhaseProfiler":
         """Starts a session with a unique tag made of the time, the pid and the hostname."""
         session = f"{int(time.time())}-{os.getpid()}-{_socket.gethostname()}"
-        profiler = cls(session, stop_at_error=stop_at_error, socket_path=socket_path, env=env)
+        profiler = cls(
+            session, stop_at_error=stop_at_error, socket_path=socket_path, env=env, unwind=unwind
+        )
         logger.info(
             "bpfprof: phase session %s; results are kept by the daemon at %s "
             "(list them with `bpfprof list`, tags session=%s)",
@@ -148,6 +164,7 @@ class PhaseProfiler:
             max_profile_duration_sec=self.max_profile_time_sec,
             sample_each=self.sample_interval,
             stack_max_len=self.max_stack_length,
+            unwind=self.unwind,
             tags={"session": self.session, "phase": sanitize_tag(phase_name)},
             socket_path=self.socket_path,
         )

@@ -25,7 +25,15 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union, overload
 
-from .client import FINAL_STATES, BpfprofError, Client, PathLike, current_pid_namespace
+from .client import (
+    FINAL_STATES,
+    BpfprofError,
+    Client,
+    PathLike,
+    check_python_frames,
+    check_unwind,
+    current_pid_namespace,
+)
 
 __all__ = ["FunctionProfiler", "profile"]
 
@@ -86,6 +94,12 @@ class FunctionProfiler:
         tags: Key/value tags stored with every sample and in the run's summary.
         event: ``auto``, ``cycles`` or ``cpu-clock`` (``sample_each`` is in its units).
         formats: Result files to write (default: every format the daemon writes).
+        unwind: How user stacks are walked: ``auto`` (CFI tables where an object has them,
+            frame pointers elsewhere), ``fp`` (frame pointers only) or ``cfi`` (as ``auto``,
+            but a process whose tables cannot be loaded fails the run). Other values raise
+            :class:`ValueError` here.
+        python_frames: ``auto`` (the daemon reads this interpreter's Python frames, so the
+            profile names Python functions) or ``off`` (interpreter C functions only).
         socket_path: The daemon's socket; default ``$BPFPROF_SOCKET``, else the daemon's
             default path.
 
@@ -109,8 +123,13 @@ class FunctionProfiler:
         tags: Optional[Mapping[str, str]] = None,
         event: str = "auto",
         formats: Optional[Sequence[str]] = None,
+        unwind: str = "auto",
+        python_frames: str = "auto",
         socket_path: Optional[PathLike] = None,
     ) -> None:
+        check_unwind(unwind)
+        check_python_frames(python_frames)
+        self.python_frames: str = python_frames
         self.stop_at_error: bool = stop_at_error
         self.max_profile_duration_sec: float = max_profile_duration_sec
         self.sample_each: float = sample_each
@@ -121,6 +140,7 @@ class FunctionProfiler:
         self.tags: Dict[str, str] = dict(tags) if tags else {}
         self.event: str = event
         self.formats: Optional[List[str]] = None if formats is None else list(formats)
+        self.unwind: str = unwind
         self.socket_path: Optional[PathLike] = socket_path
         self.profile_result: Optional[Dict[str, Any]] = None
         self.current_run_id: Optional[int] = None
@@ -278,6 +298,9 @@ class FunctionProfiler:
                 max_stack_length=self.stack_max_len,
                 formats=self.formats,
                 timeout=self.timeout_wait_for_running_sec,
+                # "auto" is the daemon's default: not sent, so older daemons accept the run.
+                unwind=None if self.unwind == "auto" else self.unwind,
+                python_frames=None if self.python_frames == "auto" else self.python_frames,
             )
         except BpfprofError as err:
             if err.code == "timeout":

@@ -133,9 +133,9 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
                 file=err,
             )
     print(
-        f"INFO --profiler {PYPERF}: Python functions come from CPython's perf trampolines: run "
-        "Python 3.12 or later with -X perf (or PYTHONPERFSUPPORT=1); without them the stacks "
-        "show the interpreter's C frames",
+        f"INFO --profiler {PYPERF}: Python functions are read from the interpreter's frames "
+        "(CPython 3.10 to 3.13, no restart or -X perf needed); other Pythons show the "
+        "interpreter's C frames",
         file=err,
     )
     duration_ms = DEFAULT_DURATION_MS if args.duration_ms is None else args.duration_ms
@@ -150,6 +150,9 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
                 sample_interval=args.sample_interval,
                 duration_ms=duration,
                 sample_tags=tags or None,
+                # strobelight's command line has no unwinder choice: the environment gives
+                # it, as for phase profilers; the daemon refuses unknown modes.
+                unwind=os.environ.get("BPFPROF_UNWIND", "").strip() or None,
             )
 
         try:

@@ -1,0 +1,487 @@
+//! CPython processes: what userspace needs so that the kernel program can walk their Python
+//! frames, and what turns those frames into functions.
+//!
+//! [`PythonTarget::detect`] finds a process's interpreter (`_PyRuntime` in a libpython or a
+//! static python binary, [`detect`]) and its version's [`layout::Layout`];
+//! [`PythonTarget::kernel_layout`] is what the kernel program walks with;
+//! [`PythonTarget::threads`] lists every Python thread (host tid, `PyThreadState` address) for
+//! the kernel's thread map; [`PythonTarget::walk_thread`] walks a thread's frames from userspace
+//! by the kernel program's own rules (the reference the kernel's output is checked against);
+//! [`PythonTarget::resolve`] names a recorded frame (reading its code object once, [`code`]) with
+//! its line ([`linetable`]).
+
+pub mod code;
+pub mod detect;
+pub mod layout;
+pub mod linetable;
+pub mod memory;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
+
+use anyhow::{anyhow, Context};
+use profiler_common::{
+    PythonEntryRule, PythonInstrRule, PythonProcess, MAX_STACK_DEPTH, PYTHON_FRAME_OWNED_BY_CSTACK,
+};
+
+use self::{
+    code::{CodeInfo, CodeReader},
+    layout::Layout,
+    memory::ProcessMemory,
+};
+use crate::Result;
+
+/// A Python frame as the kernel program records it (re-exported for callers of this module).
+pub use profiler_common::PythonFrame;
+/// The owner byte of 3.12+'s shim frames, which begin each eval call and are not recorded.
+pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
+
+/// Most Python frames one walk records (the kernel program's bound).
+pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
+/// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
+const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
+/// Most interpreters listed (the list is linked in the target's memory, which may change while
+/// it is read, so a walk of it must end even on a cycle).
+const MAX_INTERPRETERS: usize = 256;
+/// Most threads listed per interpreter, for the same reason.
+const MAX_THREADS_PER_INTERPRETER: usize = 16384;
+/// Bytes of glibc's `struct pthread` searched for the thread id.
+const PTHREAD_SEARCH_BYTES: usize = 1024;
+/// `offsetof(struct pthread, tid)` in glibc 2.26 and later on x86-64 (Debian 12's 2.36 too);
+/// preferred when the search finds several offsets that fit.
+const GLIBC_PTHREAD_TID: usize = 0x2d0;
+
+/// One CPython process bpfprof reads Python frames of.
+pub struct PythonTarget {
+    pid: u32,
+    interpreter: detect::Interpreter,
+    layout: Layout,
+    memory: ProcessMemory,
+    /// Code objects read so far, by address.
+    codes: HashMap<u64, CodeInfo>,
+    /// Reads code objects, with what they share cached.
+    code_reader: CodeReader,
+    /// 3.10: where glibc's `struct pthread` keeps the thread's tid, once found.
+    pthread_tid_offset: Option<u64>,
+}
+
+/// A Python function as a frame names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonFunction {
+    /// The qualified name (`Worker.run`) on 3.11 and later, the plain name on 3.10.
+    pub name: String,
+    /// The code's file name (`co_filename`), as the process sees it.
+    pub file: String,
+    /// The line of the frame's current instruction.
+    pub line: u32,
+    /// The line the function starts on (`co_firstlineno`).
+    pub first_line: u32,
+}
+
+impl PythonTarget {
+    /// None when the process runs no supported CPython (with the reason logged at debug).
+    pub fn detect(pid: u32) -> Result<Option<PythonTarget>> {
+        let memory = ProcessMemory::new(pid);
+        let interpreter = match detect::find(pid, &memory)? {
+            Ok(found) => found,
+            Err(reason) => {
+                log::debug!("pid {pid}: no Python frames: {reason}");
+                return Ok(None);
+            }
+        };
+        let layout = match layout::table(interpreter.version.1) {
+            Some(layout) if interpreter.version.1 < 13 => layout,
+            _ => {
+                let raw = memory
+                    .read_vec(interpreter.runtime, layout::DEBUG_OFFSETS_SIZE)
+                    .context("read _Py_DebugOffsets")?;
+                match Layout::from_debug_offsets(&raw) {
+                    Ok(layout) => layout,
+                    Err(e) => {
+                        log::debug!("pid {pid}: no Python frames: {e}");
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        log::debug!(
+            "pid {pid}: CPython {}.{} in {}, _PyRuntime at {:#x}",
+            interpreter.version.0,
+            interpreter.version.1,
+            interpreter.path.display(),
+            interpreter.runtime
+        );
+        Ok(Some(PythonTarget {
+            pid,
+            interpreter,
+            layout,
+            memory,
+            codes: HashMap::new(),
+            code_reader: CodeReader::default(),
+            pthread_tid_offset: None,
+        }))
+    }
+
+    /// The process (in bpfprof's pid namespace).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `(major, minor)` of the interpreter.
+    pub fn version(&self) -> (u8, u8) {
+        self.interpreter.version
+    }
+
+    /// The object that defines `_PyRuntime`, as the process sees its path.
+    pub fn interpreter_path(&self) -> &PathBuf {
+        &self.interpreter.path
+    }
+
+    /// Address of `_PyRuntime` in the process.
+    pub fn runtime_address(&self) -> u64 {
+        self.interpreter.runtime
+    }
+
+    /// All the offsets in use, userspace's included.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The offsets the kernel program walks this process's frames with.
+    pub fn kernel_layout(&self) -> PythonProcess {
+        self.layout.kernel
+    }
+
+    /// [`Self::kernel_layout`] with the addresses of the main interpreter's GIL state, once
+    /// the interpreter has made its GIL (3.12+ allocate it at start-up: a process caught
+    /// before that has none yet, so call this again later).
+    pub fn kernel_layout_with_gil(&mut self) -> PythonProcess {
+        let mut k = self.layout.kernel;
+        if let Ok((locked, last_holder)) = self.gil_addresses() {
+            k.gil_locked = locked;
+            k.gil_holder = last_holder;
+        }
+        k
+    }
+
+    /// Host tid -> PyThreadState address for every thread of every interpreter.
+    ///
+    /// One entry per thread: of a thread's states in several interpreters, the first with a
+    /// frame, newest interpreter first (where a thread that entered a subinterpreter runs).
+    pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
+        let l = self.layout.clone();
+        let mut states = Vec::new();
+        let mut interp = self
+            .memory
+            .read_u64(self.interpreter.runtime + l.runtime_interpreters_head as u64)
+            .context("read _PyRuntime.interpreters.head")?;
+        let mut seen = HashSet::new();
+        while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+            let mut tstate = self
+                .memory
+                .read_u64(interp + l.interp_threads_head as u64)?;
+            let mut count = 0;
+            while tstate != 0 && count < MAX_THREADS_PER_INTERPRETER {
+                let thread_id = self.memory.read_u64(tstate + l.tstate_thread_id as u64)?;
+                let native = match l.tstate_native_thread_id {
+                    Some(off) => Some(self.memory.read_u64(tstate + off as u64)? as u32),
+                    None => None,
+                };
+                states.push((tstate, thread_id, native));
+                tstate = self.memory.read_u64(tstate + l.tstate_next as u64)?;
+                count += 1;
+            }
+            interp = self.memory.read_u64(interp + l.interp_next as u64)?;
+        }
+        let to_host = self.namespace_tids()?;
+        let ns_tids: Vec<u32> = if states.iter().all(|s| s.2.is_some()) {
+            states.iter().map(|s| s.2.unwrap_or(0)).collect()
+        } else {
+            self.tids_from_pthreads(&states, &to_host)?
+        };
+        // A thread that entered other interpreters (subinterpreters) has a thread state in
+        // each; the kernel's map holds one per thread: the first one with a frame, in list
+        // order (newest interpreter first, where a thread that switched interpreters runs now).
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        let mut chosen: HashMap<u32, (usize, bool)> = HashMap::new();
+        for (&(tstate, _, _), ns_tid) in states.iter().zip(ns_tids) {
+            // A thread state whose thread has exited (or not yet started) has no task.
+            let Some(&host) = to_host.get(&ns_tid) else {
+                continue;
+            };
+            let has_frame = self.current_frame(tstate).is_ok_and(|f| f != 0);
+            match chosen.get(&host) {
+                None => {
+                    chosen.insert(host, (out.len(), has_frame));
+                    out.push((host, tstate));
+                }
+                Some(&(at, false)) if has_frame => {
+                    out[at] = (host, tstate);
+                    chosen.insert(host, (at, true));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// The innermost frame of the thread state at `tstate` (0 when it runs no Python), read as
+    /// the kernel reads it.
+    fn current_frame(&self, tstate: u64) -> Result<u64> {
+        let k = self.layout.kernel;
+        let mut frame = self
+            .memory
+            .read_u64(tstate + k.tstate_frame as u64)
+            .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
+        if self.layout.has_cframe() && frame != 0 {
+            frame = self
+                .memory
+                .read_u64(frame + k.cframe_current_frame as u64)
+                .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
+        }
+        Ok(frame)
+    }
+
+    /// The process's threads: tid in its own pid namespace -> tid in bpfprof's (the kernel's
+    /// thread map is keyed by the host's tid), from each task's `NSpid` line, which lists the
+    /// ids from the reader's namespace inwards.
+    fn namespace_tids(&self) -> Result<HashMap<u32, u32>> {
+        let dir = format!("/proc/{}/task", self.pid);
+        let mut map = HashMap::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+            let entry = entry.with_context(|| format!("read {dir}"))?;
+            let Some(host) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // A thread may exit between the listing and this read.
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last()?.parse::<u32>().ok())
+                .unwrap_or(host);
+            map.insert(inner, host);
+        }
+        Ok(map)
+    }
+
+    /// 3.10: each thread's tid (in its namespace) from its `pthread_t`, which glibc makes the
+    /// address of the thread's `struct pthread`. The offset of `tid` in that struct differs
+    /// between glibc versions and libc's debug info is rarely installed, so it is found from the
+    /// data: a 4-byte-aligned offset at which every thread's struct holds either a distinct id
+    /// of one of the process's tasks or 0 (the kernel clears it when a thread exits), at least
+    /// one being the process's own id (its main thread runs Python in all but embedded
+    /// interpreters, for which that condition is dropped). Among several, glibc 2.26+'s offset
+    /// on x86-64 wins, then the smallest. Found once per process.
+    fn tids_from_pthreads(
+        &mut self,
+        states: &[(u64, u64, Option<u32>)],
+        to_host: &HashMap<u32, u32>,
+    ) -> Result<Vec<u32>> {
+        let blocks: Vec<Option<Vec<u8>>> = states
+            .iter()
+            .map(|&(_, pthread, _)| self.memory.read_vec(pthread, PTHREAD_SEARCH_BYTES).ok())
+            .collect();
+        // One struct per thread, however many interpreters the thread has a state in.
+        let mut unique_threads = HashSet::new();
+        let unique: Vec<&Vec<u8>> = states
+            .iter()
+            .zip(&blocks)
+            .filter(|((_, pthread, _), _)| unique_threads.insert(*pthread))
+            .filter_map(|(_, block)| block.as_ref())
+            .collect();
+        let at = |block: &[u8], off: usize| -> u32 {
+            u32::from_ne_bytes(block[off..off + 4].try_into().expect("4 bytes"))
+        };
+        if self.pthread_tid_offset.is_none() {
+            let ns_pid = to_host
+                .iter()
+                .find(|&(_, &host)| host == self.pid)
+                .map(|(&inner, _)| inner);
+            let readable = &unique;
+            let fits = |off: &usize, need_pid: bool| {
+                let ids: Vec<u32> = readable.iter().map(|b| at(b, *off)).collect();
+                let live: Vec<u32> = ids.iter().copied().filter(|&id| id != 0).collect();
+                let distinct: HashSet<u32> = live.iter().copied().collect();
+                !live.is_empty()
+                    && distinct.len() == live.len()
+                    && live.iter().all(|id| to_host.contains_key(id))
+                    && (!need_pid || ns_pid.is_some_and(|pid| live.contains(&pid)))
+            };
+            let offsets = || (0..=PTHREAD_SEARCH_BYTES - 4).step_by(4);
+            let mut candidates: Vec<usize> = offsets().filter(|o| fits(o, true)).collect();
+            if candidates.is_empty() {
+                candidates = offsets().filter(|o| fits(o, false)).collect();
+            }
+            let offset = candidates
+                .iter()
+                .copied()
+                .find(|&o| o == GLIBC_PTHREAD_TID)
+                .or(candidates.first().copied())
+                .ok_or_else(|| {
+                    anyhow!(
+                        "pid {}: cannot find the tid in glibc's struct pthread of its {} Python threads",
+                        self.pid,
+                        readable.len()
+                    )
+                })?;
+            log::debug!(
+                "pid {}: struct pthread keeps the tid at {offset} (candidates {candidates:?})",
+                self.pid
+            );
+            self.pthread_tid_offset = Some(offset as u64);
+        }
+        let offset = self.pthread_tid_offset.unwrap_or(0) as usize;
+        Ok(blocks
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| at(b, offset)))
+            .collect())
+    }
+
+    /// Addresses of the main interpreter's GIL fields in the process: its `locked` flag (a C
+    /// `int`, non-zero while held) and `last_holder` (the `PyThreadState` that took it last),
+    /// for telling the GIL holder from waiters.
+    pub fn gil_addresses(&mut self) -> Result<(u64, u64)> {
+        let runtime = self.interpreter.runtime;
+        match self.layout.gil {
+            layout::GilLayout::InRuntime {
+                locked,
+                last_holder,
+            } => Ok((runtime + locked as u64, runtime + last_holder as u64)),
+            layout::GilLayout::PerInterpreter {
+                interp_gil,
+                locked,
+                last_holder,
+            } => {
+                let main = self
+                    .memory
+                    .read_u64(runtime + self.layout.runtime_interpreters_head as u64)
+                    .context("read _PyRuntime.interpreters.head")?;
+                // The main interpreter is the list's last (interpreters are pushed at its head).
+                let mut interp = main;
+                let mut seen = HashSet::new();
+                while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+                    let next = self
+                        .memory
+                        .read_u64(interp + self.layout.interp_next as u64)?;
+                    if next == 0 {
+                        break;
+                    }
+                    interp = next;
+                }
+                let gil = self.memory.read_u64(interp + interp_gil as u64)?;
+                if gil == 0 {
+                    return Err(
+                        anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into(),
+                    );
+                }
+                Ok((gil + locked as u64, gil + last_holder as u64))
+            }
+        }
+    }
+
+    /// The `PyThreadState` holding the main interpreter's GIL now, None while it is free.
+    pub fn gil_holder(&mut self) -> Result<Option<u64>> {
+        let (locked, holder) = self.gil_addresses()?;
+        if self.memory.read_i32(locked)? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.memory.read_u64(holder)?).filter(|&t| t != 0))
+    }
+
+    /// The Python frames of the thread whose `PyThreadState` is at `tstate`, innermost first,
+    /// walked by the kernel program's rules: the same offsets, packing and eval-entry flags
+    /// (3.10 every frame; 3.11 a frame with `is_entry`; 3.12+ the frame just before a shim
+    /// frame, which is not recorded); it ends at [`MAX_PYTHON_DEPTH`] frames or at a null or
+    /// unreadable pointer.
+    pub fn walk_thread(&mut self, tstate: u64) -> Result<Vec<PythonFrame>> {
+        let k = self.layout.kernel;
+        let mut frame = self.current_frame(tstate)?;
+        let mut packed: Vec<u64> = Vec::new();
+        let mut visited = 0;
+        while frame != 0 && packed.len() < MAX_PYTHON_DEPTH && visited < MAX_FRAMES_VISITED {
+            visited += 1;
+            match self.read_frame(frame, &k) {
+                Ok(Some(entry)) => packed.push(entry),
+                Ok(None) => {
+                    // A shim frame: the frame recorded just before it began the eval call.
+                    if let Some(last) = packed.last_mut() {
+                        *last = PythonFrame::with_eval_entry(*last);
+                    }
+                }
+                Err(_) => break,
+            }
+            frame = match self.memory.read_u64(frame + k.frame_previous as u64) {
+                Ok(previous) => previous,
+                Err(_) => break,
+            };
+        }
+        Ok(packed.into_iter().map(PythonFrame::unpack).collect())
+    }
+
+    /// One frame packed as the kernel packs it, or None for a shim frame.
+    fn read_frame(&mut self, frame: u64, k: &PythonProcess) -> Result<Option<u64>> {
+        let entry = match k.entry_rule {
+            r if r == PythonEntryRule::EveryFrame as u32 => true,
+            r if r == PythonEntryRule::EntryFlag as u32 => {
+                self.memory.read_u8(frame + k.frame_entry as u64)? != 0
+            }
+            _ => {
+                if self.memory.read_u8(frame + k.frame_entry as u64)?
+                    == PYTHON_FRAME_OWNED_BY_CSTACK
+                {
+                    return Ok(None);
+                }
+                false
+            }
+        };
+        let code = self.memory.read_u64(frame + k.frame_code as u64)?;
+        let instruction = if k.instr_rule == PythonInstrRule::LastiIndex as u32 {
+            // -1 before the first instruction runs: index 0.
+            self.memory.read_i32(frame + k.frame_instr as u64)?.max(0) as u32
+        } else {
+            let pointer = self.memory.read_u64(frame + k.frame_instr as u64)?;
+            let first = code.wrapping_add(k.code_instructions as u64);
+            // 3.11's `prev_instr` starts one code unit before the first instruction: index 0.
+            let units = pointer.saturating_sub(first) / 2;
+            u32::try_from(units).unwrap_or(u32::MAX)
+        };
+        Ok(Some(PythonFrame::pack(code, instruction, entry)))
+    }
+
+    /// Name, file, line of one recorded frame; cached by code address.
+    pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
+        if !self.codes.contains_key(&frame.code) {
+            let info = self
+                .code_reader
+                .read_code(&self.memory, &self.layout, frame.code)
+                .with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
+            self.codes.insert(frame.code, info);
+        }
+        let info = &self.codes[&frame.code];
+        Ok(PythonFunction {
+            name: info.name.clone(),
+            file: info.file.clone(),
+            line: info.line(frame.instruction),
+            first_line: info.first_line,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The recording pipeline keeps targets in tokio tasks: they must move between threads.
+    #[test]
+    fn a_target_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::PythonTarget>();
+    }
+}

@@ -1,0 +1,552 @@
+//! Python frames in a recording: telling the kernel program where a CPython process keeps its
+//! frames, naming the frames it recorded while the process still lives, and merging them into
+//! the native stacks at each `_PyEval_EvalFrameDefault`.
+//!
+//! Stages, in the order the data flows: [`PythonTracking::start`] (when a target is added)
+//! gives the kernel the interpreter's layout and thread states; [`PythonTracking::refresh`]
+//! (on every tick) lists new threads and names the code objects of new Python stacks, which
+//! needs the live process (code objects live in its memory); [`merge`] (at aggregation) puts
+//! the named frames where the interpreter ran them.
+
+use std::collections::{HashMap, HashSet};
+
+use profiler_common::{PythonFrame, StackId};
+
+use crate::{
+    kernel::KernelProgram,
+    python::{PythonFunction, PythonTarget},
+    symbolize::{Frame, FrameKind},
+};
+
+/// The C function that runs Python frames: one call per group of frames the kernel marks as
+/// an eval call's entry.
+pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
+
+/// How CPython's perf map names its trampolines (`py::function:file.py`).
+const PERF_TRAMPOLINE_PREFIX: &str = "py::";
+
+/// Names of recorded Python frames, by packed frame without its eval-entry flag (code object
+/// and instruction).
+pub type PythonSymbols = HashMap<u64, PythonFunction>;
+
+/// Whether Python frames are read from CPython processes (`--python`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PythonMode {
+    /// For every CPython 3.10-3.13 process.
+    #[default]
+    Auto,
+    /// Never: Python processes show the interpreter's C functions only.
+    Off,
+}
+
+impl PythonMode {
+    /// The mode's name on the command line and in the protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            PythonMode::Auto => "auto",
+            PythonMode::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for PythonMode {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<PythonMode> {
+        match s {
+            "auto" => Ok(PythonMode::Auto),
+            "off" => Ok(PythonMode::Off),
+            _ => Err(crate::error::Error::Usage(format!(
+                "unknown Python mode {s:?}: expected auto or off"
+            ))),
+        }
+    }
+}
+
+static DEFAULT_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the mode recordings created from now on use (the CLI's `--python`).
+pub fn set_default_mode(mode: PythonMode) {
+    DEFAULT_MODE.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The mode new recordings use.
+pub fn default_mode() -> PythonMode {
+    match DEFAULT_MODE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => PythonMode::Off,
+        _ => PythonMode::Auto,
+    }
+}
+
+/// One CPython process whose frames the kernel walks.
+pub struct PythonTracking {
+    target: PythonTarget,
+    /// The layout the kernel has (its GIL addresses appear once the interpreter made its GIL).
+    layout: profiler_common::PythonProcess,
+    /// Host tids given to the kernel.
+    threads: HashSet<u32>,
+    /// Python stacks already named.
+    named_stacks: HashSet<StackId>,
+    /// Frames named so far.
+    symbols: PythonSymbols,
+    /// Frames whose code object could not be read (freed, or the process is gone).
+    unnamed: u64,
+}
+
+impl PythonTracking {
+    /// Starts walking the Python frames of `pid` (host pid) when it runs a supported CPython.
+    pub fn start(program: &mut KernelProgram, pid: u32) -> Option<PythonTracking> {
+        let target = match PythonTarget::detect(pid) {
+            Ok(Some(t)) => t,
+            Ok(None) => return None,
+            Err(e) => {
+                log::debug!("pid {pid}: no Python frames: {e}");
+                return None;
+            }
+        };
+        let (major, minor) = target.version();
+        let mut target = target;
+        let layout = target.kernel_layout_with_gil();
+        if !fits_frame_copy(&layout) {
+            log::warn!(
+                "pid {pid}: CPython {major}.{minor}'s frame fields lie past the {} bytes the \
+                 kernel reads per frame: no Python frames",
+                profiler_common::PYTHON_FRAME_BYTES
+            );
+            return None;
+        }
+        if let Err(e) = program.python.processes.insert(pid, layout, 0) {
+            log::warn!("pid {pid}: cannot register CPython {major}.{minor} with the kernel: {e}");
+            return None;
+        }
+        log::info!("pid {pid}: CPython {major}.{minor}: Python frames on");
+        let mut tracking = PythonTracking {
+            target,
+            layout,
+            threads: HashSet::new(),
+            named_stacks: HashSet::new(),
+            symbols: PythonSymbols::new(),
+            unnamed: 0,
+        };
+        tracking.refresh_threads(program);
+        Some(tracking)
+    }
+
+    /// Gives the kernel the thread states of threads started since the last call, and
+    /// forgets those that ended.
+    pub fn refresh_threads(&mut self, program: &mut KernelProgram) {
+        if self.layout.gil_holder == 0 {
+            let layout = self.target.kernel_layout_with_gil();
+            if layout != self.layout
+                && program
+                    .python
+                    .processes
+                    .insert(self.target.pid(), layout, 0)
+                    .is_ok()
+            {
+                self.layout = layout;
+            }
+        }
+        let threads = match self.target.threads() {
+            Ok(t) => t,
+            Err(e) => {
+                log::debug!("pid {}: Python threads: {e}", self.target.pid());
+                return;
+            }
+        };
+        let now: HashSet<u32> = threads.iter().map(|(tid, _)| *tid).collect();
+        for (tid, tstate) in threads {
+            // Re-written every time: a thread id can be reused with a new thread state.
+            let _ = program.python.threads.insert(tid, tstate, 0);
+        }
+        for gone in self.threads.difference(&now) {
+            let _ = program.python.threads.remove(gone);
+        }
+        self.threads = now;
+    }
+
+    /// Names the frames of the Python stacks the kernel recorded for this process (`ns_pid`
+    /// in its namespace) since the last call: code objects are read from the live process.
+    pub fn name_new_stacks(
+        &mut self,
+        program: &KernelProgram,
+        ids: &[(u32, StackId)],
+        ns_pid: u32,
+    ) {
+        for (_, id) in ids.iter().filter(|(pid, _)| *pid == ns_pid) {
+            if !self.named_stacks.insert(*id) {
+                continue;
+            }
+            let Ok(frames) = program.stack(*id) else {
+                continue;
+            };
+            for packed in frames {
+                let key = symbol_key(packed);
+                if self.symbols.contains_key(&key) {
+                    continue;
+                }
+                match self.target.resolve(PythonFrame::unpack(packed)) {
+                    Ok(function) => {
+                        self.symbols.insert(key, function);
+                    }
+                    Err(e) => {
+                        self.unnamed += 1;
+                        log::debug!("pid {}: Python frame {packed:#x}: {e}", self.target.pid());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops walking this process: its layout and threads leave the kernel maps.
+    pub fn stop(&mut self, program: &mut KernelProgram) {
+        let _ = program.python.processes.remove(&self.target.pid());
+        for tid in self.threads.drain() {
+            let _ = program.python.threads.remove(&tid);
+        }
+    }
+
+    /// The frames named so far.
+    pub fn symbols(&self) -> &PythonSymbols {
+        &self.symbols
+    }
+}
+
+/// Whether every frame field the kernel reads ends within the bytes it copies per frame.
+fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
+    let instr = if k.instr_rule == profiler_common::PythonInstrRule::LastiIndex as u32 {
+        4
+    } else {
+        8
+    };
+    [
+        (k.frame_previous, 8),
+        (k.frame_code, 8),
+        (k.frame_instr, instr),
+        (k.frame_entry, 1),
+    ]
+    .iter()
+    .all(|&(offset, size)| offset as usize + size <= profiler_common::PYTHON_FRAME_BYTES)
+}
+
+/// The key of a packed frame in [`PythonSymbols`]: the frame without its eval-entry flag.
+pub fn symbol_key(packed: u64) -> u64 {
+    let f = PythonFrame::unpack(packed);
+    PythonFrame::pack(f.code, f.instruction, false)
+}
+
+/// A Python function as a profile frame.
+fn python_frame(function: Option<&PythonFunction>) -> Frame {
+    match function {
+        Some(f) => Frame {
+            name: f.name.clone(),
+            module: Some(f.file.clone()),
+            kind: FrameKind::Python,
+            inlined: false,
+            file: Some(f.file.clone()),
+            line: Some(f.line),
+            start_line: Some(f.first_line),
+            build_id: None,
+        },
+        None => Frame {
+            name: "[unknown Python code]".to_string(),
+            module: None,
+            kind: FrameKind::Python,
+            inlined: false,
+            file: None,
+            line: None,
+            start_line: None,
+            build_id: None,
+        },
+    }
+}
+
+/// How [`merge`] shows Python frames.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MergeOptions {
+    /// Keep the interpreter's C frames between Python frames (`--python-glue`).
+    pub keep_glue: bool,
+    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python thread's stack
+    /// (`--python-gil`).
+    pub show_gil: bool,
+}
+
+/// The root frame that says whether a sample's thread held the GIL.
+fn gil_frame(held: bool) -> Frame {
+    Frame {
+        name: if held { "[GIL held]" } else { "[GIL not held]" }.to_string(),
+        module: None,
+        kind: FrameKind::Python,
+        inlined: false,
+        file: None,
+        line: None,
+        start_line: None,
+        build_id: None,
+    }
+}
+
+/// Whether `frame` is C code of the interpreter itself (libpython or a static python
+/// binary): the glue between Python frames.
+fn is_interpreter(frame: &Frame) -> bool {
+    frame.kind == FrameKind::User
+        && frame.module.as_deref().is_some_and(|m| {
+            let name = std::path::Path::new(m)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            name.starts_with("libpython3") || name.starts_with("python3")
+        })
+}
+
+/// Merges a sample's Python frames (`python`, packed, leaf first) into its native user frames
+/// (`native`, root first, each with what the caller keeps beside it): each
+/// `_PyEval_EvalFrameDefault` frame becomes the Python frames that call ran, matched from the
+/// leaf (native stacks lose frames at the root, not the leaf). Python frames left over (a
+/// native stack that ended early) go at the root. Unless `keep_glue`, the interpreter's own C
+/// frames between two Python frames are dropped: they say how CPython called a function, not
+/// what the program did.
+pub fn merge<A: Clone>(
+    native: Vec<(Frame, A)>,
+    python: &[u64],
+    symbols: &PythonSymbols,
+    options: MergeOptions,
+    python_address: A,
+) -> Vec<(Frame, A)> {
+    // The kernel's GIL entry, outermost, is not a frame.
+    let (python, gil) = match python.split_last() {
+        Some((&PythonFrame::GIL_HELD, rest)) => (rest, Some(true)),
+        Some((&PythonFrame::GIL_NOT_HELD, rest)) => (rest, Some(false)),
+        _ => (python, None),
+    };
+    let mut out = merge_frames(native, python, symbols, options.keep_glue, &python_address);
+    if let (true, Some(held)) = (options.show_gil, gil) {
+        out.insert(0, (gil_frame(held), python_address));
+    }
+    out
+}
+
+/// [`merge`] without the GIL entry.
+fn merge_frames<A: Clone>(
+    native: Vec<(Frame, A)>,
+    python: &[u64],
+    symbols: &PythonSymbols,
+    keep_glue: bool,
+    python_address: &A,
+) -> Vec<(Frame, A)> {
+    if python.is_empty() {
+        return native;
+    }
+    // CPython's perf trampolines (`py::name:file`, named from the process's perf map) say
+    // again what the walked frames say: with the walk, they go.
+    let native: Vec<(Frame, A)> = native
+        .into_iter()
+        .filter(|(f, _)| !f.name.starts_with(PERF_TRAMPOLINE_PREFIX))
+        .collect();
+    // Groups of frames one eval call ran, root first, each root first.
+    let mut groups: Vec<Vec<Frame>> = Vec::new();
+    let mut current: Vec<Frame> = Vec::new();
+    for packed in python.iter().rev() {
+        let f = PythonFrame::unpack(*packed);
+        if f.eval_entry && !current.is_empty() {
+            groups.push(std::mem::take(&mut current));
+        }
+        current.push(python_frame(symbols.get(&symbol_key(*packed))));
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    let evals = native
+        .iter()
+        .filter(|(f, _)| f.kind == FrameKind::User && f.name == EVAL_FUNCTION)
+        .count();
+    // The innermost `evals` groups replace the eval frames; the rest go at the root.
+    let leftover = groups.len().saturating_sub(evals);
+    let mut groups = groups.into_iter();
+    let mut out: Vec<(Frame, A)> = Vec::with_capacity(native.len() + python.len());
+    for group in groups.by_ref().take(leftover) {
+        out.extend(group.into_iter().map(|f| (f, python_address.clone())));
+    }
+    // Eval frames beyond the Python groups (more C calls than the kernel saw Python calls for)
+    // stay as they are, at the root side.
+    let mut unmatched_evals = evals.saturating_sub(evals.min(groups.len()));
+    for (frame, address) in native {
+        if frame.kind == FrameKind::User && frame.name == EVAL_FUNCTION {
+            if unmatched_evals > 0 {
+                unmatched_evals -= 1;
+            } else if let Some(group) = groups.next() {
+                out.extend(group.into_iter().map(|f| (f, python_address.clone())));
+                continue;
+            }
+        }
+        out.push((frame, address));
+    }
+    if keep_glue {
+        return out;
+    }
+    // Drop interpreter frames that have a Python frame on both sides.
+    let is_python = |f: &Frame| f.kind == FrameKind::Python;
+    let Some(first) = out.iter().position(|(f, _)| is_python(f)) else {
+        return out;
+    };
+    let last = out.iter().rposition(|(f, _)| is_python(f)).unwrap_or(first);
+    out.into_iter()
+        .enumerate()
+        .filter(|(i, (f, _))| !(*i > first && *i < last && is_interpreter(f)))
+        .map(|(_, x)| x)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(name: &str, module: &str) -> (Frame, u32) {
+        (
+            Frame {
+                name: name.into(),
+                module: Some(module.into()),
+                kind: FrameKind::User,
+                inlined: false,
+                file: None,
+                line: None,
+                start_line: None,
+                build_id: None,
+            },
+            1,
+        )
+    }
+
+    fn function(name: &str, line: u32) -> PythonFunction {
+        PythonFunction {
+            name: name.into(),
+            file: "/app/work.py".into(),
+            line,
+            first_line: line - 1,
+        }
+    }
+
+    const PY: &str = "/usr/lib/libpython3.12.so.1.0";
+
+    /// Three Python frames in two eval calls (3.12 style: `<module>` calls `outer` through C,
+    /// `outer` calls `leaf` inline), with the C callee `time_sleep` under `leaf`.
+    #[test]
+    fn python_groups_replace_eval_frames_from_the_leaf_and_glue_goes() {
+        let mut symbols = PythonSymbols::new();
+        let frames = [
+            (0x1000u64, 10u32, false, "leaf", 5u32),
+            (0x2000, 20, true, "outer", 9),
+            (0x3000, 30, true, "<module>", 12),
+        ];
+        let python: Vec<u64> = frames
+            .iter()
+            .map(|(code, instr, entry, name, line)| {
+                symbols.insert(
+                    PythonFrame::pack(*code, *instr, false),
+                    function(name, *line),
+                );
+                PythonFrame::pack(*code, *instr, *entry)
+            })
+            .collect();
+        let stack = vec![
+            native("main", "/usr/bin/python3.12"),
+            native("Py_RunMain", PY),
+            native(EVAL_FUNCTION, PY),
+            native("_PyFunction_Vectorcall", PY),
+            native("PyObject_Call", PY),
+            native(EVAL_FUNCTION, PY),
+            native("time_sleep", PY),
+        ];
+        let names = |v: &[(Frame, u32)]| v.iter().map(|(f, _)| f.name.clone()).collect::<Vec<_>>();
+        let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
+        assert_eq!(
+            names(&merged),
+            [
+                "main",
+                "Py_RunMain",
+                "<module>",
+                "outer",
+                "leaf",
+                "time_sleep"
+            ]
+        );
+        assert_eq!(merged[4].0.kind, FrameKind::Python);
+        assert_eq!(merged[4].0.line, Some(5));
+        assert_eq!(merged[4].1, 0, "Python frames get the Python address");
+        let glue = MergeOptions {
+            keep_glue: true,
+            show_gil: false,
+        };
+        let kept = merge(stack, &python, &symbols, glue, 0);
+        assert_eq!(
+            names(&kept),
+            [
+                "main",
+                "Py_RunMain",
+                "<module>",
+                "_PyFunction_Vectorcall",
+                "PyObject_Call",
+                "outer",
+                "leaf",
+                "time_sleep"
+            ]
+        );
+    }
+
+    #[test]
+    fn perf_trampoline_frames_give_way_to_walked_frames() {
+        let mut symbols = PythonSymbols::new();
+        symbols.insert(PythonFrame::pack(0x10, 1, false), function("f", 3));
+        let python = vec![PythonFrame::pack(0x10, 1, true)];
+        let stack = vec![
+            native("main", "/x/a"),
+            native("py::f:/app/work.py", "[perf-map]"),
+            native(EVAL_FUNCTION, PY),
+        ];
+        let merged = merge(stack, &python, &symbols, MergeOptions::default(), 0);
+        let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
+        assert_eq!(names, ["main", "f"]);
+    }
+
+    #[test]
+    fn python_frames_without_eval_frames_go_at_the_root() {
+        let mut symbols = PythonSymbols::new();
+        symbols.insert(PythonFrame::pack(0x10, 1, false), function("f", 3));
+        let python = vec![PythonFrame::pack(0x10, 1, true)];
+        let merged = merge(
+            vec![native("burn", "/x/ext.so")],
+            &python,
+            &symbols,
+            MergeOptions::default(),
+            0,
+        );
+        let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
+        assert_eq!(names, ["f", "burn"]);
+        // An unnamed frame is still a frame.
+        let merged = merge(
+            Vec::new(),
+            &[PythonFrame::pack(0x20, 0, true)],
+            &symbols,
+            MergeOptions::default(),
+            0,
+        );
+        assert_eq!(merged[0].0.name, "[unknown Python code]");
+    }
+
+    #[test]
+    fn the_gil_entry_is_a_root_frame_only_when_asked_for() {
+        let symbols = PythonSymbols::new();
+        let python = vec![PythonFrame::pack(0x10, 1, true), PythonFrame::GIL_HELD];
+        let names = |show_gil| {
+            let options = MergeOptions {
+                keep_glue: false,
+                show_gil,
+            };
+            merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
+                .into_iter()
+                .map(|(f, _)| f.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(false), ["[unknown Python code]", "main"]);
+        assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
+    }
+}

@@ -1,0 +1,113 @@
+//! End to end: with `--python-gil`, each Python stack says whether its thread held the GIL,
+//! read by the kernel program from the interpreter's GIL state. One thread spins in Python
+//! (always holding the GIL), another hashes large buffers (hashlib releases the GIL while
+//! it hashes), on every CPython 3.10-3.13 here.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use bpfprof_tests::*;
+
+/// The interpreters: pyenv's 3.10-3.13 and Debian's 3.11.
+fn interpreters() -> Vec<PathBuf> {
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
+    let mut found: Vec<PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .filter_map(|minor| {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
+                .ok()?
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{minor}."))
+                })
+                .map(|e| e.path().join("bin/python3"))
+                .filter(|p| p.exists())
+                .collect();
+            v.sort();
+            v.pop()
+        })
+        .collect();
+    assert!(
+        found.len() == 4 || !ci(),
+        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
+    );
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(debian);
+    }
+    found
+}
+
+/// Samples of `function` whose stack starts with `[GIL held]` (`held`) or `[GIL not held]`.
+fn with_gil(profile: &Profile, function: &str, held: bool) -> u64 {
+    let marker = if held { "[GIL held]" } else { "[GIL not held]" };
+    profile.count_where(|f| f.iter().any(|x| x == marker) && f.iter().any(|x| x == function))
+}
+
+#[test]
+fn the_gil_holder_and_the_threads_without_it_are_told_apart() {
+    if !require_root() {
+        return;
+    }
+    let script = workspace_root().join("tests/workloads/pygil.py");
+    let mut failures = Vec::new();
+    for python in interpreters() {
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script).arg("30");
+        let target = Workload::spawn_command(cmd);
+        std::thread::sleep(Duration::from_millis(800));
+        let dir = tempdir();
+        let profile = profile_pid(
+            target.pid(),
+            "3s",
+            &["--python-gil", "-F", "499"],
+            dir.path(),
+        );
+        let spin_held = with_gil(&profile, "spinning", true);
+        let spin_free = with_gil(&profile, "spinning", false);
+        let hash_held = with_gil(&profile, "hashing", true);
+        let hash_free = with_gil(&profile, "hashing", false);
+        let summary = format!(
+            "{}: spinning {spin_held} held / {spin_free} not; hashing {hash_held} held / \
+             {hash_free} not",
+            python.display()
+        );
+        eprintln!("{summary}");
+        // Counts depend on the machine's load; the split is what must hold.
+        let ok = spin_held >= 100
+            && hash_free >= 30
+            && spin_free * 20 <= spin_held
+            && hash_held * 10 <= hash_free;
+        if !ok {
+            failures.push(format!("{summary}\n{}", profile.top(8)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn without_the_option_no_gil_frame_is_shown() {
+    if !require_root() {
+        return;
+    }
+    let python = interpreters().remove(0);
+    let script = workspace_root().join("tests/workloads/pygil.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script).arg("30");
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(800));
+    let dir = tempdir();
+    let profile = profile_pid(target.pid(), "2s", &[], dir.path());
+    assert!(
+        profile.count_containing("spinning") > 50,
+        "{}",
+        profile.top(5)
+    );
+    assert_eq!(
+        profile.count_where(|f| f.iter().any(|x| x.starts_with("[GIL"))),
+        0,
+        "{}",
+        profile.top(5)
+    );
+}
