@@ -35,6 +35,8 @@ const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
 const PYTHON_DEPTH: usize = 30;
 /// Python work: iterations of the hot loop, about 1.5 s alone here.
 const PYTHON_ROUNDS: &str = "6000";
+/// The frame bpfprof shows for a Python frame whose code object it could not resolve.
+const UNNAMED_PYTHON: &str = "[unknown Python code]";
 
 /// The Python workload: `leaf_hot` and `leaf_cold` 75:25 under `work`, optionally below a
 /// recursion `DEPTH` deep; prints `secs S` like `burn`. With ROUNDS = 0 it runs until killed.
@@ -81,6 +83,8 @@ struct KernelRun {
     target_samples: f64,
     /// Mean frames per kept stack, to show the walk reached the depth asked for.
     frames: f64,
+    /// Share of the target's samples with Python frames read by the kernel, in percent.
+    python_share: f64,
 }
 
 /// The current 1-minute load average, for the notes on a shared machine.
@@ -257,7 +261,7 @@ impl Bench {
         let waited = Instant::now();
         while !fs::read_to_string(&stderr)
             .unwrap_or_default()
-            .contains("sampling with")
+            .contains("bpfprof: loaded program id")
         {
             ensure!(
                 child.try_wait()?.is_none() && waited.elapsed() < LAUNCH_LIMIT,
@@ -283,6 +287,8 @@ impl Bench {
             run_count: cost["bpf_run_count"].as_f64().unwrap_or(0.0),
             target_samples: summary["samples_seen"].as_f64().unwrap_or(0.0),
             frames: mean_frames(&stacks),
+            python_share: 100.0 * summary["unwind"]["python_stacks"].as_f64().unwrap_or(0.0)
+                / summary["samples_seen"].as_f64().unwrap_or(0.0).max(1.0),
         })
     }
 
@@ -757,7 +763,16 @@ impl Bench {
         let script = self.dir.join("pywork.py");
         let script_s = script.to_string_lossy().to_string();
         // (row, how bpfprof sees Python frames)
-        let mut arms: Vec<&str> = vec!["alone", "bpfprof -- python3 -X perf"];
+        // With the kernel walk, the trampoline arm turns it off, so that each arm shows one
+        // way of seeing Python frames.
+        let mut arms: Vec<&str> = vec![
+            "alone",
+            if kernel_walk {
+                "bpfprof --python off -- python3 -X perf (perf trampolines)"
+            } else {
+                "bpfprof -- python3 -X perf (perf trampolines)"
+            },
+        ];
         arms.push(if kernel_walk {
             "bpfprof -- python3 (kernel Python walk)"
         } else {
@@ -769,6 +784,8 @@ impl Bench {
         let hzs: &[u64] = if plan.quick { &[999] } else { &[99, 999] };
         let mut slowdown: BTreeMap<(&str, u64), Vec<f64>> = BTreeMap::new();
         let mut pyshare: BTreeMap<(&str, u64), Vec<f64>> = BTreeMap::new();
+        // Samples with Python frames bpfprof could not name (code objects not resolved).
+        let mut unnamed: BTreeMap<(&str, u64), Vec<f64>> = BTreeMap::new();
         let out = self.dir.join("pyspy.txt");
         for &hz in hzs {
             let hz_s = hz.to_string();
@@ -783,7 +800,11 @@ impl Bench {
                         c.args([&script_s, PYTHON_ROUNDS]);
                         c
                     } else if arm.starts_with("bpfprof") {
-                        let mut c = self.bpfprof_cmd(&["-F", &hz_s, "--", PYTHON]);
+                        let mut c = self.bpfprof_cmd(&["-F", &hz_s]);
+                        if arm.contains("--python off") {
+                            c.args(["--python", "off"]);
+                        }
+                        c.args(["--", PYTHON]);
                         if arm.contains("-X perf") {
                             c.args(["-X", "perf"]);
                         }
@@ -800,7 +821,12 @@ impl Bench {
                     let share = if arm == "alone" {
                         None
                     } else if arm.starts_with("bpfprof") {
-                        Some(python_leaf_share(&self.bpfprof_result()?.0))
+                        let stacks = self.bpfprof_result()?.0;
+                        unnamed
+                            .entry((arm, hz))
+                            .or_default()
+                            .push(share_with(&stacks, UNNAMED_PYTHON));
+                        Some(python_leaf_share(&stacks))
                     } else {
                         let text = fs::read_to_string(&out).unwrap_or_default();
                         Some(python_leaf_share(&fold_lines(text.lines(), false)))
@@ -819,8 +845,8 @@ impl Bench {
                 }
             }
         }
-        writeln!(md, "A pure-Python workload (`target/bench/pywork.py`, written by the bench: `leaf_hot` and `leaf_cold` 75:25 under `work`, {PYTHON_ROUNDS} rounds, timed by itself) on pyenv's CPython 3.12.1 (built without frame pointers), alone and launched under each profiler. bpfprof is run both ways: with `-X perf` (CPython's perf trampolines: bpfprof sees Python functions as native frames) and without it ({}). py-spy: `py-spy record -r HZ -f raw` with its defaults (it pauses the process to read its frames){}. Python frames: share of samples whose stack has the Python function `leaf_hot` or `leaf_cold` (bpfprof's `py::leaf_hot:FILE` or `leaf_hot (FILE)`, py-spy's `leaf_hot (FILE:LINE)`; nearly all of the workload's time is in them). Slowdown = time under the profiler / time alone in the same round, median (min–max) over {} rounds.\n",
-            if kernel_walk { "this build walks CPython's frames in the kernel" } else { "this build has no kernel Python walk, so without `-X perf` it sees the interpreter's C frames only" },
+        writeln!(md, "A pure-Python workload (`target/bench/pywork.py`, written by the bench: `leaf_hot` and `leaf_cold` 75:25 under `work`, {PYTHON_ROUNDS} rounds, timed by itself) on pyenv's CPython 3.12.1 (built without frame pointers), alone and launched under each profiler. bpfprof is run both ways: with `-X perf` (CPython's perf trampolines: bpfprof sees Python functions as native frames; with `--python off` where this build also walks Python frames in the kernel) and without it ({}). py-spy: `py-spy record -r HZ -f raw` with its defaults (it pauses the process to read its frames){}. Python frames: share of samples whose stack has the Python function `leaf_hot` or `leaf_cold` (bpfprof's `py::leaf_hot:FILE` or `leaf_hot (FILE)`, py-spy's `leaf_hot (FILE:LINE)`; nearly all of the workload's time is in them). Slowdown = time under the profiler / time alone in the same round, median (min–max) over {} rounds.\n",
+            if kernel_walk { "this build walks CPython's frames in the kernel, `--python auto` by default" } else { "this build has no kernel Python walk, so without `-X perf` it sees the interpreter's C frames only" },
             if py_spy { "" } else { "; **py-spy is not installed** (`cargo xtask setup` installs it), so its rows are missing" },
             plan.overhead_rounds().min(5))?;
         writeln!(
@@ -844,6 +870,11 @@ impl Bench {
                 )
             });
             writeln!(md, "| {arm} | {} |", join(cells, " | "))?;
+        }
+        for ((arm, h), v) in &unnamed {
+            if v.iter().any(|&x| x > 0.0) {
+                writeln!(md, "\n{arm} at {h} Hz: samples with a Python frame shown as `{UNNAMED_PYTHON}` (walked but not named): {} %.", stat(v, 1))?;
+            }
         }
         let hz = *hzs.last().context("no Python frequency")?;
         let python_arm = if kernel_walk { arms[2] } else { arms[1] };
@@ -873,16 +904,23 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(300));
             let secs = if plan.quick { 1.0 } else { ATTACH_SECS };
             let mut idle = Command::new("sleep").arg("3600").spawn()?;
-            let r = (|| -> Result<Vec<f64>> {
-                let mut v = Vec::new();
+            let r = (|| -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+                let (mut v, mut frames, mut share) = (Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..plan.rounds {
                     let floor = self.kernel_run(idle.id() as i32, &[], secs)?;
                     let r = floor.run_time_ns / floor.run_count.max(1.0);
                     let k = self.kernel_run(t.id() as i32, &[], secs)?;
                     let other = (k.run_count - k.target_samples).max(0.0);
-                    v.push((k.run_time_ns - other * r) / k.target_samples.max(1.0));
+                    let ns = (k.run_time_ns - other * r) / k.target_samples.max(1.0);
+                    println!(
+                        "    {PYTHON_DEPTH}-deep Python stack: {ns:.0} ns per target sample, {:.1}% of samples with Python frames, {:.1} frames",
+                        k.python_share, k.frames
+                    );
+                    v.push(ns);
+                    frames.push(k.frames);
+                    share.push(k.python_share);
                 }
-                Ok(v)
+                Ok((v, frames, share))
             })();
             stop_target(&mut t);
             stop_target(&mut idle);
@@ -891,8 +929,8 @@ impl Bench {
             None
         };
         match &measured {
-            Some(v) => {
-                writeln!(md, "| stack | ns per target sample |\n|---|---|\n| {PYTHON_DEPTH} Python frames | {} |", stat(v, 0))?;
+            Some((v, frames, share)) => {
+                writeln!(md, "| stack | ns per target sample | frames per stack | samples with Python frames, % |\n|---|---|---|---|\n| {PYTHON_DEPTH} Python frames deep | {} | {} | {} |", stat(v, 0), stat(frames, 1), stat(share, 1))?;
                 verdicts.push(Verdict {
                     target: format!(
                         "kernel time per sample under 10 µs, {PYTHON_DEPTH}-deep Python stack"
@@ -902,7 +940,7 @@ impl Bench {
                 });
             }
             None => {
-                writeln!(md, "| stack | ns per target sample |\n|---|---|\n| {PYTHON_DEPTH} Python frames | not measured: no kernel Python walk in this build |")?;
+                writeln!(md, "| stack | ns per target sample |\n|---|---|\n| {PYTHON_DEPTH} Python frames deep | not measured: no kernel Python walk in this build |")?;
                 verdicts.push(Verdict {
                     target: format!(
                         "kernel time per sample under 10 µs, {PYTHON_DEPTH}-deep Python stack"
