@@ -388,21 +388,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
     }
-    // Issues 11 and 12: CFI unwinding and Python frames (xtask/src/bench/unwind.rs).
-    if want(7) {
-        bench.kernel_unwind(&plan, &mut sections, &mut verdicts)?;
-    }
-    if want(8) {
-        bench.table_build(&plan, &mut sections, &mut verdicts)?;
-    }
-    if want(9) {
-        bench.unwind_startup(&plan, &mut sections, &mut verdicts)?;
-    }
-    if want(10) {
-        bench.dwarf_overhead(&plan, &mut sections, &mut verdicts)?;
-    }
-    if want(11) {
-        bench.python(&plan, &mut sections, &mut verdicts)?;
+    // Issues 11 and 12: CFI unwinding and Python frames (xtask/src/bench/unwind.rs). A section
+    // that fails says so in the report instead of losing the whole run's figures.
+    type Section = fn(&Bench, &Plan, &mut String, &mut Vec<Verdict>) -> Result<()>;
+    let unwind_sections: [(u32, Section); 5] = [
+        (7, Bench::kernel_unwind),
+        (8, Bench::table_build),
+        (9, Bench::unwind_startup),
+        (10, Bench::dwarf_overhead),
+        (11, Bench::python),
+    ];
+    for (n, section) in unwind_sections {
+        if want(n) {
+            if let Err(e) = section(&bench, &plan, &mut sections, &mut verdicts) {
+                println!("    section {n} failed: {e:#}");
+                writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
+            }
+        }
     }
     let mut md = md.replace(
         "LOAD_AT_END",
