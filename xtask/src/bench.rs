@@ -33,9 +33,9 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-#[path = "bench_stacks.rs"]
-mod stacks;
 use serde_json::Value;
+
+mod unwind;
 
 /// Options of `cargo xtask bench`.
 pub struct BenchArgs {
@@ -347,6 +347,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if plan.quick { " --quick" } else { "" },
         bench.machine()?
     )?;
+    // The machine is shared: the load average says how much else ran (filled in at the end).
+    let load_at_start = unwind::load_average();
+    writeln!(
+        md,
+        "Load average (1 min) when the bench started: {load_at_start}; LOAD_AT_END\n"
+    )?;
     if plan.quick {
         writeln!(md, "**Quick run**: one round, one frequency per section; a smoke run, not figures to quote.\n")?;
     }
@@ -382,9 +388,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
     }
-    if want(7) {
-        bench.stacks(&plan, &mut sections, &mut verdicts)?;
+    // Issues 11 and 12: CFI unwinding and Python frames (xtask/src/bench/unwind.rs). A section
+    // that fails says so in the report instead of losing the whole run's figures.
+    type Section = fn(&Bench, &Plan, &mut String, &mut Vec<Verdict>) -> Result<()>;
+    let unwind_sections: [(u32, Section); 5] = [
+        (7, Bench::kernel_unwind),
+        (8, Bench::table_build),
+        (9, Bench::unwind_startup),
+        (10, Bench::dwarf_overhead),
+        (11, Bench::python),
+    ];
+    for (n, section) in unwind_sections {
+        if want(n) {
+            if let Err(e) = section(&bench, &plan, &mut sections, &mut verdicts) {
+                println!("    section {n} failed: {e:#}");
+                writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
+            }
+        }
     }
+    let mut md = md.replace(
+        "LOAD_AT_END",
+        &format!("when it ended: {}.", unwind::load_average()),
+    );
 
     writeln!(md, "## Targets\n")?;
     writeln!(md, "| target | measured | met |\n|---|---|---|")?;

@@ -313,6 +313,7 @@ fn setup() -> Result<()> {
     setup_validators()?;
     setup_pprof()?;
     setup_python()?;
+    setup_py_spy()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
@@ -403,6 +404,19 @@ fn setup_python() -> Result<()> {
         let _ = probe(Command::new("pyenv").arg("rehash"));
         println!("    {tool}: installed");
     }
+    Ok(())
+}
+
+/// py-spy, the Python profiler `cargo xtask bench` compares bpfprof with on Python workloads
+/// (issue 12); pip puts its `py-spy` binary on the PATH of the Python that installs it.
+fn setup_py_spy() -> Result<()> {
+    println!("==> py-spy (for the bench)");
+    if probe(Command::new("py-spy").arg("--version")).is_some() {
+        println!("    already installed");
+        return Ok(());
+    }
+    run(command("python3").args(["-m", "pip", "install", "--quiet", "py-spy"]))?;
+    println!("    installed");
     Ok(())
 }
 
