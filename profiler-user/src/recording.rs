@@ -185,7 +185,10 @@ impl Recording {
         if waited && self.processes.is_empty() {
             // The run's duration counts from its first sample, not from the program's load:
             // on a loaded machine the walker's verification takes a good part of a short run.
+            // The throttling check counts from the same moment: samples the kernel cut while
+            // the walker verified are not the run's.
             self.started = Instant::now();
+            self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
         let python = match registered {
             Ok(python) => python,

@@ -28,7 +28,7 @@ fn launch_mode_profiles_command_until_it_exits() {
         Duration::from_secs(20),
     );
     run.assert_code(exit::OK);
-    // shortlived burns ~1 s; bpfprof stops when it exits.
+    // shortlived burns 1 CPU-s; bpfprof stops when it exits.
     assert!(
         run.elapsed < Duration::from_secs(6),
         "launch mode ran {:?} for a 1 s command",
@@ -38,9 +38,9 @@ fn launch_mode_profiles_command_until_it_exits() {
     let ctx = profile.top(10);
     let n = profile.count_containing("short_work");
     assert!(n > 0, "short_work not in profile\n{ctx}");
-    // ~1 s of CPU at 999 Hz; require a meaningful part of it.
+    // 1 CPU-s at 999 Hz is ~1000 samples; a VM delivers some timer interrupts late.
     assert!(
-        n >= 300,
+        n >= 600,
         "only {n} short_work samples for ~1 CPU-s at 999 Hz\n{ctx}"
     );
     assert!(
@@ -57,7 +57,8 @@ fn target_exiting_mid_run_gives_exit_7_and_a_profile() {
     let dir = tempdir();
     let out = dir.path().join("exited.folded");
     let summary_path = dir.path().join("summary.json");
-    // Burns 2 s of wall time: enough for bpfprof to attach, well under -d 10s.
+    // Burns 2 CPU-s (2-4 s of wall time on a loaded machine): enough for bpfprof to attach,
+    // well under -d 10s.
     let target = Workload::spawn("shortlived", &["2"]);
     let run = run_bpfprof(
         [
@@ -76,8 +77,8 @@ fn target_exiting_mid_run_gives_exit_7_and_a_profile() {
     );
     run.assert_code(exit::TARGET_EXITED_EARLY);
     assert!(
-        run.elapsed < Duration::from_secs(6),
-        "bpfprof should stop soon after the target exits (~2 s), took {:?}",
+        run.elapsed < Duration::from_secs(8),
+        "bpfprof should stop soon after the target exits (~2 s), not at -d 10s; took {:?}",
         run.elapsed
     );
     assert!(target.status().is_some(), "target still running?");

@@ -54,10 +54,10 @@ fn launch_follows_children_and_grandchildren() {
 
     let (followed, summary) = run(&[], "followed");
     let n = followed.count_containing("short_work");
-    // 2.5 s of CPU at 999 Hz is ~2500 samples on an idle machine; a loaded machine gives the
-    // workload less CPU (it runs for wall-clock time), so ask only for clearly many.
+    // The children burn 2.5 CPU-s: ~2500 samples at 999 Hz, fewer where a VM delivers timer
+    // interrupts late.
     assert!(
-        n >= 100,
+        n >= 1500,
         "only {n} short_work samples from children\n{}",
         followed.top(8)
     );
