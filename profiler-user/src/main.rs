@@ -840,8 +840,11 @@ fn summary(profile: &Profile) -> String {
     }
     if unwound.python_stacks + unwound.python_stacks_missing > 0 {
         out.push_str(&format!(
-            "  Python frames: read in {} samples, not readable in {}\n",
-            unwound.python_stacks, unwound.python_stacks_missing
+            "  Python frames: read in {} samples, not readable in {}; {} code objects named in {:.0} ms\n",
+            unwound.python_stacks,
+            unwound.python_stacks_missing,
+            meta.cost.python_code_objects,
+            meta.cost.python_naming_secs * 1e3
         ));
     }
     let losses = meta.losses.nonzero();

@@ -384,6 +384,10 @@ pub struct RunCost {
     pub profiler_cpu_secs: f64,
     /// bpfprof's peak resident memory, in bytes.
     pub profiler_peak_rss_bytes: u64,
+    /// Code objects read from the targets' memory to name Python frames.
+    pub python_code_objects: u64,
+    /// Time spent naming Python frames (reading code objects and line tables), in seconds.
+    pub python_naming_secs: f64,
 }
 
 impl RunCost {

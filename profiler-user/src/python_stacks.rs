@@ -94,6 +94,8 @@ pub struct PythonTracking {
     symbols: PythonSymbols,
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
+    /// Time spent naming frames (reading code objects and line tables from the process).
+    naming: std::time::Duration,
 }
 
 impl PythonTracking {
@@ -130,6 +132,7 @@ impl PythonTracking {
             named_stacks: HashSet::new(),
             symbols: PythonSymbols::new(),
             unnamed: 0,
+            naming: std::time::Duration::ZERO,
         };
         tracking.refresh_threads(program);
         Some(tracking)
@@ -177,6 +180,7 @@ impl PythonTracking {
         run: u32,
         ns_pid: u32,
     ) {
+        let started = std::time::Instant::now();
         let mine =
             |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
         for (_, _, id) in ids.iter().filter(mine) {
@@ -202,6 +206,12 @@ impl PythonTracking {
                 }
             }
         }
+        self.naming += started.elapsed();
+    }
+
+    /// Code objects read from the process so far, and the time naming frames took.
+    pub fn naming_cost(&self) -> (usize, std::time::Duration) {
+        (self.target.code_objects(), self.naming)
     }
 
     /// Stops walking this process: its layout and threads leave the kernel maps.

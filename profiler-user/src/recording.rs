@@ -556,6 +556,13 @@ impl Collected {
         let mut cost = own_cost();
         cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
         cost.bpf_run_count = bpf_run.map(|(_, n)| n);
+        for (codes, naming) in processes
+            .values()
+            .filter_map(|p| p.python.as_ref().map(|t| t.naming_cost()))
+        {
+            cost.python_code_objects += codes as u64;
+            cost.python_naming_secs += naming.as_secs_f64();
+        }
         profile.meta.cost = cost;
         profile
     }

@@ -129,6 +129,11 @@ impl PythonTarget {
         self.pid
     }
 
+    /// How many code objects were read from the process so far.
+    pub fn code_objects(&self) -> usize {
+        self.codes.len()
+    }
+
     /// `(major, minor)` of the interpreter.
     pub fn version(&self) -> (u8, u8) {
         self.interpreter.version

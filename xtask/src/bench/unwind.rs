@@ -35,6 +35,13 @@ const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
 const PYTHON_DEPTH: usize = 30;
 /// Python work: iterations of the hot loop, about 1.5 s alone here.
 const PYTHON_ROUNDS: &str = "6000";
+/// Shape of the many-functions Python program for the naming-cost row (issue 12: 10,000
+/// distinct functions): call chains of `PYMANY_DEPTH` functions each.
+const PYMANY_CHAINS: usize = 250;
+const PYMANY_DEPTH: usize = 40;
+/// Loop iterations of a chain's leaf: about 6 ms on CPython 3.12 here, six samples at 999 Hz,
+/// so that every chain is sampled in each of the two passes.
+const PYMANY_LEAF_ITERS: &str = "150000";
 /// The frame bpfprof shows for a Python frame whose code object it could not resolve.
 const UNNAMED_PYTHON: &str = "[unknown Python code]";
 
@@ -117,7 +124,7 @@ fn share_with(stacks: &Stacks, needle: &str) -> f64 {
 }
 
 /// Share of samples, in percent, with a Python frame of `leaf_hot` or `leaf_cold`: bpfprof
-/// names them `py::leaf_hot:FILE` (perf trampolines) or `leaf_hot (FILE)`, py-spy
+/// names them `py::leaf_hot:FILE` (perf trampolines) or `leaf_hot` (the kernel walk), py-spy
 /// `leaf_hot (FILE:LINE)`.
 fn python_leaf_share(stacks: &Stacks) -> f64 {
     let total: u64 = stacks.values().sum();
@@ -127,8 +134,9 @@ fn python_leaf_share(stacks: &Stacks) -> f64 {
             s.split(';').any(|f| {
                 let f = f.strip_prefix("py::").unwrap_or(f);
                 ["leaf_hot", "leaf_cold"].iter().any(|name| {
-                    f.strip_prefix(name)
-                        .is_some_and(|rest| rest.starts_with(':') || rest.starts_with(" ("))
+                    f.strip_prefix(name).is_some_and(|rest| {
+                        rest.is_empty() || rest.starts_with(':') || rest.starts_with(" (")
+                    })
                 })
             })
         })
@@ -845,7 +853,7 @@ impl Bench {
                 }
             }
         }
-        writeln!(md, "A pure-Python workload (`target/bench/pywork.py`, written by the bench: `leaf_hot` and `leaf_cold` 75:25 under `work`, {PYTHON_ROUNDS} rounds, timed by itself) on pyenv's CPython 3.12.1 (built without frame pointers), alone and launched under each profiler. bpfprof is run both ways: with `-X perf` (CPython's perf trampolines: bpfprof sees Python functions as native frames; with `--python off` where this build also walks Python frames in the kernel) and without it ({}). py-spy: `py-spy record -r HZ -f raw` with its defaults (it pauses the process to read its frames){}. Python frames: share of samples whose stack has the Python function `leaf_hot` or `leaf_cold` (bpfprof's `py::leaf_hot:FILE` or `leaf_hot (FILE)`, py-spy's `leaf_hot (FILE:LINE)`; nearly all of the workload's time is in them). Slowdown = time under the profiler / time alone in the same round, median (min–max) over {} rounds.\n",
+        writeln!(md, "A pure-Python workload (`target/bench/pywork.py`, written by the bench: `leaf_hot` and `leaf_cold` 75:25 under `work`, {PYTHON_ROUNDS} rounds, timed by itself) on pyenv's CPython 3.12.1 (built without frame pointers), alone and launched under each profiler. bpfprof is run both ways: with `-X perf` (CPython's perf trampolines: bpfprof sees Python functions as native frames; with `--python off` where this build also walks Python frames in the kernel) and without it ({}). py-spy: `py-spy record -r HZ -f raw` with its defaults (it pauses the process to read its frames){}. Python frames: share of samples whose stack has the Python function `leaf_hot` or `leaf_cold` (bpfprof's `py::leaf_hot:FILE` with trampolines, `leaf_hot` from the kernel walk, py-spy's `leaf_hot (FILE:LINE)`; nearly all of the workload's time is in them). Slowdown = time under the profiler / time alone in the same round, median (min–max) over {} rounds.\n",
             if kernel_walk { "this build walks CPython's frames in the kernel, `--python auto` by default" } else { "this build has no kernel Python walk, so without `-X perf` it sees the interpreter's C frames only" },
             if py_spy { "" } else { "; **py-spy is not installed** (`cargo xtask setup` installs it), so its rows are missing" },
             plan.overhead_rounds().min(5))?;
@@ -891,6 +899,8 @@ impl Bench {
                 met: b <= 0.5 * s.max(0.0),
             });
         }
+
+        self.python_naming(plan, md)?;
 
         // Kernel program time for a 30-deep Python stack.
         writeln!(md, "\nKernel program time per sample for a {PYTHON_DEPTH}-deep Python stack (`pywork.py 0 {PYTHON_DEPTH}`), measured as in section 7:\n")?;
@@ -952,6 +962,81 @@ impl Bench {
         }
         Ok(())
     }
+}
+
+impl Bench {
+    /// The userspace cost of naming Python frames: a launched program of
+    /// `PYMANY_CHAINS * PYMANY_DEPTH` distinct functions, each sampled, so that bpfprof reads
+    /// every one's code object (name, file, line table) from the process once.
+    fn python_naming(&self, plan: &Plan, md: &mut String) -> Result<()> {
+        let script = self.dir.join("pymany.py");
+        fs::write(
+            &script,
+            generate_many_functions(PYMANY_CHAINS, PYMANY_DEPTH),
+        )?;
+        let script_s = script.to_string_lossy().to_string();
+        let functions = PYMANY_CHAINS * PYMANY_DEPTH;
+        let (mut codes, mut naming_ms, mut per_code_us, mut cpu, mut named) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for round in 0..plan.rounds {
+            let mut cmd = self.bpfprof_cmd(&["-F", "999", "--", PYTHON]);
+            cmd.args([&script_s, "2", PYMANY_LEAF_ITERS]);
+            self.timed(cmd)?;
+            let (stacks, summary) = self.bpfprof_result()?;
+            let cost = &summary["cost"];
+            let n = cost["python_code_objects"].as_f64().unwrap_or(0.0);
+            let secs = cost["python_naming_secs"].as_f64().unwrap_or(0.0);
+            // Generated functions (`fC_D`) that appear by name in the profile.
+            let mut seen = std::collections::BTreeSet::new();
+            for stack in stacks.keys() {
+                for frame in stack.split(';') {
+                    let name = frame.split(' ').next().unwrap_or(frame);
+                    if name.len() > 1
+                        && name.starts_with('f')
+                        && name[1..].split('_').count() == 2
+                        && name[1..].split('_').all(|p| p.parse::<u32>().is_ok())
+                    {
+                        seen.insert(name.to_string());
+                    }
+                }
+            }
+            println!(
+                "    naming round {round}: {n} code objects in {:.0} ms, {} of {functions} functions in the profile",
+                secs * 1e3,
+                seen.len()
+            );
+            codes.push(n);
+            naming_ms.push(secs * 1e3);
+            per_code_us.push(secs * 1e6 / n.max(1.0));
+            cpu.push(cost["profiler_cpu_secs"].as_f64().unwrap_or(0.0));
+            named.push(seen.len() as f64);
+        }
+        writeln!(md, "\nNaming Python frames in userspace: a program of {functions} distinct functions (`target/bench/pymany.py`, written by the bench: {PYMANY_CHAINS} call chains {PYMANY_DEPTH} deep, each leaf ~6 ms, run through twice) launched under `bpfprof -F 999`. bpfprof reads each sampled code object (qualified name, file, line table) from the process once; the summary's `cost` gives how many and the time it took ({} rounds):\n", plan.rounds)?;
+        writeln!(md, "| generated functions in the profile | code objects read | naming time, ms | µs per code object | bpfprof CPU for the whole run, s |\n|---|---|---|---|---|\n| {} | {} | {} | {} | {} |", stat(&named, 0), stat(&codes, 0), stat(&naming_ms, 0), stat(&per_code_us, 1), stat(&cpu, 2))?;
+        Ok(())
+    }
+}
+
+/// A Python program of `chains` call chains, each `depth` distinct functions deep, whose leaf
+/// loops `argv[2]` times; it runs through every chain `argv[1]` times and prints `secs S`.
+fn generate_many_functions(chains: usize, depth: usize) -> String {
+    let mut s = String::from("import sys, time\n\n");
+    for c in 0..chains {
+        for d in 0..depth {
+            if d + 1 < depth {
+                let _ = writeln!(s, "def f{c}_{d}(n):\n    return f{c}_{}(n)\n", d + 1);
+            } else {
+                let _ = writeln!(
+                    s,
+                    "def f{c}_{d}(n):\n    x = 0\n    for i in range(n):\n        x += i\n    return x\n"
+                );
+            }
+        }
+    }
+    let heads: Vec<String> = (0..chains).map(|c| format!("f{c}_0")).collect();
+    let _ = writeln!(s, "CHAINS = [{}]\n", heads.join(", "));
+    s.push_str("start = time.monotonic()\nfor _ in range(int(sys.argv[1])):\n    for chain in CHAINS:\n        chain(int(sys.argv[2]))\nprint(\"secs %.6f\" % (time.monotonic() - start), flush=True)\n");
+    s
 }
 
 /// Assembly for a shared object of `functions` functions, each with `body` filler bytes and the
