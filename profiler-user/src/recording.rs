@@ -33,6 +33,13 @@ use crate::{
 /// How often target memory maps are re-read, to catch libraries loaded during the run.
 pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 
+/// How long a new process (added, exec'd or followed) is refreshed on every tick instead of
+/// every [`MAPS_REFRESH`]: its loader is still mapping libraries (which get unwind tables) and
+/// its interpreter is still starting (libpython mapped, the main thread's state made). Once a
+/// refresh, each of those left a launched Python's first half second without whole stacks
+/// or Python frames.
+pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
+
 /// One process of a recording: a target, or a child the kernel followed.
 pub struct ProcessRecording {
     /// The run slot its samples go to.
@@ -47,6 +54,8 @@ pub struct ProcessRecording {
     pub exited: bool,
     /// Its Python frames, when it runs a CPython the kernel walks.
     pub python: Option<PythonTracking>,
+    /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
+    pub young_until: Option<Instant>,
 }
 
 impl ProcessRecording {
@@ -213,6 +222,7 @@ impl Recording {
                 direct: true,
                 exited: false,
                 python,
+                young_until: Some(Instant::now() + YOUNG_PROCESS),
             },
         );
         Ok(())
@@ -223,6 +233,7 @@ impl Recording {
     pub fn refresh_maps(&mut self, pool: &mut ProgramPool, pid: u32) {
         for p in self.processes.values_mut() {
             if p.target.pid == pid {
+                p.young_until = Some(Instant::now() + YOUNG_PROCESS);
                 if let Err(e) = p.maps.refresh() {
                     log::debug!("maps of pid {pid}: {e}");
                 }
@@ -265,7 +276,10 @@ impl Recording {
         }
         // Python stacks recorded so far, per program, named below while their processes live.
         let mut python_ids = std::collections::HashMap::new();
+        let now = Instant::now();
         for p in self.processes.values_mut() {
+            let young = p.young_until.is_some_and(|t| now < t);
+            let refresh = refresh || young;
             p.poll(refresh);
             let Ok(program) = pool.program(p.slot) else {
                 continue;
@@ -276,6 +290,11 @@ impl Recording {
                 let _ = program
                     .unwind
                     .track_maps(p.target.pid, Some(p.maps.last_read()));
+            }
+            // A new process may map its interpreter only after its exec (libpython is loaded
+            // by ld.so): it is looked for again while the process is young.
+            if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
+                p.python = PythonTracking::start(program, p.target.pid);
             }
             if let Some(python) = &mut p.python {
                 if p.exited {
@@ -332,6 +351,7 @@ impl Recording {
                             PythonMode::Auto => PythonTracking::start(program, pid),
                             PythonMode::Off => None,
                         },
+                        young_until: Some(Instant::now() + YOUNG_PROCESS),
                     },
                 );
             }
@@ -584,6 +604,7 @@ impl ProcessRecording {
             direct: false,
             exited: true,
             python: None,
+            young_until: None,
         }
     }
 }
