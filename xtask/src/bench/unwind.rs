@@ -419,6 +419,14 @@ impl Bench {
             KERNEL_DEPTHS[1],
             med(1, KERNEL_DEPTHS[1]) / med(0, KERNEL_DEPTHS[1])
         )?;
+        // The cost of one more frame: the difference between the depths over the difference
+        // in frames, which leaves out what a sample costs whatever its depth.
+        let per_frame = |i: usize| {
+            let f = |d: usize| frames.get(&(i, d)).map_or(f64::NAN, |v| median(v));
+            (med(i, KERNEL_DEPTHS[1]) - med(i, KERNEL_DEPTHS[0]))
+                / (f(KERNEL_DEPTHS[1]) - f(KERNEL_DEPTHS[0]))
+        };
+        writeln!(md, "\nOne more frame costs {:.0} ns by CFI and {:.0} ns by frame pointers (medians; the difference between the two depths over the difference in frames). A CFI frame is a binary search of the process's mappings and then of the object's table (in BPF maps, each step a bounds-checked map access), the CFA rule applied, and two user reads (return address and saved rbp); a frame-pointer frame is the kernel's own loop of one user read. At {} frames that is {:.1} µs against {:.1} µs.", per_frame(1), per_frame(0), KERNEL_DEPTHS[1], med(1, KERNEL_DEPTHS[1]) / 1e3, med(0, KERNEL_DEPTHS[1]) / 1e3)?;
         verdicts.push(Verdict {
             target: format!(
                 "kernel CFI walk at most 2x the frame-pointer walk, {} frames deep",
@@ -642,6 +650,9 @@ impl Bench {
         let mut slowdown: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let mut bytes: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let mut full: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        // bpfprof's own CPU seconds over each run (its summary), and the workload's time alone.
+        let mut own_cpu = Vec::new();
+        let mut alone_secs = Vec::new();
         self.timed({
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]);
@@ -683,7 +694,11 @@ impl Bench {
                 // (`worker`, below `start_thread`): the stacks were walked right.
                 let (written, stacks) = match arm {
                     "alone" => continue,
-                    "bpfprof --unwind cfi" => (bytes_of(&bpf_out), self.bpfprof_result()?.0),
+                    "bpfprof --unwind cfi" => {
+                        let (stacks, summary) = self.bpfprof_result()?;
+                        own_cpu.push(summary["cost"]["profiler_cpu_secs"].as_f64().unwrap_or(0.0));
+                        (bytes_of(&bpf_out), stacks)
+                    }
                     _ => (
                         bytes_of(std::slice::from_ref(&perf_data)),
                         perf_stacks(&perf_data)?.0,
@@ -706,6 +721,7 @@ impl Bench {
                 full.entry(arm).or_default().push(pct);
             }
             let alone = secs["alone"];
+            alone_secs.push(alone);
             for (arm, s) in secs {
                 if arm != "alone" {
                     slowdown.entry(arm).or_default().push(s / alone);
@@ -729,6 +745,10 @@ impl Bench {
         }
         let b = median(&slowdown["bpfprof --unwind cfi"]) - 1.0;
         let p = median(&slowdown["perf record --call-graph dwarf"]) - 1.0;
+        // Where bpfprof's slowdown comes from: its own CPU, taken from a workload that keeps
+        // every core busy, against the CPU the workload itself needs.
+        let work_cpu = median(&alone_secs) * self.cpus as f64;
+        writeln!(md, "\nbpfprof's own CPU over a run: {} s (median (min–max)), against {work_cpu:.2} CPU-s of work (every core busy for {:.2} s): {:.1}% of it, {} its added time ({:+.1}%). About 0.17 s of that is the kernel verifying the CFI/Python walker program once per bpfprof process (`strace -T` on `bpf(BPF_PROG_LOAD)` of `bpfprof_walk`; the daemon verifies it once for a series of runs), the rest its unwind tables, stack moves and symbolization at the end. perf copies stacks during the run and unwinds them after it (`perf report`, `perf script`), outside the timed work. The walker is verified while the command already runs: the samples of those first ~0.2 s are frame-pointer stacks, which on this build stop short of `worker` (the whole-stack column).", stat(&own_cpu, 2), median(&alone_secs), 100.0 * median(&own_cpu) / work_cpu, if median(&own_cpu) / work_cpu >= 0.5 * b { "against" } else { "a part of" }, b * 100.0)?;
         let (bb, pb) = (
             median(&bytes["bpfprof --unwind cfi"]),
             median(&bytes["perf record --call-graph dwarf"]),
