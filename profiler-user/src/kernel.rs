@@ -344,7 +344,16 @@ impl KernelProgram {
         if let Some(events) = self.events.take() {
             events.detach();
         }
-        self.tracepoints.clear();
+        // Closing a tracepoint's event waits for an RCU grace period (75-85 ms each here,
+        // measured with `strace -T`): they close side by side, not one after the other.
+        let closing: Vec<_> = self
+            .tracepoints
+            .drain(..)
+            .map(|tp| std::thread::spawn(move || drop(tp)))
+            .collect();
+        for thread in closing {
+            let _ = thread.join();
+        }
     }
 
     /// Starts keeping the samples of `target` under `run`, and with `follow` those of the

@@ -212,6 +212,9 @@ impl Recorder {
         let deadline = tokio::time::Instant::from_std(started + limit);
         let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        // A launched command's exit ends the run when it happens, not at the next tick: a
+        // short command's profile is written up to a tick sooner.
+        let mut sigchld = signal(SignalKind::child()).context("installing SIGCHLD handler")?;
         let mut tick = tokio::time::interval(TICK);
         let end = loop {
             tokio::select! {
@@ -223,6 +226,13 @@ impl Recorder {
                 }
                 _ = sigint.recv() => break RunEnd::Interrupted,
                 _ = sigterm.recv() => break RunEnd::Interrupted,
+                _ = sigchld.recv(), if self.child.is_some() => {
+                    if let Some(exit) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                        log::info!("command exited: {exit}");
+                        self.outcome = Some(CommandOutcome::Exited(exit));
+                        break RunEnd::Completed;
+                    }
+                }
                 _ = tick.tick() => {
                     let status = self.recording.tick(&mut self.pool);
                     if let Some(child) = &mut self.child {
