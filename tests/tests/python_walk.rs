@@ -87,6 +87,25 @@ fn samples_in(profile: &Profile, func: &str) -> u64 {
     profile.count_where(|frames| frames.iter().any(|f| function(f) == func))
 }
 
+/// The CPU time pyhot.py (run with `PYHOT_TRUTH`) has spent in parent_hot and in
+/// parent_cold so far, in ns.
+fn measured_cpu(path: &Path) -> (u64, u64) {
+    // Not written yet: the interpreter is still starting, and has done no work.
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().unwrap());
+    (fields.next().unwrap(), fields.next().unwrap())
+}
+
+/// parent_hot's share of the CPU time pyhot.py spent in the two parents between two readings.
+fn measured_share(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let hot = after.0 - before.0;
+    let cold = after.1 - before.1;
+    assert!(hot + cold > 0, "pyhot.py did no work while it was profiled");
+    hot as f64 / (hot + cold) as f64
+}
+
 /// parent_hot's share of the samples under parent_hot or parent_cold.
 fn hot_share(profile: &Profile) -> (f64, u64) {
     let hot = samples_in(profile, "parent_hot");
@@ -176,8 +195,9 @@ fn split_by_pid_names_lines_and_shares_next_to_py_spy() {
     let mut checks = Checks::new();
     for (label, python) in pythons() {
         let dir = tempdir();
+        let truth_file = dir.path().join("truth.txt");
         let mut cmd = Command::new(&python);
-        cmd.arg(&script).arg("30");
+        cmd.arg(&script).arg("30").env("PYHOT_TRUTH", &truth_file);
         let target = Workload::spawn_command(cmd);
         std::thread::sleep(WARM_UP);
         let pid = target.pid().to_string();
@@ -197,7 +217,9 @@ fn split_by_pid_names_lines_and_shares_next_to_py_spy() {
             &[&folded, &prof],
             &["--line-numbers", "-d", "3s", "--pid", &pid],
         );
+        let before = measured_cpu(&truth_file);
         run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
+        let truth = measured_share(before, measured_cpu(&truth_file));
         let profile = Profile::read(&folded);
         let names = [
             "<module>",
@@ -249,11 +271,14 @@ fn split_by_pid_names_lines_and_shares_next_to_py_spy() {
             });
         }
         let (share, n) = hot_share(&profile);
-        eprintln!("{label}: bpfprof parent_hot share {share:.3} of {n} samples");
-        checks.check((share - HOT_SHARE).abs() <= SHARE_TOLERANCE, || {
+        eprintln!(
+            "{label}: bpfprof parent_hot share {share:.3} of {n} samples; the workload measured \
+             {truth:.3} over the run (by construction {HOT_SHARE})"
+        );
+        checks.check((share - truth).abs() <= SHARE_TOLERANCE, || {
             format!(
-                "{label}: parent_hot has {share:.3} of {n} samples, the workload gives it \
-                 {HOT_SHARE}\n{}",
+                "{label}: parent_hot has {share:.3} of {n} samples, the workload measured \
+                 {truth:.3} of its CPU time in it over the run\n{}",
                 profile.top(8)
             )
         });
@@ -428,11 +453,13 @@ fn split_in_another_pid_and_mount_namespace() {
     let mut checks = Checks::new();
     for (label, python) in pythons() {
         let dir = tempdir();
+        let truth_file = dir.path().join("truth.txt");
         let mut cmd = Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
             .arg(&python)
             .arg(&script)
-            .arg("30");
+            .arg("30")
+            .env("PYHOT_TRUTH", &truth_file);
         let unshare = Workload::spawn_command(cmd);
         let child: u32 = poll_until(Duration::from_secs(5), || {
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.pid()))
@@ -447,7 +474,9 @@ fn split_in_another_pid_and_mount_namespace() {
         let target = format!("{}:1", pid_ns_inode(child));
         let out = dir.path().join("ns.folded");
         let args = record_args(&[&out], &["-d", "3s", "--pid", &target]);
+        let before = measured_cpu(&truth_file);
         run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
+        let truth = measured_share(before, measured_cpu(&truth_file));
         let profile = Profile::read(&out);
         let names = [
             "<module>",
@@ -465,10 +494,14 @@ fn split_in_another_pid_and_mount_namespace() {
             )
         });
         let (share, n) = hot_share(&profile);
-        eprintln!("{label} in a namespace: parent_hot share {share:.3} of {n} samples");
-        checks.check((share - HOT_SHARE).abs() <= SHARE_TOLERANCE, || {
+        eprintln!(
+            "{label} in a namespace: parent_hot share {share:.3} of {n} samples; the workload \
+             measured {truth:.3}"
+        );
+        checks.check((share - truth).abs() <= SHARE_TOLERANCE, || {
             format!(
-                "{label} in a namespace: parent_hot has {share:.3} of {n} samples\n{}",
+                "{label} in a namespace: parent_hot has {share:.3} of {n} samples, the \
+                 workload measured {truth:.3}\n{}",
                 profile.top(8)
             )
         });
@@ -500,11 +533,14 @@ fn function_profiler_through_the_daemon() {
     let daemon = Daemon::start(&[]);
     let mut checks = Checks::new();
     for (label, python) in pythons() {
+        let dir = tempdir();
+        let truth_file = dir.path().join("truth.txt");
         let out = Command::new(&python)
             .arg(&script)
             .args(["5", "client"])
             .arg(daemon.socket())
             .env("PYTHONPATH", workspace_root().join("python/src"))
+            .env("PYHOT_TRUTH", &truth_file)
             .output()
             .expect("run the Python workload");
         if !out.status.success() {
@@ -524,7 +560,12 @@ fn function_profiler_through_the_daemon() {
                 .is_some_and(|i| f[i + 1..].iter().any(|x| x == "leaf_hot"))
         });
         let (share, n) = hot_share(&profile);
-        eprintln!("{label} through the daemon: parent_hot share {share:.3} of {n} samples");
+        // The run covers the whole profiled call: the truth is all the work's.
+        let truth = measured_share((0, 0), measured_cpu(&truth_file));
+        eprintln!(
+            "{label} through the daemon: parent_hot share {share:.3} of {n} samples; the \
+             workload measured {truth:.3}"
+        );
         checks.check(chain as f64 >= 0.5 * profile.total() as f64, || {
             format!(
                 "{label}: {chain} of {} daemon samples under parent_hot;leaf_hot\n{}",
@@ -532,8 +573,11 @@ fn function_profiler_through_the_daemon() {
                 profile.top(6)
             )
         });
-        checks.check((share - HOT_SHARE).abs() <= SHARE_TOLERANCE, || {
-            format!("{label} through the daemon: parent_hot has {share:.3} of {n} samples")
+        checks.check((share - truth).abs() <= SHARE_TOLERANCE, || {
+            format!(
+                "{label} through the daemon: parent_hot has {share:.3} of {n} samples, the \
+                 workload measured {truth:.3}"
+            )
         });
     }
     checks.finish();

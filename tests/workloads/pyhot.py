@@ -5,9 +5,15 @@ work per call, so about 3/4 of the time is under parent_hot. With an argument "c
 work runs inside bpfprof.FunctionProfiler (the Python client), which turns CPython's perf
 trampolines on itself; otherwise run it with -X perf.
 
+With PYHOT_TRUTH=FILE in its environment it also measures the truth: the CPU time its thread
+spent in parent_hot and in parent_cold, written to FILE as "HOT_NS COLD_NS" (cumulative, about
+every 50 ms, replaced atomically), so that a test compares a profile's shares with what the
+process really did over the same window, not with the 3:1 of the construction.
+
 Usage: python3.12 [-X perf] pyhot.py SECONDS [client SOCKET]
 """
 
+import os
 import sys
 import time
 
@@ -35,12 +41,43 @@ def parent_cold():
 
 
 def work(seconds):
+    truth = os.environ.get("PYHOT_TRUTH")
+    if truth:
+        return work_measured(seconds, truth)
     end = time.time() + seconds
     while time.time() < end:
         parent_hot()
         parent_hot()
         parent_hot()
         parent_cold()
+
+
+def work_measured(seconds, path):
+    clock = time.thread_time_ns
+    hot = cold = 0
+    end = time.time() + seconds
+    written = 0.0
+    while time.time() < end:
+        t0 = clock()
+        parent_hot()
+        parent_hot()
+        parent_hot()
+        t1 = clock()
+        parent_cold()
+        t2 = clock()
+        hot += t1 - t0
+        cold += t2 - t1
+        now = time.monotonic()
+        if now - written >= 0.05:
+            write_truth(path, hot, cold)
+            written = now
+    write_truth(path, hot, cold)
+
+
+def write_truth(path, hot, cold):
+    with open(path + ".tmp", "w") as f:
+        f.write("%d %d\n" % (hot, cold))
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
