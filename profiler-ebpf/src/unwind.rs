@@ -90,6 +90,13 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     if !is_unwound(tgid) {
         return NOT_UNWOUND;
     }
+    // The mapping cache starts as the innermost frame's mapping, read from the map, never as
+    // constants: Linux 6.1's verifier checks a bpf_loop callback once, from the state at the
+    // call, and with a zeroed cache there the walk lost every frame after the first that hit
+    // it (`nofp` in the 6.1 VM: `parent_a;burn` and no further, while 6.12 reached `main`).
+    let Some(mapping) = find_mapping(tgid, ip) else {
+        return NOT_UNWOUND;
+    };
     let mut walk = Walk {
         ip,
         sp,
@@ -100,13 +107,7 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         fp_frames: 0,
         exact_ip: 0,
         reserved: 0,
-        mapping: UnwindMapping {
-            start: 0,
-            end: 0,
-            bias: 0,
-            first_row: 0,
-            rows: 0,
-        },
+        mapping,
     };
     // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the call.
     unsafe {

@@ -46,6 +46,11 @@ const WORKLOAD_CFLAGS: &[&str] = &[
 ];
 /// Workloads the guest script runs.
 const WORKLOADS: &[&str] = &["hotcold", "shortlived"];
+/// Flags of the workloads built as distributions build software (gcc's default `.eh_frame`,
+/// no frame pointers), as `tests/build.rs` builds `nofp*`: only the CFI walk unwinds them.
+const NOFP_CFLAGS: &[&str] = &["-O2", "-g", "-fomit-frame-pointer"];
+/// Workloads the guest script runs that are built with [`NOFP_CFLAGS`].
+const NOFP_WORKLOADS: &[&str] = &["nofp"];
 /// The tests the guest script reports, in its order; each must report PASS.
 const GUEST_TESTS: &[&str] = &[
     "doctor",
@@ -57,6 +62,7 @@ const GUEST_TESTS: &[&str] = &[
     "nspid",
     "launch",
     "children",
+    "cfi",
 ];
 /// Longest a guest may run, boot included, before it counts as hung (a whole suite takes about
 /// two minutes under TCG on 2 busy cores).
@@ -264,10 +270,14 @@ fn build_initramfs() -> Result<PathBuf> {
         .arg("--strip-debug")
         .arg(&bpfprof)
         .arg(tree.join("bin/bpfprof")))?;
-    for name in WORKLOADS {
+    let workloads = WORKLOADS
+        .iter()
+        .map(|w| (w, WORKLOAD_CFLAGS))
+        .chain(NOFP_WORKLOADS.iter().map(|w| (w, NOFP_CFLAGS)));
+    for (name, flags) in workloads {
         let src = root.join("tests/workloads").join(format!("{name}.c"));
         run(command("cc")
-            .args(WORKLOAD_CFLAGS)
+            .args(flags)
             .arg("-o")
             .arg(tree.join("bin").join(name))
             .arg(&src))?;

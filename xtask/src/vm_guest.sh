@@ -112,5 +112,27 @@ else
     fail children "exit $rc (want the command's 3)"; show children.log; show children.folded 10
 fi
 
+# --- cfi: the kernel's CFI walk (the walker program this kernel verified) unwinds a program
+# built without frame pointers: burn's two callers to main, and a recursion 100 deep whole ------
+nofp parents 60 &
+NOFP=$!
+sleep 0.3
+RUST_LOG=info bpfprof --pid $NOFP -d 2s -F 499 --unwind cfi -o cfi.folded > cfi.log 2>&1
+rc=$?
+kill $NOFP 2>/dev/null
+nofp recurse 60 &
+NOFP=$!
+sleep 0.3
+bpfprof --pid $NOFP -d 2s -F 499 -q --unwind cfi -o cfi-deep.folded > cfi-deep.log 2>&1
+rc2=$?
+kill $NOFP 2>/dev/null
+DEPTH=$(awk -F';' '{n = 0; for (i = 1; i <= NF; i++) if ($i == "recurse") n++; if (n > m) m = n} END {print m + 0}' cfi-deep.folded)
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q 'main;parent_a;burn ' cfi.folded \
+    && grep -q 'main;parent_b;burn ' cfi.folded && [ "$DEPTH" -ge 100 ]; then
+    pass cfi "recursion $DEPTH deep"
+else
+    fail cfi "exit $rc/$rc2, recursion $DEPTH deep"; show cfi.log 60; show cfi.folded 10; show cfi-deep.log
+fi
+
 echo VMTEST-DONE
 poweroff -f
