@@ -419,22 +419,38 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
 /// and returns the hash; `full` when the stack map has no room.
 #[inline(always)]
 pub(crate) fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter> {
+    match bpfprof_store_frames(len.min(MAX_STACK_DEPTH) as u64) {
+        0 => Err(full),
+        id => Ok(id),
+    }
+}
+
+/// [`store_frames`] itself: the stack's id, or 0 when the stack map has no room (a hash is
+/// never 0).
+///
+/// A global function, which the verifier checks once on its own: inlined at each of its four
+/// callers, its 127-step hash loop was checked again for every state of every caller (the
+/// walker program took 220k verified instructions with it inlined, 108k without; the sampling
+/// program 33k and 8.5k).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn bpfprof_store_frames(len: u64) -> u64 {
     let Some(frames) = SCRATCH.get_ptr_mut(0) else {
-        return Err(full);
+        return 0;
     };
     // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
     let frames = unsafe { &mut *frames };
-    let len = len.min(MAX_STACK_DEPTH);
+    let len = (len as usize).min(MAX_STACK_DEPTH);
     frames.len = len as u64;
     let id = stack_hash(&frames.ips, len);
     // SAFETY: only tested for presence.
     if unsafe { STACKS.get(id) }.is_some() {
-        return Ok(id);
+        return id;
     }
     match STACKS.insert(id, frames, BPF_NOEXIST as u64) {
-        Ok(()) => Ok(id),
-        Err(e) if e == -EEXIST => Ok(id),
-        Err(_) => Err(full),
+        Ok(()) => id,
+        Err(e) if e == -EEXIST => id,
+        Err(_) => 0,
     }
 }
 

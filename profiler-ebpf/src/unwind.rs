@@ -36,6 +36,9 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, 
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
+// `find_mapping` masks its indexes with `MAX_UNWIND_MAPPINGS - 1`.
+const _: () = assert!(MAX_UNWIND_MAPPINGS.is_power_of_two());
+
 /// How a walk ended.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -320,20 +323,17 @@ fn find_mapping(tgid: u32, pc: u64) -> Option<UnwindMapping> {
     let mut step = 0;
     while step < UNWIND_MAPPING_SEARCH_STEPS && n > 1 {
         let half = n / 2;
-        let mid = lo + half;
-        if mid >= MAX_UNWIND_MAPPINGS {
-            return None;
-        }
+        // Masked rather than checked (the length is a power of two and `mid` below `len`):
+        // one path for the verifier instead of an exit per step (108k -> 75k verified
+        // instructions for the walker program).
+        let mid = (lo + half) & (MAX_UNWIND_MAPPINGS - 1);
         // Branch-free, as in `find_row`: 1 when the mapping starts at or below pc.
         let take = (process.mappings[mid].start.wrapping_sub(pc + 1) >> 63) as usize;
         lo += half * take;
         n -= half;
         step += 1;
     }
-    if lo >= MAX_UNWIND_MAPPINGS {
-        return None;
-    }
-    let mapping = process.mappings[lo];
+    let mapping = process.mappings[lo & (MAX_UNWIND_MAPPINGS - 1)];
     if mapping.start <= pc && pc < mapping.end {
         Some(mapping)
     } else {
