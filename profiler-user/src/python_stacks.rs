@@ -264,16 +264,7 @@ fn python_frame(function: Option<&PythonFunction>) -> Frame {
             start_line: Some(f.first_line),
             build_id: None,
         },
-        None => Frame {
-            name: "[unknown Python code]".to_string(),
-            module: None,
-            kind: FrameKind::Python,
-            inlined: false,
-            file: None,
-            line: None,
-            start_line: None,
-            build_id: None,
-        },
+        None => Frame::named("[unknown Python code]", None, FrameKind::Python),
     }
 }
 
@@ -289,16 +280,8 @@ pub struct MergeOptions {
 
 /// The root frame that says whether a sample's thread held the GIL.
 fn gil_frame(held: bool) -> Frame {
-    Frame {
-        name: if held { "[GIL held]" } else { "[GIL not held]" }.to_string(),
-        module: None,
-        kind: FrameKind::Python,
-        inlined: false,
-        file: None,
-        line: None,
-        start_line: None,
-        build_id: None,
-    }
+    let name = if held { "[GIL held]" } else { "[GIL not held]" };
+    Frame::named(name, None, FrameKind::Python)
 }
 
 /// Whether `frame` is C code of the interpreter itself (libpython or a static python
@@ -423,19 +406,7 @@ mod tests {
     use super::*;
 
     fn native(name: &str, module: &str) -> (Frame, u32) {
-        (
-            Frame {
-                name: name.into(),
-                module: Some(module.into()),
-                kind: FrameKind::User,
-                inlined: false,
-                file: None,
-                line: None,
-                start_line: None,
-                build_id: None,
-            },
-            1,
-        )
+        (Frame::named(name, Some(module.into()), FrameKind::User), 1)
     }
 
     fn function(name: &str, line: u32) -> PythonFunction {

@@ -53,6 +53,22 @@ pub struct Frame {
     pub build_id: Option<String>,
 }
 
+impl Frame {
+    /// A called (not inlined) frame with a name and no source location or build id.
+    pub fn named(name: impl Into<String>, module: Option<String>, kind: FrameKind) -> Frame {
+        Frame {
+            name: name.into(),
+            module,
+            kind,
+            inlined: false,
+            file: None,
+            line: None,
+            start_line: None,
+            build_id: None,
+        }
+    }
+}
+
 /// Turns addresses into frames, caching every answer.
 pub struct Symbolizer {
     blazesym: Blazesym,
@@ -227,16 +243,7 @@ impl Symbolizer {
         let location = maps.locate(addr);
         if matches!(location, Location::Named(..) | Location::Unmapped) {
             if let Some(name) = maps.jit_symbol(addr) {
-                return Arc::from([Frame {
-                    name: name.to_string(),
-                    module: Some(JIT_MODULE.into()),
-                    kind: FrameKind::User,
-                    inlined: false,
-                    file: None,
-                    line: None,
-                    start_line: None,
-                    build_id: None,
-                }]);
+                return Arc::from([Frame::named(name, Some(JIT_MODULE.into()), FrameKind::User)]);
             }
         }
         match location {
@@ -369,14 +376,9 @@ fn renamed(module: &str, offset: u64, name: String) -> Arc<[Frame]> {
 }
 
 fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
-    Arc::from([Frame {
-        name: format!("{module}+{offset:#x}"),
-        module: Some(module.to_string()),
+    Arc::from([Frame::named(
+        format!("{module}+{offset:#x}"),
+        Some(module.to_string()),
         kind,
-        inlined: false,
-        file: None,
-        line: None,
-        start_line: None,
-        build_id: None,
-    }])
+    )])
 }

@@ -858,6 +858,21 @@ pub fn copy_executable(src: &Path, dst: &Path, probe_args: &[&str]) {
 }
 
 /// A temp directory for outputs.
+/// Writes `bytes` of pseudo-random lowercase text to `path`: input that `xz -9` compresses
+/// slowly, so that a compressor outlasts a short run.
+pub fn write_random_text(path: &Path, bytes: usize) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let text: Vec<u8> = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("bpfprof-test-")

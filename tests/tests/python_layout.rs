@@ -695,24 +695,15 @@ fn check_gil_holder(checked: &mut Checked) {
     eprintln!("the spinner held the GIL in {by_spinner} of {GIL_READS} reads");
 }
 
+/// A native frame named `name`, as the symbolizer would give it.
+fn native_frame(name: &str) -> Frame {
+    Frame::named(name, None, FrameKind::User)
+}
+
 /// The eval-entry flags against the real native stacks: a complete walk has one entry frame
 /// per native `_PyEval_EvalFrameDefault` frame, and merging puts each eval call's Python frames
 /// where the native stack has that call (leaf() under map_next, C code between its caller and
 /// it).
-/// A native frame named `name`, as the symbolizer would give it.
-fn native_frame(name: &str) -> Frame {
-    Frame {
-        name: name.to_string(),
-        module: None,
-        kind: FrameKind::User,
-        inlined: false,
-        file: None,
-        line: None,
-        start_line: None,
-        build_id: None,
-    }
-}
-
 fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool) {
     // gdb attaches with ptrace, which needs root here (the workload is not gdb's child).
     if !require_root() {

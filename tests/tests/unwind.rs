@@ -8,7 +8,9 @@
 
 use std::{path::Path, time::Duration};
 
-use bpfprof_tests::{exit, require_root, run_bpfprof, tempdir, Checks, Daemon, Profile, Workload};
+use bpfprof_tests::{
+    exit, require_root, run_bpfprof, tempdir, write_random_text, Checks, Daemon, Profile, Workload,
+};
 
 /// `parent_a` burns 3 units per round, `parent_b` 1: the leaf's samples split 75% / 25%.
 const PARENT_A_SHARE: f64 = 0.75;
@@ -269,16 +271,7 @@ fn a_distro_binary_without_frame_pointers_unwinds_to_its_entry() {
     let dir = tempdir();
     let input = dir.path().join("input.txt");
     // 40 MB of pseudo-random text: enough for xz -9 to compress for longer than the run.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let text: Vec<u8> = (0..40_000_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b'a' + (x % 26) as u8
-        })
-        .collect();
-    std::fs::write(&input, text).unwrap();
+    write_random_text(&input, 40_000_000);
     let mut cmd = std::process::Command::new("xz");
     cmd.args(["-9", "-T1", "-c"]).arg(&input);
     let target = Workload::spawn_command(cmd);

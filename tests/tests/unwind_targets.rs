@@ -11,8 +11,8 @@ use std::{
 };
 
 use bpfprof_tests::{
-    exit, is_kernel_frame, require_root, run_bpfprof, tempdir, workload_path, Checks, Profile,
-    Workload,
+    exit, is_kernel_frame, require_root, run_bpfprof, tempdir, workload_path, write_random_text,
+    Checks, Profile, Workload,
 };
 
 /// The leaf's share under its 3-unit parent (the workloads split their work 3:1).
@@ -250,16 +250,7 @@ fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
     let dir = tempdir();
     let input = dir.path().join("input.txt");
     // 20 MB of pseudo-random text: xz -9 compresses it for longer than the runs.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let text: Vec<u8> = (0..20_000_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b'a' + (x % 26) as u8
-        })
-        .collect();
-    std::fs::write(&input, text).unwrap();
+    write_random_text(&input, 20_000_000);
     let mut cmd = Command::new("xz");
     cmd.args(["-9", "-T1", "-c"])
         .arg(&input)

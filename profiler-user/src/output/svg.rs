@@ -520,16 +520,11 @@ print(json.dumps(out))
     fn odd_names_stay_valid_xml() {
         let mut profile = fixture::profile();
         profile.meta.targets[0].comm = "a<b>&\"c\u{1}".into();
-        profile.frames.push(ProfileFrame::Code(Frame {
-            name: "operator<<(std::ostream&, T) \u{7}\u{FFFF}".into(),
-            module: None,
-            kind: FrameKind::User,
-            inlined: false,
-            file: None,
-            line: None,
-            start_line: None,
-            build_id: None,
-        }));
+        profile.frames.push(ProfileFrame::Code(Frame::named(
+            "operator<<(std::ostream&, T) \u{7}\u{FFFF}",
+            None,
+            FrameKind::User,
+        )));
         let id = profile.frames.len() - 1;
         profile.stacks.push(StackCount {
             frames: vec![0, 1, 2, id],

@@ -205,46 +205,38 @@ impl UnwindMaps {
                 end,
                 ..UnwindMapping::default()
             };
-            if matches!(map.pathname, MMapPath::Anonymous) && is_python_trampoline_arena(pid, start)
-            {
-                // A return address into a trampoline sits after its call, where the caller's
-                // frame is the 8 bytes it reserved plus the return address: CFA = rsp + 16.
-                let resident = self.synthetic_table(
-                    FileKey::PythonTrampolines,
-                    UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row"),
-                );
-                if let Some(resident) = resident {
+            // The mapping's table: one synthetic row for CPython's perf trampolines, the image
+            // in the target's memory for the vDSO, the file for everything else.
+            let table = match &map.pathname {
+                MMapPath::Anonymous if is_python_trampoline_arena(pid, start) => {
+                    // A return address into a trampoline sits after its call, where the
+                    // caller's frame is the 8 bytes it reserved plus the return address:
+                    // CFA = rsp + 16.
+                    let row = UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row");
+                    Ok(self
+                        .synthetic_table(FileKey::PythonTrampolines, row)
+                        .map(|resident| (resident, start)))
+                }
+                MMapPath::Vdso => self
+                    .vdso_table(pid, start, end, &mut report)
+                    .with_context(|| format!("pid {pid}'s vDSO")),
+                MMapPath::Path(path) => {
+                    // map_files reaches the file whatever the target's mount namespace.
+                    let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+                    self.table_for(&file, start, map.offset, &mut report)
+                        .with_context(|| path.display().to_string())
+                }
+                _ => Ok(None),
+            };
+            match table {
+                Ok(Some((resident, bias))) => {
                     mapping.first_row = resident.first_row;
                     mapping.rows = resident.rows;
-                    mapping.bias = start;
-                    report.with_table += 1;
+                    mapping.bias = bias;
+                    report.with_table += usize::from(resident.rows > 0);
                 }
-            }
-            if matches!(map.pathname, MMapPath::Vdso) {
-                match self.vdso_table(pid, start, end, &mut report) {
-                    Ok(Some((resident, bias))) => {
-                        mapping.first_row = resident.first_row;
-                        mapping.rows = resident.rows;
-                        mapping.bias = bias;
-                        report.with_table += usize::from(resident.rows > 0);
-                    }
-                    Ok(None) => {}
-                    Err(e) => log::debug!("no unwind table for pid {pid}'s vDSO: {e:#}"),
-                }
-            }
-            if let MMapPath::Path(path) = &map.pathname {
-                // map_files reaches the file whatever the target's mount namespace.
-                let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-                match self.table_for(&file, start, map.offset, &mut report) {
-                    Ok(Some((resident, bias))) => {
-                        mapping.first_row = resident.first_row;
-                        mapping.rows = resident.rows;
-                        mapping.bias = bias;
-                        report.with_table += usize::from(resident.rows > 0);
-                    }
-                    Ok(None) => {}
-                    Err(e) => log::debug!("no unwind table for {}: {e:#}", path.display()),
-                }
+                Ok(None) => {}
+                Err(e) => log::debug!("no unwind table for {e:#}"),
             }
             mappings.push(mapping);
         }

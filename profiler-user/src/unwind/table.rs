@@ -549,18 +549,13 @@ mod tests {
     #[test]
     fn vdso_image_from_memory_matches_readelf() {
         // The vDSO has no file: its image is read from memory, as the loader reads a target's.
-        use std::os::unix::fs::FileExt;
         let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
         let vdso = maps
             .iter()
             .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
             .expect("a [vdso] mapping");
         let (start, end) = vdso.address;
-        let mut image = vec![0u8; (end - start) as usize];
-        std::fs::File::open("/proc/self/mem")
-            .unwrap()
-            .read_exact_at(&mut image, start)
-            .unwrap();
+        let image = crate::vdso::read_image(std::process::id(), start, end).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vdso.so");
         std::fs::write(&path, &image).unwrap();
