@@ -299,6 +299,9 @@ struct Bench {
     bpfprof_losses: std::cell::RefCell<BTreeMap<String, u64>>,
     /// What the sections found, for the closing "why" section.
     findings: std::cell::RefCell<Findings>,
+    /// How long the kernel took to verify the CFI/Python walker program, as `bpfprof doctor`
+    /// measures it (median (min–max) over a few loads, in ms): the text that cites it.
+    walker_verify_ms: String,
 }
 
 /// Entry point of `cargo xtask bench`.
@@ -327,6 +330,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let bpfprof = root.join("target/release/bpfprof");
     let help = crate::probe(Command::new(&bpfprof).arg("--help")).unwrap_or_default();
+    let walker_verify_ms = stat(&walker_verify_ms(&bpfprof, plan.rounds)?, 0);
+    println!("    the walker program verifies in {walker_verify_ms} ms");
     let bench = Bench {
         has_fixed: help.contains("--fixed-interval"),
         root,
@@ -336,6 +341,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         tsc_per_ns: Default::default(),
         bpfprof_losses: Default::default(),
         findings: Default::default(),
+        walker_verify_ms,
     };
     bench.compile_workloads()?;
 
@@ -439,7 +445,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     )?;
     md.push_str(&sections);
     writeln!(md, "\n## Where bpfprof loses, and why\n")?;
-    why(&mut md, &bench.findings.borrow(), &losses)?;
+    why(
+        &mut md,
+        &bench.findings.borrow(),
+        &losses,
+        &bench.walker_verify_ms,
+    )?;
 
     let (md_path, svg) = if only.is_some() {
         (
@@ -464,6 +475,33 @@ pub fn run(args: BenchArgs) -> Result<()> {
         crate::secs(started.elapsed())
     );
     Ok(())
+}
+
+/// The kernel's verification time of the CFI/Python walker program, in ms, once per load of
+/// `rounds` loads, as `bpfprof doctor --json` reports it (`walker_load`).
+fn walker_verify_ms(bpfprof: &Path, rounds: usize) -> Result<Vec<f64>> {
+    (0..rounds)
+        .map(|_| {
+            let out = Command::new(bpfprof)
+                .args(["doctor", "--json"])
+                .output()
+                .context("running bpfprof doctor")?;
+            let report: Value =
+                serde_json::from_slice(&out.stdout).context("reading bpfprof doctor --json")?;
+            let found = report["checks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == "walker_load")
+                .and_then(|c| c["found"].as_str())
+                .context("bpfprof doctor has no walker_load check")?;
+            found
+                .strip_prefix("the CFI and Python walker verified in ")
+                .and_then(|rest| rest.strip_suffix(" ms"))
+                .and_then(|ms| ms.parse::<f64>().ok())
+                .with_context(|| format!("the walker did not verify: {found}"))
+        })
+        .collect()
 }
 
 /// Installs the profilers and the compiler if missing, with xtask's apt helpers.
@@ -918,7 +956,7 @@ impl Bench {
             }
         }
         writeln!(md, "\n## 3. Start-up latency\n")?;
-        writeln!(md, "From the moment the bench starts the command to the profiler's first sample of the target, at {hz} Hz; median (min–max) over {rounds} rounds, in ms. `bench/startup.c` prints its start time (CLOCK_MONOTONIC, the clock the bench reads before spawning the command) and then spends millisecond k in function `slot_k`: the first slot in the profile dates the first sample to within a millisecond (taken as the slot's middle). Launch mode starts the workload under the profiler; attach mode starts the profiler against the workload already running. For the daemon, `run` returns once the run is RUNNING; the time to that is shown too (client start-up included). By design, `bpfprof --pid` and a daemon run on a freshly loaded program wait for the kernel to verify the CFI/Python walker program (about 0.17 s here, `bpfprof doctor` shows it) before their first sample, so that every stack they record is walked whole; a launched command starts at once and counts its first stacks, taken by frame pointers, apart; the daemon keeps its program loaded for 30 s after a run, so its next runs start without the wait.\n")?;
+        writeln!(md, "From the moment the bench starts the command to the profiler's first sample of the target, at {hz} Hz; median (min–max) over {rounds} rounds, in ms. `bench/startup.c` prints its start time (CLOCK_MONOTONIC, the clock the bench reads before spawning the command) and then spends millisecond k in function `slot_k`: the first slot in the profile dates the first sample to within a millisecond (taken as the slot's middle). Launch mode starts the workload under the profiler; attach mode starts the profiler against the workload already running. For the daemon, `run` returns once the run is RUNNING; the time to that is shown too (client start-up included). By design, `bpfprof --pid` and a daemon run on a freshly loaded program wait for the kernel to verify the CFI/Python walker program ({} ms here, measured by `bpfprof doctor` at the start of this bench) before their first sample, so that every stack they record is walked whole; a launched command starts at once and counts its first stacks, taken by frame pointers, apart; the daemon keeps its program loaded for 30 s after a run, so its next runs start without the wait.\n", self.walker_verify_ms)?;
         writeln!(
             md,
             "| command | to first sample, ms | to RUNNING, ms |\n|---|---|---|"
@@ -1327,7 +1365,12 @@ struct Findings {
 
 /// The closing section: each place bpfprof loses, with the numbers from this run and the
 /// reason found when the bench was written (on a 2-vCPU Firecracker VM without a PMU).
-fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<()> {
+fn why(
+    md: &mut String,
+    f: &Findings,
+    losses: &BTreeMap<String, u64>,
+    walker_verify_ms: &str,
+) -> Result<()> {
     let overhead_lost = f
         .overhead
         .iter()
@@ -1402,7 +1445,7 @@ fn why(md: &mut String, f: &Findings, losses: &BTreeMap<String, u64>) -> Result<
             .map(|(_, e)| *e)
             .fold(f64::INFINITY, f64::min);
         let cause = if least_above > 0.02 {
-            format!("bpfprof costs more than its timer floor at every rate ({}), about as much at the lowest rate as at the highest: a cost per run, not per sample. It is bpfprof's own start-up work on the workload's CPUs while the short workload keeps every core busy: the kernel verifying the CFI/Python walker program (about 0.17 s of CPU, once per bpfprof process; section 10 gives bpfprof's whole CPU next to the work's) and building unwind tables (symbolization comes after the workload's own timing ends). The floor's bpfprof attached before the workload started and did that work outside the timing. On a longer run the cost is the same and its share smaller, and the daemon pays the verification once for a series of runs. The floor itself is", join(above_floor.iter().map(|(hz, e)| format!("{hz} Hz: {:+.1} points", e * 100.0)), ", "))
+            format!("bpfprof costs more than its timer floor at every rate ({}), about as much at the lowest rate as at the highest: a cost per run, not per sample. It is bpfprof's own start-up work on the workload's CPUs while the short workload keeps every core busy: the kernel verifying the CFI/Python walker program ({} ms of CPU, once per bpfprof process; section 10 gives bpfprof's whole CPU next to the work's) and building unwind tables (symbolization comes after the workload's own timing ends). The floor's bpfprof attached before the workload started and did that work outside the timing. On a longer run the cost is the same and its share smaller, and the daemon pays the verification once for a series of runs. The floor itself is", join(above_floor.iter().map(|(hz, e)| format!("{hz} Hz: {:+.1} points", e * 100.0)), ", "), walker_verify_ms)
         } else {
             "bpfprof costs what its timer floor costs: the sampling timers alone, with the kernel program rejecting every sample and no stack walked, slow the workload about as much as bpfprof recording it does, and about as much as perf does. The floor is".to_string()
         };
