@@ -477,7 +477,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The kernel's verification time of the CFI/Python walker program, in ms, once per load of
+/// The kernel's verification time of the CFI/Python walker program, in ms, for each of
 /// `rounds` loads, as `bpfprof doctor --json` reports it (`walker_load`).
 fn walker_verify_ms(bpfprof: &Path, rounds: usize) -> Result<Vec<f64>> {
     (0..rounds)
