@@ -156,7 +156,7 @@ impl Symbolizer {
                         let is_stub = stub.is_some();
                         let mut frames = if let Some(stub) = stub {
                             // A PLT stub: whatever symbol precedes it (`_init`) is not it.
-                            renamed(&module, *offset, stub)
+                            renamed(&module, stub)
                         } else if result.as_sym().is_some() {
                             to_frames(&result, &module, *offset, FrameKind::User)
                         } else {
@@ -167,7 +167,7 @@ impl Symbolizer {
                                 .entry(id)
                                 .or_insert_with(|| FunctionStarts::read(&file.open_path()));
                             match starts.as_ref().and_then(|s| s.name(&module, *offset)) {
-                                Some(name) => renamed(&module, *offset, name),
+                                Some(name) => renamed(&module, name),
                                 None => unknown(&module, *offset, FrameKind::User),
                             }
                         };
@@ -254,7 +254,7 @@ impl Symbolizer {
                 .unwrap_or_else(|| unknown(&file.module_name(), offset, FrameKind::User)),
             Location::Named(name, offset) => match maps.vdso_symbol(offset) {
                 Some(function) if name == crate::procmaps::VDSO => {
-                    renamed(&name, offset, function.to_string())
+                    renamed(&name, function.to_string())
                 }
                 _ => unknown(&name, offset, FrameKind::User),
             },
@@ -363,16 +363,14 @@ fn code_location(info: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
     }
 }
 
-/// A user frame at `offset` of `module` with a name of its own (a PLT stub, a function of a
+/// A user frame of `module` with a name of its own (a PLT stub, a function of a
 /// stripped library) and no source location.
-fn renamed(module: &str, offset: u64, name: String) -> Arc<[Frame]> {
-    unknown(module, offset, FrameKind::User)
-        .iter()
-        .map(|f| Frame {
-            name: name.clone(),
-            ..f.clone()
-        })
-        .collect()
+fn renamed(module: &str, name: String) -> Arc<[Frame]> {
+    Arc::from([Frame::named(
+        name,
+        Some(module.to_string()),
+        FrameKind::User,
+    )])
 }
 
 fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
