@@ -121,14 +121,15 @@ pub struct PythonMaps {
 }
 
 impl KernelProgram {
-    /// Loads the program and creates its maps; nothing is sampled until [`Self::attach`].
-    pub fn load() -> Result<KernelProgram> {
+    /// Loads the program and creates its maps, with an unwind row array of `table_rows` rows
+    /// ([`crate::unwind::table_rows_for`]); nothing is sampled until [`Self::attach`].
+    pub fn load(table_rows: u32) -> Result<KernelProgram> {
         check_privileges()?;
         // The program reads no kernel structure, so it needs no BTF relocations; `Ebpf::load`
         // would parse the kernel's BTF once more (on top of the loader's own parse) to do them.
         let mut ebpf = EbpfLoader::new()
             .btf(None)
-            .map_max_entries("UNWIND_ROWS", crate::unwind::table_rows())
+            .map_max_entries("UNWIND_ROWS", table_rows.max(1))
             .load(PROGRAM_OBJECT)
             .map_err(|e| match &e {
                 EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
@@ -177,9 +178,12 @@ impl KernelProgram {
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
         let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
-        let unwind =
-            crate::unwind::UnwindMaps::new(take("UNWIND_ROWS")?, take("UNWIND_PROCESSES")?)
-                .map_err(kernel_err)?;
+        let unwind = crate::unwind::UnwindMaps::new(
+            take("UNWIND_ROWS")?,
+            take("UNWIND_PROCESSES")?,
+            crate::unwind::default_mode(),
+        )
+        .map_err(kernel_err)?;
         let python = PythonMaps {
             processes: HashMap::try_from(take("PYTHON_PROCESSES")?).map_err(kernel_err)?,
             threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
@@ -601,7 +605,11 @@ impl KernelProgram {
         let mut moved = 0;
         for id in ids {
             if let Ok(frames) = self.stacks.get(&id, 0) {
-                self.offloaded_stacks.insert(id, frames_of(&frames));
+                let frames = frames_of(&frames);
+                // A stack is the kernel's report of where targets run: objects without a
+                // table yet get theirs first.
+                self.unwind.note_sampled(frames.iter().copied());
+                self.offloaded_stacks.insert(id, frames);
                 moved += 1;
             }
             let _ = self.stacks.remove(&id);

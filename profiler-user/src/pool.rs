@@ -82,11 +82,14 @@ impl ProgramPool {
     }
 
     /// Takes a free run slot of the program that samples as `request` asks and walks user
-    /// stacks as `unwind` says, loading and attaching one when none has a free slot.
+    /// stacks as `unwind` says, loading and attaching one when none has a free slot; a program
+    /// loaded for it gets an unwind row array of `table_rows` rows (the idle spare serves when
+    /// its array is as large).
     pub fn acquire(
         &mut self,
         request: &SamplingRequest,
         unwind: UnwindMode,
+        table_rows: u32,
     ) -> Result<(Slot, Sampling)> {
         for (id, p) in &mut self.programs {
             if p.request == *request && p.unwind == unwind && p.used != u64::MAX {
@@ -107,10 +110,15 @@ impl ProgramPool {
             )));
         }
         let plan = request.plan(&KernelLimits::read())?;
-        let mut program = match self.spare.take() {
+        let table_bytes = table_rows as usize * std::mem::size_of::<profiler_common::UnwindRow>();
+        let spare = self
+            .spare
+            .take()
+            .filter(|(p, _)| p.unwind.capacity_bytes() >= table_bytes);
+        let mut program = match spare {
             Some((program, _)) => program,
             None => {
-                let mut program = KernelProgram::load()?;
+                let mut program = KernelProgram::load(table_rows)?;
                 if self.bpf_stats {
                     program.enable_run_stats()?;
                 }

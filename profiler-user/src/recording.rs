@@ -158,7 +158,11 @@ impl Recording {
         let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
             Some((slot, _)) => *slot,
             None => {
-                let (slot, sampling) = pool.acquire(&self.request, self.unwind)?;
+                let table_rows = match self.unwind {
+                    crate::unwind::UnwindMode::Fp => 1,
+                    _ => crate::unwind::table_rows_for(Some(target.pid)),
+                };
+                let (slot, sampling) = pool.acquire(&self.request, self.unwind, table_rows)?;
                 if self.slots.is_empty() {
                     self.started = Instant::now();
                     self.delivery_at_start = pool.program(slot)?.delivery();
@@ -175,6 +179,9 @@ impl Recording {
             program
                 .unwind
                 .track_maps(target.pid, Some(maps.last_read()))?;
+            program
+                .unwind
+                .settle(target.pid, table_deadline(self.unwind));
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
                 // samples wait for the CFI walker (verifying since the program loaded). A
@@ -239,6 +246,7 @@ impl Recording {
                 }
                 if let Ok(program) = pool.program(p.slot) {
                     let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+                    program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
                         p.python = PythonTracking::start(program, pid);
@@ -263,6 +271,7 @@ impl Recording {
             };
             if seen_programs.insert(slot.program_id) {
                 program.offload_when_due();
+                program.unwind.poll();
             }
             samples += program
                 .counters(slot.run)
@@ -607,6 +616,17 @@ impl ProcessRecording {
             young_until: None,
         }
     }
+}
+
+/// Until when a new process's start waits for its unwind tables: with `--unwind cfi` until
+/// they are all built; otherwise briefly, so that small objects (an executable, libc) have
+/// theirs from the first sample while a huge one's table comes a little later.
+fn table_deadline(mode: crate::unwind::UnwindMode) -> Instant {
+    Instant::now()
+        + match mode {
+            crate::unwind::UnwindMode::Cfi => crate::unwind::CFI_TABLE_WAIT,
+            _ => crate::unwind::TABLE_WAIT,
+        }
 }
 
 /// What a profile says of its sampling when nothing was ever attached (no target was added).

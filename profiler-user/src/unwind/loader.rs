@@ -6,6 +6,7 @@ use std::{
     collections::HashMap as StdHashMap,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::PathBuf,
+    time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, Context};
@@ -16,6 +17,7 @@ use profiler_common::{
 };
 
 use super::{
+    builder::{Builder, Built, Image, Job},
     table::{load_bias, UnwindTable},
     UnwindMode,
 };
@@ -52,53 +54,131 @@ fn is_python_trampoline_arena(pid: u32, start: u64) -> bool {
         .is_ok_and(|()| code == PYTHON_TRAMPOLINE)
 }
 
-/// Where a file's table sits in the kernel's row array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Resident {
-    first_row: u32,
-    rows: u32,
-}
-
-/// What loading one process's tables did, for logs, the summary and benches.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LoadReport {
-    /// Executable mappings given to the kernel.
-    pub mappings: usize,
-    /// Mappings whose object has a table (the rest unwind by frame pointer).
-    pub with_table: usize,
-    /// Tables built by this call (the others were already resident).
-    pub tables_built: usize,
-    /// Rows written by this call.
-    pub rows_written: usize,
-    /// Objects left to frame pointers because the row array is full.
-    pub no_room: usize,
-}
-
 /// Addresses from here up are the kernel's (x86-64, 4- and 5-level paging alike).
 const USER_ADDRESS_LIMIT: u64 = 1 << 63;
 
-/// The kernel's CFI maps and the tables resident in them.
+/// Rows one table may have: the kernel walk bisects a table in
+/// [`profiler_common::UNWIND_TABLE_SEARCH_STEPS`] steps.
+const MAX_ROWS_PER_TABLE: u32 = 1 << profiler_common::UNWIND_TABLE_SEARCH_STEPS;
+
+/// A table sampled this recently is never evicted to make room for another: two hot objects
+/// that do not fit together would otherwise evict each other, and each be built again, on
+/// every refresh.
+const RECENTLY_SAMPLED: Duration = Duration::from_secs(10);
+
+/// Where an object's table stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableState {
+    /// Waiting for (or in) the build thread.
+    Queued,
+    /// In the kernel's row array.
+    Resident {
+        /// Its first row in the array.
+        first_row: u32,
+        /// Its rows.
+        rows: u32,
+    },
+    /// Built, but the row array had no room: built again only when it is sampled and room
+    /// can be made for its known size, never on a timer.
+    NoRoom {
+        /// The rows it needs.
+        rows: u32,
+    },
+    /// Evicted to make room for a table sampled more recently; built again when sampled.
+    Evicted {
+        /// The rows it needs.
+        rows: u32,
+    },
+    /// No table can be made for this file (no CFI, unreadable, not x86-64, too large for the
+    /// walk's search): decided once, until the file changes (a new [`FileKey`]).
+    Unavailable {
+        /// Why.
+        why: String,
+    },
+}
+
+/// One object's table and what is known of it.
+struct Table {
+    state: TableState,
+    /// The object's path as the target maps it, for warnings and the summary.
+    name: String,
+    /// When a sample was last seen in it: `None` for a table built because the object is
+    /// mapped, before any sample ran its code.
+    last_sampled: Option<Instant>,
+    /// Whether its lack of a table was reported.
+    warned: bool,
+}
+
+/// One executable mapping of a tracked process.
+#[derive(Clone, Debug)]
+struct TrackedMapping {
+    start: u64,
+    end: u64,
+    bias: u64,
+    /// The object's identity; `None` when it has no file the walk can use (anonymous
+    /// memory, a file that could not be read).
+    key: Option<FileKey>,
+    /// Where the object can be opened again (its `/proc/PID/map_files` entry).
+    source: Option<PathBuf>,
+}
+
+/// What identifies an executable mapping's contents: address range, file offset, device
+/// (major, minor) and inode.
+type MappingSignature = (u64, u64, u64, (i32, i32), u64);
+
+/// A process whose stacks the kernel walks by CFI.
+#[derive(Default)]
+struct Tracked {
+    /// What its executable mappings were at the last read (address range, file offset,
+    /// device, inode): an unchanged read costs nothing more.
+    signature: Vec<MappingSignature>,
+    /// Its executable mappings, by address.
+    mappings: Vec<TrackedMapping>,
+    /// The mappings last given to the kernel.
+    written: Vec<UnwindMapping>,
+}
+
+/// An object a process maps that has no table in the kernel, for the run's summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Untabled {
+    /// Where the process maps it.
+    pub start: u64,
+    /// End of the mapping.
+    pub end: u64,
+    /// The object's path.
+    pub name: String,
+    /// Its table's state.
+    pub state: TableState,
+}
+
+/// The kernel's CFI maps, the tables resident in them, and the thread that builds tables.
 ///
-/// Memory bound: the kernel's row array (8-byte rows, 16 MiB by default, `--unwind-table-mib`)
-/// holds every table; userspace keeps no copy of the rows, only one small entry per resident
-/// file. When the array is full, further objects unwind by frame pointer (and are reported).
+/// Tables are built on the build thread, never on the caller's: every object a tracked
+/// process maps is queued (smallest first), an object its samples run in goes to the front of
+/// the queue, and finished tables are installed by [`Self::poll`]. The row array (8-byte rows,
+/// `--unwind-table-mib`) is the memory bound: when a sampled object's table does not fit, the
+/// tables sampled least recently (never-sampled ones first) are evicted for it. Userspace keeps
+/// no copy of the rows. What cannot be loaded is decided once per file and never rebuilt on a
+/// timer.
 pub struct UnwindMaps {
-    rows: memmap2::MmapMut,
-    /// Keeps the row array's fd open while it is mapped.
-    _rows_map: MapData,
+    /// The row array, mapped only while a table is written into it: a mapping of the whole
+    /// array would count all of it in bpfprof's resident memory.
+    rows_map: MapData,
     processes: HashMap<MapData, u32, ProcessMappings>,
-    resident: StdHashMap<FileKey, Resident>,
-    next_row: u32,
     /// Rows the kernel's array holds.
     capacity: u32,
-    /// The mappings last given to the kernel, per process, to skip unchanged reloads.
-    loaded: StdHashMap<u32, Vec<UnwindMapping>>,
+    tables: StdHashMap<FileKey, Table>,
+    tracked: StdHashMap<u32, Tracked>,
+    /// Started on the first table to build.
+    builder: Option<Builder>,
     mode: UnwindMode,
+    /// What the tables cost so far: (tables built, rows built, build time).
+    built: (usize, u64, Duration),
 }
 
 impl UnwindMaps {
     /// Wraps the program's `UNWIND_ROWS` and `UNWIND_PROCESSES` maps.
-    pub fn new(rows: Map, processes: Map) -> anyhow::Result<UnwindMaps> {
+    pub fn new(rows: Map, processes: Map, mode: UnwindMode) -> anyhow::Result<UnwindMaps> {
         let rows_map = match rows {
             Map::Array(data) => data,
             other => return Err(anyhow!("UNWIND_ROWS is not an array: {other:?}")),
@@ -107,25 +187,16 @@ impl UnwindMaps {
             .info()
             .map(|i| i.max_entries())
             .unwrap_or(MAX_UNWIND_ROWS);
-        let len = capacity as usize * std::mem::size_of::<UnwindRow>();
-        // SAFETY: the map was created with BPF_F_MMAPABLE and is `len` bytes long; the kernel
-        // program only reads it.
-        let rows = unsafe {
-            memmap2::MmapOptions::new()
-                .len(len)
-                .map_mut(rows_map.fd().as_fd_raw())
-        }
-        .context("mapping the unwind row array")?;
         let processes = HashMap::try_from(processes).context("opening UNWIND_PROCESSES")?;
         Ok(UnwindMaps {
-            rows,
-            _rows_map: rows_map,
+            rows_map,
             processes,
-            resident: StdHashMap::new(),
-            next_row: 0,
             capacity,
-            loaded: StdHashMap::new(),
-            mode: super::default_mode(),
+            tables: StdHashMap::new(),
+            tracked: StdHashMap::new(),
+            builder: None,
+            mode,
+            built: (0, 0, Duration::ZERO),
         })
     }
 
@@ -139,106 +210,270 @@ impl UnwindMaps {
         self.mode
     }
 
-    /// Loads (or refreshes, after dlopen or exec) the CFI tables of `pid` as the mode asks:
-    /// nothing with `fp`; with `auto` a failure leaves the process to frame pointers with a
-    /// warning; with `cfi` it is an error.
-    pub fn track(&mut self, pid: u32) -> crate::error::Result<()> {
-        self.track_maps(pid, None)
-    }
-
-    /// Like [`Self::track`], from the executable mappings of a read of `/proc/PID/maps` the
-    /// caller already made ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty
-    /// list reads them here.
+    /// Gives the kernel the executable mappings of `pid` and queues the tables of the objects
+    /// it maps, as the mode asks: nothing with `fp`; with `auto` a failure leaves the process
+    /// to frame pointers with a warning; with `cfi` it is an error. Call again when the process
+    /// maps new code (dlopen, exec); an unchanged memory map costs a comparison. `maps` is a
+    /// read of `/proc/PID/maps` the caller already made
+    /// ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty list reads it here.
     pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
-        let loaded = match maps.filter(|m| !m.is_empty()) {
-            Some(maps) => self.load_maps(pid, maps),
-            None => self.load_process(pid),
-        };
-        match loaded {
-            Ok(report) => {
-                if report.tables_built > 0 {
-                    log::info!(
-                        "pid {pid}: unwind tables {report:?}, {} bytes resident",
-                        self.resident_bytes()
-                    );
+        let read;
+        let maps = match maps.filter(|m| !m.is_empty()) {
+            Some(maps) => maps,
+            None => {
+                read = Process::new(pid as i32)
+                    .and_then(|p| p.maps())
+                    .with_context(|| format!("reading /proc/{pid}/maps"));
+                match &read {
+                    Ok(maps) => &maps.0[..],
+                    Err(e) => return self.refused(pid, anyhow!("{e:#}")),
                 }
-                Ok(())
             }
-            Err(e) if self.mode == UnwindMode::Auto => {
-                log::warn!("pid {pid}: no CFI unwinding, frame pointers only: {e:#}");
-                Ok(())
-            }
-            Err(e) => Err(crate::error::Error::Kernel(e.context(format!(
-                "loading the unwind tables of pid {pid} (--unwind cfi)"
-            )))),
+        };
+        self.poll();
+        match self.load_maps(pid, maps) {
+            Ok(()) => Ok(()),
+            Err(e) => self.refused(pid, e),
         }
     }
 
-    /// Reads `/proc/PID/maps`, makes sure every mapped object's table is resident, and gives
-    /// the kernel the process's executable mappings; from then on its stacks are walked by CFI.
-    /// Call again when the process maps new code (dlopen, exec).
-    pub fn load_process(&mut self, pid: u32) -> anyhow::Result<LoadReport> {
-        let process = Process::new(pid as i32).with_context(|| format!("opening /proc/{pid}"))?;
-        let maps = process
-            .maps()
-            .with_context(|| format!("reading /proc/{pid}/maps"))?;
-        self.load_maps(pid, &maps.0)
+    /// What a target whose tables cannot be loaded gets: frame pointers with `auto`, an error
+    /// with `cfi`.
+    fn refused(&self, pid: u32, e: anyhow::Error) -> crate::error::Result<()> {
+        if self.mode == UnwindMode::Cfi {
+            return Err(crate::error::Error::Kernel(e.context(format!(
+                "loading the unwind tables of pid {pid} (--unwind cfi)"
+            ))));
+        }
+        log::warn!("pid {pid}: no CFI unwinding, frame pointers only: {e:#}");
+        Ok(())
     }
 
-    /// [`Self::load_process`] from mappings of `pid` already read.
-    pub fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<LoadReport> {
-        let mut report = LoadReport::default();
-        let mut mappings = Vec::new();
-        for map in maps {
-            let (start, end) = map.address;
+    /// Waits until every table `pid` maps is built (installed or found unavailable), or until
+    /// `deadline`: a run on a running process then starts with whole stacks where the build
+    /// is quick, and without waiting for a huge object, whose table comes later.
+    pub fn settle(&mut self, pid: u32, deadline: Instant) {
+        loop {
+            self.poll();
+            let waiting = self.tracked.get(&pid).is_some_and(|t| {
+                t.mappings.iter().any(|m| {
+                    m.key.as_ref().is_some_and(|k| {
+                        self.tables
+                            .get(k)
+                            .is_some_and(|t| t.state == TableState::Queued)
+                    })
+                })
+            });
+            if !waiting {
+                return;
+            }
+            let Some(built) = self
+                .builder
+                .as_ref()
+                .and_then(|b| b.wait_finished(deadline))
+            else {
+                return;
+            };
+            self.install(built);
+        }
+    }
+
+    /// Installs the tables built since the last call; call it often (every tick).
+    pub fn poll(&mut self) {
+        let finished = match &self.builder {
+            Some(builder) => builder.finished(),
+            None => return,
+        };
+        for built in finished {
+            self.install(built);
+        }
+    }
+
+    /// Notes that a target ran at these user addresses (a stack the kernel recorded): objects
+    /// without a table are built first, and resident tables are kept over unsampled ones.
+    pub fn note_sampled(&mut self, ips: impl IntoIterator<Item = u64>) {
+        let now = Instant::now();
+        let mut hit: Vec<FileKey> = Vec::new();
+        for ip in ips {
+            if ip == 0 || ip >= USER_ADDRESS_LIMIT {
+                continue;
+            }
+            for tracked in self.tracked.values() {
+                let at = tracked.mappings.partition_point(|m| m.start <= ip);
+                let Some(m) = at.checked_sub(1).map(|i| &tracked.mappings[i]) else {
+                    continue;
+                };
+                if ip < m.end {
+                    if let Some(key) = &m.key {
+                        if !hit.contains(key) {
+                            hit.push(key.clone());
+                        }
+                    }
+                }
+            }
+        }
+        for key in hit {
+            self.sampled(key, now);
+        }
+    }
+
+    /// An object `key` was sampled at `now`.
+    fn sampled(&mut self, key: FileKey, now: Instant) {
+        let Some(table) = self.tables.get_mut(&key) else {
+            return;
+        };
+        let first = table.last_sampled.is_none();
+        table.last_sampled = Some(now);
+        let rows = match table.state {
+            TableState::Queued => {
+                if first {
+                    if let Some(builder) = &self.builder {
+                        builder.promote(&key);
+                    }
+                }
+                return;
+            }
+            TableState::NoRoom { rows } | TableState::Evicted { rows } => rows,
+            TableState::Resident { .. } | TableState::Unavailable { .. } => return,
+        };
+        // Built again only when it will fit: its size is known, so no build is wasted.
+        if !self.can_make_room(rows, now) {
+            return;
+        }
+        let source = self
+            .tracked
+            .values()
+            .flat_map(|t| &t.mappings)
+            .find(|m| m.key.as_ref() == Some(&key))
+            .and_then(|m| m.source.clone());
+        let Some(image) = source.and_then(|s| std::fs::File::open(s).ok()) else {
+            return;
+        };
+        self.submit(key, Image::File(image), 0, true);
+    }
+
+    /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
+    pub fn unload_process(&mut self, pid: u32) {
+        if self.tracked.remove(&pid).is_some() {
+            let _ = self.processes.remove(&pid);
+        }
+    }
+
+    /// Whether the kernel walks `pid` by CFI (its mappings are loaded).
+    pub fn is_tracked(&self, pid: u32) -> bool {
+        self.tracked.contains_key(&pid)
+    }
+
+    /// Bytes of the row array in use.
+    pub fn resident_bytes(&self) -> usize {
+        self.resident()
+            .map(|(_, rows)| rows as usize)
+            .sum::<usize>()
+            * std::mem::size_of::<UnwindRow>()
+    }
+
+    /// Bytes the row array holds.
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity as usize * std::mem::size_of::<UnwindRow>()
+    }
+
+    /// Tables built so far, their rows and the time the build thread spent on them.
+    pub fn build_cost(&self) -> (usize, u64, Duration) {
+        self.built
+    }
+
+    /// The state of the table of the object at `path`'s key, for tests and benches.
+    pub fn table_state(&self, key: &FileKey) -> Option<&TableState> {
+        self.tables.get(key).map(|t| &t.state)
+    }
+
+    /// The objects `pid` maps whose code has no table in the kernel (their frames unwind by
+    /// frame pointer), for the run's summary.
+    pub fn untabled(&self, pid: u32) -> Vec<Untabled> {
+        let Some(tracked) = self.tracked.get(&pid) else {
+            return Vec::new();
+        };
+        tracked
+            .mappings
+            .iter()
+            .filter_map(|m| {
+                let table = self.tables.get(m.key.as_ref()?)?;
+                (!matches!(table.state, TableState::Resident { .. })).then(|| Untabled {
+                    start: m.start,
+                    end: m.end,
+                    name: table.name.clone(),
+                    state: table.state.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Reads `pid`'s executable mappings and gives them to the kernel, queueing the tables of
+    /// objects not seen before.
+    fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<()> {
+        let executable: Vec<&MemoryMap> = maps
+            .iter()
             // `[vsyscall]` lies in the kernel's half of the address space: it is no user code
             // to unwind, and the kernel walk's branch-free bisection compares addresses by the
             // sign of their difference, which holds only within the user half.
-            if !map.perms.contains(MMPermissions::EXECUTE) || start >= USER_ADDRESS_LIMIT {
-                continue;
-            }
-            let mut mapping = UnwindMapping {
-                start,
-                end,
-                ..UnwindMapping::default()
-            };
-            // The mapping's table: one synthetic row for CPython's perf trampolines, the image
-            // in the target's memory for the vDSO, the file for everything else.
-            let table = match &map.pathname {
+            .filter(|m| {
+                m.perms.contains(MMPermissions::EXECUTE) && m.address.0 < USER_ADDRESS_LIMIT
+            })
+            .collect();
+        let signature: Vec<_> = executable
+            .iter()
+            .map(|m| (m.address.0, m.address.1, m.offset, m.dev, m.inode))
+            .collect();
+        if self
+            .tracked
+            .get(&pid)
+            .is_some_and(|t| t.signature == signature)
+        {
+            return Ok(());
+        }
+        let mut mappings = Vec::with_capacity(executable.len());
+        for map in executable {
+            let (start, end) = map.address;
+            let mapping = match &map.pathname {
                 MMapPath::Anonymous if is_python_trampoline_arena(pid, start) => {
-                    // A return address into a trampoline sits after its call, where the
-                    // caller's frame is the 8 bytes it reserved plus the return address:
-                    // CFA = rsp + 16.
-                    let row = UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row");
-                    Ok(self
-                        .synthetic_table(FileKey::PythonTrampolines, row)
-                        .map(|resident| (resident, start)))
+                    self.python_trampolines();
+                    Ok(TrackedMapping {
+                        start,
+                        end,
+                        bias: start,
+                        key: Some(FileKey::PythonTrampolines),
+                        source: None,
+                    })
                 }
                 MMapPath::Vdso => self
-                    .vdso_table(pid, start, end, &mut report)
+                    .vdso(pid, start, end)
                     .with_context(|| format!("pid {pid}'s vDSO")),
                 MMapPath::Path(path) => {
                     // map_files reaches the file whatever the target's mount namespace.
-                    let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-                    self.table_for(&file, start, map.offset, &mut report)
-                        .with_context(|| path.display().to_string())
+                    let source = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+                    self.object(
+                        &source,
+                        (start, end),
+                        map.offset,
+                        &path.display().to_string(),
+                    )
+                    .with_context(|| path.display().to_string())
                 }
-                _ => Ok(None),
+                _ => Err(anyhow!("no file")),
             };
-            match table {
-                Ok(Some((resident, bias))) => {
-                    mapping.first_row = resident.first_row;
-                    mapping.rows = resident.rows;
-                    mapping.bias = bias;
-                    report.with_table += usize::from(resident.rows > 0);
+            mappings.push(mapping.unwrap_or_else(|e| {
+                log::debug!("no unwind table for {e:#}");
+                TrackedMapping {
+                    start,
+                    end,
+                    bias: 0,
+                    key: None,
+                    source: None,
                 }
-                Ok(None) => {}
-                Err(e) => log::debug!("no unwind table for {e:#}"),
-            }
-            mappings.push(mapping);
+            }));
         }
         mappings.sort_by_key(|m| m.start);
         if mappings.len() > MAX_UNWIND_MAPPINGS {
@@ -248,90 +483,110 @@ impl UnwindMaps {
             );
             mappings.truncate(MAX_UNWIND_MAPPINGS);
         }
+        let tracked = self.tracked.entry(pid).or_default();
+        tracked.signature = signature;
+        tracked.mappings = mappings;
+        // A new process is registered even with no table yet: its walk then takes frame
+        // pointers through the objects still being built.
+        tracked.written.clear();
+        self.write_process(pid)
+    }
+
+    /// Gives the kernel `pid`'s mappings with the tables resident now, when they changed.
+    fn write_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        let Some(tracked) = self.tracked.get(&pid) else {
+            return Ok(());
+        };
+        let mappings: Vec<UnwindMapping> = tracked
+            .mappings
+            .iter()
+            .map(|m| {
+                let mut mapping = UnwindMapping {
+                    start: m.start,
+                    end: m.end,
+                    ..UnwindMapping::default()
+                };
+                let resident = m.key.as_ref().and_then(|k| self.tables.get(k));
+                if let Some(Table {
+                    state: TableState::Resident { first_row, rows },
+                    ..
+                }) = resident
+                {
+                    mapping.first_row = *first_row;
+                    mapping.rows = *rows;
+                    mapping.bias = m.bias;
+                }
+                mapping
+            })
+            .collect();
+        if !tracked.written.is_empty() && tracked.written == mappings {
+            return Ok(());
+        }
         let mut value = ProcessMappings {
             len: mappings.len() as u64,
             mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
         };
         value.mappings[..mappings.len()].copy_from_slice(&mappings);
-        report.mappings = mappings.len();
-        if self.loaded.get(&pid) != Some(&mappings) {
-            self.processes
-                .insert(pid, value, 0)
-                .context("registering the process's mappings")?;
-            self.loaded.insert(pid, mappings);
+        self.processes
+            .insert(pid, value, 0)
+            .context("registering the process's mappings")?;
+        if let Some(tracked) = self.tracked.get_mut(&pid) {
+            tracked.written = mappings;
         }
-        Ok(report)
+        Ok(())
     }
 
-    /// Whether the kernel walks `pid` by CFI (its mappings are loaded).
-    pub fn is_tracked(&self, pid: u32) -> bool {
-        self.loaded.contains_key(&pid)
-    }
-
-    /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
-    pub fn unload_process(&mut self, pid: u32) {
-        self.loaded.remove(&pid);
-        let _ = self.processes.remove(&pid);
-    }
-
-    /// Bytes of the row array in use.
-    pub fn resident_bytes(&self) -> usize {
-        self.next_row as usize * std::mem::size_of::<UnwindRow>()
-    }
-
-    /// The resident one-row table under `key`, written on first use; `None` without room.
-    fn synthetic_table(&mut self, key: FileKey, row: UnwindRow) -> Option<Resident> {
-        if let Some(resident) = self.resident.get(&key) {
-            return Some(*resident);
+    /// Rewrites the kernel's mappings of every process that maps `key`.
+    fn write_processes_of(&mut self, key: &FileKey) {
+        let pids: Vec<u32> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.mappings.iter().any(|m| m.key.as_ref() == Some(key)))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in pids {
+            if let Err(e) = self.write_process(pid) {
+                log::debug!("pid {pid}: {e:#}");
+            }
         }
-        if self.next_row >= self.capacity {
-            return None;
-        }
-        let resident = Resident {
-            first_row: self.next_row,
-            rows: 1,
-        };
-        let size = std::mem::size_of::<UnwindRow>();
-        let at = resident.first_row as usize * size;
-        // SAFETY: UnwindRow is plain #[repr(C)] data without padding.
-        let src =
-            unsafe { std::slice::from_raw_parts((&row as *const UnwindRow).cast::<u8>(), size) };
-        self.rows[at..at + size].copy_from_slice(src);
-        self.next_row += 1;
-        self.resident.insert(key, resident);
-        Some(resident)
     }
 
-    /// The resident table of the object behind `file` and the mapping's load bias, building
-    /// and writing the table on first sight; `None` when there is no room for it.
-    fn table_for(
+    /// The mapping of an object file, its table queued when the file is new.
+    fn object(
         &mut self,
-        file: &std::path::Path,
-        start: u64,
+        source: &std::path::Path,
+        (start, end): (u64, u64),
         offset: u64,
-        report: &mut LoadReport,
-    ) -> anyhow::Result<Option<(Resident, u64)>> {
+        name: &str,
+    ) -> anyhow::Result<TrackedMapping> {
         let handle =
-            std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+            std::fs::File::open(source).with_context(|| format!("opening {}", source.display()))?;
+        let meta = handle.metadata().context("stat")?;
+        // A FIFO, a device or a directory mapped executable is nothing to read.
+        if !meta.is_file() {
+            return Err(anyhow!("not a regular file"));
+        }
         // SAFETY: read-only private mapping of a file the target maps too.
         let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
         let bias = load_bias(&image, start, offset)?;
-        let key = file_key(&handle, &image)?;
-        Ok(self
-            .resident_table(key, &image, &file.display().to_string(), report)?
-            .map(|resident| (resident, bias)))
+        let key = file_key(&meta, &image)?;
+        drop(image);
+        if !self.tables.contains_key(&key) {
+            self.new_table(key.clone(), name);
+            self.submit(key.clone(), Image::File(handle), meta.len(), false);
+        }
+        Ok(TrackedMapping {
+            start,
+            end,
+            bias,
+            key: Some(key),
+            source: Some(source.to_path_buf()),
+        })
     }
 
-    /// The resident table of the vDSO mapped at `start..end` of `pid`, and its load bias. The
-    /// vDSO has no file: its ELF image is read from the process's memory, and its table is
-    /// built once per kernel (by the image's build id) for every process.
-    fn vdso_table(
-        &mut self,
-        pid: u32,
-        start: u64,
-        end: u64,
-        report: &mut LoadReport,
-    ) -> anyhow::Result<Option<(Resident, u64)>> {
+    /// The vDSO's mapping. The vDSO has no file: its ELF image is read from the process's
+    /// memory, and its table is built once per kernel (by the image's build id).
+    fn vdso(&mut self, pid: u32, start: u64, end: u64) -> anyhow::Result<TrackedMapping> {
         let image = crate::vdso::read_image(pid, start, end)?;
         let bias = load_bias(&image, start, 0)?;
         let key = {
@@ -342,56 +597,280 @@ impl UnwindMaps {
                 _ => FileKey::VdsoWithoutBuildId,
             }
         };
-        Ok(self
-            .resident_table(key, &image, crate::procmaps::VDSO, report)?
-            .map(|resident| (resident, bias)))
+        if !self.tables.contains_key(&key) {
+            self.new_table(key.clone(), crate::procmaps::VDSO);
+            let size = image.len() as u64;
+            self.submit(key.clone(), Image::Memory(image.to_vec()), size, false);
+        }
+        Ok(TrackedMapping {
+            start,
+            end,
+            bias,
+            key: Some(key),
+            source: None,
+        })
     }
 
-    /// The resident table under `key`, built from the ELF image `image` (named `name` in
-    /// logs) and written into the row array on first sight; `None` when there is no room.
-    fn resident_table(
-        &mut self,
-        key: FileKey,
-        image: &[u8],
-        name: &str,
-        report: &mut LoadReport,
-    ) -> anyhow::Result<Option<Resident>> {
-        if let Some(resident) = self.resident.get(&key) {
-            return Ok(Some(*resident));
+    /// The one-row table of CPython's perf trampolines, written on first use.
+    fn python_trampolines(&mut self) {
+        let key = FileKey::PythonTrampolines;
+        if self.tables.contains_key(&key) {
+            return;
         }
-        let (table, source) = UnwindTable::from_elf(image)?;
-        let rows = table.rows.len() as u32;
-        if u64::from(self.next_row) + u64::from(rows) > u64::from(self.capacity) {
-            report.no_room += 1;
-            log::warn!(
-                "the unwind row array is full ({} rows, {} MiB; --unwind-table-mib raises it): \
-                 {name} ({rows} rows) unwinds by frame pointer",
-                self.capacity,
-                (u64::from(self.capacity) * 8) >> 20
-            );
-            return Ok(None);
-        }
-        let resident = Resident {
-            first_row: self.next_row,
-            rows,
-        };
-        let bytes = table.bytes();
-        let at = resident.first_row as usize * std::mem::size_of::<UnwindRow>();
-        // SAFETY: UnwindRow is plain #[repr(C)] data without padding.
-        let src = unsafe { std::slice::from_raw_parts(table.rows.as_ptr().cast::<u8>(), bytes) };
-        self.rows[at..at + bytes].copy_from_slice(src);
-        self.next_row += rows;
-        self.resident.insert(key, resident);
-        report.tables_built += 1;
-        report.rows_written += rows as usize;
-        log::debug!("unwind table for {name}: {rows} rows from {source:?}");
-        Ok(Some(resident))
+        self.new_table(key.clone(), "[python perf trampolines]");
+        // A return address into a trampoline sits after its call, where the caller's frame is
+        // the 8 bytes it reserved plus the return address: CFA = rsp + 16.
+        let row = UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row");
+        self.install(Built {
+            key,
+            table: Ok(UnwindTable { rows: vec![row] }),
+            took: Duration::ZERO,
+        });
     }
+
+    fn new_table(&mut self, key: FileKey, name: &str) {
+        self.tables.insert(
+            key,
+            Table {
+                state: TableState::Queued,
+                name: name.to_string(),
+                last_sampled: None,
+                warned: false,
+            },
+        );
+    }
+
+    /// Hands a table to the build thread (started on first use).
+    fn submit(&mut self, key: FileKey, image: Image, size: u64, urgent: bool) {
+        if self.builder.is_none() {
+            match Builder::spawn() {
+                Ok(builder) => self.builder = Some(builder),
+                Err(e) => {
+                    self.decide(
+                        &key,
+                        TableState::Unavailable {
+                            why: format!("no thread to build tables: {e}"),
+                        },
+                    );
+                    return;
+                }
+            }
+        }
+        if let Some(table) = self.tables.get_mut(&key) {
+            table.state = TableState::Queued;
+        }
+        if let Some(builder) = &self.builder {
+            builder.submit(Job { key, image, size }, urgent);
+        }
+    }
+
+    /// Puts a finished build in the row array, or notes why it is not there.
+    fn install(&mut self, built: Built) {
+        let Built { key, table, took } = built;
+        let Some(entry) = self.tables.get(&key) else {
+            return;
+        };
+        let sampled = entry.last_sampled.is_some();
+        let table = match table {
+            Ok(table) => table,
+            Err(e) => {
+                self.decide(
+                    &key,
+                    TableState::Unavailable {
+                        why: format!("{e:#}"),
+                    },
+                );
+                return;
+            }
+        };
+        self.built.0 += 1;
+        self.built.1 += table.rows.len() as u64;
+        self.built.2 += took;
+        let rows = table.rows.len() as u32;
+        if table.rows.is_empty() {
+            self.decide(
+                &key,
+                TableState::Unavailable {
+                    why: "it has no call frame information".into(),
+                },
+            );
+            return;
+        }
+        if table.rows.len() > MAX_ROWS_PER_TABLE as usize || rows > self.capacity {
+            let why = format!(
+                "its table ({} rows, {} MiB) is larger than {}",
+                table.rows.len(),
+                table.bytes() >> 20,
+                if rows > self.capacity {
+                    format!(
+                        "the unwind row array ({} MiB; --unwind-table-mib raises it)",
+                        self.capacity_bytes() >> 20
+                    )
+                } else {
+                    format!("the walk can search ({MAX_ROWS_PER_TABLE} rows)")
+                }
+            );
+            self.decide(&key, TableState::Unavailable { why });
+            return;
+        }
+        // A table nobody sampled yet takes free room only; a sampled one may evict.
+        let Some(first_row) = self.allocate(rows, sampled.then(Instant::now)) else {
+            self.decide(&key, TableState::NoRoom { rows });
+            return;
+        };
+        if let Err(e) = self.write_rows(first_row, &table.rows) {
+            self.decide(
+                &key,
+                TableState::Unavailable {
+                    why: format!("{e:#}"),
+                },
+            );
+            return;
+        }
+        log::debug!(
+            "unwind table for {}: {rows} rows in {} ms",
+            self.tables[&key].name,
+            took.as_millis()
+        );
+        self.decide(&key, TableState::Resident { first_row, rows });
+    }
+
+    /// Writes `rows` into the row array from `first_row` on, through a mapping of just the
+    /// pages they cover.
+    fn write_rows(&self, first_row: u32, rows: &[UnwindRow]) -> anyhow::Result<()> {
+        let size = std::mem::size_of::<UnwindRow>();
+        let at = first_row as usize * size;
+        let bytes = std::mem::size_of_val(rows);
+        let page = rustix::param::page_size();
+        let window = at & !(page - 1);
+        // SAFETY: the map was created with BPF_F_MMAPABLE and holds `capacity` rows, which
+        // cover the window (`allocate` keeps tables inside it); the kernel program only reads.
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(window as u64)
+                .len(at + bytes - window)
+                .map_mut(self.rows_map.fd().as_fd_raw())
+        }
+        .context("mapping the unwind row array")?;
+        // SAFETY: UnwindRow is plain #[repr(C)] data without padding.
+        let src = unsafe { std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), bytes) };
+        map[at - window..].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Sets `key`'s state, tells the kernel, and warns once about an object left without a
+    /// table for a reason the user can act on.
+    fn decide(&mut self, key: &FileKey, state: TableState) {
+        let capacity_mib = self.capacity_bytes() >> 20;
+        let Some(table) = self.tables.get_mut(key) else {
+            return;
+        };
+        let warning = match &state {
+            TableState::Unavailable { why } if why.contains("larger than") => Some(why.clone()),
+            TableState::NoRoom { rows } if table.last_sampled.is_some() => Some(format!(
+                "the unwind row array ({capacity_mib} MiB) is full of tables sampled in the \
+                 last {}s; its table needs {} MiB (--unwind-table-mib raises the array)",
+                RECENTLY_SAMPLED.as_secs(),
+                (u64::from(*rows) * 8) >> 20
+            )),
+            TableState::Unavailable { why } => {
+                log::debug!("no unwind table for {}: {why}", table.name);
+                None
+            }
+            _ => None,
+        };
+        if let Some(why) = warning {
+            if !table.warned {
+                table.warned = true;
+                log::warn!("{} unwinds by frame pointer: {why}", table.name);
+            }
+        }
+        table.state = state;
+        self.write_processes_of(key);
+    }
+
+    /// The resident tables: (first row, rows).
+    fn resident(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.tables.values().filter_map(|t| match t.state {
+            TableState::Resident { first_row, rows } => Some((first_row, rows)),
+            _ => None,
+        })
+    }
+
+    /// The first free range of `rows` rows, evicting tables sampled before `evict_before`
+    /// (never-sampled ones first, then the longest unsampled) when `Some` and nothing is free.
+    fn allocate(&mut self, rows: u32, sampled_at: Option<Instant>) -> Option<u32> {
+        loop {
+            if let Some(at) = self.free_range(rows) {
+                return Some(at);
+            }
+            let now = sampled_at?;
+            let victim = self
+                .tables
+                .iter()
+                .filter(|(_, t)| matches!(t.state, TableState::Resident { .. }))
+                .filter(|(_, t)| evictable(t, now))
+                .min_by_key(|(_, t)| t.last_sampled)
+                .map(|(k, _)| k.clone())?;
+            let TableState::Resident {
+                rows: victim_rows, ..
+            } = self.tables[&victim].state
+            else {
+                return None;
+            };
+            log::info!(
+                "evicting the unwind table of {} ({victim_rows} rows) for a sampled object",
+                self.tables[&victim].name
+            );
+            // The kernel forgets the rows before they are reused.
+            self.decide(&victim, TableState::Evicted { rows: victim_rows });
+        }
+    }
+
+    /// Whether `rows` rows fit now, or would once unsampled tables are evicted.
+    fn can_make_room(&self, rows: u32, now: Instant) -> bool {
+        if self.free_range(rows).is_some() {
+            return true;
+        }
+        let evictable: u64 = self
+            .tables
+            .values()
+            .filter(|t| evictable(t, now))
+            .filter_map(|t| match t.state {
+                TableState::Resident { rows, .. } => Some(u64::from(rows)),
+                _ => None,
+            })
+            .sum();
+        let used: u64 = self.resident().map(|(_, r)| u64::from(r)).sum();
+        u64::from(self.capacity) - used + evictable >= u64::from(rows)
+    }
+
+    /// The first gap of `rows` free rows in the array.
+    fn free_range(&self, rows: u32) -> Option<u32> {
+        let mut taken: Vec<(u32, u32)> = self.resident().collect();
+        taken.sort_unstable();
+        let mut at = 0u32;
+        for (first, len) in taken {
+            if first.saturating_sub(at) >= rows {
+                return Some(at);
+            }
+            at = at.max(first + len);
+        }
+        (self.capacity.saturating_sub(at) >= rows).then_some(at)
+    }
+}
+
+/// Whether a resident table may be evicted for one sampled at `now`: it was not sampled in the
+/// last [`RECENTLY_SAMPLED`].
+fn evictable(table: &Table, now: Instant) -> bool {
+    table
+        .last_sampled
+        .is_none_or(|t| now.saturating_duration_since(t) >= RECENTLY_SAMPLED)
 }
 
 /// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
 /// Its tables are loaded after the exec; building bpfprof's own would only delay the command.
-fn is_unexeced_child(pid: u32) -> bool {
+pub(crate) fn is_unexeced_child(pid: u32) -> bool {
     let id = |path: String| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
     pid != std::process::id()
         && id(format!("/proc/{pid}/exe"))
@@ -399,13 +878,12 @@ fn is_unexeced_child(pid: u32) -> bool {
 }
 
 /// The identity under which `file`'s table is shared.
-fn file_key(file: &std::fs::File, image: &[u8]) -> anyhow::Result<FileKey> {
+fn file_key(meta: &std::fs::Metadata, image: &[u8]) -> anyhow::Result<FileKey> {
     use object::Object;
     let elf = object::File::parse(image).context("parsing the ELF headers")?;
     if let Ok(Some(id)) = elf.build_id() {
         return Ok(FileKey::BuildId(id.to_vec()));
     }
-    let meta = file.metadata().context("stat")?;
     Ok(FileKey::Inode(
         meta.dev(),
         meta.ino(),

@@ -1,11 +1,20 @@
 //! CFI unwinding: tables built from each object's `.eh_frame`, shared across processes, and
 //! loaded into the kernel program so that it can walk stacks without frame pointers.
 
+mod builder;
 pub mod loader;
 pub mod table;
 
-pub use loader::{FileKey, LoadReport, UnwindMaps};
+pub use loader::{FileKey, TableState, Untabled, UnwindMaps};
 pub use table::{CfiSource, UnwindTable};
+
+/// How long a new process's start waits for its unwind tables with `--unwind auto`: enough
+/// for an executable and the usual libraries (libc: 2 ms), not for a 400 MB library
+/// (0.5 s), whose frames unwind by frame pointer until its table arrives.
+pub const TABLE_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How long it waits with `--unwind cfi`, which promises whole stacks from the first sample.
+pub const CFI_TABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The mode [`UnwindMaps`] start with: `--unwind` for the CLI (set before the program
 /// loads, so no table is built for a target that `fp` leaves to frame pointers); the daemon
@@ -26,15 +35,28 @@ pub fn default_mode() -> UnwindMode {
     }
 }
 
-/// Rows of the kernel's unwind table array for programs loaded from now on (8 bytes each).
+/// The default cap on the kernel's unwind row array, in MiB (`--unwind-table-mib`): the
+/// tables of the objects a PyTorch training step runs in (libtorch_cpu.so alone is 20 MiB)
+/// fit, and the kernel preallocates no more than the targets need (see [`table_rows_for`]).
+pub const DEFAULT_TABLE_MIB: u32 = 64;
+
+/// The smallest row array a program gets, in MiB: the executable and the usual libraries of
+/// most processes, and room for a few libraries loaded later.
+const MIN_TABLE_MIB: u32 = 16;
+
+/// Rows of the kernel's unwind table array at most, for programs loaded from now on.
 static TABLE_ROWS: std::sync::atomic::AtomicU32 =
-    std::sync::atomic::AtomicU32::new(profiler_common::MAX_UNWIND_ROWS);
+    std::sync::atomic::AtomicU32::new(mib_to_rows(DEFAULT_TABLE_MIB));
 
 /// Largest unwind table array `--unwind-table-mib` accepts, in MiB: the kernel preallocates it
 /// per program, and one object's table must stay within the walk's bisection (4M rows).
 pub const MAX_TABLE_MIB: u32 = 256;
 
-/// Sets the size of the unwind table array of programs loaded from now on, in MiB (1 to
+const fn mib_to_rows(mib: u32) -> u32 {
+    (mib << 20) / std::mem::size_of::<profiler_common::UnwindRow>() as u32
+}
+
+/// Sets the cap on the unwind table array of programs loaded from now on, in MiB (1 to
 /// [`MAX_TABLE_MIB`]); `--unwind-table-mib` for the CLI and the daemon.
 pub fn set_table_mib(mib: u32) -> crate::error::Result<()> {
     if !(1..=MAX_TABLE_MIB).contains(&mib) {
@@ -42,14 +64,30 @@ pub fn set_table_mib(mib: u32) -> crate::error::Result<()> {
             "--unwind-table-mib {mib}: expected 1 to {MAX_TABLE_MIB}"
         )));
     }
-    let rows = (mib << 20) / std::mem::size_of::<profiler_common::UnwindRow>() as u32;
-    TABLE_ROWS.store(rows, std::sync::atomic::Ordering::Relaxed);
+    TABLE_ROWS.store(mib_to_rows(mib), std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
-/// Rows of the unwind table array of programs loaded now.
+/// The cap on the rows of the unwind table array of programs loaded now.
 pub fn table_rows() -> u32 {
     TABLE_ROWS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Rows for the unwind table array of a program loaded for process `pid`: the tables of every
+/// object it maps (estimated from their call frame information's size, a quarter more for
+/// libraries loaded later), at least [`MIN_TABLE_MIB`] and at most the cap. The kernel
+/// preallocates the array, so a small process does not pay for a large one; a process
+/// whose tables exceed the cap gets its sampled objects' tables first. A command not
+/// launched yet (`None`, or still bpfprof's own image), whose libraries are unknown, gets the
+/// cap.
+pub fn table_rows_for(pid: Option<u32>) -> u32 {
+    let cap = table_rows();
+    let Some(pid) = pid.filter(|pid| !loader::is_unexeced_child(*pid)) else {
+        return cap;
+    };
+    let estimate = table::estimate_process_rows(pid);
+    let wanted = estimate.saturating_add(estimate / 4);
+    wanted.clamp(mib_to_rows(MIN_TABLE_MIB).min(cap), cap)
 }
 
 /// How user stacks are walked.
