@@ -74,9 +74,10 @@ struct DaemonArgs {
     /// Socket to listen on [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
     #[arg(long)]
     socket: Option<PathBuf>,
-    /// Kernel memory for CFI unwind tables, per kernel program, in MiB (8 bytes a row; a
-    /// 430 MB libtorch_cpu.so needs about 32).
-    #[arg(long, default_value_t = 16)]
+    /// Most kernel memory for CFI unwind tables, per kernel program, in MiB (8 bytes a row;
+    /// a 430 MB libtorch_cpu.so needs 20); each program gets what its first target maps,
+    /// within this cap.
+    #[arg(long, default_value_t = bpfprof::unwind::DEFAULT_TABLE_MIB)]
     unwind_table_mib: u32,
     /// Where runs and their results are kept.
     #[arg(long, default_value = "/var/lib/bpfprof")]
@@ -275,9 +276,11 @@ struct RecordArgs {
     #[arg(long, value_enum, default_value_t = bpfprof::unwind::UnwindMode::default())]
     unwind: bpfprof::unwind::UnwindMode,
 
-    /// Kernel memory for CFI unwind tables, in MiB (8 bytes a row: libc takes 0.2, a 430 MB
-    /// libtorch_cpu.so about 32); objects past it unwind by frame pointer, with a warning.
-    #[arg(long, default_value_t = 16)]
+    /// Most kernel memory for CFI unwind tables, in MiB (8 bytes a row: libc takes 0.2, a
+    /// 430 MB libtorch_cpu.so 20). The array is sized from what the targets map, within this
+    /// cap; past it, the objects sampled most recently keep their tables and the others
+    /// unwind by frame pointer, with a warning.
+    #[arg(long, default_value_t = bpfprof::unwind::DEFAULT_TABLE_MIB)]
     unwind_table_mib: u32,
 
     /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
@@ -825,11 +828,36 @@ fn summary(profile: &Profile) -> String {
     let unwound = meta.unwound;
     if unwound.cfi_stacks > 0 {
         out.push_str(&format!(
-            "  user stacks: {} walked with CFI tables ({} frames of them by frame pointer), {} by \
-             frame pointers\n",
+            "  user stacks: {} walked by the CFI walker ({} frames of them by frame pointer, where \
+             no table covered the code), {} by frame pointers alone\n",
             unwound.cfi_stacks,
             unwound.frame_pointer_frames_in_cfi_stacks,
             unwound.frame_pointer_stacks
+        ));
+    }
+    if unwound.stacks_through_untabled > 0 {
+        let largest: Vec<String> = meta
+            .untabled
+            .iter()
+            .take(3)
+            .map(|o| format!("{} ({} samples: {})", o.name, o.samples, o.why))
+            .collect();
+        out.push_str(&format!(
+            "  {} stacks ran through objects without an unwind table, walked there by frame \
+             pointer: {}\n",
+            unwound.stacks_through_untabled,
+            largest.join("; ")
+        ));
+    }
+    if cost.unwind_tables_built > 0 {
+        out.push_str(&format!(
+            "  unwind tables: {} built ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} MiB \
+             of kernel memory in use\n",
+            cost.unwind_tables_built,
+            (cost.unwind_rows_built * 8) as f64 / (1024.0 * 1024.0),
+            cost.unwind_build_secs * 1e3,
+            cost.unwind_resident_bytes as f64 / (1024.0 * 1024.0),
+            cost.unwind_array_bytes as f64 / (1024.0 * 1024.0)
         ));
     }
     if unwound.before_walker_ready > 0 {

@@ -294,6 +294,8 @@ pub struct ProfileMeta {
     pub throttled: Option<Throttled>,
     /// How the user stacks were walked.
     pub unwound: Unwound,
+    /// The objects the targets ran in without an unwind table, most samples first.
+    pub untabled: Vec<UntabledObject>,
 }
 
 /// How many user stacks each unwinder produced (`--unwind`), for the summary.
@@ -314,6 +316,20 @@ pub struct Unwound {
     /// Samples of Python threads whose frames could not be read (a thread started since the
     /// last refresh, or an unreadable frame).
     pub python_stacks_missing: u64,
+    /// Samples whose user stack ran through an object that had no unwind table (its frames
+    /// there were walked by frame pointer, which code without frame pointers breaks).
+    pub stacks_through_untabled: u64,
+}
+
+/// An object the targets ran in without an unwind table, for the summary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UntabledObject {
+    /// Its path.
+    pub name: String,
+    /// Why it had no table.
+    pub why: String,
+    /// Samples whose user stack ran through it.
+    pub samples: u64,
 }
 
 /// How far the events fell short of the requested rate over a recording, on every CPU.
@@ -388,6 +404,16 @@ pub struct RunCost {
     pub python_code_objects: u64,
     /// Time spent naming Python frames (reading code objects and line tables), in seconds.
     pub python_naming_secs: f64,
+    /// Unwind tables the run's kernel program built so far (every run it served).
+    pub unwind_tables_built: u64,
+    /// Their rows.
+    pub unwind_rows_built: u64,
+    /// The build thread's time on them, in seconds (off the thread that samples and answers).
+    pub unwind_build_secs: f64,
+    /// Bytes of tables resident in the kernel's row array at the end.
+    pub unwind_resident_bytes: u64,
+    /// Bytes of the kernel's row array (preallocated kernel memory).
+    pub unwind_array_bytes: u64,
 }
 
 impl RunCost {

@@ -16,7 +16,7 @@ use profiler_common::{Counter, PidNamespace};
 use crate::{
     aggregate::{
         aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
-        ShortfallCause, TargetSamples, Throttled, Unwound,
+        ShortfallCause, TargetSamples, Throttled, UntabledObject, Unwound,
     },
     drain::drain,
     error::Result,
@@ -56,6 +56,8 @@ pub struct ProcessRecording {
     pub python: Option<PythonTracking>,
     /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
     pub young_until: Option<Instant>,
+    /// The objects it maps whose code had no unwind table when last looked at.
+    pub untabled: Vec<crate::unwind::Untabled>,
 }
 
 impl ProcessRecording {
@@ -230,6 +232,7 @@ impl Recording {
                 exited: false,
                 python,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
+                untabled: Vec::new(),
             },
         );
         Ok(())
@@ -299,6 +302,7 @@ impl Recording {
                 let _ = program
                     .unwind
                     .track_maps(p.target.pid, Some(p.maps.last_read()));
+                p.untabled = program.unwind.untabled(p.target.pid);
             }
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
@@ -361,6 +365,7 @@ impl Recording {
                             PythonMode::Off => None,
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
+                        untabled: Vec::new(),
                     },
                 );
             }
@@ -393,10 +398,16 @@ impl Recording {
             if !p.exited && p.target.is_alive() {
                 let _ = p.maps.refresh();
             }
+            if let Ok(program) = pool.program(p.slot) {
+                if program.unwind.is_tracked(p.target.pid) {
+                    p.untabled = program.unwind.untabled(p.target.pid);
+                }
+            }
         }
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut bpf_run = None;
+        let mut tables = TableCost::default();
         let throttled = self.throttled(pool);
         let mut result = Ok(());
         for (slot, _) in &self.slots {
@@ -415,6 +426,7 @@ impl Recording {
                 Err(e) => result = Err(e),
             }
             bpf_run = bpf_run.or_else(|| program.run_stats());
+            tables = TableCost::of(&program.unwind);
         }
         for (slot, _) in &self.slots {
             pool.release(*slot);
@@ -429,6 +441,7 @@ impl Recording {
             counters,
             bpf_run,
             throttled,
+            tables,
         })
     }
 
@@ -474,6 +487,30 @@ pub struct Collected {
     counters: Counters,
     bpf_run: Option<(u64, u64)>,
     throttled: Option<Throttled>,
+    tables: TableCost,
+}
+
+/// What the unwind tables of a recording's program cost, for the summary.
+#[derive(Clone, Copy, Debug, Default)]
+struct TableCost {
+    built: usize,
+    rows: u64,
+    build_secs: f64,
+    resident_bytes: u64,
+    array_bytes: u64,
+}
+
+impl TableCost {
+    fn of(unwind: &crate::unwind::UnwindMaps) -> TableCost {
+        let (built, rows, took) = unwind.build_cost();
+        TableCost {
+            built,
+            rows,
+            build_secs: took.as_secs_f64(),
+            resident_bytes: unwind.resident_bytes() as u64,
+            array_bytes: unwind.capacity_bytes() as u64,
+        }
+    }
 }
 
 impl Collected {
@@ -505,6 +542,7 @@ impl Collected {
             counters,
             bpf_run,
             throttled,
+            tables,
         } = self;
         // Samples of processes that came and went between two ticks: counted, not symbolized.
         let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
@@ -530,6 +568,7 @@ impl Collected {
             })
             .collect();
         let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
+        let (stacks_through_untabled, untabled) = untabled_objects(&processes, &by_process);
         let losses = Losses {
             lost_in_transfer: counters
                 .get(Counter::Samples)
@@ -578,13 +617,20 @@ impl Collected {
                 before_walker_ready: counters.get(Counter::CfiNotReady),
                 python_stacks: counters.get(Counter::PythonStacks),
                 python_stacks_missing: counters.get(Counter::PythonStackMissing),
+                stacks_through_untabled,
             },
+            untabled,
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);
         // Measured after symbolization, which is most of bpfprof's own work.
         let mut cost = own_cost();
         cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
         cost.bpf_run_count = bpf_run.map(|(_, n)| n);
+        cost.unwind_tables_built = tables.built as u64;
+        cost.unwind_rows_built = tables.rows;
+        cost.unwind_build_secs = tables.build_secs;
+        cost.unwind_resident_bytes = tables.resident_bytes;
+        cost.unwind_array_bytes = tables.array_bytes;
         for (codes, naming) in processes
             .values()
             .filter_map(|p| p.python.as_ref().map(|t| t.naming_cost()))
@@ -614,8 +660,53 @@ impl ProcessRecording {
             exited: true,
             python: None,
             young_until: None,
+            untabled: Vec::new(),
         }
     }
+}
+
+/// Samples whose user stack ran through an object without an unwind table (its frames there
+/// were walked by frame pointer), and those objects, most samples first.
+fn untabled_objects(
+    processes: &BTreeMap<(u32, u32, u32), ProcessRecording>,
+    samples: &BTreeMap<(u32, u32, u32), Vec<Sample>>,
+) -> (u64, Vec<UntabledObject>) {
+    let mut stacks = 0;
+    let mut objects: BTreeMap<String, UntabledObject> = BTreeMap::new();
+    for (key, samples) in samples {
+        let Some(untabled) = processes.get(key).map(|p| &p.untabled) else {
+            continue;
+        };
+        if untabled.is_empty() {
+            continue;
+        }
+        for sample in samples {
+            let mut hit = false;
+            for object in untabled {
+                if sample
+                    .user_frames
+                    .iter()
+                    .any(|ip| (object.start..object.end).contains(ip))
+                {
+                    hit = true;
+                    objects
+                        .entry(object.name.clone())
+                        .or_insert_with(|| UntabledObject {
+                            name: object.name.clone(),
+                            why: object.state.describe(),
+                            samples: 0,
+                        })
+                        .samples += sample.count;
+                }
+            }
+            if hit {
+                stacks += sample.count;
+            }
+        }
+    }
+    let mut objects: Vec<UntabledObject> = objects.into_values().collect();
+    objects.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.name.cmp(&b.name)));
+    (stacks, objects)
 }
 
 /// Until when a new process's start waits for its unwind tables: with `--unwind cfi` until

@@ -356,6 +356,7 @@ pub(crate) mod fixture {
                 cost: RunCost::default(),
                 throttled: None,
                 unwound: Default::default(),
+                untabled: Vec::new(),
             },
             frames,
             stacks,

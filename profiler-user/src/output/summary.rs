@@ -6,7 +6,9 @@ use serde::Serialize;
 
 use crate::{
     output::top::{function_shares, FunctionShare},
-    profile::{Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled, Unwound},
+    profile::{
+        Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled, UntabledObject, Unwound,
+    },
     sampling::{Event, Rate},
 };
 
@@ -29,6 +31,8 @@ struct Summary<'a> {
     throttled: Option<Throttled>,
     /// How many user stacks each unwinder produced.
     unwind: Unwound,
+    /// The objects the targets ran in without an unwind table, most samples first.
+    objects_without_unwind_tables: &'a [UntabledObject],
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
@@ -84,6 +88,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         lost: &meta.losses,
         throttled: meta.throttled,
         unwind: meta.unwound,
+        objects_without_unwind_tables: &meta.untabled,
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,

@@ -66,11 +66,22 @@ const MAX_ROWS_PER_TABLE: u32 = 1 << profiler_common::UNWIND_TABLE_SEARCH_STEPS;
 /// every refresh.
 const RECENTLY_SAMPLED: Duration = Duration::from_secs(10);
 
+/// Rows above which an object's table is built only once a sample runs in it: 256k rows take
+/// about 20 ms to build and 2 MiB to hold, which covers an executable, libc, libstdc++ and
+/// libpython; PyTorch's seventy objects need 80 MiB, most of it for CUDA libraries a CPU
+/// run never enters, and building them all took 4.8 s of CPU beside the target.
+const EAGER_MAX_ROWS: u64 = 256 * 1024;
+
 /// Where an object's table stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TableState {
     /// Waiting for (or in) the build thread.
     Queued,
+    /// Large, or more than the free room: built once a sample runs in it.
+    OnDemand {
+        /// Its rows, estimated from the size of its call frame information.
+        estimated_rows: u32,
+    },
     /// In the kernel's row array.
     Resident {
         /// Its first row in the array.
@@ -95,6 +106,24 @@ pub enum TableState {
         /// Why.
         why: String,
     },
+}
+
+impl TableState {
+    /// Why an object in this state has no table, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            TableState::Queued => "its table was still being built".into(),
+            TableState::OnDemand { .. } => {
+                "its table is built once it is sampled, and was not built yet".into()
+            }
+            TableState::Resident { .. } => "it has a table".into(),
+            TableState::NoRoom { rows } | TableState::Evicted { rows } => format!(
+                "no room in the unwind row array for its {} MiB table (--unwind-table-mib)",
+                (u64::from(*rows) * 8).div_ceil(1 << 20)
+            ),
+            TableState::Unavailable { why } => why.clone(),
+        }
+    }
 }
 
 /// One object's table and what is known of it.
@@ -337,10 +366,24 @@ impl UnwindMaps {
                 return;
             }
             TableState::NoRoom { rows } | TableState::Evicted { rows } => rows,
+            TableState::OnDemand { estimated_rows } => estimated_rows,
             TableState::Resident { .. } | TableState::Unavailable { .. } => return,
         };
         // Built again only when it will fit: its size is known, so no build is wasted.
         if !self.can_make_room(rows, now) {
+            let state = if rows > self.capacity {
+                TableState::Unavailable {
+                    why: format!(
+                        "its table (about {} MiB) is larger than the unwind row array ({} MiB; \
+                         --unwind-table-mib raises it)",
+                        (u64::from(rows) * 8).div_ceil(1 << 20),
+                        self.capacity_bytes() >> 20
+                    ),
+                }
+            } else {
+                TableState::NoRoom { rows }
+            };
+            self.decide(&key, state);
             return;
         }
         let source = self
@@ -570,10 +613,18 @@ impl UnwindMaps {
         let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
         let bias = load_bias(&image, start, offset)?;
         let key = file_key(&meta, &image)?;
-        drop(image);
         if !self.tables.contains_key(&key) {
             self.new_table(key.clone(), name);
-            self.submit(key.clone(), Image::File(handle), meta.len(), false);
+            let estimate = super::table::estimate_rows(&image);
+            let fits = self
+                .free_range(estimate.min(u64::from(u32::MAX)) as u32)
+                .is_some();
+            if estimate <= EAGER_MAX_ROWS && fits {
+                self.submit(key.clone(), Image::File(handle), meta.len(), false);
+            } else {
+                let estimated_rows = estimate.min(u64::from(u32::MAX)) as u32;
+                self.decide(&key, TableState::OnDemand { estimated_rows });
+            }
         }
         Ok(TrackedMapping {
             start,
