@@ -29,6 +29,8 @@ const ENDED_EARLY_SHARE: f64 = 0.05;
 /// `bpfprof --pid` on the training loop: its length, and the most it may take in all.
 const PID_RUN: Duration = Duration::from_secs(10);
 const PID_RUN_LIMIT: Duration = Duration::from_millis(10_500);
+/// When a `--pid` run that should have ended after 10 s is killed (it failed by then).
+const PID_RUN_KILL: Duration = Duration::from_secs(60);
 /// How far bpfprof's share of `forward` may be from py-spy's on the same process (points).
 const PY_SPY_TOLERANCE: f64 = 0.05;
 /// How long the workload runs before the `--pid` run attaches (import torch, first steps).
@@ -375,7 +377,7 @@ fn pid_run_on_a_training_loop_next_to_py_spy() {
     let run_started = Instant::now();
     let run = run_bpfprof(
         ["--pid", &pid, "-d", &secs, "-o", &folded_arg],
-        Duration::from_secs(120),
+        PID_RUN_KILL,
     );
     let took = run_started.elapsed();
     let mut checks = Checks::new();
