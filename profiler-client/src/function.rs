@@ -113,6 +113,9 @@ pub struct ProfileOptions {
     pub max_stack_length: i64,
     /// Formats the daemon writes; `None` is all of them.
     pub formats: Option<Vec<String>>,
+    /// Also profile the children the process forks during the run, and theirs (work that
+    /// runs in subprocesses or worker pools started by it).
+    pub follow_children: bool,
     /// How long to wait for the run to be `RUNNING` before giving up on profiling.
     pub timeout_wait_for_running: Duration,
     /// How long to wait, after stopping, for the run's results.
@@ -135,6 +138,7 @@ impl Default for ProfileOptions {
             tags: BTreeMap::new(),
             max_stack_length: 127,
             formats: None,
+            follow_children: false,
             timeout_wait_for_running: Duration::from_secs(60),
             timeout_wait_for_finished: Duration::from_secs(60),
             socket: None,
@@ -158,7 +162,7 @@ impl ProfileOptions {
             tags: self.tags.clone(),
             max_stack_length: Some(self.max_stack_length),
             formats: self.formats.clone(),
-            follow_children: false,
+            follow_children: self.follow_children,
             unwind: self.unwind.clone(),
             python: self.python.clone(),
         }
@@ -458,6 +462,13 @@ mod tests {
         }
         .run_request(1, None);
         assert_eq!((req.frequency, req.sample_interval), (Some(99), None));
+        assert!(!req.follow_children);
+        let req = ProfileOptions {
+            follow_children: true,
+            ..ProfileOptions::default()
+        }
+        .run_request(1, None);
+        assert!(req.follow_children);
     }
 
     #[test]

@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 use crate::protocol::{ErrorCode, Op, Reply, Request, RunInfo, RunRequest};
 
 pub use function::{FunctionProfiler, ProfileError, ProfileOptions};
-pub use phase::{PhaseConfig, PhaseProfiler, PhaseRun, PhaseStats, UNWIND_ENV};
+pub use phase::{
+    parse_switch, PhaseConfig, PhaseProfiler, PhaseRun, PhaseStats, FOLLOW_CHILDREN_ENV,
+    MAX_STACK_LENGTH_ENV, UNWIND_ENV,
+};
 
 /// How long [`Client::connect`] waits for the daemon to accept the connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

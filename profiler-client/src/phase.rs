@@ -35,6 +35,9 @@ pub const MAX_STACK_LENGTH_ENV: &str = "BPFPROF_MAX_STACK_LENGTH";
 pub const MAX_PROFILE_TIME_ENV: &str = "BPFPROF_MAX_PROFILE_TIME";
 /// How user stacks are walked: `auto`, `fp` or `cfi` (as `bpfprof --unwind`).
 pub const UNWIND_ENV: &str = "BPFPROF_UNWIND";
+/// `1`/`0` (`true`/`false`, `yes`/`no`): whether runs also profile the children the target
+/// forks during the run (the protocol's `follow_children`).
+pub const FOLLOW_CHILDREN_ENV: &str = "BPFPROF_FOLLOW_CHILDREN";
 /// The unwind modes the daemon knows.
 pub const UNWIND_MODES: [&str; 3] = ["auto", "fp", "cfi"];
 
@@ -62,7 +65,8 @@ pub struct PhaseConfig {
 
 impl PhaseConfig {
     /// Defaults overridden by `BPFPROF_SAMPLE_INTERVAL`, `BPFPROF_MAX_STACK_LENGTH`,
-    /// `BPFPROF_MAX_PROFILE_TIME` (seconds), `BPFPROF_UNWIND` and `BPFPROF_PHASE_FILTER`; invalid values are
+    /// `BPFPROF_MAX_PROFILE_TIME` (seconds), `BPFPROF_UNWIND`, `BPFPROF_FOLLOW_CHILDREN` and
+    /// `BPFPROF_PHASE_FILTER`; invalid values are
     /// warned about and ignored. The socket comes from `BPFPROF_SOCKET` as for every client.
     pub fn from_env() -> PhaseConfig {
         PhaseConfig::from_lookup(|key| std::env::var(key).ok())
@@ -109,8 +113,26 @@ impl PhaseConfig {
                 log::warn!("bpfprof: ignoring {UNWIND_ENV}={v:?}: expected auto, fp or cfi");
             }
         }
+        if let Some(v) = get(FOLLOW_CHILDREN_ENV) {
+            match parse_switch(&v) {
+                Some(on) => config.options.follow_children = on,
+                None => {
+                    log::warn!("bpfprof: ignoring {FOLLOW_CHILDREN_ENV}={v:?}: expected 1 or 0")
+                }
+            }
+        }
         config.filter = get(PHASE_FILTER_ENV);
         config
+    }
+}
+
+/// An on/off environment value: `1`/`true`/`yes` or `0`/`false`/`no` (any case); `None` for
+/// anything else.
+pub fn parse_switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" => Some(true),
+        "0" | "false" | "no" => Some(false),
+        _ => None,
     }
 }
 
@@ -568,6 +590,7 @@ mod tests {
             (MAX_STACK_LENGTH_ENV, " 64 "),
             (MAX_PROFILE_TIME_ENV, "1.5"),
             (UNWIND_ENV, "fp"),
+            (FOLLOW_CHILDREN_ENV, "yes"),
             (PHASE_FILTER_ENV, "fwd"),
         ]
         .into();
@@ -577,12 +600,14 @@ mod tests {
         assert_eq!(c.options.max_profile_duration, Duration::from_millis(1500));
         assert_eq!(c.filter.as_deref(), Some("fwd"));
         assert_eq!(c.options.unwind.as_deref(), Some("fp"));
+        assert!(c.options.follow_children);
 
         let bad: HashMap<&str, &str> = [
             (SAMPLE_INTERVAL_ENV, "-1"),
             (MAX_STACK_LENGTH_ENV, "lots"),
             (MAX_PROFILE_TIME_ENV, "0"),
             (UNWIND_ENV, "dwarf"),
+            (FOLLOW_CHILDREN_ENV, "sometimes"),
             (PHASE_FILTER_ENV, ""),
         ]
         .into();

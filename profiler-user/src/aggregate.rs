@@ -8,7 +8,7 @@ pub use crate::profile::*;
 use crate::{
     procmaps::ProcessMaps,
     sample::Sample,
-    symbolize::{lookup_addresses, Frame, Symbolizer},
+    symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
     target::Target,
 };
 
@@ -133,7 +133,11 @@ pub fn aggregate(
                 let mut frame = frame.clone();
                 if !options.line_numbers {
                     frame.line = None;
-                    frame.start_line = None;
+                    // A Python function's first line comes with its code object (no debug
+                    // info to read), and pstats keys functions by it, as cProfile does.
+                    if frame.kind != FrameKind::Python {
+                        frame.start_line = None;
+                    }
                 }
                 frames.push(interner.intern(ProfileFrame::Code(frame)));
                 addresses.push(address);

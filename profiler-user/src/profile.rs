@@ -63,8 +63,15 @@ impl ProfileFrame {
 
     /// The function's name, with `file:first line` appended where known: one label per
     /// function whichever of its lines was sampled (for tables that list functions).
+    /// Python frames keep their first line without `--line-numbers` (for pstats' keys); their
+    /// labels show it only where the profile has lines.
     pub fn function_label(&self) -> String {
         match self {
+            ProfileFrame::Code(frame)
+                if frame.kind == FrameKind::Python && frame.line.is_none() =>
+            {
+                frame.name.clone()
+            }
             ProfileFrame::Code(frame) => frame_label(frame, frame.start_line),
             other => other.name().to_string(),
         }
@@ -314,7 +321,8 @@ pub struct Unwound {
     /// Samples with Python frames read from the interpreter.
     pub python_stacks: u64,
     /// Samples of Python threads whose frames could not be read (a thread started since the
-    /// last refresh, or an unreadable frame).
+    /// last refresh, or an unreadable frame); threads that never had a Python thread state
+    /// (OpenMP and other native workers) are not counted.
     pub python_stacks_missing: u64,
     /// Samples whose user stack ran through an object that had no unwind table (its frames
     /// there were walked by frame pointer, which code without frame pointers breaks).

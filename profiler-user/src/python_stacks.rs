@@ -88,6 +88,8 @@ pub struct PythonTracking {
     layout: profiler_common::PythonProcess,
     /// Host tids given to the kernel.
     threads: HashSet<u32>,
+    /// Which of the process's threads run Python, as seen at each refresh.
+    kinds: ThreadKinds,
     /// Python stacks already named.
     named_stacks: HashSet<StackId>,
     /// Frames named so far.
@@ -129,6 +131,7 @@ impl PythonTracking {
             target,
             layout,
             threads: HashSet::new(),
+            kinds: ThreadKinds::default(),
             named_stacks: HashSet::new(),
             symbols: PythonSymbols::new(),
             unnamed: 0,
@@ -153,7 +156,10 @@ impl PythonTracking {
                 self.layout = layout;
             }
         }
-        let threads = match self.target.threads() {
+        let crate::python::ThreadListing {
+            python: threads,
+            tasks,
+        } = match self.target.thread_listing() {
             Ok(t) => t,
             Err(e) => {
                 log::debug!("pid {}: Python threads: {e}", self.target.pid());
@@ -161,6 +167,11 @@ impl PythonTracking {
             }
         };
         let now: HashSet<u32> = threads.iter().map(|(tid, _)| *tid).collect();
+        self.kinds.record(
+            tasks
+                .iter()
+                .map(|(&ns_tid, host)| (ns_tid, now.contains(host))),
+        );
         for (tid, tstate) in threads {
             // Re-written every time: a thread id can be reused with a new thread state.
             let _ = program.python.threads.insert(tid, tstate, 0);
@@ -225,6 +236,46 @@ impl PythonTracking {
     /// The frames named so far.
     pub fn symbols(&self) -> &PythonSymbols {
         &self.symbols
+    }
+
+    /// Whether thread `ns_tid` (in the process's pid namespace) ran no Python during the run:
+    /// listed at a refresh without a thread state, and never with one.
+    pub fn runs_no_python(&self, ns_tid: u32) -> bool {
+        self.kinds.runs_no_python(ns_tid)
+    }
+}
+
+/// The threads of a CPython process seen so far, by whether they had a thread state.
+///
+/// The kernel counts every sample of a thread it has no thread state for as "Python frames
+/// missing" (it cannot tell a thread userspace has not listed yet from one that never runs
+/// Python); this tells the two apart afterwards, so that the count is of threads that run
+/// Python only: an OpenMP or other native worker thread has nothing to miss.
+#[derive(Debug, Default)]
+pub struct ThreadKinds {
+    /// Threads listed with a thread state at least once.
+    python: HashSet<u32>,
+    /// Threads listed without one at least once.
+    stateless: HashSet<u32>,
+}
+
+impl ThreadKinds {
+    /// Records one listing: each task's tid and whether it had a thread state.
+    pub fn record(&mut self, tasks: impl IntoIterator<Item = (u32, bool)>) {
+        for (tid, has_state) in tasks {
+            if has_state {
+                self.python.insert(tid);
+            } else {
+                self.stateless.insert(tid);
+            }
+        }
+    }
+
+    /// Whether `tid` was listed, always without a thread state. A thread that gained one
+    /// later (a new Python thread listed before its state named it) runs Python: its samples
+    /// before its listing are missing frames indeed.
+    pub fn runs_no_python(&self, tid: u32) -> bool {
+        self.stateless.contains(&tid) && !self.python.contains(&tid)
     }
 }
 
@@ -551,6 +602,20 @@ mod tests {
             0,
         );
         assert_eq!(merged[0].0.name, "[unknown Python code]");
+    }
+
+    #[test]
+    fn only_threads_never_seen_with_a_thread_state_run_no_python() {
+        let mut kinds = ThreadKinds::default();
+        // 10: the main thread; 11: an OpenMP worker; 12: a Python thread listed before its
+        // state named it.
+        kinds.record([(10, true), (11, false), (12, false)]);
+        kinds.record([(10, true), (11, false), (12, true)]);
+        assert!(!kinds.runs_no_python(10));
+        assert!(kinds.runs_no_python(11));
+        assert!(!kinds.runs_no_python(12));
+        // Never listed (came and went between two refreshes): unknown, not "no Python".
+        assert!(!kinds.runs_no_python(13));
     }
 
     #[test]

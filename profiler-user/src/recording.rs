@@ -569,6 +569,24 @@ impl Collected {
             .collect();
         let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
         let (stacks_through_untabled, untabled) = untabled_objects(&processes, &by_process);
+        // The kernel counted every sample of a CPython thread it had no thread state for as
+        // missing its Python frames; those of threads that never run Python (OpenMP and other
+        // native workers) miss nothing. (Samples taken before the walker program or the
+        // interpreter's layout was loaded were not counted, hence the saturation.)
+        let no_python: u64 = processes
+            .iter()
+            .filter_map(|(key, p)| {
+                let python = p.python.as_ref()?;
+                let samples = by_process.get(key)?;
+                Some(
+                    samples
+                        .iter()
+                        .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
+                        .map(|s| s.count)
+                        .sum::<u64>(),
+                )
+            })
+            .sum();
         let losses = Losses {
             lost_in_transfer: counters
                 .get(Counter::Samples)
@@ -616,7 +634,9 @@ impl Collected {
                 frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
                 before_walker_ready: counters.get(Counter::CfiNotReady),
                 python_stacks: counters.get(Counter::PythonStacks),
-                python_stacks_missing: counters.get(Counter::PythonStackMissing),
+                python_stacks_missing: counters
+                    .get(Counter::PythonStackMissing)
+                    .saturating_sub(no_python),
                 stacks_through_untabled,
             },
             untabled,

@@ -26,7 +26,7 @@ use std::{
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    client::{Client, ClientError},
+    client::{Client, ClientError, FOLLOW_CHILDREN_ENV},
     error::{exit_code, Error},
     protocol::{self, Reply, RunRequest, RunState},
     sampling::{EventChoice, KernelLimits, SamplingRequest},
@@ -43,6 +43,15 @@ const RESULTS_GRACE: Duration = Duration::from_secs(60);
 const STOP_WAIT: Duration = Duration::from_secs(30);
 /// Default run length when `--duration-ms` is not given: the daemon's maximum.
 const DEFAULT_DURATION_MS: u64 = 600_000;
+/// The stack depth PyTorch's compile-time profiler asks for, which strobelight's command line
+/// cannot carry: strobeclient reads it from its environment (inherited from PyTorch).
+pub const COMPILE_MAX_STACK_LENGTH_ENV: &str = "COMPILE_STROBELIGHT_MAX_STACK_LENGTH";
+/// Set (to anything non-empty, as PyTorch tests it) in processes whose `torch.compile` phases
+/// PyTorch profiles.
+pub const TORCH_COMPILE_ENV: &str = "TORCH_COMPILE_STROBELIGHT";
+/// The depth PyTorch's compile-time profiler asks for when `COMPILE_STROBELIGHT_MAX_STACK_LENGTH`
+/// is unset (its own default).
+const COMPILE_DEFAULT_MAX_STACK_LENGTH: i64 = 500;
 
 /// The strobelight client command line that PyTorch drives.
 #[derive(Parser, Debug)]
@@ -200,42 +209,60 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
          interpreter's C frames"
     );
     let duration_ms = args.duration_ms.unwrap_or(DEFAULT_DURATION_MS);
-    let request = RunRequest {
+    let env = RunEnv::from_lookup(|key| std::env::var(key).ok());
+    for note in &env.notes {
+        let _ = writeln!(err, "INFO {note}");
+    }
+    let mut request = RunRequest {
         pid,
         pid_ns,
         event: Some(event_name(event).into()),
         sample_interval: args.sample_interval,
         duration_ms: Some(duration_ms),
         sample_tags: args.sample_tags.clone(),
-        // strobelight's command line has no unwinder choice: the environment gives it, as for
-        // phase profilers; the daemon refuses unknown modes.
-        unwind: std::env::var(crate::client::UNWIND_ENV)
-            .ok()
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty()),
+        max_stack_length: env.max_stack_length,
+        follow_children: env.follow_children,
+        unwind: env.unwind,
         ..RunRequest::default()
     };
     let mut client = connect(&args.socket)?;
-    let started = match client.run(request.clone()) {
-        // PyTorch's compile-time profiler asks for 30 minutes, longer than the daemon's
-        // longest run: take the longest the daemon allows (no duration) instead of failing.
-        Err(ClientError::Refused {
-            code: protocol::ErrorCode::BadRequest,
-            message,
-        }) if duration_ms > 0 && message.contains("duration_ms") => {
-            let _ = writeln!(
-                err,
-                "INFO --duration-ms {duration_ms} is longer than the daemon allows ({message}); \
-                 the run lasts the daemon's longest unless stopped first"
-            );
-            client
-                .run(RunRequest {
-                    duration_ms: None,
-                    ..request
-                })
-                .map_err(Error::from)?
+    // A refusal of what PyTorch asks for but strobelight's own client would have served (a
+    // longer run, deeper stacks than the daemon records) takes the daemon's limit instead of
+    // failing the profile; each field is dropped at most once, so this ends.
+    let started = loop {
+        match client.run(request.clone()) {
+            Err(ClientError::Refused {
+                code: protocol::ErrorCode::BadRequest,
+                message,
+            }) => {
+                if request.duration_ms.is_some() && message.contains("duration_ms") {
+                    // PyTorch's compile-time profiler asks for 30 minutes, longer than the
+                    // daemon's longest run.
+                    let _ = writeln!(
+                        err,
+                        "INFO --duration-ms {duration_ms} is longer than the daemon allows \
+                         ({message}); the run lasts the daemon's longest unless stopped first"
+                    );
+                    request.duration_ms = None;
+                } else if let (Some(depth), true) =
+                    (request.max_stack_length, is_stack_length_refusal(&message))
+                {
+                    let _ = writeln!(
+                        err,
+                        "INFO a stack depth of {depth} frames is deeper than the daemon records \
+                         ({message}); stacks keep their leaf-most frames up to the daemon's \
+                         deepest, under a [truncated] root frame"
+                    );
+                    request.max_stack_length = None;
+                } else {
+                    return Err(Error::from(ClientError::Refused {
+                        code: protocol::ErrorCode::BadRequest,
+                        message,
+                    }));
+                }
+            }
+            other => break other.map_err(Error::from)?,
         }
-        other => other.map_err(Error::from)?,
     };
     let id = started.run_id.unwrap_or_default();
     let _ = writeln!(err, "INFO Run Id: {id}");
@@ -245,6 +272,84 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
     let wait = Duration::from_millis(duration_ms) + RESULTS_GRACE;
     let reply = client.results(id, wait).map_err(Error::from)?;
     report(&mut client, &reply, err)
+}
+
+/// Whether a daemon's refusal is about the requested stack depth.
+fn is_stack_length_refusal(message: &str) -> bool {
+    message.contains("max-stack-length") || message.contains("max_stack_length")
+}
+
+/// What a `run` takes from its environment, which strobelight's command line has no flags for.
+#[derive(Debug, Default, PartialEq)]
+struct RunEnv {
+    /// Deepest stack asked for: `BPFPROF_MAX_STACK_LENGTH`, else
+    /// `COMPILE_STROBELIGHT_MAX_STACK_LENGTH`, else PyTorch's compile default in a process
+    /// whose compile phases are profiled; `None` is the daemon's default.
+    max_stack_length: Option<i64>,
+    /// Follow the children the target forks during the run.
+    follow_children: bool,
+    /// The unwinder (`BPFPROF_UNWIND`); the daemon refuses unknown modes.
+    unwind: Option<String>,
+    /// What to tell the user about these choices.
+    notes: Vec<String>,
+}
+
+impl RunEnv {
+    /// Reads the environment through `lookup` (empty values count as unset).
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> RunEnv {
+        let get = |key: &str| {
+            lookup(key)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let mut env = RunEnv {
+            unwind: get(crate::client::UNWIND_ENV),
+            ..RunEnv::default()
+        };
+        let compiling = get(TORCH_COMPILE_ENV).is_some();
+        for key in [
+            crate::client::MAX_STACK_LENGTH_ENV,
+            COMPILE_MAX_STACK_LENGTH_ENV,
+        ] {
+            let Some(v) = get(key) else { continue };
+            match v.parse::<i64>() {
+                Ok(n) if n > 0 => {
+                    env.max_stack_length = Some(n);
+                    break;
+                }
+                _ => env
+                    .notes
+                    .push(format!("ignoring {key}={v:?}: not a positive integer")),
+            }
+        }
+        if env.max_stack_length.is_none() && compiling {
+            env.max_stack_length = Some(COMPILE_DEFAULT_MAX_STACK_LENGTH);
+        }
+        // Inductor compiles in child processes (its compile workers): a compile phase's
+        // cost is theirs too.
+        env.follow_children = compiling;
+        // BPFPROF_FOLLOW_CHILDREN decides either way (default: on for compile phases).
+        if let Some(v) = get(FOLLOW_CHILDREN_ENV) {
+            match crate::client::parse_switch(&v) {
+                Some(on) => env.follow_children = on,
+                None => env.notes.push(format!(
+                    "ignoring {FOLLOW_CHILDREN_ENV}={v:?}: expected 1 or 0"
+                )),
+            }
+        }
+        if env.follow_children {
+            env.notes.push(format!(
+                "following the children the process forks during the run ({}; \
+                 {FOLLOW_CHILDREN_ENV}=0 turns it off)",
+                if compiling {
+                    "TORCH_COMPILE_STROBELIGHT: inductor's compile workers"
+                } else {
+                    "BPFPROF_FOLLOW_CHILDREN"
+                }
+            ));
+        }
+        env
+    }
 }
 
 fn event_name(choice: EventChoice) -> &'static str {
@@ -499,5 +604,48 @@ mod tests {
         assert_eq!(e.exit_code(), exit_code::USAGE);
         assert!(e.to_string().contains("pyperf"), "{e}");
         assert!(run_id(-1).is_err());
+    }
+
+    fn env_of(vars: &[(&str, &str)]) -> RunEnv {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RunEnv::from_lookup(|key| vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn the_environment_gives_depth_children_and_unwinder() {
+        assert_eq!(env_of(&[]), RunEnv::default());
+        // A compile phase: PyTorch's 500 frames and its compile workers.
+        let compile = env_of(&[(TORCH_COMPILE_ENV, "1")]);
+        assert_eq!(compile.max_stack_length, Some(500));
+        assert!(compile.follow_children);
+        assert!(compile.notes[0].contains("compile workers"), "{compile:?}");
+        let asked = env_of(&[
+            (TORCH_COMPILE_ENV, "1"),
+            (COMPILE_MAX_STACK_LENGTH_ENV, "300"),
+            (FOLLOW_CHILDREN_ENV, "0"),
+        ]);
+        assert_eq!(asked.max_stack_length, Some(300));
+        assert!(!asked.follow_children);
+        // bpfprof's own variable first.
+        let ours = env_of(&[
+            (crate::client::MAX_STACK_LENGTH_ENV, "64"),
+            (COMPILE_MAX_STACK_LENGTH_ENV, "300"),
+            (crate::client::UNWIND_ENV, " fp "),
+        ]);
+        assert_eq!(ours.max_stack_length, Some(64));
+        assert_eq!(ours.unwind.as_deref(), Some("fp"));
+        assert!(!ours.follow_children);
+        let bad = env_of(&[
+            (crate::client::MAX_STACK_LENGTH_ENV, "deep"),
+            (FOLLOW_CHILDREN_ENV, "maybe"),
+        ]);
+        assert_eq!(bad.max_stack_length, None);
+        assert_eq!(bad.notes.len(), 2, "{bad:?}");
+        assert!(is_stack_length_refusal(
+            "--max-stack-length 500 is above the 127 frames bpfprof's kernel program collects"
+        ));
     }
 }

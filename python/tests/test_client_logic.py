@@ -24,6 +24,22 @@ def test_function_runs_profiled_and_results_are_collected(fake_daemon) -> None:
     assert run["sample_interval"] == 10_000_000 and run["duration_ms"] == 600_000
     # auto is the daemon's default: not sent, so a daemon without the field accepts the run.
     assert "unwind" not in run
+    assert "follow_children" not in run
+
+
+def test_children_are_followed_when_asked(fake_daemon, caplog) -> None:
+    daemon = fake_daemon()
+    FunctionProfiler(follow_children=True, socket_path=daemon.path).profile(lambda: None)
+    PhaseProfiler.enable(
+        socket_path=daemon.path, env={"BPFPROF_FOLLOW_CHILDREN": "1"}
+    ).profile_phase(lambda: None, "p1")
+    with caplog.at_level(logging.WARNING):
+        PhaseProfiler.enable(
+            socket_path=daemon.path, env={"BPFPROF_FOLLOW_CHILDREN": "often"}
+        ).profile_phase(lambda: None, "p2")
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    assert [r.get("follow_children") for r in runs] == [True, True, None]
+    assert "BPFPROF_FOLLOW_CHILDREN" in caplog.text
 
 
 def test_the_unwind_mode_is_sent_by_profilers_decorators_and_phases(fake_daemon, caplog) -> None:

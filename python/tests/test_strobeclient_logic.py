@@ -105,3 +105,53 @@ def test_the_unwind_mode_comes_from_the_environment(fake_daemon, monkeypatch) ->
     assert code == 0, err
     runs = [r for r in daemon.requests if r["op"] == "run"]
     assert [r.get("unwind") for r in runs] == [None, "fp"]
+
+
+def test_compile_phases_ask_for_pytorchs_depth_and_follow_children(fake_daemon, monkeypatch) -> None:
+    # TORCH_COMPILE_STROBELIGHT's profiler asks for 500 frames (its default), which the command
+    # line cannot carry; the daemon refuses more than it records: the run takes its deepest.
+    monkeypatch.setenv("TORCH_COMPILE_STROBELIGHT", "1")
+    monkeypatch.delenv("COMPILE_STROBELIGHT_MAX_STACK_LENGTH", raising=False)
+    monkeypatch.delenv("BPFPROF_MAX_STACK_LENGTH", raising=False)
+    monkeypatch.delenv("BPFPROF_FOLLOW_CHILDREN", raising=False)
+
+    def handler(request: Dict[str, Any]) -> Dict[str, Any]:
+        if "duration_ms" in request:
+            return {"ok": False, "error": {"code": "bad_request", "message": "duration_ms must be between 1 and 600000"}}
+        if "max_stack_length" in request:
+            return {
+                "ok": False,
+                "error": {
+                    "code": "bad_request",
+                    "message": "--max-stack-length 500 is above the 127 frames bpfprof's kernel program collects",
+                },
+            }
+        return {"run_id": 8, "state": "RUNNING"}
+
+    daemon = fake_daemon(handler)
+    code, err = strobe(daemon, PYTORCH_RUN)
+    assert code == 0, err
+    assert re.search(r"INFO Run Id: (-?\d+)", err).group(1) == "8"
+    assert [r.get("max_stack_length") for r in daemon.requests] == [500, 500, None]
+    assert all(r["follow_children"] is True for r in daemon.requests)
+    assert "deeper than the daemon records" in err and "compile workers" in err
+
+
+def test_the_environment_sets_depth_and_children(fake_daemon, monkeypatch) -> None:
+    monkeypatch.delenv("TORCH_COMPILE_STROBELIGHT", raising=False)
+    monkeypatch.setenv("COMPILE_STROBELIGHT_MAX_STACK_LENGTH", "300")
+    monkeypatch.setenv("BPFPROF_MAX_STACK_LENGTH", "64")
+    monkeypatch.setenv("BPFPROF_FOLLOW_CHILDREN", "yes")
+    daemon = fake_daemon(lambda request: {"run_id": 2, "state": "RUNNING"})
+    code, err = strobe(daemon, PYTORCH_RUN)
+    assert code == 0, err
+    (run,) = daemon.requests
+    assert run["max_stack_length"] == 64 and run["follow_children"] is True
+    # Without either variable, nothing is sent: the daemon's defaults (127, no children).
+    for name in ("COMPILE_STROBELIGHT_MAX_STACK_LENGTH", "BPFPROF_MAX_STACK_LENGTH", "BPFPROF_FOLLOW_CHILDREN"):
+        monkeypatch.delenv(name)
+    daemon = fake_daemon(lambda request: {"run_id": 3, "state": "RUNNING"})
+    code, err = strobe(daemon, PYTORCH_RUN)
+    assert code == 0, err
+    (run,) = daemon.requests
+    assert "max_stack_length" not in run and "follow_children" not in run

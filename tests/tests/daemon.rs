@@ -186,6 +186,61 @@ fn concurrent_runs_on_two_processes_keep_their_own_samples_and_tags() {
     assert!(pb.has_frame("[tag second]") && !pb.has_frame("[tag first]"));
 }
 
+/// `bpfprof run --follow-children`: the children the target forks during the run are in its
+/// profile; without it they are not.
+#[test]
+fn cli_run_follows_children_when_asked() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let shortlived = workload_path("shortlived");
+    for follow in [true, false] {
+        // The child starts after the run has attached, and the shell outlives the run.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!("sleep 1.5; {} 1; sleep 60", shortlived.display()),
+        ]);
+        let target = Workload::spawn_command(cmd);
+        let pid = target.pid().to_string();
+        let mut args = vec![
+            "run",
+            "--async",
+            "--pid",
+            &pid,
+            "-F",
+            "499",
+            "--duration-ms",
+            "5000",
+        ];
+        if follow {
+            args.push("--follow-children");
+        }
+        let run = daemon.cli(&args);
+        run.assert_code(0);
+        let id: u64 = run
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("Run Id: "))
+            .unwrap_or_else(|| panic!("no `Run Id: N` in {:?}", run.stdout))
+            .trim()
+            .parse()
+            .unwrap();
+        let reply = daemon
+            .client()
+            .results(id, Duration::from_secs(30))
+            .unwrap();
+        let profile = folded_of(reply.files.as_ref().unwrap());
+        let n = profile.count_containing("short_work");
+        if follow {
+            assert!(n >= 100, "only {n} child samples\n{}", profile.top(5));
+        } else {
+            assert_eq!(n, 0, "children profiled without --follow-children");
+        }
+    }
+}
+
 #[test]
 fn run_ends_with_success_when_its_target_exits() {
     if !require_root() {

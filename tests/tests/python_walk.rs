@@ -660,3 +660,61 @@ fn perf_trampolines_with_the_walk() {
     }
     checks.finish();
 }
+
+/// pstats keys each Python function by its script and the line of its `def` in every run, as
+/// cProfile does: without `--line-numbers` too (the daemon's runs, and so strobeclient's, have
+/// none), where the other formats name functions without lines.
+#[test]
+fn pstats_keys_functions_by_their_def_line_without_line_numbers() {
+    if !require_root() {
+        return;
+    }
+    let script = workload("pyhot.py");
+    let python = PathBuf::from("/usr/bin/python3.11");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script).arg("30");
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(WARM_UP);
+    let dir = tempdir();
+    let prof = dir.path().join("cli.prof");
+    let top = dir.path().join("cli.txt");
+    let pid = target.pid().to_string();
+    run_bpfprof(
+        record_args(&[&prof, &top], &["-d", "2s", "--pid", &pid]),
+        TIMEOUT,
+    )
+    .assert_code(exit::OK);
+    let daemon = Daemon::start(&[]);
+    let mut client = daemon.client();
+    let id = client
+        .run(bpfprof::protocol::RunRequest {
+            pid: target.pid(),
+            frequency: Some(999),
+            duration_ms: Some(2000),
+            ..Default::default()
+        })
+        .expect("daemon run")
+        .run_id
+        .unwrap();
+    let reply = client.results(id, DAEMON_TIMEOUT).expect("daemon results");
+    let daemon_prof = PathBuf::from(&reply.files.as_ref().unwrap()["pstats"]);
+    let mut checks = Checks::new();
+    for (run, path) in [("--pid", &prof), ("daemon", &daemon_prof)] {
+        let entries = pstats_entries(path);
+        for func in ["parent_hot", "leaf_hot", "parent_cold", "leaf_cold"] {
+            let (def, _) = function_lines(&script, func);
+            let key = (script.display().to_string(), def, func.to_string());
+            checks.check(entries.contains(&key), || {
+                let near: Vec<_> = entries.iter().filter(|e| e.2 == func).collect();
+                format!("{run}: pstats has no {key:?}; its {func} entries: {near:?}")
+            });
+        }
+    }
+    // The top table still lists functions without lines when none were asked for.
+    let table = std::fs::read_to_string(&top).unwrap();
+    checks.check(
+        table.contains("leaf_hot\n") && !table.contains("leaf_hot ("),
+        || format!("the top table names leaf_hot with a line:\n{table}"),
+    );
+    checks.finish();
+}

@@ -12,7 +12,6 @@ use std::{
     os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
     thread,
     time::Duration,
 };
@@ -304,61 +303,6 @@ fn bins() -> Bins {
     }
 }
 
-/// The Python package installed into a fresh venv (once per test process) the way a user
-/// does it, `pip install ./python`, offline; returns its `strobeclient` console script.
-fn python_console_script() -> &'static Path {
-    static SCRIPT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &SCRIPT
-        .get_or_init(|| {
-            let dir = tempdir();
-            std::fs::set_permissions(
-                dir.path(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
-            // A copy of the package, so that the build's scratch files stay out of the tree.
-            let source = dir.path().join("python");
-            let copied = Command::new("cp")
-                .arg("-r")
-                .arg(workspace_root().join("python"))
-                .arg(&source)
-                .status()
-                .expect("cp");
-            assert!(copied.success());
-            let _ = std::fs::remove_dir_all(source.join("build"));
-            // The system interpreter: one the test user can run (not one under /root).
-            // --system-site-packages gives pip Debian's setuptools and wheel, so the
-            // install needs no network.
-            let venv = dir.path().join("venv");
-            let made = Command::new("/usr/bin/python3")
-                .args(["-m", "venv", "--system-site-packages"])
-                .arg(&venv)
-                .status()
-                .expect("python3 -m venv");
-            assert!(made.success(), "python3 -m venv failed");
-            let out = Command::new(venv.join("bin/pip"))
-                .args([
-                    "install",
-                    "--quiet",
-                    "--no-index",
-                    "--no-build-isolation",
-                    "--no-deps",
-                ])
-                .arg(&source)
-                .output()
-                .expect("pip install");
-            assert!(
-                out.status.success(),
-                "pip install ./python failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let script = venv.join("bin/strobeclient");
-            assert!(script.is_file(), "pip installed no strobeclient script");
-            (dir, script)
-        })
-        .1
-}
-
 fn front_ends(daemon: &Daemon, bins: &Bins) -> Vec<(&'static str, Strobe)> {
     let user = test_user(USER);
     vec![
@@ -491,6 +435,94 @@ fn phase_profiler_many_short_tagged_runs_on_one_process() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), ids.len(), "distinct run ids: {ids:?}");
+}
+
+/// `TORCH_COMPILE_STROBELIGHT=1` in PyTorch's environment (which strobeclient inherits): the
+/// run asks for PyTorch's 500-frame stacks, which the daemon does not record, and takes its
+/// deepest instead of failing; and it follows the children the target forks (inductor's
+/// compile workers), whose samples are in the profile.
+#[test]
+fn compile_phases_take_the_deepest_stacks_and_follow_children() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let bins = bins();
+    let shortlived = bins._dir.path().join("shortlived");
+    copy_executable(&workload_path("shortlived"), &shortlived, &["0.01"]);
+    let run_id = Regex::new(r"INFO Run Id: (-?\d+)").unwrap();
+    for (name, strobe) in front_ends(&daemon, &bins) {
+        // The child starts only after the run has attached (the sleep), as a compile worker
+        // pool started during a phase.
+        let mut cmd = test_user(USER).command("sh");
+        cmd.args([
+            "-c",
+            &format!("sleep 2; {} 1.5; sleep 60", shortlived.display()),
+        ]);
+        let target = Workload::spawn_command(cmd);
+        let pid = format!("{}:{}", pid_ns_inode(target.pid()), target.pid());
+        let duration = COMPILE_MAX_PROFILE_TIME_MS.to_string();
+        let interval = SAMPLE_EACH.to_string();
+        let started = strobe.run_with_env(
+            &[
+                "run",
+                "--profiler",
+                "pyperf",
+                "--event",
+                "cycles",
+                "--async",
+                "--sample-interval",
+                &interval,
+                "--duration-ms",
+                &duration,
+                "--pid",
+                &pid,
+            ],
+            &[("TORCH_COMPILE_STROBELIGHT", "1")],
+        );
+        started.assert_code(0);
+        started.assert_stderr_mentions(&[
+            "deeper than the daemon records",
+            "compile workers",
+            "longer than the daemon allows",
+        ]);
+        let id: i64 = run_id
+            .captures(&started.stderr)
+            .unwrap_or_else(|| panic!("{name}: no run id in:\n{}", started.stderr))[1]
+            .parse()
+            .unwrap();
+        wait_for_running(&strobe, id, 0);
+        // The child burns 1.5 s of CPU after a 2 s sleep: wait until it came and went.
+        let child_running = || {
+            all_pids().into_iter().any(|p| {
+                is_descendant_of(p, target.pid())
+                    && proc_status(p).is_some_and(|s| s.name == "shortlived")
+            })
+        };
+        assert!(
+            poll_until(TIMEOUT, || child_running().then_some(())).is_some(),
+            "{name}: the child never started"
+        );
+        assert!(
+            poll_until(TIMEOUT, || (!child_running()).then_some(())).is_some(),
+            "{name}: the child never ended"
+        );
+        stop_run(&strobe, id);
+        let result = get_results(&strobe, id);
+        let svg = std::fs::read_to_string(result_line(&result, "Icicle view (python stack)"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            svg.contains("short_work"),
+            "{name}: the child's short_work is not in the profile"
+        );
+        let summary = daemon
+            .client()
+            .results(id as u64, Duration::ZERO)
+            .unwrap()
+            .summary
+            .unwrap();
+        assert_eq!(summary["max_stack_length"], 127, "{name}: {summary}");
+    }
 }
 
 #[test]

@@ -96,6 +96,23 @@ const PYTHON_MODULES: &[(&str, &str)] = &[("pytest", "pytest"), ("numpy", "numpy
 /// Programs from PyPI the tests run: py-spy, the peer the Python-walk tests compare shares with.
 const PYTHON_TOOLS: &[&str] = &["py-spy"];
 
+/// The PyTorch venv the end-to-end tests (`tests/tests/pytorch.rs`) run: a fixed path outside
+/// the checkout, so every worktree and CI run on this machine reuses one 4 GB install.
+const TORCH_VENV: &str = "/opt/bpfprof/torch-venv";
+/// The interpreter of that venv: Debian's, which a non-root test user can run (pyenv's live
+/// under /root, mode 700).
+const TORCH_BASE_PYTHON: &str = "/usr/bin/python3.11";
+/// torch's dependencies left out of the venv: triton (1 GB) only compiles GPU kernels; CPU
+/// models and `torch.compile` on CPU (inductor's C++ backend) run without it. Every other
+/// dependency is needed: `import torch` loads the CUDA libraries even without a GPU.
+const TORCH_SKIPPED_DEPS: &[&str] = &["triton"];
+/// What `setup` checks the venv with: torch imports and trains a step of a CPU model.
+const TORCH_PROBE: &str = "import torch\n\
+torch.set_num_threads(2)\n\
+m = torch.nn.Linear(8, 2)\n\
+m(torch.ones(4, 8)).sum().backward()\n\
+print(torch.__version__)";
+
 #[derive(Parser)]
 #[command(
     name = "xtask",
@@ -314,6 +331,7 @@ fn setup() -> Result<()> {
     setup_pprof()?;
     setup_python()?;
     setup_py_spy()?;
+    setup_torch()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
@@ -417,6 +435,85 @@ fn setup_py_spy() -> Result<()> {
     }
     run(command("python3").args(["-m", "pip", "install", "--quiet", "py-spy"]))?;
     println!("    installed");
+    Ok(())
+}
+
+/// PyTorch from PyPI in [`TORCH_VENV`], for the PyTorch end-to-end tests: skipped when torch
+/// already imports there. PyPI's only Linux x86-64 wheel is the CUDA build; it is installed
+/// without its dependencies, which are then installed from its own metadata less
+/// [`TORCH_SKIPPED_DEPS`] (4.3 GB instead of 5.3; `--no-deps` alone does not import). The venv
+/// is made world-readable so that the tests' non-root user can run it.
+fn setup_torch() -> Result<()> {
+    let venv = Path::new(TORCH_VENV);
+    let python = venv.join("bin/python");
+    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/pytorch.rs)");
+    if let Some(version) = probe(Command::new(&python).args(["-c", TORCH_PROBE])) {
+        println!("    torch {} already installed", version.trim());
+        return world_readable(venv);
+    }
+    let started = Instant::now();
+    if !python.is_file() {
+        run(command(TORCH_BASE_PYTHON).args(["-m", "venv"]).arg(venv))?;
+    }
+    let pip = || {
+        let mut cmd = command(&python);
+        // pip's own cache (root's) keeps the wheels for the next machine set up here.
+        cmd.args(["-m", "pip", "install", "--progress-bar", "off"]);
+        cmd
+    };
+    println!("    installing torch without its dependencies (about 1 GB)");
+    run(pip().args(["--no-deps", "torch"]))?;
+    let requires = probe(Command::new(&python).args([
+        "-c",
+        "import importlib.metadata as m\nprint('\\n'.join(m.requires('torch') or []))",
+    ]))
+    .context("reading torch's dependencies from its metadata")?;
+    let deps = torch_dependencies(&requires);
+    println!(
+        "    installing its dependencies but {} (about 3.3 GB): {}",
+        TORCH_SKIPPED_DEPS.join(", "),
+        deps.join(" ")
+    );
+    run(pip().args(&deps))?;
+    let version = probe(Command::new(&python).args(["-c", TORCH_PROBE]))
+        .context("torch was installed but does not import and run a CPU model")?;
+    world_readable(venv)?;
+    println!(
+        "    torch {} installed in {}",
+        version.trim(),
+        secs(started.elapsed())
+    );
+    Ok(())
+}
+
+/// torch's requirements (one per line, as `importlib.metadata.requires` gives them, markers
+/// included: pip evaluates them) less extras and [`TORCH_SKIPPED_DEPS`].
+fn torch_dependencies(requires: &str) -> Vec<String> {
+    requires
+        .lines()
+        .map(str::trim)
+        .filter(|r| !r.is_empty() && !r.contains("extra =="))
+        .filter(|r| {
+            let name: String = r
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
+            !TORCH_SKIPPED_DEPS
+                .iter()
+                .any(|skip| name.eq_ignore_ascii_case(skip))
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// `chmod -R a+rX`: a non-root user can read every file and enter every folder under `path`.
+fn world_readable(path: &Path) -> Result<()> {
+    let mut cmd = command("chmod");
+    cmd.args(["-R", "a+rX"]).arg(path);
+    let status = cmd
+        .status()
+        .with_context(|| format!("chmod -R a+rX {}", path.display()))?;
+    ensure!(status.success(), "chmod -R a+rX {} failed", path.display());
     Ok(())
 }
 
@@ -1148,6 +1245,23 @@ serde = { workspace = true, features = ["rc"] }
             .collect();
         assert_eq!(features, ["derive", "rc"]);
         assert!(!out.contains("workspace"), "{out}");
+    }
+
+    #[test]
+    fn torch_dependencies_leave_out_triton_and_extras() {
+        let requires = "filelock\n\
+            sympy>=1.13.3\n\
+            nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\"\n\
+            triton~=3.9.0; platform_system == \"Linux\" and python_version < \"3.16\"\n\
+            optree>=0.13.0; extra == \"optree\"\n";
+        assert_eq!(
+            torch_dependencies(requires),
+            [
+                "filelock",
+                "sympy>=1.13.3",
+                "nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\""
+            ]
+        );
     }
 
     #[test]

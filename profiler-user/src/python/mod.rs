@@ -80,6 +80,15 @@ pub struct PythonFunction {
     pub first_line: u32,
 }
 
+/// One read of a CPython process's threads.
+#[derive(Debug, Default)]
+pub struct ThreadListing {
+    /// The threads that run Python: host tid and thread state address.
+    pub python: Vec<(u32, u64)>,
+    /// Every task of the process: tid in its pid namespace -> host tid.
+    pub tasks: HashMap<u32, u32>,
+}
+
 impl PythonTarget {
     /// None when the process runs no supported CPython (with the reason logged at debug).
     pub fn detect(pid: u32) -> Result<Option<PythonTarget>> {
@@ -176,6 +185,12 @@ impl PythonTarget {
     /// One entry per thread: of a thread's states in several interpreters, the first with a
     /// frame, newest interpreter first (where a thread that entered a subinterpreter runs).
     pub fn threads(&mut self) -> Result<Vec<(u32, u64)>> {
+        Ok(self.thread_listing()?.python)
+    }
+
+    /// [`PythonTarget::threads`], and every task of the process read for it: tid in its own
+    /// pid namespace -> host tid (the threads that run Python and those that do not).
+    pub fn thread_listing(&mut self) -> Result<ThreadListing> {
         let l = self.layout.clone();
         let mut states = Vec::new();
         let mut interp = self
@@ -229,7 +244,10 @@ impl PythonTarget {
                 Some(_) => {}
             }
         }
-        Ok(out)
+        Ok(ThreadListing {
+            python: out,
+            tasks: to_host,
+        })
     }
 
     /// The innermost frame of the thread state at `tstate` (0 when it runs no Python), read as

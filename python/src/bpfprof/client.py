@@ -124,6 +124,18 @@ class _ConnectionLost(Exception):
     """The daemon closed the connection; ``sent_nothing`` if no reply byte arrived."""
 
 
+
+def parse_switch(value: Optional[str]) -> Optional[bool]:
+    """An on/off environment value: ``1``/``true``/``yes`` or ``0``/``false``/``no`` (any case);
+    None for anything else, unset or empty included."""
+    raw = (value or "").strip().lower()
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    return None
+
+
 class Client:
     """A connection to the bpfprof daemon.
 
@@ -314,6 +326,7 @@ class Client:
         timeout: Optional[float] = None,
         unwind: Optional[str] = None,
         python_frames: Optional[str] = None,
+        follow_children: bool = False,
     ) -> Reply:
         """Starts profiling process ``pid`` (as seen in pid namespace ``pid_ns``).
 
@@ -322,7 +335,8 @@ class Client:
         ``unwind`` is how user stacks are walked: ``auto``, ``fp`` or ``cfi`` (as
         ``bpfprof --unwind``); the daemon refuses other values (``bad_request``).
         ``python_frames`` is ``auto`` (the daemon reads a CPython target's Python frames) or
-        ``off`` (as ``bpfprof --python``).
+        ``off`` (as ``bpfprof --python``). ``follow_children`` also profiles the children
+        the process forks during the run, and theirs.
         """
         fields: Dict[str, Any] = {
             "pid": int(pid),
@@ -337,6 +351,8 @@ class Client:
             "formats": None if formats is None else list(formats),
             "unwind": unwind,
             "python": python_frames,
+            # Sent only when set, so that daemons without it accept the usual runs.
+            "follow_children": True if follow_children else None,
         }
         return self.request("run", fields, timeout)
 

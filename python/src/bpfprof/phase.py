@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
-from .client import UNWIND_MODES, BpfprofError, PathLike, check_unwind
+from .client import UNWIND_MODES, BpfprofError, PathLike, check_unwind, parse_switch
 from .client import socket_path as resolve_socket_path
 from .profiler import FunctionProfiler
 
@@ -105,6 +105,11 @@ class PhaseProfiler:
         self.max_stack_length: int = int(_env_number(env, "BPFPROF_MAX_STACK_LENGTH", 127))
         self.max_profile_time_sec: float = _env_number(env, "BPFPROF_MAX_PROFILE_TIME", 600)
         self.unwind: str = check_unwind(unwind) if unwind is not None else _env_unwind(env)
+        raw_follow = env.get("BPFPROF_FOLLOW_CHILDREN", "")
+        follow = parse_switch(raw_follow)
+        if follow is None and raw_follow.strip():
+            logger.warning("bpfprof: ignoring BPFPROF_FOLLOW_CHILDREN=%r: expected 1 or 0", raw_follow)
+        self.follow_children: bool = bool(follow)
         self._filter: Optional[re.Pattern[str]] = None
         self._filter_invalid = False
         raw_filter = env.get("BPFPROF_PHASE_FILTER")
@@ -165,6 +170,7 @@ class PhaseProfiler:
             sample_each=self.sample_interval,
             stack_max_len=self.max_stack_length,
             unwind=self.unwind,
+            follow_children=self.follow_children,
             tags={"session": self.session, "phase": sanitize_tag(phase_name)},
             socket_path=self.socket_path,
         )

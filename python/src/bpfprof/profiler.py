@@ -102,6 +102,8 @@ class FunctionProfiler:
             profile names Python functions) or ``off`` (interpreter C functions only).
         socket_path: The daemon's socket; default ``$BPFPROF_SOCKET``, else the daemon's
             default path.
+        follow_children: Also profile the children this process forks during the run, and
+            theirs (subprocesses and worker pools the function starts).
 
     Attributes:
         profile_result: The last run's ``results`` reply: ``state``, ``reason``, ``samples``,
@@ -126,6 +128,7 @@ class FunctionProfiler:
         unwind: str = "auto",
         python_frames: str = "auto",
         socket_path: Optional[PathLike] = None,
+        follow_children: bool = False,
     ) -> None:
         check_unwind(unwind)
         check_python_frames(python_frames)
@@ -142,6 +145,7 @@ class FunctionProfiler:
         self.formats: Optional[List[str]] = None if formats is None else list(formats)
         self.unwind: str = unwind
         self.socket_path: Optional[PathLike] = socket_path
+        self.follow_children: bool = bool(follow_children)
         self.profile_result: Optional[Dict[str, Any]] = None
         self.current_run_id: Optional[int] = None
 
@@ -301,6 +305,7 @@ class FunctionProfiler:
                 # "auto" is the daemon's default: not sent, so older daemons accept the run.
                 unwind=None if self.unwind == "auto" else self.unwind,
                 python_frames=None if self.python_frames == "auto" else self.python_frames,
+                follow_children=self.follow_children,
             )
         except BpfprofError as err:
             if err.code == "timeout":

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Dict, Optional, Sequence, TextIO
+from typing import Dict, List, Optional, Sequence, TextIO
 
-from .client import FINAL_STATES, BpfprofError, Client, Reply
+from .client import FINAL_STATES, BpfprofError, Client, Reply, parse_switch
 
 __all__ = ["main"]
 
@@ -31,6 +31,13 @@ __all__ = ["main"]
 PYPERF = "pyperf"
 #: Run length when ``--duration-ms`` is not given: the daemon's maximum.
 DEFAULT_DURATION_MS = 600_000
+#: The stack depth PyTorch's compile-time profiler asks for, which strobelight's command line
+#: cannot carry: read from the environment strobeclient inherits from PyTorch.
+COMPILE_MAX_STACK_LENGTH_ENV = "COMPILE_STROBELIGHT_MAX_STACK_LENGTH"
+#: Set (to anything non-empty, as PyTorch tests it) where PyTorch profiles compile phases.
+TORCH_COMPILE_ENV = "TORCH_COMPILE_STROBELIGHT"
+#: PyTorch's compile-time depth when ``COMPILE_STROBELIGHT_MAX_STACK_LENGTH`` is unset.
+COMPILE_DEFAULT_MAX_STACK_LENGTH = 500
 #: How long a ``run`` without ``--async`` waits beyond its duration for the results.
 RESULTS_GRACE_MS = 60_000
 #: Longest ``stopRun`` waits for the run to end (results written) after asking it to stop.
@@ -109,6 +116,60 @@ def _has_hardware_pmu() -> Optional[bool]:
     return any(n in ("cpu", "cpu_core", "cpu_atom") or n.startswith("armv") for n in names)
 
 
+class _RunEnv:
+    """What a ``run`` takes from its environment, which strobelight's flags cannot say: the
+    stack depth (``BPFPROF_MAX_STACK_LENGTH``, else ``COMPILE_STROBELIGHT_MAX_STACK_LENGTH``,
+    else PyTorch's compile default where compile phases are profiled), whether to follow
+    children (``BPFPROF_FOLLOW_CHILDREN``; default on for compile phases, whose inductor
+    workers are child processes) and the unwinder (``BPFPROF_UNWIND``)."""
+
+    def __init__(self, env: "Dict[str, str] | os._Environ[str]") -> None:
+        def get(key: str) -> Optional[str]:
+            value = (env.get(key) or "").strip()
+            return value or None
+
+        self.notes: List[str] = []
+        self.unwind = get("BPFPROF_UNWIND")
+        compiling = get(TORCH_COMPILE_ENV) is not None
+        self.max_stack_length: Optional[int] = None
+        for key in ("BPFPROF_MAX_STACK_LENGTH", COMPILE_MAX_STACK_LENGTH_ENV):
+            raw = get(key)
+            if raw is None:
+                continue
+            try:
+                depth = int(raw)
+            except ValueError:
+                depth = 0
+            if depth > 0:
+                self.max_stack_length = depth
+                break
+            self.notes.append(f"ignoring {key}={raw!r}: not a positive integer")
+        if self.max_stack_length is None and compiling:
+            self.max_stack_length = COMPILE_DEFAULT_MAX_STACK_LENGTH
+        self.follow_children = compiling
+        raw_follow = get("BPFPROF_FOLLOW_CHILDREN")
+        if raw_follow is not None:
+            follow = parse_switch(raw_follow)
+            if follow is None:
+                self.notes.append(f"ignoring BPFPROF_FOLLOW_CHILDREN={raw_follow!r}: expected 1 or 0")
+            else:
+                self.follow_children = follow
+        if self.follow_children:
+            why = (
+                "TORCH_COMPILE_STROBELIGHT: inductor's compile workers"
+                if compiling
+                else "BPFPROF_FOLLOW_CHILDREN"
+            )
+            self.notes.append(
+                f"following the children the process forks during the run ({why}; "
+                "BPFPROF_FOLLOW_CHILDREN=0 turns it off)"
+            )
+
+
+def _is_stack_length_refusal(reason: str) -> bool:
+    return "max-stack-length" in reason or "max_stack_length" in reason
+
+
 def _run(args: argparse.Namespace, err: TextIO) -> int:
     if args.profiler != PYPERF:
         raise _UsageError(
@@ -140,34 +201,51 @@ def _run(args: argparse.Namespace, err: TextIO) -> int:
     )
     duration_ms = DEFAULT_DURATION_MS if args.duration_ms is None else args.duration_ms
     tags = [t for t in (args.sample_tags or "").split(",") if t]
+    env = _RunEnv(os.environ)
+    for note in env.notes:
+        print(f"INFO {note}", file=err)
     with Client(args.socket) as client:
-
-        def start(duration: Optional[int]) -> Reply:
-            return client.run(
-                pid,
-                pid_ns=pid_ns,
-                event=event,
-                sample_interval=args.sample_interval,
-                duration_ms=duration,
-                sample_tags=tags or None,
-                # strobelight's command line has no unwinder choice: the environment gives
-                # it, as for phase profilers; the daemon refuses unknown modes.
-                unwind=os.environ.get("BPFPROF_UNWIND", "").strip() or None,
-            )
-
-        try:
-            started = start(duration_ms)
-        except BpfprofError as e:
-            # PyTorch's compile-time profiler asks for 30 minutes, longer than the daemon's
-            # longest run: take the longest the daemon allows (no duration) instead of failing.
-            if e.code != "bad_request" or duration_ms <= 0 or "duration_ms" not in e.reason:
-                raise
-            print(
-                f"INFO --duration-ms {duration_ms} is longer than the daemon allows ({e.reason}); "
-                "the run lasts the daemon's longest unless stopped first",
-                file=err,
-            )
-            started = start(None)
+        duration: Optional[int] = duration_ms
+        depth = env.max_stack_length
+        # A refusal of what PyTorch asks for but strobelight's own client would have served (a
+        # longer run, deeper stacks than the daemon records) takes the daemon's limit instead
+        # of failing the profile; each field is dropped at most once, so this ends.
+        while True:
+            try:
+                started = client.run(
+                    pid,
+                    pid_ns=pid_ns,
+                    event=event,
+                    sample_interval=args.sample_interval,
+                    duration_ms=duration,
+                    sample_tags=tags or None,
+                    max_stack_length=depth,
+                    follow_children=env.follow_children,
+                    unwind=env.unwind,
+                )
+                break
+            except BpfprofError as e:
+                if e.code != "bad_request":
+                    raise
+                if duration is not None and "duration_ms" in e.reason:
+                    # PyTorch's compile-time profiler asks for 30 minutes, longer than the
+                    # daemon's longest run.
+                    print(
+                        f"INFO --duration-ms {duration_ms} is longer than the daemon allows "
+                        f"({e.reason}); the run lasts the daemon's longest unless stopped first",
+                        file=err,
+                    )
+                    duration = None
+                elif depth is not None and _is_stack_length_refusal(e.reason):
+                    print(
+                        f"INFO a stack depth of {depth} frames is deeper than the daemon records "
+                        f"({e.reason}); stacks keep their leaf-most frames up to the daemon's "
+                        "deepest, under a [truncated] root frame",
+                        file=err,
+                    )
+                    depth = None
+                else:
+                    raise
         run_id = int(started["run_id"])
         print(f"INFO Run Id: {run_id}", file=err)
         if args.run_async:

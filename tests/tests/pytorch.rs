@@ -1,0 +1,439 @@
+//! End to end with real PyTorch (the CPU run of PyPI's torch, in the venv `cargo xtask setup`
+//! makes at [`TORCH_VENV`]): PyTorch's own strobelight profilers through `strobeclient` on
+//! PATH against the daemon with its defaults, as a non-root user, and `bpfprof --pid` on a
+//! training loop next to py-spy. The workload is `tests/workloads/pytorch_train.py`: a small
+//! CNN on 2 threads, batch 64 at 3x64x64. Needs root (the daemon, the test user).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use bpfprof_tests::*;
+use regex::Regex;
+
+/// Where `cargo xtask setup` installs PyTorch (world-readable, for the test user).
+const TORCH_VENV: &str = "/opt/bpfprof/torch-venv";
+/// The test user PyTorch and its `strobeclient` run as.
+const USER: &str = "bpfprof-torch";
+/// Profiled calls of the decorated train step.
+const CALLS: usize = 3;
+/// The longest a profiled call may take from stopping the run to having its results.
+const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
+/// The least share of the main thread's samples that are in the train step, under a module's
+/// forward or backward, with libtorch below.
+const MAIN_THREAD_SHARE: f64 = 0.95;
+/// The most share of a run's stacks that may end early (a walk that left the mappings).
+const ENDED_EARLY_SHARE: f64 = 0.05;
+/// `bpfprof --pid` on the training loop: its length, and the most it may take in all.
+const PID_RUN: Duration = Duration::from_secs(10);
+const PID_RUN_LIMIT: Duration = Duration::from_millis(10_500);
+/// When a `--pid` run that should have ended after 10 s is killed (it failed by then).
+const PID_RUN_KILL: Duration = Duration::from_secs(60);
+/// How far bpfprof's share of `forward` may be from py-spy's on the same process (points).
+const PY_SPY_TOLERANCE: f64 = 0.05;
+/// How long the workload runs before the `--pid` run attaches (import torch, first steps).
+const WARM_UP: Duration = Duration::from_secs(8);
+/// Longest a workload may take: the strobelight calls, and a `torch.compile` of the first step
+/// (30-90 s on 2 cores, more while the other tests run).
+const CALLS_TIMEOUT: Duration = Duration::from_secs(240);
+const COMPILE_TIMEOUT: Duration = Duration::from_secs(480);
+
+/// The venv's interpreter; `None` (the test skips) outside CI when setup has not installed it.
+fn torch_python() -> Option<PathBuf> {
+    let python = Path::new(TORCH_VENV).join("bin/python");
+    if python.is_file() {
+        return Some(python);
+    }
+    assert!(
+        !ci(),
+        "{} is missing: run `cargo xtask setup` (it installs PyTorch there)",
+        python.display()
+    );
+    eprintln!("skipping: {} missing (cargo xtask setup)", python.display());
+    None
+}
+
+/// A folder the test user can use: the workload, a `strobeclient` on PATH, a home.
+struct Sandbox {
+    dir: tempfile::TempDir,
+    user: TestUser,
+}
+
+impl Sandbox {
+    /// `strobeclient` is `front_end` (a symlink to it in `bin/`).
+    fn new(front_end: &Path) -> Sandbox {
+        let dir = tempdir();
+        let user = test_user(USER);
+        for sub in ["bin", "home"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        std::os::unix::fs::symlink(front_end, dir.path().join("bin/strobeclient")).unwrap();
+        std::fs::copy(
+            workspace_root().join("tests/workloads/pytorch_train.py"),
+            dir.path().join("pytorch_train.py"),
+        )
+        .unwrap();
+        let chown = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{}:{}", user.uid, user.gid))
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        Sandbox { dir, user }
+    }
+
+    /// The workload with `args`, as the test user, with this sandbox's `strobeclient` first
+    /// on PATH.
+    fn workload(&self, python: &Path, daemon: &Daemon, args: &[&str]) -> Command {
+        let mut cmd = self.user.command(python);
+        cmd.arg(self.dir.path().join("pytorch_train.py"))
+            .args(args)
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", self.dir.path().join("bin").display()),
+            )
+            .env("HOME", self.dir.path().join("home"))
+            .env("BPFPROF_SOCKET", daemon.socket())
+            .env(
+                "TORCHINDUCTOR_CACHE_DIR",
+                self.dir.path().join("home/inductor"),
+            )
+            .current_dir(self.dir.path());
+        cmd
+    }
+}
+
+/// The `bpfprof` binary under the name `strobeclient` (and the folder that holds it).
+fn binary_front_end() -> (tempfile::TempDir, PathBuf) {
+    let (dir, bpfprof) = world_executable_bpfprof();
+    let link = dir.path().join("strobeclient");
+    std::os::unix::fs::symlink(&bpfprof, &link).unwrap();
+    (dir, link)
+}
+
+/// Runs `cmd` to its end within `timeout`; returns stdout and stderr.
+fn run_to_end(cmd: Command, timeout: Duration) -> RunResult {
+    spawn_bpfprof_command(cmd).wait_timeout(timeout)
+}
+
+/// A frame's function: the name before ` (file:line)`.
+fn function(frame: &str) -> &str {
+    frame.split_once(" (").map_or(frame, |(name, _)| name)
+}
+
+/// Whether `frame` is a Python frame of a module's forward or backward (`SmallCNN.forward`,
+/// `Conv2d.forward`, `Tensor.backward`, autograd's `backward`).
+fn is_forward_or_backward(frame: &str) -> bool {
+    let f = function(frame);
+    let name = f.rsplit('.').next().unwrap_or(f);
+    matches!(name, "forward" | "backward" | "_conv_forward")
+}
+
+/// Whether `frame` is libtorch's native code (ATen, autograd, c10, oneDNN, MKL, or an
+/// unnamed address in one of its libraries).
+fn is_libtorch(frame: &str) -> bool {
+    [
+        "at::", "torch::", "c10::", "dnnl", "mkl", "libtorch", "sgemm", "gemm",
+    ]
+    .iter()
+    .any(|m| frame.contains(m))
+}
+
+/// Whether a stack is the main thread's: it runs Python (the only Python thread here).
+fn is_main_thread(frames: &[String]) -> bool {
+    frames.iter().any(|f| function(f) == "<module>")
+}
+
+/// Whether a main-thread stack is in `train_step`, under a forward or backward with libtorch
+/// frames below it.
+fn in_step_with_libtorch(frames: &[String]) -> bool {
+    let Some(step) = frames.iter().position(|f| function(f) == "train_step") else {
+        return false;
+    };
+    let Some(fb) = frames[step..]
+        .iter()
+        .position(|f| is_forward_or_backward(f))
+        .map(|i| step + i)
+    else {
+        return false;
+    };
+    frames[fb..].iter().any(|f| is_libtorch(f))
+}
+
+/// The main thread's samples of `profile`, and how many are in the train step as required.
+fn main_thread_share(profile: &Profile) -> (u64, u64) {
+    let main = profile.count_where(is_main_thread);
+    let good = profile.count_where(|f| is_main_thread(f) && in_step_with_libtorch(f));
+    (main, good)
+}
+
+/// PyTorch's `strobelight` decorator around a train step, through both `strobeclient` front
+/// ends on PATH, against the daemon with its defaults, as a non-root user: every call logs its
+/// results, the stop-to-results time is short, the main thread's samples are in the step with
+/// libtorch below, and few stacks end early.
+#[test]
+fn strobelight_decorator_around_a_train_step() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let started = Instant::now();
+    let daemon = Daemon::start(&[]);
+    let (_bin_dir, binary) = binary_front_end();
+    let front_ends = [
+        ("binary", binary),
+        ("python", python_console_script().to_path_buf()),
+    ];
+    let total = Regex::new(r"Total samples: (\d+)").unwrap();
+    let graph = Regex::new(r"GraphProfiler: (\S+) (\S+)").unwrap();
+    let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
+    let mut checks = Checks::new();
+    for (name, front_end) in &front_ends {
+        let sandbox = Sandbox::new(front_end);
+        let calls = CALLS.to_string();
+        let out = run_to_end(
+            sandbox.workload(&python, &daemon, &["strobelight", &calls]),
+            CALLS_TIMEOUT,
+        );
+        out.assert_code(0);
+        let lines: Vec<serde_json::Value> = out
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        checks.eq(&format!("{name}: calls reported"), lines.len(), CALLS);
+        for line in &lines {
+            let secs = line["stop_to_results_s"].as_f64();
+            eprintln!("{name}: call {}: stop to results {secs:?} s", line["call"]);
+            checks.check(line["profiled"] == true, || {
+                format!(
+                    "{name}: call {} was not profiled:\n{}",
+                    line["call"], out.stderr
+                )
+            });
+            checks.check(
+                secs.is_some_and(|s| s < STOP_TO_RESULTS.as_secs_f64()),
+                || {
+                    format!(
+                        "{name}: call {}: {secs:?} s from stop to results (at most {:?}; None: \
+                         the run never started)",
+                        line["call"], STOP_TO_RESULTS
+                    )
+                },
+            );
+        }
+        let totals: Vec<u64> = total
+            .captures_iter(&out.stderr)
+            .map(|c| c[1].parse().unwrap())
+            .collect();
+        let svgs: Vec<String> = icicle
+            .captures_iter(&out.stderr)
+            .map(|c| c[1].to_string())
+            .collect();
+        checks.eq(&format!("{name}: Total samples lines"), totals.len(), CALLS);
+        checks.eq(
+            &format!("{name}: GraphProfiler lines"),
+            graph.captures_iter(&out.stderr).count(),
+            CALLS,
+        );
+        checks.eq(&format!("{name}: Icicle view lines"), svgs.len(), CALLS);
+        for (call, (samples, svg)) in totals.iter().zip(&svgs).enumerate() {
+            let run_dir = Path::new(svg).parent().unwrap();
+            let profile = Profile::read(&run_dir.join("profile.folded"));
+            let (main, good) = main_thread_share(&profile);
+            let share = good as f64 / main.max(1) as f64;
+            let summary = Summary::read(&run_dir.join("profile.summary.json"));
+            let ended_early = summary.0["lost"]["stack_ended_early"].as_u64().unwrap_or(0);
+            let early_share = ended_early as f64 / (*samples).max(1) as f64;
+            eprintln!(
+                "{name}: call {call}: {samples} samples, main thread {main}, in train_step under \
+                 forward/backward with libtorch {good} ({share:.3}); ended early {ended_early} \
+                 ({early_share:.3})"
+            );
+            checks.check(*samples > 0 && main > 0, || {
+                format!("{name}: call {call}: {samples} samples, {main} on the main thread")
+            });
+            checks.check(share >= MAIN_THREAD_SHARE, || {
+                format!(
+                    "{name}: call {call}: {share:.3} of the main thread's {main} samples are in \
+                     train_step under forward/backward with libtorch (at least \
+                     {MAIN_THREAD_SHARE}); top:\n{}",
+                    profile.top(12)
+                )
+            });
+            checks.check(early_share < ENDED_EARLY_SHARE, || {
+                format!(
+                    "{name}: call {call}: {ended_early} of {samples} stacks ended early \
+                     ({early_share:.3}, less than {ENDED_EARLY_SHARE} allowed)"
+                )
+            });
+        }
+        if !checks.is_ok() {
+            eprintln!("{name}: the workload's stderr:\n{}", out.stderr);
+        }
+    }
+    eprintln!(
+        "strobelight_decorator_around_a_train_step: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    checks.finish();
+}
+
+/// `TORCH_COMPILE_STROBELIGHT=1` on a `torch.compile`d model: PyTorch profiles every compile
+/// phase through `strobeclient` and says so ("N strobelight success runs out of N").
+#[test]
+fn torch_compile_strobelight_profiles_every_phase() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let started = Instant::now();
+    let daemon = Daemon::start(&[]);
+    let (_bin_dir, binary) = binary_front_end();
+    let sandbox = Sandbox::new(&binary);
+    let mut cmd = sandbox.workload(&python, &daemon, &["compile"]);
+    cmd.env("TORCH_COMPILE_STROBELIGHT", "1");
+    let out = run_to_end(cmd, COMPILE_TIMEOUT);
+    let runs = Regex::new(r"(\d+) strobelight success runs out of (\d+)").unwrap();
+    let last = runs
+        .captures_iter(&out.stderr)
+        .last()
+        .map(|c| (c[1].parse::<u64>().unwrap(), c[2].parse::<u64>().unwrap()));
+    eprintln!(
+        "torch_compile_strobelight_profiles_every_phase: exit {}, last count {last:?}, {:.1} s",
+        out.code(),
+        started.elapsed().as_secs_f64()
+    );
+    out.assert_code(0);
+    match last {
+        Some((ok, all)) => assert!(
+            all > 0 && ok == all,
+            "{ok} of {all} compile phases profiled:\n{}",
+            out.stderr
+        ),
+        None => panic!("PyTorch profiled no compile phase:\n{}", out.stderr),
+    }
+}
+
+/// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.
+fn py_spy() -> Option<PathBuf> {
+    find_tool("py-spy").or_else(|| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('scripts'))",
+            ])
+            .output()
+            .ok()?;
+        let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("py-spy");
+        bin.is_file().then_some(bin)
+    })
+}
+
+/// `bpfprof --pid` on a training loop for 10 s, with py-spy recording the same process: the
+/// run ends on time, the main thread's stacks reach `_start`, and `forward`'s share of them is
+/// py-spy's within a few points.
+#[test]
+fn pid_run_on_a_training_loop_next_to_py_spy() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let py_spy = py_spy();
+    assert!(
+        py_spy.is_some() || !ci(),
+        "py-spy is needed under CI (cargo xtask setup installs it)"
+    );
+    let started = Instant::now();
+    let mut cmd = Command::new(&python);
+    cmd.arg(workspace_root().join("tests/workloads/pytorch_train.py"))
+        .args(["loop", "120"]);
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(WARM_UP);
+    let dir = tempdir();
+    let folded = dir.path().join("loop.folded");
+    let spy_out = dir.path().join("py-spy.txt");
+    let pid = target.pid().to_string();
+    let spy = py_spy.as_ref().map(|bin| {
+        let mut cmd = Command::new(bin);
+        cmd.args(["record", "--format", "raw", "--nonblocking", "-r", "100"])
+            .args(["-d", "10", "--pid", &pid, "-o"])
+            .arg(&spy_out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("start py-spy")
+    });
+    let secs = format!("{}s", PID_RUN.as_secs());
+    let folded_arg = folded.display().to_string();
+    let run_started = Instant::now();
+    let run = run_bpfprof(
+        ["--pid", &pid, "-d", &secs, "-o", &folded_arg],
+        PID_RUN_KILL,
+    );
+    let took = run_started.elapsed();
+    let mut checks = Checks::new();
+    checks.eq("bpfprof exit", run.code(), exit::OK);
+    checks.check(took <= PID_RUN_LIMIT, || {
+        format!("bpfprof --pid -d {secs} took {took:?} (at most {PID_RUN_LIMIT:?})")
+    });
+    let profile = Profile::read(&folded);
+    let main = profile.count_where(is_main_thread);
+    let to_start =
+        profile.count_where(|f| is_main_thread(f) && f.iter().any(|x| function(x) == "_start"));
+    let forward = profile.count_where(|f| {
+        is_main_thread(f)
+            && f.iter()
+                .any(|x| is_forward_or_backward(x) && function(x).ends_with("forward"))
+    });
+    let share = forward as f64 / main.max(1) as f64;
+    eprintln!(
+        "--pid: {:.2} s; {} samples, main thread {main}, reaching _start {to_start}, forward \
+         {forward} ({share:.3})",
+        took.as_secs_f64(),
+        profile.total()
+    );
+    checks.check(main > 0 && to_start == main, || {
+        format!(
+            "{to_start} of the main thread's {main} stacks reach _start; top:\n{}",
+            profile.top(12)
+        )
+    });
+    if let Some(spy) = spy {
+        let out = spy.wait_with_output().expect("wait for py-spy");
+        checks.check(out.status.success(), || {
+            format!("py-spy failed: {}", String::from_utf8_lossy(&out.stderr))
+        });
+        if out.status.success() {
+            let theirs = Profile::read(&spy_out);
+            let spy_forward = theirs.count_where(|f| {
+                f.iter()
+                    .any(|x| is_forward_or_backward(x) && function(x).ends_with("forward"))
+            });
+            let spy_share = spy_forward as f64 / theirs.total().max(1) as f64;
+            eprintln!(
+                "--pid: py-spy forward {spy_forward} of {} ({spy_share:.3})",
+                theirs.total()
+            );
+            checks.check((share - spy_share).abs() <= PY_SPY_TOLERANCE, || {
+                format!(
+                    "forward: bpfprof {share:.3} of the main thread's samples, py-spy \
+                     {spy_share:.3} (within {PY_SPY_TOLERANCE})"
+                )
+            });
+        }
+    }
+    eprintln!(
+        "pid_run_on_a_training_loop_next_to_py_spy: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    checks.finish();
+}
