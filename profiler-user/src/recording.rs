@@ -40,6 +40,26 @@ pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// or Python frames.
 pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 
+/// Where a recording reaches its kernel programs: the command line owns its pool; the daemon
+/// shares one between its runs behind a lock.
+pub trait PoolAccess {
+    /// Runs `f` on the pool, holding its lock (where it has one) only while `f` runs.
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R;
+}
+
+impl PoolAccess for ProgramPool {
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R {
+        f(self)
+    }
+}
+
+impl PoolAccess for &std::sync::Mutex<ProgramPool> {
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R {
+        // A panic while holding the pool leaves it as consistent as any error would.
+        f(&mut self.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 /// One process of a recording: a target, or a child the kernel followed.
 pub struct ProcessRecording {
     /// The run slot its samples go to.
@@ -153,28 +173,58 @@ impl Recording {
     }
 
     /// Captures what symbolization needs and starts keeping the samples of `target`.
-    pub fn add_target(&mut self, pool: &mut ProgramPool, target: Target) -> Result<()> {
+    ///
+    /// With a shared pool (the daemon's), the slow parts (building the target's unwind tables,
+    /// waiting for the walker's verification) run without holding it, so that the other runs
+    /// of the pool keep ticking meanwhile.
+    pub fn add_target(&mut self, pool: &mut impl PoolAccess, target: Target) -> Result<()> {
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
-        let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
-            Some((slot, _)) => *slot,
-            None => {
-                let (slot, sampling) = pool.acquire(&self.request, self.unwind)?;
-                if self.slots.is_empty() {
-                    self.started = Instant::now();
-                    self.delivery_at_start = pool.program(slot)?.delivery();
-                    self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
+        let (slot, resident, mode) = pool.with_pool(|pool| -> Result<_> {
+            let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
+                Some((slot, _)) => *slot,
+                None => {
+                    let (slot, sampling) = pool.acquire(&self.request, self.unwind)?;
+                    if self.slots.is_empty() {
+                        self.started = Instant::now();
+                        self.delivery_at_start = pool.program(slot)?.delivery();
+                        self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
+                    }
+                    self.sampling = Some(sampling);
+                    self.slots.push((slot, target.ns));
+                    slot
                 }
-                self.sampling = Some(sampling);
-                self.slots.push((slot, target.ns));
-                slot
+            };
+            let unwind = &pool.program(slot)?.unwind;
+            Ok((slot, unwind.resident_keys(), unwind.mode()))
+        })?;
+        // Outside the pool: the tables of a library of hundreds of MB take seconds to build.
+        let prebuilt = crate::unwind::prebuild(target.pid, maps.last_read(), &resident, mode);
+        if crate::unwind::would_track(target.pid, mode) {
+            // The walker is verifying since the program loaded (0.1 s, more on a loaded
+            // machine): wait for it here, looking in briefly, rather than under the pool.
+            while pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending())) {
+                std::thread::sleep(Duration::from_millis(2));
             }
-        };
+        }
+        pool.with_pool(|pool| self.register(pool, slot, target, maps, prebuilt))
+    }
+
+    /// The part of [`Self::add_target`] that needs the kernel program: the target's tables
+    /// written in, the target registered in `slot`.
+    fn register(
+        &mut self,
+        pool: &mut ProgramPool,
+        slot: Slot,
+        target: Target,
+        maps: ProcessMaps,
+        prebuilt: crate::unwind::Prebuilt,
+    ) -> Result<()> {
         let mut waited = false;
         let registered = pool.program(slot).and_then(|program| {
             // Tables first, so that no sample of the target is taken before its CFI is in place.
             program
                 .unwind
-                .track_maps(target.pid, Some(maps.last_read()))?;
+                .track_prebuilt(target.pid, maps.last_read(), prebuilt)?;
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
                 // samples wait for the CFI walker (verifying since the program loaded). A

@@ -3,7 +3,7 @@
 //! and run that maps it.
 
 use std::{
-    collections::HashMap as StdHashMap,
+    collections::{HashMap as StdHashMap, HashSet},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::PathBuf,
 };
@@ -16,7 +16,7 @@ use profiler_common::{
 };
 
 use super::{
-    table::{load_bias, UnwindTable},
+    table::{load_bias, CfiSource, UnwindTable},
     UnwindMode,
 };
 
@@ -94,6 +94,66 @@ pub struct UnwindMaps {
     /// The mappings last given to the kernel, per process, to skip unchanged reloads.
     loaded: StdHashMap<u32, Vec<UnwindMapping>>,
     mode: UnwindMode,
+    /// Files whose tables were built and found not to fit the row array (which never frees
+    /// rows): remembered, so that each refresh of the maps does not build them again (seconds
+    /// for a library of hundreds of MB).
+    unfit: HashSet<FileKey>,
+    /// Tables [`prebuild`] made, consumed by the [`Self::track_prebuilt`] call they came with.
+    prebuilt: StdHashMap<FileKey, (UnwindTable, CfiSource)>,
+}
+
+/// Unwind tables built by [`prebuild`], away from the kernel program and whatever guards it.
+#[derive(Default)]
+pub struct Prebuilt(StdHashMap<FileKey, (UnwindTable, CfiSource)>);
+
+/// Whether tracking `pid` in `mode` loads tables at all: not with `fp`, and not for a launched
+/// command that has not exec'd yet (see [`UnwindMaps::track_maps`]).
+pub fn would_track(pid: u32, mode: UnwindMode) -> bool {
+    mode != UnwindMode::Fp && !is_unexeced_child(pid)
+}
+
+/// Builds the tables of the files `maps` (a read of `/proc/PID/maps` of `pid`) maps as code
+/// whose keys are not in `resident` ([`UnwindMaps::resident_keys`]). This is the slow part of
+/// tracking a process (seconds for a library of hundreds of MB) and needs no kernel map, so
+/// a caller that shares the kernel program runs it without holding it. Failures are skipped
+/// here: [`UnwindMaps::track_prebuilt`] builds those again and reports them as usual.
+pub fn prebuild(
+    pid: u32,
+    maps: &[MemoryMap],
+    resident: &HashSet<FileKey>,
+    mode: UnwindMode,
+) -> Prebuilt {
+    let mut built = StdHashMap::new();
+    if !would_track(pid, mode) {
+        return Prebuilt(built);
+    }
+    for map in maps {
+        let (start, end) = map.address;
+        if !map.perms.contains(MMPermissions::EXECUTE)
+            || start >= USER_ADDRESS_LIMIT
+            || !matches!(map.pathname, MMapPath::Path(_))
+        {
+            continue;
+        }
+        let file = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
+        let Ok(handle) = std::fs::File::open(&file) else {
+            continue;
+        };
+        // SAFETY: read-only private mapping of a file the target maps too.
+        let Ok(image) = (unsafe { memmap2::Mmap::map(&handle) }) else {
+            continue;
+        };
+        let Ok(key) = file_key(&handle, &image) else {
+            continue;
+        };
+        if resident.contains(&key) || built.contains_key(&key) {
+            continue;
+        }
+        if let Ok(table) = UnwindTable::from_elf(&image) {
+            built.insert(key, table);
+        }
+    }
+    Prebuilt(built)
 }
 
 impl UnwindMaps {
@@ -126,6 +186,8 @@ impl UnwindMaps {
             capacity,
             loaded: StdHashMap::new(),
             mode: super::default_mode(),
+            unfit: HashSet::new(),
+            prebuilt: StdHashMap::new(),
         })
     }
 
@@ -175,6 +237,27 @@ impl UnwindMaps {
                 "loading the unwind tables of pid {pid} (--unwind cfi)"
             )))),
         }
+    }
+
+    /// The files whose tables need no build: resident, or known not to fit. What
+    /// [`prebuild`] skips.
+    pub fn resident_keys(&self) -> HashSet<FileKey> {
+        self.resident.keys().chain(&self.unfit).cloned().collect()
+    }
+
+    /// [`Self::track_maps`] with the tables `prebuilt` holds written in instead of built here
+    /// (those it lacks are built here).
+    pub fn track_prebuilt(
+        &mut self,
+        pid: u32,
+        maps: &[MemoryMap],
+        prebuilt: Prebuilt,
+    ) -> crate::error::Result<()> {
+        self.prebuilt = prebuilt.0;
+        let tracked = self.track_maps(pid, Some(maps));
+        // Tables left over (resident meanwhile, or without room) are not kept.
+        self.prebuilt = StdHashMap::new();
+        tracked
     }
 
     /// Reads `/proc/PID/maps`, makes sure every mapped object's table is resident, and gives
@@ -359,7 +442,14 @@ impl UnwindMaps {
         if let Some(resident) = self.resident.get(&key) {
             return Ok(Some(*resident));
         }
-        let (table, source) = UnwindTable::from_elf(image)?;
+        if self.unfit.contains(&key) {
+            report.no_room += 1;
+            return Ok(None);
+        }
+        let (table, source) = match self.prebuilt.remove(&key) {
+            Some(prebuilt) => prebuilt,
+            None => UnwindTable::from_elf(image)?,
+        };
         let rows = table.rows.len() as u32;
         if u64::from(self.next_row) + u64::from(rows) > u64::from(self.capacity) {
             report.no_room += 1;
@@ -369,6 +459,7 @@ impl UnwindMaps {
                 self.capacity,
                 (u64::from(self.capacity) * 8) >> 20
             );
+            self.unfit.insert(key);
             return Ok(None);
         }
         let resident = Resident {

@@ -4,7 +4,7 @@
 pub mod loader;
 pub mod table;
 
-pub use loader::{FileKey, LoadReport, UnwindMaps};
+pub use loader::{prebuild, would_track, FileKey, LoadReport, Prebuilt, UnwindMaps};
 pub use table::{CfiSource, UnwindTable};
 
 /// The mode [`UnwindMaps`] start with: `--unwind` for the CLI (set before the program
