@@ -231,6 +231,12 @@ impl KernelProgram {
         matches!(&self.walker, Walker::Done(w) if w.outcome.is_ok())
     }
 
+    /// Whether the walker program is still being verified: a caller that shares this program
+    /// polls it to wait without holding the program (then [`Self::wait_walker`] returns at once).
+    pub fn walker_pending(&self) -> bool {
+        matches!(&self.walker, Walker::Loading(handle) if !handle.is_finished())
+    }
+
     /// Waits for the walker program's verification: how long it took, or why it failed.
     pub fn wait_walker(&mut self) -> std::result::Result<std::time::Duration, String> {
         self.join_walker();

@@ -14,6 +14,7 @@ use bpfprof::{
     daemon::DaemonConfig,
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
+    profile::CostScope,
     protocol::{self, Reply, RunRequest},
     record::{CommandOutcome, Progress, Recorder, StopConditions},
     request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
@@ -797,11 +798,17 @@ fn summary(profile: &Profile) -> String {
         out.push_str(&format!("  tags: {}\n", meta.tag_list(", ")));
     }
     let cost = &meta.cost;
-    out.push_str(&format!(
-        "  bpfprof itself: {:.2}s CPU, {:.1} MiB peak memory",
-        cost.profiler_cpu_secs,
-        cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0)
-    ));
+    let mib = cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0);
+    out.push_str(&match cost.scope {
+        CostScope::Process => format!(
+            "  bpfprof itself: {:.2}s CPU, {mib:.1} MiB peak memory",
+            cost.profiler_cpu_secs
+        ),
+        CostScope::DaemonRun => format!(
+            "  bpfprof daemon: {:.2}s CPU on this run, {mib:.1} MiB daemon peak memory (all runs)",
+            cost.profiler_cpu_secs
+        ),
+    });
     match cost.bpf_ns_per_run() {
         Some(ns) => out.push_str(&format!("; kernel program {ns:.0} ns per run\n")),
         None => out.push('\n'),

@@ -422,6 +422,20 @@ pub struct RunCost {
     pub unwind_resident_bytes: u64,
     /// Bytes of the kernel's row array (preallocated kernel memory).
     pub unwind_array_bytes: u64,
+    /// What the CPU and memory figures measure.
+    pub scope: CostScope,
+}
+
+/// What [`RunCost::profiler_cpu_secs`] and [`RunCost::profiler_peak_rss_bytes`] measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostScope {
+    /// The bpfprof process, which made only this profile (the command line).
+    #[default]
+    Process,
+    /// CPU: the daemon's work for this run alone (attach, ticks, collection, processing);
+    /// memory: the whole daemon's peak, which its runs share.
+    DaemonRun,
 }
 
 impl RunCost {

@@ -40,6 +40,26 @@ pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// or Python frames.
 pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 
+/// Where a recording reaches its kernel programs: the command line owns its pool; the daemon
+/// shares one between its runs behind a lock.
+pub trait PoolAccess {
+    /// Runs `f` on the pool, holding its lock (where it has one) only while `f` runs.
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R;
+}
+
+impl PoolAccess for ProgramPool {
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R {
+        f(self)
+    }
+}
+
+impl PoolAccess for &std::sync::Mutex<ProgramPool> {
+    fn with_pool<R>(&mut self, f: impl FnOnce(&mut ProgramPool) -> R) -> R {
+        // A panic while holding the pool leaves it as consistent as any error would.
+        f(&mut self.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 /// One process of a recording: a target, or a child the kernel followed.
 pub struct ProcessRecording {
     /// The run slot its samples go to.
@@ -155,35 +175,91 @@ impl Recording {
     }
 
     /// Captures what symbolization needs and starts keeping the samples of `target`.
-    pub fn add_target(&mut self, pool: &mut ProgramPool, target: Target) -> Result<()> {
+    ///
+    /// With a shared pool (the daemon's), the slow parts (building the target's unwind tables,
+    /// waiting for the walker's verification) run without holding it, so that the other runs
+    /// of the pool keep ticking meanwhile.
+    pub fn add_target(&mut self, pool: &mut impl PoolAccess, target: Target) -> Result<()> {
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
-        let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
-            Some((slot, _)) => *slot,
-            None => {
-                let table_rows = match self.unwind {
-                    crate::unwind::UnwindMode::Fp => 1,
-                    _ => crate::unwind::table_rows_for(Some(target.pid)),
-                };
-                let (slot, sampling) = pool.acquire(&self.request, self.unwind, table_rows)?;
-                if self.slots.is_empty() {
-                    self.started = Instant::now();
-                    self.delivery_at_start = pool.program(slot)?.delivery();
-                    self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
-                }
-                self.sampling = Some(sampling);
-                self.slots.push((slot, target.ns));
-                slot
-            }
+        // The row array is sized from the objects the target maps (read here, not under the
+        // pool).
+        let table_rows = match self.unwind {
+            crate::unwind::UnwindMode::Fp => 1,
+            _ => crate::unwind::table_rows_for(Some(target.pid)),
         };
+        let slot = pool.with_pool(|pool| -> Result<_> {
+            let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
+                Some((slot, _)) => *slot,
+                None => {
+                    let (slot, sampling) = pool.acquire(&self.request, self.unwind, table_rows)?;
+                    if self.slots.is_empty() {
+                        self.started = Instant::now();
+                        self.delivery_at_start = pool.program(slot)?.delivery();
+                        self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
+                    }
+                    self.sampling = Some(sampling);
+                    self.slots.push((slot, target.ns));
+                    slot
+                }
+            };
+            // The target's tables are queued now, to build on the table thread while the
+            // walker verifies; no sample of the target is taken before it is registered.
+            let tracked = pool
+                .program(slot)
+                .and_then(|p| p.unwind.track_maps(target.pid, Some(maps.last_read())));
+            if let Err(e) = tracked {
+                self.release_unused(pool, slot);
+                return Err(e);
+            }
+            Ok(slot)
+        })?;
+        // Outside the pool, looking in briefly: the walker's verification (0.1 s, more on a
+        // loaded machine) and the first tables (see `table_deadline`), so that the other runs
+        // of a shared pool keep ticking meanwhile.
+        let deadline = table_deadline(self.unwind);
+        loop {
+            let (walker, tables) = pool.with_pool(|pool| match pool.program(slot) {
+                Ok(p) => {
+                    p.unwind.poll();
+                    let tracked = p.unwind.is_tracked(target.pid);
+                    (
+                        tracked && p.walker_pending(),
+                        tracked && p.unwind.pending(target.pid),
+                    )
+                }
+                Err(_) => (false, false),
+            });
+            if !walker && (!tables || Instant::now() >= deadline) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        pool.with_pool(|pool| self.register(pool, slot, target, maps))
+    }
+
+    /// Frees `slot` when no process of this recording uses it (a target that failed to register).
+    fn release_unused(&mut self, pool: &mut ProgramPool, slot: Slot) {
+        if !self
+            .processes
+            .keys()
+            .any(|k| k.0 == slot.program_id && k.1 == slot.run)
+        {
+            self.slots.retain(|(s, _)| *s != slot);
+            pool.release(slot);
+        }
+    }
+
+    /// The part of [`Self::add_target`] that needs the kernel program: the target's tables
+    /// written in, the target registered in `slot`.
+    fn register(
+        &mut self,
+        pool: &mut ProgramPool,
+        slot: Slot,
+        target: Target,
+        maps: ProcessMaps,
+    ) -> Result<()> {
         let mut waited = false;
         let registered = pool.program(slot).and_then(|program| {
-            // Tables first, so that no sample of the target is taken before its CFI is in place.
-            program
-                .unwind
-                .track_maps(target.pid, Some(maps.last_read()))?;
-            program
-                .unwind
-                .settle(target.pid, table_deadline(self.unwind));
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
                 // samples wait for the CFI walker (verifying since the program loaded). A
@@ -211,14 +287,7 @@ impl Recording {
         let python = match registered {
             Ok(python) => python,
             Err(e) => {
-                if !self
-                    .processes
-                    .keys()
-                    .any(|k| k.0 == slot.program_id && k.1 == slot.run)
-                {
-                    self.slots.retain(|(s, _)| *s != slot);
-                    pool.release(slot);
-                }
+                self.release_unused(pool, slot);
                 return Err(e);
             }
         };

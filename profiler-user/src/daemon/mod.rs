@@ -307,7 +307,13 @@ async fn handle(line: &str, peer: Peer, runs: &Arc<Runs>) -> Reply {
             run_id,
             format,
             offset,
-        } => runs.read(uid, run_id, &format, offset),
+        } => {
+            let runs = runs.clone();
+            // Reads a file: on a blocking thread, not the one that answers clients.
+            tokio::task::spawn_blocking(move || runs.read(uid, run_id, &format, offset))
+                .await
+                .unwrap_or_else(|e| Err((ErrorCode::Internal, format!("read panicked: {e}"))))
+        }
         Op::List {} => Ok(Reply {
             runs: Some(runs.list(uid)),
             ..Reply::ok()

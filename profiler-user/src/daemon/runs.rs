@@ -16,6 +16,7 @@ use crate::{
     error::Error,
     output::{summary, top::function_shares, Format, Output},
     pool::ProgramPool,
+    profile::CostScope,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
     recording::Recording,
     request::RecordingRequest,
@@ -70,19 +71,49 @@ struct RunEntry {
     state: watch::Sender<RunState>,
 }
 
-struct Inner {
+/// What clients see of the runs: behind a lock held only to copy or change this data, never
+/// across kernel work, file I/O or symbolization, so that every client is answered at once
+/// whatever a run is doing.
+struct Table {
     runs: HashMap<u64, RunEntry>,
-    /// The kernel programs of the runs in flight; empty (nothing attached) when none is.
-    pool: ProgramPool,
     next_id: u64,
+    /// Runs being started (attaching, building unwind tables), not yet shown to anyone: they
+    /// count against the limits, so that concurrent starts cannot exceed them.
+    starting: HashMap<u64, Starting>,
+    next_starting: u64,
+}
+
+/// A run being started, as the limits count it.
+#[derive(Clone, Copy)]
+struct Starting {
+    uid: u32,
+    pid_ns: u64,
 }
 
 /// Every run the daemon knows, and the kernel programs behind them.
+///
+/// Two locks: `table` (what clients ask about) and `pool` (the kernel programs, and every
+/// kernel map behind them). Kernel work (attaching, ticks, collecting) runs on blocking
+/// threads and takes only `pool`; nothing holds `table` while it waits for `pool`.
 pub struct Runs {
-    inner: Mutex<Inner>,
+    table: Mutex<Table>,
+    /// The kernel programs of the runs in flight; empty (nothing attached) when none is.
+    pool: Mutex<ProgramPool>,
     symbolizer: SymbolizerThread,
     store: Store,
     limits: Limits,
+}
+
+/// A start's place in [`Table::starting`], given back when the start ends either way.
+struct StartReservation<'a> {
+    runs: &'a Runs,
+    key: u64,
+}
+
+impl Drop for StartReservation<'_> {
+    fn drop(&mut self) {
+        self.runs.lock().starting.remove(&self.key);
+    }
 }
 
 /// A request error: what goes back to the client.
@@ -127,23 +158,31 @@ impl Runs {
             })
             .collect();
         Runs {
-            inner: Mutex::new(Inner {
+            table: Mutex::new(Table {
                 runs,
-                pool: ProgramPool::new(false).with_linger(PROGRAM_LINGER),
                 next_id,
+                starting: HashMap::new(),
+                next_starting: 0,
             }),
+            pool: Mutex::new(ProgramPool::new(false).with_linger(PROGRAM_LINGER)),
             symbolizer: SymbolizerThread::spawn(),
             store,
             limits,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         // A panic while holding the lock leaves plain data behind; keep serving.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts a run for client `uid`; returns once it samples. A refused request leaves
+    fn lock_pool(&self) -> std::sync::MutexGuard<'_, ProgramPool> {
+        // Likewise: a panicked tick leaves the pool as an error would.
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a run for client `uid`; returns once it samples. Blocks (attaching, building
+    /// the target's unwind tables): call it on a blocking thread. A refused request leaves
     /// nothing behind: no run, no run id, nothing attached.
     pub fn start(self: &Arc<Self>, peer: Peer, req: RunRequest) -> Result<Reply, Refusal> {
         let uid = peer.uid;
@@ -158,64 +197,38 @@ impl Runs {
         let target = Target::resolve(&spec).map_err(refusal)?;
         authorize(peer, &target)?;
 
-        let mut inner = self.lock();
-        // Runs that sample: a stopped run writing its results holds no run slot any more.
-        let active: Vec<&RunInfo> = inner
-            .runs
-            .values()
-            .map(|r| &r.info)
-            .filter(|i| matches!(i.state, RunState::Preparing | RunState::Running))
-            .collect();
-        // The global count is not told to clients: it says what other users do.
-        if active.len() >= self.limits.max_runs {
-            return Err((
-                ErrorCode::TooManyRuns,
-                "the daemon is at its limit of runs in progress; try again when one ends".into(),
-            ));
-        }
-        if uid != 0 {
-            let own: Vec<&&RunInfo> = active.iter().filter(|i| i.owner_uid == uid).collect();
-            if own.len() >= self.limits.max_runs_per_user {
-                return Err((
-                    ErrorCode::TooManyRuns,
-                    format!(
-                        "you have {} runs in progress, the most one user may; stop one or \
-                         wait for one to end",
-                        own.len()
-                    ),
-                ));
-            }
-            let mut namespaces: Vec<u64> = own.iter().map(|i| i.pid_ns).collect();
-            namespaces.sort_unstable();
-            namespaces.dedup();
-            if !namespaces.contains(&target.ns.ino) && namespaces.len() >= MAX_NAMESPACES_PER_USER {
-                return Err((
-                    ErrorCode::TooManyRuns,
-                    format!(
-                        "your runs already watch {MAX_NAMESPACES_PER_USER} pid namespaces, the \
-                         most one user may; wait for one of them to end"
-                    ),
-                ));
-            }
-        }
+        let reservation = self.reserve_start(uid, target.ns.ino)?;
         let mut recording = Recording::new(
             validated.recording.sampling,
             validated.recording.follow_children,
         )
         .with_unwind(validated.recording.unwind);
         recording.set_python_mode(validated.recording.python);
-        if let Err(e) = recording.add_target(&mut inner.pool, target.clone()) {
+        // Takes the pool only for kernel work, not while it builds the target's unwind tables
+        // or waits for the walker; never the client table.
+        let before = thread_cpu_time();
+        let added = recording.add_target(&mut &self.pool, target.clone());
+        let start_cpu = thread_cpu_time().saturating_sub(before);
+        if let Err(e) = added {
             // Release whatever the failed attach took.
-            let _ = recording.collect(&mut inner.pool);
+            let _ = recording.collect(&mut self.lock_pool());
             return Err(refusal(e));
         }
         let sampling = recording.sampling().expect("a target was added");
-        let id = inner.next_id;
+        let id = {
+            let mut table = self.lock();
+            table.next_id += 1;
+            table.next_id - 1
+        };
         if let Err(e) = self.store.create_run_dir(id) {
-            let _ = recording.collect(&mut inner.pool);
+            let _ = recording.collect(&mut self.lock_pool());
+            let mut table = self.lock();
+            // A refused request leaves no run id behind, unless another start took a later one.
+            if table.next_id == id + 1 {
+                table.next_id = id;
+            }
             return Err((ErrorCode::Internal, format!("{e:#}")));
         }
-        inner.next_id += 1;
         let info = RunInfo {
             run_id: id,
             state: RunState::Running,
@@ -235,15 +248,20 @@ impl Runs {
         };
         let (state, _) = watch::channel(RunState::Running);
         let stop = Arc::new(Notify::new());
-        inner.runs.insert(
-            id,
-            RunEntry {
-                info: info.clone(),
-                stop: stop.clone(),
-                state,
-            },
-        );
-        drop(inner);
+        {
+            let mut table = self.lock();
+            table.runs.insert(
+                id,
+                RunEntry {
+                    info: info.clone(),
+                    stop: stop.clone(),
+                    state,
+                },
+            );
+            // The run now counts as itself.
+            table.starting.remove(&reservation.key);
+        }
+        drop(reservation);
         let _ = self.store.save(&info);
         log::info!(
             "run {id}: uid {uid} profiles pid {} ({}) with {}",
@@ -253,9 +271,64 @@ impl Runs {
         );
         let runs = self.clone();
         tokio::spawn(async move {
-            runs.monitor(id, recording, stop, validated).await;
+            runs.monitor(id, recording, stop, validated, start_cpu)
+                .await;
         });
         Ok(Reply::for_run(&info, false))
+    }
+
+    /// Checks the limits of runs for a start by `uid` in pid namespace `pid_ns` and holds its
+    /// place among them until the start ends.
+    fn reserve_start(&self, uid: u32, pid_ns: u64) -> Result<StartReservation<'_>, Refusal> {
+        let mut table = self.lock();
+        // Runs that sample: a stopped run writing its results holds no run slot any more.
+        let active: Vec<Starting> = table
+            .runs
+            .values()
+            .map(|r| &r.info)
+            .filter(|i| matches!(i.state, RunState::Preparing | RunState::Running))
+            .map(|i| Starting {
+                uid: i.owner_uid,
+                pid_ns: i.pid_ns,
+            })
+            .chain(table.starting.values().copied())
+            .collect();
+        // The global count is not told to clients: it says what other users do.
+        if active.len() >= self.limits.max_runs {
+            return Err((
+                ErrorCode::TooManyRuns,
+                "the daemon is at its limit of runs in progress; try again when one ends".into(),
+            ));
+        }
+        if uid != 0 {
+            let own: Vec<&Starting> = active.iter().filter(|i| i.uid == uid).collect();
+            if own.len() >= self.limits.max_runs_per_user {
+                return Err((
+                    ErrorCode::TooManyRuns,
+                    format!(
+                        "you have {} runs in progress, the most one user may; stop one or \
+                         wait for one to end",
+                        own.len()
+                    ),
+                ));
+            }
+            let mut namespaces: Vec<u64> = own.iter().map(|i| i.pid_ns).collect();
+            namespaces.sort_unstable();
+            namespaces.dedup();
+            if !namespaces.contains(&pid_ns) && namespaces.len() >= MAX_NAMESPACES_PER_USER {
+                return Err((
+                    ErrorCode::TooManyRuns,
+                    format!(
+                        "your runs already watch {MAX_NAMESPACES_PER_USER} pid namespaces, the \
+                         most one user may; wait for one of them to end"
+                    ),
+                ));
+            }
+        }
+        let key = table.next_starting;
+        table.next_starting += 1;
+        table.starting.insert(key, Starting { uid, pid_ns });
+        Ok(StartReservation { runs: self, key })
     }
 
     fn validate(&self, uid: u32, req: &RunRequest) -> Result<Validated, Refusal> {
@@ -291,6 +364,7 @@ impl Runs {
         mut recording: Recording,
         stop: Arc<Notify>,
         validated: Validated,
+        mut cpu: Duration,
     ) {
         let duration = validated
             .recording
@@ -303,37 +377,67 @@ impl Runs {
                 _ = tokio::time::sleep_until(deadline) => break RunEnd::Completed,
                 _ = stop.notified() => break RunEnd::Interrupted,
                 _ = tick.tick() => {
-                    let status = {
-                        let mut inner = self.lock();
-                        let status = recording.tick(&mut inner.pool);
-                        if let Some(run) = inner.runs.get_mut(&id) {
-                            run.info.samples = status.samples;
+                    // A tick reads kernel maps and may build unwind tables or name Python
+                    // code: on a blocking thread, waiting for the pool there, not here.
+                    let runs = self.clone();
+                    let ticked = tokio::task::spawn_blocking(move || {
+                        let before = thread_cpu_time();
+                        let status = recording.tick(&mut runs.lock_pool());
+                        (recording, status, thread_cpu_time().saturating_sub(before))
+                    })
+                    .await;
+                    let status;
+                    (recording, status, cpu) = match ticked {
+                        Ok((r, status, used)) => (r, status, cpu + used),
+                        Err(e) => {
+                            // The recording (and its run slots) went with the panicked tick.
+                            let reason = format!("a tick of the run panicked: {e}");
+                            self.finish_off_reactor(id, RunState::Failed, Some(reason), None)
+                                .await;
+                            return;
                         }
-                        status
                     };
+                    if let Some(run) = self.lock().runs.get_mut(&id) {
+                        run.info.samples = status.samples;
+                    }
                     if status.all_exited {
                         break RunEnd::TargetExited;
                     }
                 }
             }
         };
-        self.set_state(id, RunState::Processing);
-        let collected = {
-            let mut inner = self.lock();
-            recording.collect(&mut inner.pool)
+        {
+            // Saving the state syncs a file: not on the thread that answers clients.
+            let runs = self.clone();
+            let _ =
+                tokio::task::spawn_blocking(move || runs.set_state(id, RunState::Processing)).await;
+        }
+        let runs = self.clone();
+        let collected = tokio::task::spawn_blocking(move || {
+            let before = thread_cpu_time();
+            let collected = recording.collect(&mut runs.lock_pool());
+            (collected, thread_cpu_time().saturating_sub(before))
+        })
+        .await;
+        let collected = match collected {
+            Ok((collected, used)) => {
+                cpu += used;
+                collected
+            }
+            Err(e) => {
+                let reason = format!("collecting the run's samples panicked: {e}");
+                self.finish_off_reactor(id, RunState::Failed, Some(reason), None)
+                    .await;
+                return;
+            }
         };
         // The program may now be the pool's idle spare: unload it once it has lingered.
         let runs = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(PROGRAM_LINGER + Duration::from_millis(100)).await;
-            runs.lock().pool.expire_idle();
+            let _ = tokio::task::spawn_blocking(move || runs.lock_pool().expire_idle()).await;
         });
-        let collected = collected.map(|mut c| {
-            if !may_see_kernel_frames(self.owner(id)) {
-                c.drop_kernel_frames();
-            }
-            c
-        });
+        let owner = self.owner(id);
         let final_state = if end == RunEnd::Interrupted {
             RunState::Stopped
         } else {
@@ -343,7 +447,17 @@ impl Runs {
         let result = self
             .symbolizer
             .run(move |symbolizer| -> Result<Processed, Error> {
-                let profile = collected?.assemble(end, symbolizer, &validated.recording.options);
+                let before = thread_cpu_time();
+                let mut collected = collected?;
+                if !may_see_kernel_frames(owner) {
+                    collected.drop_kernel_frames();
+                }
+                let mut profile = collected.assemble(end, symbolizer, &validated.recording.options);
+                // The daemon serves many runs: this run's cost is the CPU spent on its work
+                // (attach, ticks, collection, processing), beside the daemon's peak memory.
+                cpu += thread_cpu_time().saturating_sub(before);
+                profile.meta.cost.profiler_cpu_secs = cpu.as_secs_f64();
+                profile.meta.cost.scope = CostScope::DaemonRun;
                 let owner = runs.owner(id);
                 let mut files = BTreeMap::new();
                 let mut formats = validated.formats.clone();
@@ -395,9 +509,35 @@ impl Runs {
             })
             .await;
         match result {
-            Ok(Ok(processed)) => self.finish(id, final_state, None, Some(processed)),
-            Ok(Err(e)) => self.finish(id, RunState::Failed, Some(e.to_string()), None),
-            Err(e) => self.finish(id, RunState::Failed, Some(e), None),
+            Ok(Ok(processed)) => {
+                self.finish_off_reactor(id, final_state, None, Some(processed))
+                    .await
+            }
+            Ok(Err(e)) => {
+                self.finish_off_reactor(id, RunState::Failed, Some(e.to_string()), None)
+                    .await
+            }
+            Err(e) => {
+                self.finish_off_reactor(id, RunState::Failed, Some(e), None)
+                    .await
+            }
+        }
+    }
+
+    /// [`Self::finish`] on a blocking thread: it syncs the run's state file and cleans up
+    /// old runs' folders, which must not hold up the thread that answers clients.
+    async fn finish_off_reactor(
+        self: &Arc<Self>,
+        id: u64,
+        state: RunState,
+        reason: Option<String>,
+        processed: Option<Processed>,
+    ) {
+        let runs = self.clone();
+        let finished =
+            tokio::task::spawn_blocking(move || runs.finish(id, state, reason, processed)).await;
+        if let Err(e) = finished {
+            log::warn!("finishing run {id} panicked: {e}");
         }
     }
 
@@ -411,8 +551,8 @@ impl Runs {
 
     fn set_state(&self, id: u64, state: RunState) {
         let info = {
-            let mut inner = self.lock();
-            let Some(run) = inner.runs.get_mut(&id) else {
+            let mut table = self.lock();
+            let Some(run) = table.runs.get_mut(&id) else {
                 return;
             };
             run.info.state = state;
@@ -430,8 +570,8 @@ impl Runs {
         processed: Option<Processed>,
     ) {
         let info = {
-            let mut inner = self.lock();
-            let Some(run) = inner.runs.get_mut(&id) else {
+            let mut table = self.lock();
+            let Some(run) = table.runs.get_mut(&id) else {
                 return;
             };
             run.info.state = state;
@@ -456,17 +596,17 @@ impl Runs {
         let all: Vec<RunInfo> = self.lock().runs.values().map(|r| r.info.clone()).collect();
         let deleted = self.store.cleanup(&all);
         if !deleted.is_empty() {
-            let mut inner = self.lock();
+            let mut table = self.lock();
             for d in deleted {
-                inner.runs.remove(&d);
+                table.runs.remove(&d);
             }
         }
     }
 
     /// The run `id` as client `uid` may see it.
     pub fn info(&self, uid: u32, id: u64) -> Result<RunInfo, Refusal> {
-        let inner = self.lock();
-        match inner.runs.get(&id) {
+        let table = self.lock();
+        match table.runs.get(&id) {
             Some(r) if uid == 0 || r.info.owner_uid == uid => Ok(r.info.clone()),
             _ => Err((ErrorCode::NotFound, format!("no run {id}"))),
         }
@@ -488,8 +628,8 @@ impl Runs {
     /// Stops every run in flight (daemon shutdown) and waits for them to end.
     pub async fn stop_all(&self, timeout: Duration) {
         let receivers: Vec<watch::Receiver<RunState>> = {
-            let inner = self.lock();
-            inner
+            let table = self.lock();
+            table
                 .runs
                 .values()
                 .filter(|r| !r.info.state.is_final())
@@ -557,8 +697,8 @@ impl Runs {
 
     /// The runs client `uid` may see, oldest first.
     pub fn list(&self, uid: u32) -> Vec<RunInfo> {
-        let inner = self.lock();
-        let mut runs: Vec<RunInfo> = inner
+        let table = self.lock();
+        let mut runs: Vec<RunInfo> = table
             .runs
             .values()
             .filter(|r| uid == 0 || r.info.owner_uid == uid)
@@ -631,6 +771,20 @@ struct Processed {
     files: BTreeMap<String, String>,
     top: Vec<TopFunction>,
     summary: Option<serde_json::Value>,
+}
+
+/// CPU time (user and system) the calling thread has used: a run's work is measured on the
+/// threads that do it, as the daemon's own usage covers every run.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given; this clock exists on Linux.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// The name of a run's result file in `format`.

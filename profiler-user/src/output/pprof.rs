@@ -665,11 +665,17 @@ fn comments(profile: &Profile, measure: &Measure) -> Vec<String> {
             "bpf program cost: unknown (sysctl kernel.bpf_stats_enabled was off)".to_string(),
         ),
     }
-    c.push(format!(
-        "profiler cost: {:.3} s CPU, peak RSS {:.1} MiB",
-        meta.cost.profiler_cpu_secs,
-        meta.cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0)
-    ));
+    let rss_mib = meta.cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0);
+    c.push(match meta.cost.scope {
+        crate::profile::CostScope::Process => format!(
+            "profiler cost: {:.3} s CPU, peak RSS {rss_mib:.1} MiB",
+            meta.cost.profiler_cpu_secs
+        ),
+        crate::profile::CostScope::DaemonRun => format!(
+            "profiler cost: {:.3} s CPU of the daemon on this run, daemon peak RSS {rss_mib:.1} MiB",
+            meta.cost.profiler_cpu_secs
+        ),
+    });
     for target in &meta.targets {
         c.push(format!("target: {} (pid {})", target.comm, target.pid));
     }

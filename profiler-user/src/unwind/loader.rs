@@ -287,16 +287,7 @@ impl UnwindMaps {
     pub fn settle(&mut self, pid: u32, deadline: Instant) {
         loop {
             self.poll();
-            let waiting = self.tracked.get(&pid).is_some_and(|t| {
-                t.mappings.iter().any(|m| {
-                    m.key.as_ref().is_some_and(|k| {
-                        self.tables
-                            .get(k)
-                            .is_some_and(|t| t.state == TableState::Queued)
-                    })
-                })
-            });
-            if !waiting {
+            if !self.pending(pid) {
                 return;
             }
             let Some(built) = self
@@ -308,6 +299,19 @@ impl UnwindMaps {
             };
             self.install(built);
         }
+    }
+
+    /// Whether a table `pid` maps is still queued for the build thread.
+    pub fn pending(&self, pid: u32) -> bool {
+        self.tracked.get(&pid).is_some_and(|t| {
+            t.mappings.iter().any(|m| {
+                m.key.as_ref().is_some_and(|k| {
+                    self.tables
+                        .get(k)
+                        .is_some_and(|t| t.state == TableState::Queued)
+                })
+            })
+        })
     }
 
     /// Installs the tables built since the last call; call it often (every tick).
