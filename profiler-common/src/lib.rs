@@ -219,6 +219,11 @@ pub enum CfaRule {
     /// A signal trampoline (`__restore_rt`): rsp points at the `ucontext_t` the kernel saved,
     /// and the interrupted frame's rip, rsp and rbp are read from its `uc_mcontext`.
     SignalFrame = 5,
+    /// A frame that realigned its stack (gcc's dynamic realignment for 32- and 64-byte
+    /// aligned locals, common in AVX code): CFA = *(rbp - offset), the caller's rbp saved at
+    /// rbp. Its CFI is `DW_CFA_def_cfa_expression (DW_OP_breg6 -offset; DW_OP_deref)` with
+    /// `DW_CFA_expression: rbp (DW_OP_breg6 0)`.
+    RbpDeref = 6,
 }
 
 /// Offsets in the x86-64 `ucontext_t` the kernel pushes for a signal handler, from rsp at the

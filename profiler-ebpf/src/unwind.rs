@@ -225,6 +225,20 @@ fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
     let (cfa, ra_at, rbp_at) = match row {
         Some(row) if row.cfa_rule() == CfaRule::EndOfStack as u8 => return WalkEnd::Complete,
         Some(row) if row.cfa_rule() == CfaRule::SignalFrame as u8 => return signal_frame(walk),
+        Some(row) if row.cfa_rule() == CfaRule::RbpDeref as u8 => {
+            // A realigned frame: the CFA was saved below the frame pointer, and the caller's
+            // rbp at it.
+            let at = walk.bp.wrapping_sub(row.cfa_offset as u64);
+            // SAFETY: user memory read through the checked helper.
+            let Ok(cfa) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {
+                return WalkEnd::Early;
+            };
+            (
+                cfa,
+                cfa.wrapping_add(RETURN_ADDRESS_OFFSET as u64),
+                Some(walk.bp),
+            )
+        }
         Some(row) if row.cfa_rule() != CfaRule::NoInfo as u8 => {
             let rule = row.cfa_rule();
             let offset = row.cfa_offset as u64;

@@ -12,6 +12,8 @@
 //! * [`Profile`]: parsed folded output with stack queries;
 //! * [`Summary`]: the `--summary-json` document.
 
+pub mod large_library;
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fmt::Write as _;
@@ -149,6 +151,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "nofp_dlsym" => env!("WORKLOAD_NOFP_DLSYM"),
         "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
         "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
+        "nofp_realign" => env!("WORKLOAD_NOFP_REALIGN"),
         "libhot" => env!("WORKLOAD_LIBHOT"),
         "rustwork_nofp" => env!("WORKLOAD_RUSTWORK_NOFP"),
         "rustwork_fp" => env!("WORKLOAD_RUSTWORK_FP"),

@@ -311,3 +311,57 @@ fn a_distro_binary_without_frame_pointers_unwinds_to_its_entry() {
         .flatten()
         .any(|f| f.contains("[unmapped]")));
 }
+
+/// gcc realigns the stack of a function that keeps AVX values across calls with a DRAP
+/// register, and says so in CFI only as an expression (CFA = *(rbp - 8)), as in many of
+/// PyTorch's vector kernels. The walk reads that rule: every stack through the realigned
+/// `realigned_driver` reaches `main`. (Before the rule, none did: the frame-pointer fallback
+/// put the CFA 8 bytes too low and lost every caller above the driver.)
+#[test]
+fn a_stack_realigned_frame_unwinds_to_main() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("realign.folded");
+    let target = Workload::spawn("nofp_realign", &["30"]);
+    std::thread::sleep(Duration::from_millis(200));
+    run_bpfprof(
+        [
+            "--unwind",
+            "cfi",
+            "--pid",
+            &target.pid().to_string(),
+            "-F",
+            "499",
+            "-d",
+            "3s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    )
+    .assert_code(exit::OK);
+    let profile = Profile::read(&out);
+    let mut c = Checks::new();
+    let in_burn = profile.count_containing("burn");
+    let whole = profile.count_where(|frames| {
+        let user: Vec<&str> = frames
+            .iter()
+            .skip(1)
+            .filter(|f| !bpfprof_tests::is_kernel_frame(f))
+            .map(String::as_str)
+            .collect();
+        user.ends_with(&["main", "realigned_driver", "vector_step", "burn"])
+            && user.contains(&"__libc_start_call_main")
+    });
+    c.check(in_burn >= 300, || format!("only {in_burn} samples in burn"));
+    c.check(whole as f64 >= 0.97 * in_burn as f64, || {
+        format!(
+            "{whole} of {in_burn} samples in burn reach libc's start through the realigned \
+             driver:\n{}",
+            profile.top(10)
+        )
+    });
+    c.finish();
+}

@@ -346,6 +346,19 @@ fn convert<'a, S: UnwindSection<Slice<'a>>>(
         Some(RegisterRule::Offset(RETURN_ADDRESS_OFFSET)) => {}
         Some(_) => return no_info(pc),
     };
+    // gcc's stack realignment: CFA = *(rbp - N), the caller's rbp saved at rbp.
+    if let GimliCfa::Expression(expr) = row.cfa() {
+        let realigned = expr
+            .get(section)
+            .ok()
+            .and_then(|e| realigned_cfa(e.0.slice()));
+        let rbp_at_rbp = matches!(row.register(X86_64::RBP), Some(RegisterRule::Expression(e))
+            if e.get(section).is_ok_and(|e| e.0.slice() == RBP_AT_RBP));
+        if let (Some(offset), true) = (realigned, rbp_at_rbp) {
+            return UnwindRow::new(pc, CfaRule::RbpDeref, offset, None, 0)
+                .unwrap_or_else(|| no_info(pc));
+        }
+    }
     let rbp = match row.register(X86_64::RBP) {
         None | Some(RegisterRule::SameValue) => None,
         Some(RegisterRule::Offset(off)) => match i16::try_from(off) {
@@ -374,6 +387,21 @@ fn convert<'a, S: UnwindSection<Slice<'a>>>(
         }
     };
     UnwindRow::new(pc, rule, cfa_offset, rbp, plt_threshold).unwrap_or_else(|| no_info(pc))
+}
+
+/// `DW_OP_breg6 (rbp) 0`: where a realigned frame saved its caller's rbp.
+const RBP_AT_RBP: &[u8] = &[0x76, 0x00];
+
+/// Recognizes the CFA expression of gcc's stack realignment, `DW_OP_breg6 (rbp) -N;
+/// DW_OP_deref` (CFA = *(rbp - N)), and returns N.
+fn realigned_cfa(expr: &[u8]) -> Option<u16> {
+    const BREG6: u8 = 0x76;
+    const DEREF: u8 = 0x06;
+    match expr {
+        // A one-byte SLEB128 operand from -64 to -1 (0x40..=0x7f).
+        [BREG6, n, DEREF] if (0x40..0x80).contains(n) => Some(0x80 - u16::from(*n)),
+        _ => None,
+    }
 }
 
 /// `DW_OP_breg7 (rsp) 160; DW_OP_deref`: the CFA of a signal trampoline is the interrupted
@@ -476,7 +504,12 @@ mod tests {
         let cfa = match row.cfa_rule() {
             r if r == CfaRule::Rsp as u8 => format!("rsp+{}", row.cfa_offset),
             r if r == CfaRule::Rbp as u8 => format!("rbp+{}", row.cfa_offset),
-            r if r == CfaRule::Plt as u8 || r == CfaRule::SignalFrame as u8 => "exp".into(),
+            r if r == CfaRule::Plt as u8
+                || r == CfaRule::SignalFrame as u8
+                || r == CfaRule::RbpDeref as u8 =>
+            {
+                "exp".into()
+            }
             r if r == CfaRule::EndOfStack as u8 => "end".into(),
             _ => "none".into(),
         };
@@ -485,6 +518,17 @@ mod tests {
             None => "u".into(),
         };
         (cfa, rbp, format!("c{RETURN_ADDRESS_OFFSET}"))
+    }
+
+    #[test]
+    fn gcc_stack_realignment_is_read_and_other_expressions_are_not() {
+        // DW_OP_breg6 (rbp) -8; DW_OP_deref, and -16.
+        assert_eq!(realigned_cfa(&[0x76, 0x78, 0x06]), Some(8));
+        assert_eq!(realigned_cfa(&[0x76, 0x70, 0x06]), Some(16));
+        // A positive offset, another register, no deref: not this rule.
+        assert_eq!(realigned_cfa(&[0x76, 0x08, 0x06]), None);
+        assert_eq!(realigned_cfa(&[0x77, 0x78, 0x06]), None);
+        assert_eq!(realigned_cfa(&[0x76, 0x78]), None);
     }
 
     /// Every readelf row whose rules the walk supports must read back the same from our table.
