@@ -95,6 +95,22 @@ impl ProcessRecording {
     }
 }
 
+/// Addresses a recording's targets ran at since the last tick, placed in their files: what
+/// is symbolized while the run goes on, so that little is left to do when it ends.
+#[derive(Debug, Default)]
+pub struct Warm {
+    /// User addresses as (file, file offset), as [`Symbolizer::prepare_located`] takes them.
+    pub user: Vec<(std::sync::Arc<crate::procmaps::MappedFile>, u64)>,
+    /// Kernel addresses.
+    pub kernel: Vec<u64>,
+}
+
+/// Where a recording sends its [`Warm`] addresses (a symbolizer on another thread).
+pub type WarmSink = Box<dyn Fn(Warm) + Send + Sync>;
+
+/// Kernel addresses start here (x86-64, 4- and 5-level paging alike).
+const KERNEL_ADDRESS_START: u64 = 1 << 63;
+
 /// A recording in progress.
 pub struct Recording {
     request: SamplingRequest,
@@ -117,6 +133,8 @@ pub struct Recording {
     last_refresh: Instant,
     /// Whether CPython processes get their Python frames read.
     python_mode: PythonMode,
+    /// Where sampled addresses go to be symbolized during the run, if anywhere.
+    warm: Option<WarmSink>,
 }
 
 /// Where a recording stands after a tick.
@@ -145,7 +163,15 @@ impl Recording {
             started: Instant::now(),
             last_refresh: Instant::now(),
             python_mode: crate::python_stacks::default_mode(),
+            warm: None,
         }
+    }
+
+    /// Sends the addresses sampled since the previous tick to `sink` at every tick, to be
+    /// symbolized while the run goes on: a 430 MB libtorch_cpu.so's symbols took the end of
+    /// a run 0.5 s (4 s in a debug build) to load when nothing was loaded before.
+    pub fn set_warm(&mut self, sink: WarmSink) {
+        self.warm = Some(sink);
     }
 
     /// Sets whether CPython processes added from now on get their Python frames read.
@@ -390,9 +416,48 @@ impl Recording {
                 }
             }
         }
+        self.send_warm(pool);
         TickStatus {
             samples,
             all_exited: self.processes.values().all(|p| p.exited),
+        }
+    }
+
+    /// Sends the addresses sampled since the last call to the warm sink, if there is one.
+    fn send_warm(&mut self, pool: &mut ProgramPool) {
+        let Some(sink) = &self.warm else {
+            return;
+        };
+        let mut warm = Warm::default();
+        let mut seen_programs = HashSet::new();
+        for (slot, _) in &self.slots {
+            if !seen_programs.insert(slot.program_id) {
+                continue;
+            }
+            let Ok(program) = pool.program(*slot) else {
+                continue;
+            };
+            let (kernel, user): (Vec<u64>, Vec<u64>) = program
+                .take_fresh_frames()
+                .into_iter()
+                .partition(|a| *a >= KERNEL_ADDRESS_START);
+            warm.kernel.extend(kernel);
+            // A program's stacks do not say whose they are: each is placed in every process
+            // of the program that maps it.
+            for p in self
+                .processes
+                .values()
+                .filter(|p| p.slot.program_id == slot.program_id)
+            {
+                warm.user
+                    .extend(user.iter().filter_map(|a| match p.maps.locate(*a) {
+                        crate::procmaps::Location::File(file, offset) => Some((file, offset)),
+                        _ => None,
+                    }));
+            }
+        }
+        if !warm.user.is_empty() || !warm.kernel.is_empty() {
+            sink(warm);
         }
     }
 
