@@ -78,6 +78,8 @@ pub struct ProcessRecording {
     pub young_until: Option<Instant>,
     /// The objects it maps whose code had no unwind table when last looked at.
     pub untabled: Vec<crate::unwind::Untabled>,
+    /// Whether the kernel's CFI walker walked its stacks (the unwinder tracked it at the end).
+    pub cfi_walked: bool,
 }
 
 impl ProcessRecording {
@@ -328,6 +330,7 @@ impl Recording {
                 python,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 untabled: Vec::new(),
+                cfi_walked: false,
             },
         );
         Ok(())
@@ -500,6 +503,7 @@ impl Recording {
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         untabled: Vec::new(),
+                        cfi_walked: false,
                     },
                 );
             }
@@ -535,6 +539,7 @@ impl Recording {
             if let Ok(program) = pool.program(p.slot) {
                 if program.unwind.is_tracked(p.target.pid) {
                     p.untabled = program.unwind.untabled(p.target.pid);
+                    p.cfi_walked = true;
                 }
             }
         }
@@ -698,6 +703,7 @@ impl Collected {
                 target: &p.target,
                 maps: &p.maps,
                 samples: by_process.get(key).unwrap_or(&empty),
+                cfi_walked: p.cfi_walked,
                 python: p.python.as_ref().map(|t| t.symbols()),
             })
             .collect();
@@ -815,6 +821,7 @@ impl ProcessRecording {
             python: None,
             young_until: None,
             untabled: Vec::new(),
+            cfi_walked: false,
         }
     }
 }
