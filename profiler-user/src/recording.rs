@@ -78,7 +78,8 @@ pub struct ProcessRecording {
     pub young_until: Option<Instant>,
     /// The objects it maps whose code had no unwind table when last looked at.
     pub untabled: Vec<crate::unwind::Untabled>,
-    /// Whether the kernel's CFI walker walked its stacks (the unwinder tracked it at the end).
+    /// Whether the kernel's CFI walker walked its stacks: the unwinder tracked it at some
+    /// point (a daemon run's target is untracked before its samples are collected).
     pub cfi_walked: bool,
 }
 
@@ -330,7 +331,7 @@ impl Recording {
                 python,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 untabled: Vec::new(),
-                cfi_walked: false,
+                cfi_walked: waited,
             },
         );
         Ok(())
@@ -347,6 +348,7 @@ impl Recording {
                 }
                 if let Ok(program) = pool.program(p.slot) {
                     let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+                    p.cfi_walked |= program.unwind.is_tracked(pid);
                     program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
@@ -401,6 +403,7 @@ impl Recording {
                     .unwind
                     .track_maps(p.target.pid, Some(p.maps.last_read()));
                 p.untabled = program.unwind.untabled(p.target.pid);
+                p.cfi_walked |= program.unwind.is_tracked(p.target.pid);
             }
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
@@ -489,6 +492,7 @@ impl Recording {
                 if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
                     log::debug!("unwind tables of child pid {pid}: {e}");
                 }
+                let cfi_walked = program.unwind.is_tracked(pid);
                 self.processes.insert(
                     (slot.program_id, slot.run, target.ns_pid),
                     ProcessRecording {
@@ -503,7 +507,7 @@ impl Recording {
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         untabled: Vec::new(),
-                        cfi_walked: false,
+                        cfi_walked,
                     },
                 );
             }
