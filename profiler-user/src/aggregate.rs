@@ -49,6 +49,9 @@ pub struct TargetSamples<'a> {
     pub samples: &'a [Sample],
     /// Names of its Python frames, when the kernel read them.
     pub python: Option<&'a crate::python_stacks::PythonSymbols>,
+    /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
+    /// early itself.
+    pub cfi_walked: bool,
 }
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
@@ -120,8 +123,14 @@ pub fn aggregate(
                     .iter()
                     .position(|a| input.maps.mapping_at(*a).is_none())
                 {
+                    // The CFI walker stops at the first address outside the mappings, keeps
+                    // it as the last frame, and counts the stack as ended early: counting it
+                    // again here put 90 of 78 stacks as ended early.
+                    let counted = input.cfi_walked && bad + 1 == user.len();
                     user.truncate(bad);
-                    ended_early += sample.count;
+                    if !counted {
+                        ended_early += sample.count;
+                    }
                 }
             }
             if sample.truncated || cut {

@@ -27,6 +27,9 @@ use crate::{
     target::Target,
 };
 
+/// The most addresses kept for [`KernelProgram::take_fresh_frames`] between two takes: a
+/// bound on memory where no run takes them.
+const FRESH_FRAMES_MAX: usize = 1 << 18;
 /// How often stacks move from the kernel map to userspace when few new ones arrive.
 const OFFLOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -99,6 +102,9 @@ pub struct KernelProgram {
     /// Stacks moved out of the kernel map by [`Self::offload_stacks`]. Stack ids are hashes of
     /// the frames, so a stack that recurs after the move is stored again under the same id.
     offloaded_stacks: StdHashMap<StackId, Vec<u64>>,
+    /// Addresses of the stacks offloaded since [`Self::take_fresh_frames`] last took them:
+    /// what a run symbolizes while it samples (at most [`FRESH_FRAMES_MAX`]).
+    fresh_frames: std::collections::HashSet<u64>,
     /// When stacks were last offloaded, and how many moved then.
     last_offload: (std::time::Instant, usize),
     counters: PerCpuArray<MapData, u64>,
@@ -208,6 +214,7 @@ impl KernelProgram {
             samples,
             stacks,
             offloaded_stacks: StdHashMap::new(),
+            fresh_frames: std::collections::HashSet::new(),
             offloaded_samples: StdHashMap::new(),
             samples_at_last_move: 0,
             last_offload: (std::time::Instant::now(), 0),
@@ -529,6 +536,13 @@ impl KernelProgram {
             let _ = self.stacks.remove(&id);
         }
         self.offloaded_stacks = StdHashMap::new();
+        self.fresh_frames = std::collections::HashSet::new();
+    }
+
+    /// Takes the addresses of the stacks moved to userspace since the last call (symbolizing
+    /// them while the run goes on leaves less to do when it ends).
+    pub fn take_fresh_frames(&mut self) -> Vec<u64> {
+        self.fresh_frames.drain().collect()
     }
 
     /// Moves stacks and sample counts from the kernel maps to userspace when due, so that
@@ -615,6 +629,11 @@ impl KernelProgram {
                 // A stack is the kernel's report of where targets run: objects without a
                 // table yet get theirs first.
                 self.unwind.note_sampled(frames.iter().copied());
+                // Best effort: past the cap, the rest is symbolized when the run ends.
+                if self.fresh_frames.len() < FRESH_FRAMES_MAX {
+                    self.fresh_frames
+                        .extend(crate::symbolize::lookup_addresses(&frames));
+                }
                 self.offloaded_stacks.insert(id, frames);
                 moved += 1;
             }

@@ -19,7 +19,7 @@ use bpfprof::{
     record::{CommandOutcome, Progress, Recorder, StopConditions},
     request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
     sampling::{EventChoice, IntervalArg, SamplingRequest},
-    symbolize::Symbolizer,
+    symbolize::SymbolizerThread,
     target::TargetSpec,
 };
 use clap::{Args, Parser, Subcommand};
@@ -631,6 +631,16 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             return Err(e);
         }
     };
+    // Symbols are loaded and sampled addresses resolved while the run goes on, so that the
+    // profile is out soon after the end of --duration.
+    let symbolizer = SymbolizerThread::spawn()
+        .map_err(|e| Error::Other(anyhow::anyhow!("starting the symbolizer thread: {e}")))?;
+    let line_numbers = options.line_numbers;
+    symbolizer
+        .run(move |s| s.set_start_lines(line_numbers))
+        .await
+        .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
+    recorder.set_warm(symbolizer.warm_sink());
     if !cli.quiet {
         if let Some(sampling) = recorder.sampling() {
             // The program id lets a user find the program with `bpftool prog show id N`.
@@ -656,8 +666,11 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
         })
         .await?;
     bar.finish_and_clear();
-    let mut symbolizer = Symbolizer::new();
-    let (profile, outcome) = recorder.finish(end, &mut symbolizer, &options)?;
+    let (collected, outcome) = recorder.finish(end)?;
+    let profile = symbolizer
+        .run(move |s| collected.assemble(end, s, &options))
+        .await
+        .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
     for output in outputs.drain(..) {
         let path = output.path().map(|p| p.display().to_string());
         let format = output.format();

@@ -8,7 +8,10 @@
 //! Sections read: `.plt`, `.plt.sec` (IBT) and `.plt.got` (functions whose address is also
 //! taken). x86-64 only, as the unwinder.
 
-use std::{collections::HashMap, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+};
 
 use object::{
     elf,
@@ -57,20 +60,6 @@ impl PltStubs {
         }
         let endian = elf.endian();
         let dynsym = elf.dynamic_symbol_table()?;
-        // GOT slot address -> the function its relocation names.
-        let mut slots: HashMap<u64, String> = HashMap::new();
-        for (slot, relocation) in elf.dynamic_relocations().into_iter().flatten() {
-            if let RelocationTarget::Symbol(index) = relocation.target() {
-                if let Some(name) = dynsym
-                    .symbol_by_index(index)
-                    .ok()
-                    .and_then(|s| s.name().ok())
-                    .filter(|n| !n.is_empty())
-                {
-                    slots.insert(slot, name.to_string());
-                }
-            }
-        }
         // `.rela.plt` in order: a lazy-binding entry pushes its index in it.
         let jump_slots: Vec<u64> = elf
             .section_by_name(".rela.plt")
@@ -82,7 +71,9 @@ impl PltStubs {
                     .map(|(relas, _)| relas.iter().map(|r| r.r_offset.get(endian)).collect())
             })
             .unwrap_or_default();
-        let mut stubs = Vec::new();
+        // Each stub's GOT slot first, so that only those relocations' symbols are named:
+        // libtorch_cpu.so has 357k dynamic relocations and 30k stubs.
+        let mut targets: Vec<(u64, u64, u64)> = Vec::new();
         for name in PLT_SECTIONS {
             let Some(section) = elf.section_by_name(name) else {
                 continue;
@@ -101,19 +92,41 @@ impl PltStubs {
             };
             for (i, entry) in code.chunks_exact(entry_size as usize).enumerate() {
                 let at = i as u64 * entry_size;
-                let target = match stub_target(entry, section.address() + at) {
-                    Some(Target::Slot(slot)) => slots.get(&slot),
-                    Some(Target::JumpSlotIndex(index)) => jump_slots
-                        .get(index as usize)
-                        .and_then(|slot| slots.get(slot)),
+                let slot = match stub_target(entry, section.address() + at) {
+                    Some(Target::Slot(slot)) => Some(slot),
+                    Some(Target::JumpSlotIndex(index)) => jump_slots.get(index as usize).copied(),
                     None => None,
                 };
-                if let Some(function) = target {
+                if let Some(slot) = slot {
                     let start = file_start + at;
-                    stubs.push((start, start + entry_size, format!("{function}@plt")));
+                    targets.push((start, start + entry_size, slot));
                 }
             }
         }
+        let wanted: HashSet<u64> = targets.iter().map(|t| t.2).collect();
+        // GOT slot address -> the function its relocation names.
+        let mut slots: HashMap<u64, String> = HashMap::new();
+        for (slot, relocation) in elf.dynamic_relocations().into_iter().flatten() {
+            if !wanted.contains(&slot) {
+                continue;
+            }
+            if let RelocationTarget::Symbol(index) = relocation.target() {
+                if let Some(name) = dynsym
+                    .symbol_by_index(index)
+                    .ok()
+                    .and_then(|s| s.name().ok())
+                    .filter(|n| !n.is_empty())
+                {
+                    slots.insert(slot, name.to_string());
+                }
+            }
+        }
+        let mut stubs: Vec<(u64, u64, String)> = targets
+            .into_iter()
+            .filter_map(|(start, end, slot)| {
+                Some((start, end, format!("{}@plt", slots.get(&slot)?)))
+            })
+            .collect();
         if stubs.is_empty() {
             return None;
         }

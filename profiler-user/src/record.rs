@@ -16,12 +16,11 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    aggregate::{AggregateOptions, Profile, RunEnd},
+    aggregate::RunEnd,
     error::{Error, Result},
     pool::ProgramPool,
-    recording::Recording,
+    recording::{Collected, Recording},
     sampling::{Sampling, SamplingRequest},
-    symbolize::Symbolizer,
     target::{Target, TargetSpec},
 };
 
@@ -254,15 +253,16 @@ impl Recorder {
         Ok(end)
     }
 
-    /// Stops sampling and builds the profile from everything recorded; a launched command
-    /// still running is stopped (at the end of the duration) or reaped (when interrupted),
-    /// and what became of it is returned with the profile.
-    pub fn finish(
-        mut self,
-        end: RunEnd,
-        symbolizer: &mut Symbolizer,
-        options: &AggregateOptions,
-    ) -> Result<(Profile, Option<CommandOutcome>)> {
+    /// Sends what the run samples to `sink` at every tick, to be symbolized meanwhile.
+    pub fn set_warm(&mut self, sink: crate::recording::WarmSink) {
+        self.recording.set_warm(sink);
+    }
+
+    /// Stops sampling and takes everything recorded out of the kernel (to be symbolized and
+    /// aggregated with [`Collected::assemble`]); a launched command still running is stopped
+    /// (at the end of the duration) or reaped (when interrupted), and what became of it is
+    /// returned with the samples.
+    pub fn finish(mut self, end: RunEnd) -> Result<(Collected, Option<CommandOutcome>)> {
         let collected = self.recording.collect(&mut self.pool)?;
         if let Some(mut child) = self.child.take() {
             if self.outcome.is_none() {
@@ -273,7 +273,7 @@ impl Recorder {
                 });
             }
         }
-        Ok((collected.assemble(end, symbolizer, options), self.outcome))
+        Ok((collected, self.outcome))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::Arc,
+    sync::{mpsc, Arc, Mutex},
 };
 
 /// The module of frames named from a JIT's perf map (`perf-PID.map`).
@@ -117,16 +117,28 @@ impl Symbolizer {
 
     /// Resolves every address of `addrs` not seen before, one batch per mapped file.
     pub fn prepare_user(&mut self, maps: &ProcessMaps, addrs: impl IntoIterator<Item = u64>) {
+        self.prepare_located(
+            addrs
+                .into_iter()
+                .filter_map(|addr| match maps.locate(addr) {
+                    Location::File(file, offset) => Some((file, offset)),
+                    _ => None,
+                }),
+        );
+    }
+
+    /// Resolves every (file, file offset) of `located` not seen before, one batch per file:
+    /// what [`Self::prepare_user`] does once the addresses are placed in their files, and
+    /// what a run does while it samples, so that its end finds the files' symbols loaded.
+    pub fn prepare_located(&mut self, located: impl IntoIterator<Item = (Arc<MappedFile>, u64)>) {
         let mut by_file: HashMap<FileId, (Arc<MappedFile>, HashSet<u64>)> = HashMap::new();
-        for addr in addrs {
-            if let Location::File(file, offset) = maps.locate(addr) {
-                if !self.user.contains_key(&(file.id, offset)) {
-                    by_file
-                        .entry(file.id)
-                        .or_insert_with(|| (file.clone(), HashSet::new()))
-                        .1
-                        .insert(offset);
-                }
+        for (file, offset) in located {
+            if !self.user.contains_key(&(file.id, offset)) {
+                by_file
+                    .entry(file.id)
+                    .or_insert_with(|| (file.clone(), HashSet::new()))
+                    .1
+                    .insert(offset);
             }
         }
         for (id, (file, offsets)) in by_file {
@@ -202,6 +214,12 @@ impl Symbolizer {
                 }
             }
         }
+    }
+
+    /// Resolves what a run sampled so far (see [`crate::recording::Warm`]).
+    pub fn warm(&mut self, warm: crate::recording::Warm) {
+        self.prepare_located(warm.user);
+        self.prepare_kernel(warm.kernel);
     }
 
     /// The source line of each symbol's entry point (by the symbol's address in its file), so
@@ -297,6 +315,71 @@ impl Symbolizer {
             .get(&addr)
             .cloned()
             .unwrap_or_else(|| unknown("[kernel]", addr, FrameKind::Kernel))
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Symbolizer) + Send>;
+
+/// One thread owns a symbolizer (blazesym's caches are not `Send`), so that its cache of
+/// resolved addresses serves every run, and a run's sampled addresses are resolved while it
+/// goes on (see [`Self::warm_sink`]); runs hand it their processing as jobs.
+pub struct SymbolizerThread {
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+impl SymbolizerThread {
+    /// Starts the thread, with a symbolizer that has demangling and inlining on.
+    pub fn spawn() -> std::io::Result<SymbolizerThread> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("symbolizer".into())
+            .spawn(move || {
+                let mut symbolizer = Symbolizer::new();
+                for job in rx {
+                    job(&mut symbolizer);
+                }
+            })?;
+        Ok(SymbolizerThread {
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    fn send(&self, job: Job) -> Result<(), String> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(job)
+            .map_err(|_| "the symbolizer thread is gone".to_string())
+    }
+
+    /// Runs `f` on the symbolizer thread and waits for its result.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Symbolizer) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Box::new(move |s| {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
+            let _ = tx.send(result);
+        }))?;
+        match rx.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(_)) => Err("processing panicked".into()),
+            Err(_) => Err("the symbolizer thread is gone".into()),
+        }
+    }
+
+    /// A sink for [`crate::recording::Recording::set_warm`]: each batch is resolved on this
+    /// thread, in turn with the other jobs, and nobody waits for it.
+    pub fn warm_sink(&self) -> crate::recording::WarmSink {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Box::new(move |warm| {
+            // A gone thread fails the run's own processing, which says so.
+            let _ = jobs.send(Box::new(move |s: &mut Symbolizer| {
+                // A panic here would end the thread and every run's processing with it.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.warm(warm)));
+            }));
+        })
     }
 }
 

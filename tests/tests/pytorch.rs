@@ -26,6 +26,9 @@ const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
 const MAIN_THREAD_SHARE: f64 = 0.95;
 /// The most share of a run's stacks that may end early (a walk that left the mappings).
 const ENDED_EARLY_SHARE: f64 = 0.05;
+/// The least stack depth a compile phase's run keeps: PyTorch asks for 500 frames
+/// (`COMPILE_STROBELIGHT_MAX_STACK_LENGTH`), and the issue for 500.
+const COMPILE_STACK_DEPTH: u64 = 500;
 /// `bpfprof --pid` on the training loop: its length, and the most it may take in all.
 const PID_RUN: Duration = Duration::from_secs(10);
 const PID_RUN_LIMIT: Duration = Duration::from_millis(10_500);
@@ -320,6 +323,33 @@ fn torch_compile_strobelight_profiles_every_phase() {
         ),
         None => panic!("PyTorch profiled no compile phase:\n{}", out.stderr),
     }
+    // The issue's other half: the phases' stacks are not cut below the depth PyTorch asks
+    // for (Dynamo, AOT autograd and FakeTensor reach 177+ frames).
+    let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
+    let mut checks = Checks::new();
+    let mut phases = 0;
+    for svg in icicle.captures_iter(&out.stderr) {
+        phases += 1;
+        let run_dir = Path::new(&svg[1]).parent().unwrap();
+        let summary = Summary::read(&run_dir.join("profile.summary.json"));
+        let depth = summary.0["max_stack_length"].as_u64().unwrap_or(0);
+        let samples = summary.0["samples"].as_u64().unwrap_or(0);
+        let truncated = summary.0["lost"]["truncated"].as_u64().unwrap_or(0);
+        eprintln!(
+            "compile phase {phases}: {samples} samples, stacks kept to {depth} frames, \
+             {truncated} truncated"
+        );
+        checks.check(depth >= COMPILE_STACK_DEPTH, || {
+            format!(
+                "compile phase {phases}: stacks kept to {depth} frames (at least \
+                 {COMPILE_STACK_DEPTH})"
+            )
+        });
+    }
+    if let Some((_, all)) = last {
+        checks.eq("compile phases with results", phases, all as usize);
+    }
+    checks.finish();
 }
 
 /// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.

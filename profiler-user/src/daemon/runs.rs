@@ -20,7 +20,7 @@ use crate::{
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
     recording::Recording,
     request::RecordingRequest,
-    symbolize::Symbolizer,
+    symbolize::SymbolizerThread,
     target::{Target, TargetSpec},
 };
 
@@ -165,7 +165,7 @@ impl Runs {
                 next_starting: 0,
             }),
             pool: Mutex::new(ProgramPool::new(false).with_linger(PROGRAM_LINGER)),
-            symbolizer: SymbolizerThread::spawn(),
+            symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
             store,
             limits,
         }
@@ -204,6 +204,7 @@ impl Runs {
         )
         .with_unwind(validated.recording.unwind);
         recording.set_python_mode(validated.recording.python);
+        recording.set_warm(self.symbolizer.warm_sink());
         // Takes the pool only for kernel work, not while it builds the target's unwind tables
         // or waits for the walker; never the client table.
         let before = thread_cpu_time();
@@ -710,54 +711,6 @@ impl Runs {
             .collect();
         runs.sort_by_key(|r| r.run_id);
         runs
-    }
-}
-
-type Job = Box<dyn FnOnce(&mut Symbolizer) + Send>;
-
-/// One thread owns the symbolizer (blazesym's caches are not `Send`), so its cache of
-/// resolved addresses serves every run; runs hand it their processing as jobs.
-struct SymbolizerThread {
-    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
-}
-
-impl SymbolizerThread {
-    fn spawn() -> SymbolizerThread {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("symbolizer".into())
-            .spawn(move || {
-                let mut symbolizer = Symbolizer::new();
-                for job in rx {
-                    job(&mut symbolizer);
-                }
-            })
-            .expect("spawning the symbolizer thread");
-        SymbolizerThread {
-            jobs: Mutex::new(tx),
-        }
-    }
-
-    /// Runs `f` on the symbolizer thread and waits for its result.
-    async fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Symbolizer) -> T + Send + 'static,
-    ) -> Result<T, String> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |s| {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
-            let _ = tx.send(result);
-        });
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job)
-            .map_err(|_| "the symbolizer thread is gone".to_string())?;
-        match rx.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(_)) => Err("processing panicked".into()),
-            Err(_) => Err("the symbolizer thread is gone".into()),
-        }
     }
 }
 
