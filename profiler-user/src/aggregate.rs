@@ -17,7 +17,8 @@ use crate::{
 pub struct AggregateOptions {
     /// Keep each thread apart, under its process.
     pub per_thread: bool,
-    /// Deepest stack kept (kernel and user frames together, before inline expansion).
+    /// Deepest stack kept (kernel and user frames together, before inline expansion; Python
+    /// frames on their own).
     pub max_stack_length: usize,
     /// Keep source lines on frames (else frames of one function merge).
     pub line_numbers: bool,
@@ -31,7 +32,7 @@ impl Default for AggregateOptions {
     fn default() -> Self {
         AggregateOptions {
             per_thread: false,
-            max_stack_length: profiler_common::MAX_STACK_DEPTH,
+            max_stack_length: profiler_common::DEFAULT_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
             python: Default::default(),
@@ -49,6 +50,22 @@ pub struct TargetSamples<'a> {
     pub samples: &'a [Sample],
     /// Names of its Python frames, when the kernel read them.
     pub python: Option<&'a crate::python_stacks::PythonSymbols>,
+}
+
+/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
+/// last, kept), and whether any were cut.
+fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
+    use profiler_common::PythonFrame;
+    let gil = frames
+        .last()
+        .filter(|f| **f == PythonFrame::GIL_HELD || **f == PythonFrame::GIL_NOT_HELD);
+    let code = &frames[..frames.len() - usize::from(gil.is_some())];
+    if code.len() <= limit {
+        return (frames.to_vec(), false);
+    }
+    let mut out = code[..limit].to_vec();
+    out.extend(gil);
+    (out, true)
 }
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
@@ -124,7 +141,9 @@ pub fn aggregate(
                     ended_early += sample.count;
                 }
             }
-            if sample.truncated || cut {
+            // Python frames keep their leaf-most `limit` too: the kernel walks up to 512.
+            let (python_frames, python_cut) = limit_python(&sample.python_frames, limit);
+            if sample.truncated || cut || python_cut {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
@@ -152,7 +171,7 @@ pub fn aggregate(
             if let Some(symbols) = input.python {
                 user_frames = crate::python_stacks::merge(
                     user_frames,
-                    &sample.python_frames,
+                    &python_frames,
                     symbols,
                     options.python,
                     None,
@@ -289,5 +308,23 @@ impl Interner {
         self.frames.push(frame.clone());
         self.ids.insert(frame, id);
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limit_python;
+    use profiler_common::PythonFrame;
+
+    #[test]
+    fn python_frames_keep_the_leaf_most_and_the_gil_entry() {
+        let gil = PythonFrame::GIL_HELD;
+        assert_eq!(
+            limit_python(&[1, 2, 3, gil], 3),
+            (vec![1, 2, 3, gil], false)
+        );
+        assert_eq!(limit_python(&[1, 2, 3, gil], 2), (vec![1, 2, gil], true));
+        assert_eq!(limit_python(&[1, 2, 3], 1), (vec![1], true));
+        assert_eq!(limit_python(&[], 1), (vec![], false));
     }
 }
