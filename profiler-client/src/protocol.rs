@@ -114,7 +114,8 @@ pub struct RunRequest {
     /// Key/value tags.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
-    /// Deepest stack kept.
+    /// Deepest stack kept: 1 to 512 (default 127). Frame-pointer user stacks and kernel
+    /// stacks stop at the kernel's `perf_event_max_stack` whatever is asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_stack_length: Option<i64>,
     /// Output formats to write (names as `--format` takes them).

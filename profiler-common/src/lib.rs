@@ -30,12 +30,19 @@ pub const MAX_RUNS: u32 = 64;
 /// How many children of targets (processes, or threads until userspace prunes them) the kernel
 /// program can follow at once.
 pub const MAX_FOLLOWED: u32 = 8192;
-/// Deepest stack the kernel collects; matches the kernel's default `perf_event_max_stack`.
-pub const MAX_STACK_DEPTH: usize = 127;
+/// Deepest stack the kernel collects: user stacks walked with CFI tables and Python stacks.
+/// Kernel stacks and frame-pointer user stacks (`bpf_get_stack`) stop at
+/// [`KERNEL_STACK_DEPTH`].
+pub const MAX_STACK_DEPTH: usize = 512;
+/// Deepest stack `bpf_get_stack` is asked for (kernel stacks, frame-pointer user stacks): the
+/// kernel's default `kernel.perf_event_max_stack`, which bounds that helper anyway.
+pub const KERNEL_STACK_DEPTH: usize = 127;
+/// Deepest stack kept when a run asks for no depth.
+pub const DEFAULT_STACK_DEPTH: usize = 127;
 /// Entries of the stack map: distinct user or kernel stacks the kernel holds at once (about
-/// 1 KiB each, preallocated). Userspace moves stacks out while recording, so this bounds the
-/// new stacks per offload interval, not per run.
-pub const STACK_MAP_ENTRIES: u32 = 16384;
+/// 4 KiB each, preallocated: 16 MiB). Userspace moves stacks out while recording, so this
+/// bounds the new stacks per offload interval, not per run.
+pub const STACK_MAP_ENTRIES: u32 = 4096;
 /// Entries of the sample map: distinct (run, thread, user stack, kernel stack) combinations.
 pub const SAMPLE_MAP_ENTRIES: u32 = 65536;
 

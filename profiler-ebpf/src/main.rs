@@ -23,8 +23,8 @@ use aya_ebpf::{
 use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS, INVOCATIONS_INDEX,
-    MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES, WALKER_SLOT,
+    KERNEL_STACK_DEPTH, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS,
+    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_SLOT,
 };
 
 mod python;
@@ -401,7 +401,9 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
     };
     // SAFETY: `frames` is this CPU's scratch slot and perf_event programs do not nest on a CPU.
     let frames = unsafe { &mut *frames };
-    let size = core::mem::size_of::<[u64; MAX_STACK_DEPTH]>() as u32;
+    // The kernel's `perf_event_max_stack` bounds this helper anyway; asking for more than its
+    // default would only cost time (and old kernels mishandle a buffer above the sysctl).
+    let size = core::mem::size_of::<[u64; KERNEL_STACK_DEPTH]>() as u32;
     // SAFETY: `ips` is writable for `size` bytes; the kernel zero-fills what it does not use.
     let bytes = unsafe { bpf_get_stack(ctx.as_ptr(), frames.ips.as_mut_ptr().cast(), size, flags) };
     if bytes < 0 {
@@ -410,7 +412,7 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
     if bytes == 0 {
         return Ok(0);
     }
-    let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
+    let len = (bytes as usize / 8).min(KERNEL_STACK_DEPTH);
     frames.len = len as u64;
     store_frames(len, full)
 }
@@ -429,7 +431,7 @@ pub(crate) fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter
 /// never 0).
 ///
 /// A global function, which the verifier checks once on its own: inlined at each of its four
-/// callers, its 127-step hash loop was checked again for every state of every caller (the
+/// callers, its hash loop (then 127 steps) was checked again for every state of every caller (the
 /// walker program took 220k verified instructions with it inlined, 108k without; the sampling
 /// program 33k and 8.5k).
 #[no_mangle]

@@ -17,7 +17,8 @@ use crate::{
 pub struct AggregateOptions {
     /// Keep each thread apart, under its process.
     pub per_thread: bool,
-    /// Deepest stack kept (kernel and user frames together, before inline expansion).
+    /// Deepest stack kept (kernel and user frames together, before inline expansion; Python
+    /// frames on their own).
     pub max_stack_length: usize,
     /// Keep source lines on frames (else frames of one function merge).
     pub line_numbers: bool,
@@ -31,7 +32,7 @@ impl Default for AggregateOptions {
     fn default() -> Self {
         AggregateOptions {
             per_thread: false,
-            max_stack_length: profiler_common::MAX_STACK_DEPTH,
+            max_stack_length: profiler_common::DEFAULT_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
             python: Default::default(),
@@ -52,6 +53,22 @@ pub struct TargetSamples<'a> {
     /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
     /// early itself.
     pub cfi_walked: bool,
+}
+
+/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
+/// last, kept), and whether any were cut.
+fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
+    use profiler_common::PythonFrame;
+    let gil = frames
+        .last()
+        .filter(|f| **f == PythonFrame::GIL_HELD || **f == PythonFrame::GIL_NOT_HELD);
+    let code = &frames[..frames.len() - usize::from(gil.is_some())];
+    if code.len() <= limit {
+        return (frames.to_vec(), false);
+    }
+    let mut out = code[..limit].to_vec();
+    out.extend(gil);
+    (out, true)
 }
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
@@ -133,7 +150,9 @@ pub fn aggregate(
                     }
                 }
             }
-            if sample.truncated || cut {
+            // Python frames keep their leaf-most `limit` too: the kernel walks up to 512.
+            let (python_frames, python_cut) = limit_python(&sample.python_frames, limit);
+            if sample.truncated || cut || python_cut {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
@@ -161,7 +180,7 @@ pub fn aggregate(
             if let Some(symbols) = input.python {
                 user_frames = crate::python_stacks::merge(
                     user_frames,
-                    &sample.python_frames,
+                    &python_frames,
                     symbols,
                     options.python,
                     None,
@@ -298,5 +317,23 @@ impl Interner {
         self.frames.push(frame.clone());
         self.ids.insert(frame, id);
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limit_python;
+    use profiler_common::PythonFrame;
+
+    #[test]
+    fn python_frames_keep_the_leaf_most_and_the_gil_entry() {
+        let gil = PythonFrame::GIL_HELD;
+        assert_eq!(
+            limit_python(&[1, 2, 3, gil], 3),
+            (vec![1, 2, 3, gil], false)
+        );
+        assert_eq!(limit_python(&[1, 2, 3, gil], 2), (vec![1, 2, gil], true));
+        assert_eq!(limit_python(&[1, 2, 3], 1), (vec![1], true));
+        assert_eq!(limit_python(&[], 1), (vec![], false));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use profiler_common::{StackId, MAX_STACK_DEPTH};
+use profiler_common::{StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
 use crate::{error::Result, kernel::KernelProgram, sample::Sample};
 
@@ -23,8 +23,8 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
             run,
             pid: key.pid,
             tid: key.tid,
-            truncated: user_frames.len() >= MAX_STACK_DEPTH
-                || kernel_frames.len() >= MAX_STACK_DEPTH,
+            truncated: user_truncated(user_frames.len())
+                || kernel_frames.len() >= KERNEL_STACK_DEPTH,
             user_frames,
             kernel_frames,
             python_frames,
@@ -32,6 +32,13 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
         });
     }
     Ok(out)
+}
+
+/// Whether a user stack of `len` frames was cut by the kernel: a CFI walk stops at
+/// [`MAX_STACK_DEPTH`], a frame-pointer walk (`bpf_get_stack`) at [`KERNEL_STACK_DEPTH`]. The
+/// key does not say which walk took it, so a CFI stack of exactly 127 frames counts as cut.
+fn user_truncated(len: usize) -> bool {
+    len == KERNEL_STACK_DEPTH || len >= MAX_STACK_DEPTH
 }
 
 fn stack(

@@ -549,7 +549,9 @@ impl KernelProgram {
     /// neither map fills up however many distinct stacks a long run sees; call it often
     /// (every 100-200 ms). Samples keep referring to the same stack ids.
     ///
-    /// Stacks move every half second, and at every call while many new ones arrive. Sample
+    /// Stacks move every half second, and at every call while new ones keep arriving (more
+    /// than 1/64 of the map since the last move): the map holds 4096 deep stacks, so a burst
+    /// of new stacks is moved every 100-200 ms instead of waiting for the half second. Sample
     /// counts move once a quarter of the sample map's size in samples has been recorded since
     /// the last move (so at most that many new keys can have appeared): a count incremented
     /// between its read and its deletion loses that increment, which [`Self::take_samples`]'s
@@ -557,7 +559,7 @@ impl KernelProgram {
     pub fn offload_when_due(&mut self) {
         self.walker_ready();
         let (at, moved) = self.last_offload;
-        let busy = moved >= STACK_MAP_ENTRIES as usize / 16;
+        let busy = moved >= STACK_MAP_ENTRIES as usize / 64;
         if busy || at.elapsed() >= OFFLOAD_INTERVAL {
             let moved = self.offload_stacks();
             self.last_offload = (std::time::Instant::now(), moved);

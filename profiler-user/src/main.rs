@@ -167,7 +167,8 @@ struct RunArgs {
     /// KEY=VALUE tags; repeatable.
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     tags: Vec<String>,
-    /// Deepest stack kept.
+    /// Deepest stack kept (default 127, at most 512; frame-pointer stacks stop at
+    /// kernel.perf_event_max_stack).
     #[arg(long, allow_negative_numbers = true)]
     max_stack_length: Option<i64>,
     /// Formats to write (default: svg, folded, pprof, speedscope, pstats).
@@ -253,8 +254,10 @@ struct RecordArgs {
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     tags: Vec<String>,
 
-    /// Deepest stack kept, in frames (leaf-most frames are kept; cut stacks get a
-    /// `[truncated]` root frame). At most kernel.perf_event_max_stack.
+    /// Deepest stack kept, in frames, at most 512 (leaf-most frames are kept; cut stacks get a
+    /// `[truncated]` root frame). User stacks walked with CFI tables and Python stacks reach
+    /// 512; frame-pointer user stacks (--unwind fp) and kernel stacks stop at
+    /// kernel.perf_event_max_stack (127 by default), as perf's do.
     #[arg(long, default_value_t = DEFAULT_MAX_STACK_LENGTH, allow_negative_numbers = true)]
     max_stack_length: i64,
 

@@ -13,8 +13,9 @@ use crate::{
     unwind::UnwindMode,
 };
 
-/// Deepest stack kept when a request names none: all the kernel program records.
-pub const DEFAULT_MAX_STACK_LENGTH: i64 = profiler_common::MAX_STACK_DEPTH as i64;
+/// Deepest stack kept when a request names none: 127 frames, perf's default; deeper stacks
+/// (up to [`profiler_common::MAX_STACK_DEPTH`]) only when asked.
+pub const DEFAULT_MAX_STACK_LENGTH: i64 = profiler_common::DEFAULT_STACK_DEPTH as i64;
 
 /// Tags and stack settings of a request, before validation.
 #[derive(Clone, Debug, Default)]
@@ -224,8 +225,21 @@ mod tests {
         assert_eq!(ok.duration, Some(Duration::from_secs(60)));
         assert_eq!(
             ok.options.max_stack_length,
-            profiler_common::MAX_STACK_DEPTH
+            profiler_common::DEFAULT_STACK_DEPTH
         );
+        // Deep stacks up to the kernel program's 512 frames, only when asked.
+        let deep = |n: i64| {
+            RecordingRequest::from_run_request(
+                &RunRequest {
+                    pid: 1,
+                    max_stack_length: Some(n),
+                    ..RunRequest::default()
+                },
+                Duration::from_secs(60),
+            )
+        };
+        assert_eq!(deep(512).unwrap().options.max_stack_length, 512);
+        assert!(deep(513).is_err());
         // An absent unwind mode is auto (older clients); a named one is kept; an unknown
         // one is refused with the names that work.
         assert_eq!(ok.unwind, UnwindMode::Auto);

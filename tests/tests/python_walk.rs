@@ -442,6 +442,77 @@ fn recursion_thread_pool_and_zlib_launched() {
     checks.finish();
 }
 
+/// pywalk.py's recursion for the deep-stack test: beyond the default limit of 127 frames.
+const DEEP: usize = 300;
+
+#[test]
+fn a_300_deep_recursion_keeps_its_python_frames_with_max_stack_length_512() {
+    if !require_root() {
+        return;
+    }
+    let script = workload("pywalk.py");
+    let mut checks = Checks::new();
+    for (label, python) in pythons() {
+        let dir = tempdir();
+        let record = |limit: &[&str]| {
+            let out = dir.path().join("deep.folded");
+            let mut args = record_args(&[&out], limit);
+            args.push("--".into());
+            args.push(python.display().to_string());
+            args.push(script.display().to_string());
+            args.push("3".into());
+            args.push(LAUNCH_IDLE.into());
+            args.push(DEEP.to_string());
+            run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
+            Profile::read(&out)
+        };
+        // Every level, from <module> through main down to compress_leaf.
+        let whole = |profile: &Profile| {
+            profile.count_where(|f| {
+                let Some(first) = f.iter().position(|x| x == "recurse") else {
+                    return false;
+                };
+                first > 0
+                    && f[first - 1] == "main"
+                    && f[..first].iter().any(|x| x == "<module>")
+                    && f[first..].iter().take_while(|x| *x == "recurse").count() == DEEP
+                    && f.get(first + DEEP).is_some_and(|x| x == "compress_leaf")
+            })
+        };
+        let deep = record(&["--max-stack-length", "512"]);
+        let recursing = samples_in(&deep, "recurse");
+        let all = whole(&deep);
+        eprintln!("{label}: {all} of {recursing} samples in recurse have all {DEEP} levels");
+        checks.check(
+            recursing > 0 && all as f64 >= 0.8 * recursing as f64,
+            || {
+                format!(
+                    "{label}: {all} of {recursing} samples in recurse have \
+                 <module>;main;recurse x{DEEP};compress_leaf\n{}",
+                    deep.top(3)
+                )
+            },
+        );
+        // The counter-check: the default limit of 127 cuts the Python frames too.
+        let cut = record(&[]);
+        let recursing = samples_in(&cut, "recurse");
+        let all = whole(&cut);
+        let truncated = cut.count_containing("[truncated]");
+        eprintln!("{label}, default limit: {all} whole, {truncated} [truncated] of {recursing}");
+        checks.check(
+            recursing > 0 && all == 0 && truncated as f64 >= 0.8 * recursing as f64,
+            || {
+                format!(
+                    "{label}, default limit: {all} of {recursing} samples in recurse are \
+                     whole, {truncated} [truncated]\n{}",
+                    cut.top(3)
+                )
+            },
+        );
+    }
+    checks.finish();
+}
+
 /// `--pid NS:1` of pyhot.py as pid 1 of its own pid and mount namespace (`unshare --pid
 /// --fork --mount-proc`) on each CPython: the Python functions and parent_hot's share.
 #[test]

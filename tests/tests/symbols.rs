@@ -111,7 +111,7 @@ fn deep_stacks_keep_their_leaf_frames_under_a_truncated_marker() {
         Some(summary.samples())
     );
     assert_eq!(summary.u64("max_stack_length"), 40);
-    // A limit above the kernel's is refused, naming the sysctl.
+    // A limit above the kernel program's is refused, naming it.
     let refused = run_bpfprof(
         [
             "--pid",
@@ -122,7 +122,7 @@ fn deep_stacks_keep_their_leaf_frames_under_a_truncated_marker() {
         TIMEOUT,
     );
     refused.assert_code(5);
-    refused.assert_stderr_mentions(&["perf_event_max_stack"]);
+    refused.assert_stderr_mentions(&["512 frames"]);
 }
 
 const INLINED: &str = r#"

@@ -19,23 +19,28 @@ const SHARE_TOLERANCE: f64 = 0.04;
 
 /// Profiles a running `nofp` workload for 5 s at 999 Hz with `--unwind mode`.
 fn profile(mode: &str, workload_args: &[&str], out: &Path) -> Profile {
+    profile_with(mode, workload_args, &[], out)
+}
+
+/// [`profile`] with more bpfprof arguments.
+fn profile_with(mode: &str, workload_args: &[&str], extra: &[&str], out: &Path) -> Profile {
     let target = Workload::spawn("nofp", workload_args);
     std::thread::sleep(Duration::from_millis(200));
-    let run = run_bpfprof(
-        [
-            "--unwind",
-            mode,
-            "--pid",
-            &target.pid().to_string(),
-            "-F",
-            "999",
-            "-d",
-            "5s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
+    let pid = target.pid().to_string();
+    let mut args = vec![
+        "--unwind",
+        mode,
+        "--pid",
+        &pid,
+        "-F",
+        "999",
+        "-d",
+        "5s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let run = run_bpfprof(args, Duration::from_secs(60));
     run.assert_code(exit::OK);
     Profile::read(out)
 }
@@ -74,6 +79,68 @@ fn cfi_finds_both_parents_of_a_leaf_without_frame_pointers() {
     c.check((share_a - PARENT_A_SHARE).abs() <= SHARE_TOLERANCE, || {
         format!("parent_a's share of the leaf is {share_a:.3}, expected {PARENT_A_SHARE} ± {SHARE_TOLERANCE}")
     });
+    c.finish();
+}
+
+/// `recurse` 300 deep: 304 user frames (main, 301 recurse, burn, libc's start) and a few
+/// kernel ones, beyond the default limit of 127 and the kernel's `perf_event_max_stack`.
+const DEEP: usize = 300;
+
+/// Samples in `burn` whose stack carries all DEEP + 1 recurse frames and main, and those
+/// under a `[truncated]` root.
+fn deep_recursion(profile: &Profile) -> (u64, u64, u64) {
+    let in_burn = profile.count_containing("burn");
+    let whole = profile.count_where(|f| {
+        f.iter().filter(|x| *x == "recurse").count() == DEEP + 1
+            && f.iter().any(|x| x == "main")
+            && !f.iter().any(|x| x == "[truncated]")
+    });
+    let truncated = profile.count_where(|f| f.iter().any(|x| x == "[truncated]"));
+    (in_burn, whole, truncated)
+}
+
+#[test]
+fn cfi_keeps_a_300_deep_recursion_with_max_stack_length_512() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let depth = DEEP.to_string();
+    let out = dir.path().join("deep.folded");
+    let deep = profile_with(
+        "cfi",
+        &["recurse", "30", &depth],
+        &["--max-stack-length", "512"],
+        &out,
+    );
+    let (in_burn, whole, truncated) = deep_recursion(&deep);
+    let mut c = Checks::new();
+    c.check(in_burn >= 500, || format!("only {in_burn} samples in burn"));
+    c.check(
+        whole as f64 >= 0.95 * in_burn as f64 && truncated == 0,
+        || {
+            format!(
+            "--max-stack-length 512: {whole} of {in_burn} samples in burn carry all {} recurse \
+             frames and main, {truncated} are [truncated]:\n{}",
+            DEEP + 1,
+            deep.top(3)
+        )
+        },
+    );
+    // The counter-check: the default limit cuts the same stacks.
+    let out = dir.path().join("default.folded");
+    let cut = profile_with("cfi", &["recurse", "30", &depth], &[], &out);
+    let (in_burn, whole, truncated) = deep_recursion(&cut);
+    c.check(
+        in_burn >= 500 && whole == 0 && truncated as f64 >= 0.95 * in_burn as f64,
+        || {
+            format!(
+                "default limit: {whole} of {in_burn} samples in burn are whole, {truncated} \
+                 [truncated]:\n{}",
+                cut.top(3)
+            )
+        },
+    );
     c.finish();
 }
 

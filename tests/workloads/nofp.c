@@ -2,7 +2,8 @@
  *
  * `nofp parents SECONDS`: a hot leaf `burn` called from two parents, `parent_a` with 3 units
  * of work per round and `parent_b` with 1, so about 75% / 25% of the leaf's samples.
- * `nofp recurse SECONDS`: `recurse` calls itself 100 deep, then `burn` spins at the bottom.
+ * `nofp recurse SECONDS [DEPTH]`: `recurse` calls itself DEPTH (default 100) deep, then `burn`
+ * spins at the bottom.
  * `nofp vdso SECONDS`: `clock_a` (3 units) and `clock_b` (1 unit) call `clock_gettime`,
  * which runs in the vDSO.
  */
@@ -75,7 +76,7 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: nofp parents|recurse|vdso SECONDS\n");
+        fprintf(stderr, "usage: nofp parents|recurse|vdso SECONDS [DEPTH]\n");
         return 2;
     }
     double end = now() + atof(argv[2]);
@@ -88,7 +89,7 @@ int main(int argc, char **argv) {
             clock_a();
             clock_b();
         } else {
-            sink += recurse(100, 1000000);
+            sink += recurse(argc > 3 ? atoi(argv[3]) : 100, 1000000);
         }
         rounds++;
     }

@@ -1,9 +1,9 @@
 """pywalk: Python programs of known shape for the tests of the kernel's CPython walk.
 
-Usage: python3 pywalk.py SECONDS [IDLE]
+Usage: python3 pywalk.py SECONDS [IDLE [DEPTH]]
 
 Sleeps IDLE seconds (default 0) without using CPU, so that a profiler launching it has read
-the interpreter before the work starts; then runs for SECONDS. The main thread calls recurse() DEPTH levels deep; the deepest level calls
+the interpreter before the work starts; then runs for SECONDS. The main thread calls recurse() DEPTH (default 50) levels deep; the deepest level calls
 compress_leaf(), which spends its time in zlib's C code (deflate) under that Python frame.
 Meanwhile a ThreadPoolExecutor of WORKERS threads each run pool_task(), a pure-Python loop,
 so every worker thread's samples carry the frames pool_task <- the executor's _worker.
@@ -51,6 +51,8 @@ def main(seconds):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 3:
+        DEPTH = int(sys.argv[3])
     if len(sys.argv) > 2:
         time.sleep(float(sys.argv[2]))
     main(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0)
