@@ -336,8 +336,9 @@ fn a_run_starting_on_a_huge_library_stalls_neither_clients_nor_other_runs() {
         );
         costs.push(cost["profiler_cpu_secs"].as_f64().unwrap_or(0.0));
     }
-    // Each run's own CPU, not the daemon's since it started: B's includes building its
-    // tables, A's does not, and together they are at most what the daemon used.
+    // Each run's own CPU, not the daemon's since it started: together they are at most what
+    // the daemon used (each would be all of it otherwise). Table builds run on the table
+    // thread, no run's.
     if let (&[b_cpu, a_cpu], Some(daemon_cpu)) = (&costs[..], process_cpu_time(daemon.pid())) {
         eprintln!(
             "own CPU: run B {b_cpu:.2}s, run A {a_cpu:.2}s, the daemon {:.2}s",
@@ -347,9 +348,6 @@ fn a_run_starting_on_a_huge_library_stalls_neither_clients_nor_other_runs() {
             format!(
                 "runs' own CPU ({a_cpu:.2}s + {b_cpu:.2}s) exceeds the daemon's ({daemon_cpu:?})"
             )
-        });
-        checks.check(a_cpu < b_cpu, || {
-            format!("run A's own CPU ({a_cpu:.2}s) includes B's table build ({b_cpu:.2}s)")
         });
     }
     let _ = std::io::stderr().flush();

@@ -593,7 +593,7 @@ fn check_process(running: &Running, expect_version: (u8, u8), dwarf: Option<&Pat
             "worker's eval-entry flags on 3.{minor}"
         );
     }
-    // The deep thread: recurse() 201 times, then map() (C) calls leaf(). The walk keeps the
+    // The deep thread: recurse() 601 times, then map() (C) calls leaf(). The walk keeps the
     // innermost MAX_PYTHON_DEPTH frames: leaf, then recurse frames.
     let frames = target.walk_thread(threads[&deep_tid]).expect("walk deep");
     assert_eq!(

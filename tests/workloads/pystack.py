@@ -35,7 +35,8 @@ def outer():
     middlé()  # MARK outer-call
 
 
-DEPTH = 200
+# Deeper than the kernel walk's bound (MAX_STACK_DEPTH, 512), so that the cut is tested.
+DEPTH = 600
 deep_ready = threading.Event()
 
 
