@@ -78,6 +78,14 @@ fn a_sampled_library_gets_its_table_on_demand() {
     let library = large_library();
     let daemon = Daemon::start(&[]);
     let target = Workload::spawn("nofp_dlopen", &[library.to_str().unwrap(), "120"]);
+    // The first run starts once the library is mapped, so that its kernel program's row array
+    // is sized for it and kept (with the table) for the runs after it.
+    bpfprof_tests::poll_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(format!("/proc/{}/maps", target.pid()))
+            .ok()
+            .filter(|m| m.contains("liblarge-cfi.so"))
+    })
+    .expect("the workload maps the library");
     let mut client = daemon.client();
     let mut run = |seconds: u64| {
         let request = ProfileOptions {

@@ -78,8 +78,10 @@ impl CodeReader {
         let word = |off: u32| field_u64(&header, off);
         let ty = word(layout.object_type);
         if self.code_type != Some(ty) {
-            let type_name =
-                mem.read_c_string(mem.read_u64(ty + layout.type_name as u64)?, MAX_TYPE_NAME)?;
+            let type_name = mem.read_c_string(
+                mem.read_u64(ty.wrapping_add(layout.type_name as u64))?,
+                MAX_TYPE_NAME,
+            )?;
             ensure!(
                 type_name == "code",
                 "object at {addr:#x} is a {type_name:?}, not a code object"
@@ -141,7 +143,7 @@ fn object_bytes(
 ) -> Result<Vec<u8>> {
     match prefix.get(at..at + len) {
         Some(bytes) => Ok(bytes.to_vec()),
-        None => Ok(mem.read_vec(addr + at as u64, len)?),
+        None => Ok(mem.read_vec(addr.wrapping_add(at as u64), len)?),
     }
 }
 

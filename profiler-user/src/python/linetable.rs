@@ -69,11 +69,11 @@ fn pep626_ranges(table: &[u8], first_line: u32) -> Vec<LineRange> {
         let sdelta = pair[0] as u32;
         let ldelta = pair[1] as i8;
         let start = end;
-        end += sdelta;
+        end = end.saturating_add(sdelta);
         let this_line = if ldelta == -128 {
             None
         } else {
-            line += ldelta as i64;
+            line = line.saturating_add(ldelta as i64);
             u32::try_from(line).ok()
         };
         if sdelta != 0 {
@@ -112,9 +112,10 @@ fn location_ranges(table: &[u8], first_line: u32) -> Vec<LineRange> {
             KIND_ONE_LINE0..=KIND_ONE_LINE2 => (kind - KIND_ONE_LINE0) as i64,
             _ => 0,
         };
-        line += delta;
+        // Deltas come from the target's memory: a torn or hostile table must not overflow.
+        line = line.saturating_add(delta);
         let start = end;
-        end += length;
+        end = end.saturating_add(length);
         out.push(LineRange {
             start,
             end,

@@ -195,25 +195,37 @@ impl PythonTarget {
         let mut states = Vec::new();
         let mut interp = self
             .memory
-            .read_u64(self.interpreter.runtime + l.runtime_interpreters_head as u64)
+            .read_u64(
+                self.interpreter
+                    .runtime
+                    .wrapping_add(l.runtime_interpreters_head as u64),
+            )
             .context("read _PyRuntime.interpreters.head")?;
         let mut seen = HashSet::new();
         while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
             let mut tstate = self
                 .memory
-                .read_u64(interp + l.interp_threads_head as u64)?;
+                .read_u64(interp.wrapping_add(l.interp_threads_head as u64))?;
             let mut count = 0;
             while tstate != 0 && count < MAX_THREADS_PER_INTERPRETER {
-                let thread_id = self.memory.read_u64(tstate + l.tstate_thread_id as u64)?;
+                let thread_id = self
+                    .memory
+                    .read_u64(tstate.wrapping_add(l.tstate_thread_id as u64))?;
                 let native = match l.tstate_native_thread_id {
-                    Some(off) => Some(self.memory.read_u64(tstate + off as u64)? as u32),
+                    Some(off) => {
+                        Some(self.memory.read_u64(tstate.wrapping_add(off as u64))? as u32)
+                    }
                     None => None,
                 };
                 states.push((tstate, thread_id, native));
-                tstate = self.memory.read_u64(tstate + l.tstate_next as u64)?;
+                tstate = self
+                    .memory
+                    .read_u64(tstate.wrapping_add(l.tstate_next as u64))?;
                 count += 1;
             }
-            interp = self.memory.read_u64(interp + l.interp_next as u64)?;
+            interp = self
+                .memory
+                .read_u64(interp.wrapping_add(l.interp_next as u64))?;
         }
         let to_host = self.namespace_tids()?;
         let ns_tids: Vec<u32> = if states.iter().all(|s| s.2.is_some()) {
@@ -256,12 +268,12 @@ impl PythonTarget {
         let k = self.layout.kernel;
         let mut frame = self
             .memory
-            .read_u64(tstate + k.tstate_frame as u64)
+            .read_u64(tstate.wrapping_add(k.tstate_frame as u64))
             .with_context(|| format!("pid {}: read thread state {tstate:#x}", self.pid))?;
         if self.layout.has_cframe() && frame != 0 {
             frame = self
                 .memory
-                .read_u64(frame + k.cframe_current_frame as u64)
+                .read_u64(frame.wrapping_add(k.cframe_current_frame as u64))
                 .with_context(|| format!("pid {}: read _PyCFrame {frame:#x}", self.pid))?;
         }
         Ok(frame)
@@ -386,7 +398,7 @@ impl PythonTarget {
             } => {
                 let main = self
                     .memory
-                    .read_u64(runtime + self.layout.runtime_interpreters_head as u64)
+                    .read_u64(runtime.wrapping_add(self.layout.runtime_interpreters_head as u64))
                     .context("read _PyRuntime.interpreters.head")?;
                 // The main interpreter is the list's last (interpreters are pushed at its head).
                 let mut interp = main;
@@ -394,13 +406,15 @@ impl PythonTarget {
                 while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
                     let next = self
                         .memory
-                        .read_u64(interp + self.layout.interp_next as u64)?;
+                        .read_u64(interp.wrapping_add(self.layout.interp_next as u64))?;
                     if next == 0 {
                         break;
                     }
                     interp = next;
                 }
-                let gil = self.memory.read_u64(interp + interp_gil as u64)?;
+                let gil = self
+                    .memory
+                    .read_u64(interp.wrapping_add(interp_gil as u64))?;
                 if gil == 0 {
                     return Err(
                         anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into(),
@@ -442,7 +456,10 @@ impl PythonTarget {
                 }
                 Err(_) => break,
             }
-            frame = match self.memory.read_u64(frame + k.frame_previous as u64) {
+            frame = match self
+                .memory
+                .read_u64(frame.wrapping_add(k.frame_previous as u64))
+            {
                 Ok(previous) => previous,
                 Err(_) => break,
             };
@@ -455,10 +472,14 @@ impl PythonTarget {
         let entry = match k.entry_rule {
             r if r == PythonEntryRule::EveryFrame as u32 => true,
             r if r == PythonEntryRule::EntryFlag as u32 => {
-                self.memory.read_u8(frame + k.frame_entry as u64)? != 0
+                self.memory
+                    .read_u8(frame.wrapping_add(k.frame_entry as u64))?
+                    != 0
             }
             _ => {
-                if self.memory.read_u8(frame + k.frame_entry as u64)?
+                if self
+                    .memory
+                    .read_u8(frame.wrapping_add(k.frame_entry as u64))?
                     == PYTHON_FRAME_OWNED_BY_CSTACK
                 {
                     return Ok(None);
@@ -466,12 +487,18 @@ impl PythonTarget {
                 false
             }
         };
-        let code = self.memory.read_u64(frame + k.frame_code as u64)?;
+        let code = self
+            .memory
+            .read_u64(frame.wrapping_add(k.frame_code as u64))?;
         let instruction = if k.instr_rule == PythonInstrRule::LastiIndex as u32 {
             // -1 before the first instruction runs: index 0.
-            self.memory.read_i32(frame + k.frame_instr as u64)?.max(0) as u32
+            self.memory
+                .read_i32(frame.wrapping_add(k.frame_instr as u64))?
+                .max(0) as u32
         } else {
-            let pointer = self.memory.read_u64(frame + k.frame_instr as u64)?;
+            let pointer = self
+                .memory
+                .read_u64(frame.wrapping_add(k.frame_instr as u64))?;
             let first = code.wrapping_add(k.code_instructions as u64);
             // 3.11's `prev_instr` starts one code unit before the first instruction: index 0.
             let units = pointer.saturating_sub(first) / 2;
