@@ -602,6 +602,16 @@ pub fn is_kernel_frame(frame: &str) -> bool {
     frame.ends_with("_[k]")
 }
 
+/// The user frames of a folded stack (root first, without the process name).
+pub fn user_frames(frames: &[String]) -> Vec<&str> {
+    frames
+        .iter()
+        .skip(1)
+        .filter(|f| !is_kernel_frame(f))
+        .map(String::as_str)
+        .collect()
+}
+
 impl Profile {
     /// Parses folded text; panics on a malformed line.
     pub fn parse(text: &str) -> Profile {

@@ -413,12 +413,7 @@ fn a_stack_realigned_frame_unwinds_to_main() {
     let mut c = Checks::new();
     let in_burn = profile.count_containing("burn");
     let whole = profile.count_where(|frames| {
-        let user: Vec<&str> = frames
-            .iter()
-            .skip(1)
-            .filter(|f| !bpfprof_tests::is_kernel_frame(f))
-            .map(String::as_str)
-            .collect();
+        let user = bpfprof_tests::user_frames(frames);
         user.ends_with(&["main", "realigned_driver", "vector_step", "burn"])
             && user.contains(&"__libc_start_call_main")
     });

@@ -54,12 +54,7 @@ fn profile_large(duration: &str, args: &[&str]) -> (Profile, Summary, String) {
 fn whole_lib_work(profile: &Profile) -> (u64, u64) {
     let in_lib = profile.count_containing("lib_work");
     let whole = profile.count_where(|frames| {
-        let user: Vec<&str> = frames
-            .iter()
-            .skip(1)
-            .filter(|f| !bpfprof_tests::is_kernel_frame(f))
-            .map(String::as_str)
-            .collect();
+        let user = bpfprof_tests::user_frames(frames);
         user.ends_with(&["main", "call_lib", "lib_work"])
     });
     (in_lib, whole)
