@@ -1,39 +1,39 @@
 //! bpfprof: an eBPF sampling CPU profiler.
 //!
-//! The modules follow the data: [`target`] resolves processes, [`sampling`] validates the event
-//! and rate, [`kernel`] loads and attaches the kernel program, [`drain`] reads its maps into
-//! [`sample::Sample`]s, [`procmaps`] and [`symbolize`] turn addresses into frames,
-//! [`aggregate`] builds a [`profile::Profile`] (the profile model), and [`output`] writes it.
-//! [`pool`] shares kernel programs between runs and [`recording`] is the one pipeline from
-//! targets to profile, driven by [`record`] (the command line) and [`daemon`].
+//! The tree reads from the drivers down to what they stand on; a module uses only the modules
+//! listed after it (and the shared [`error`] and [`sampling`] settings), checked by
+//! the `layers` test:
+//! - [`cli`] and [`daemon`]: the drivers (command line, client commands, `strobeclient`,
+//!   `doctor`; the root daemon serving tagged runs);
+//! - [`recording`]: the one pipeline from a validated request to a profile, shared by every
+//!   driver (targets, run loop, ticks, collection, aggregation);
+//! - [`python`]: CPython processes (detection, layouts, thread tracking, naming, merging
+//!   Python frames into native stacks);
+//! - [`kernel`]: the kernel program, its pool, perf events, helper probes and draining its maps;
+//! - [`unwind`]: CFI tables for code without frame pointers;
+//! - [`output`]: the writers (SVG, folded, pprof, speedscope, pstats, top, summary);
+//! - [`profile`]: the sample and the profile model every writer reads;
+//! - [`symbolize`]: addresses to function names (with PLT stubs and stripped objects);
+//! - [`process`]: target processes, their memory maps and vDSO.
 #![warn(missing_docs)]
 
-pub mod aggregate;
+pub mod cli;
 pub mod daemon;
-pub mod doctor;
-pub mod drain;
-pub mod error;
-pub mod kernel;
-pub mod output;
-pub mod perf_events;
-pub mod plt;
-pub mod pool;
-pub mod procmaps;
-pub mod profile;
-pub mod python;
-pub mod python_stacks;
-pub mod record;
 pub mod recording;
-pub mod request;
-pub mod results;
-pub mod sample;
-pub mod sampling;
-pub mod stripped;
-pub mod strobeclient;
-pub mod symbolize;
-pub mod target;
+
+pub mod python;
+
+pub mod kernel;
 pub mod unwind;
-pub mod vdso;
+
+pub mod output;
+pub mod profile;
+pub mod symbolize;
+
+pub mod process;
+
+pub mod error;
+pub mod sampling;
 
 pub use bpfprof_client as client;
 pub use bpfprof_client::protocol;

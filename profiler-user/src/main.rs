@@ -9,18 +9,18 @@ use std::{
 };
 
 use bpfprof::{
-    aggregate::{Profile, RunEnd, ShortfallCause},
+    cli::record::{CommandOutcome, Progress, Recorder, StopConditions},
     client::Client,
     daemon::DaemonConfig,
     error::{exit_code, Error},
     output::{summary::effective_hz, top, Format, Output},
+    process::target::TargetSpec,
     profile::CostScope,
+    profile::{Profile, RunEnd, ShortfallCause},
     protocol::{self, Reply, RunRequest},
-    record::{CommandOutcome, Progress, Recorder, StopConditions},
-    request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
+    recording::request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
     sampling::{EventChoice, IntervalArg, SamplingRequest},
     symbolize::SymbolizerThread,
-    target::TargetSpec,
 };
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -184,7 +184,7 @@ struct RunArgs {
 
     /// Python frames of a CPython target: auto or off (the daemon's default is auto).
     #[arg(long, value_enum)]
-    python: Option<bpfprof::python_stacks::PythonMode>,
+    python: Option<bpfprof::python::stacks::PythonMode>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -289,8 +289,8 @@ struct RecordArgs {
 
     /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
     /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
-    #[arg(long, value_enum, default_value_t = bpfprof::python_stacks::PythonMode::default())]
-    python: bpfprof::python_stacks::PythonMode,
+    #[arg(long, value_enum, default_value_t = bpfprof::python::stacks::PythonMode::default())]
+    python: bpfprof::python::stacks::PythonMode,
 
     /// Keep the interpreter's own C frames between Python frames (folded away by default).
     #[arg(long)]
@@ -350,7 +350,7 @@ async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
 
 /// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.
 fn doctor(args: DoctorArgs) -> Result<i32, Error> {
-    let report = bpfprof::doctor::run(args.socket.as_deref());
+    let report = bpfprof::cli::doctor::run(args.socket.as_deref());
     if args.json {
         println!(
             "{}",
@@ -421,7 +421,8 @@ fn client_command(command: Command) -> Result<i32, Error> {
                 .map_err(Error::from)?;
             if let Some(dir) = &a.copy_to {
                 let files = reply.files.clone().unwrap_or_default();
-                let copied = bpfprof::results::copy_results(&mut client, a.run_id, &files, dir)?;
+                let copied =
+                    bpfprof::cli::results::copy_results(&mut client, a.run_id, &files, dir)?;
                 reply.files = Some(copied);
             }
             reply
@@ -506,8 +507,8 @@ fn print_results(reply: &Reply) {
 fn main() -> ExitCode {
     // Called `strobeclient` (or `bpfprof strobeclient ...`): PyTorch's strobelight front end.
     let argv: Vec<OsString> = std::env::args_os().collect();
-    if let Some(args) = bpfprof::strobeclient::invocation(&argv) {
-        return ExitCode::from(bpfprof::strobeclient::main(args) as u8);
+    if let Some(args) = bpfprof::cli::strobeclient::invocation(&argv) {
+        return ExitCode::from(bpfprof::cli::strobeclient::main(args) as u8);
     }
     let cli = Cli::parse_from(argv);
     let level = match (cli.record.quiet, cli.record.verbose) {
@@ -609,7 +610,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
             max_stack_length: Some(cli.max_stack_length),
             per_thread: cli.per_thread,
             line_numbers: cli.line_numbers,
-            python: bpfprof::python_stacks::MergeOptions {
+            python: bpfprof::python::stacks::MergeOptions {
                 keep_glue: cli.python_glue,
                 show_gil: cli.python_gil,
             },
@@ -621,7 +622,7 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
     let mut outputs = open_outputs(&cli)?;
     bpfprof::unwind::set_default_mode(cli.unwind);
     bpfprof::unwind::set_table_mib(cli.unwind_table_mib)?;
-    bpfprof::python_stacks::set_default_mode(cli.python);
+    bpfprof::python::stacks::set_default_mode(cli.python);
     let recorder = if launch {
         Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
     } else {

@@ -5,6 +5,8 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use crate::error::{Error, Result};
 
+/// Sampling rates are drawn uniformly from `mean rate * (1 ± JITTER)`.
+pub const JITTER: f64 = 0.5;
 /// strobelight's default: one sample every ten million cycles.
 pub const DEFAULT_CYCLES_PERIOD: u64 = 10_000_000;
 /// Used to turn cycles into time when the CPU's clock cannot be read.
@@ -124,7 +126,7 @@ impl Sampling {
             ""
         };
         let jitter = if self.jitter && matches!(self.rate, Rate::Period(_)) {
-            format!(", randomized ±{:.0}%", crate::perf_events::JITTER * 100.0)
+            format!(", randomized ±{:.0}%", JITTER * 100.0)
         } else {
             String::new()
         };

@@ -7,7 +7,7 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use bpfprof::{procmaps::ProcessMaps, symbolize::Symbolizer};
+use bpfprof::{process::maps::ProcessMaps, symbolize::Symbolizer};
 use bpfprof_tests::{workload_path, Checks, Workload};
 
 /// objdump's `<name@plt>` labels of `binary`, with their addresses in the file.

@@ -21,7 +21,7 @@ use bpfprof::python::{
     layout::GilLayout, PythonFrame, PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
 };
 use bpfprof::{
-    python_stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
+    python::stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
     symbolize::{Frame, FrameKind},
 };
 use bpfprof_tests::*;

@@ -241,7 +241,7 @@ fn a_binary_only_visible_in_the_targets_mount_namespace() {
 #[test]
 fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
     use bpfprof::{
-        procmaps::ProcessMaps,
+        process::maps::ProcessMaps,
         symbolize::{lookup_addresses, Symbolizer},
     };
     if !require_root() {

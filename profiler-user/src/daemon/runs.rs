@@ -11,17 +11,17 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 use crate::{
-    aggregate::RunEnd,
     daemon::store::{now_ms, Store},
     error::Error,
+    kernel::pool::ProgramPool,
     output::{summary, top::function_shares, Format, Output},
-    pool::ProgramPool,
+    process::target::{Target, TargetSpec},
     profile::CostScope,
+    profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
+    recording::request::RecordingRequest,
     recording::Recording,
-    request::RecordingRequest,
     symbolize::SymbolizerThread,
-    target::{Target, TargetSpec},
 };
 
 /// Formats a run writes when the request names none.

@@ -15,6 +15,7 @@ pub mod detect;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
+pub mod stacks;
 
 use std::{
     collections::{HashMap, HashSet},

@@ -244,7 +244,7 @@ impl UnwindMaps {
     /// to frame pointers with a warning; with `cfi` it is an error. Call again when the process
     /// maps new code (dlopen, exec); an unchanged memory map costs a comparison. `maps` is a
     /// read of `/proc/PID/maps` the caller already made
-    /// ([`crate::procmaps::ProcessMaps::last_read`]); `None` or an empty list reads it here.
+    /// ([`crate::process::maps::ProcessMaps::last_read`]); `None` or an empty list reads it here.
     pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
@@ -642,7 +642,7 @@ impl UnwindMaps {
     /// The vDSO's mapping. The vDSO has no file: its ELF image is read from the process's
     /// memory, and its table is built once per kernel (by the image's build id).
     fn vdso(&mut self, pid: u32, start: u64, end: u64) -> anyhow::Result<TrackedMapping> {
-        let image = crate::vdso::read_image(pid, start, end)?;
+        let image = crate::process::vdso::read_image(pid, start, end)?;
         let bias = load_bias(&image, start, 0)?;
         let key = {
             use object::Object;
@@ -653,7 +653,7 @@ impl UnwindMaps {
             }
         };
         if !self.tables.contains_key(&key) {
-            self.new_table(key.clone(), crate::procmaps::VDSO);
+            self.new_table(key.clone(), crate::process::maps::VDSO);
             let size = image.len() as u64;
             self.submit(key.clone(), Image::Memory(image.to_vec()), size, false);
         }

@@ -651,7 +651,7 @@ mod tests {
             .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
             .expect("a [vdso] mapping");
         let (start, end) = vdso.address;
-        let image = crate::vdso::read_image(std::process::id(), start, end).unwrap();
+        let image = crate::process::vdso::read_image(std::process::id(), start, end).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vdso.so");
         std::fs::write(&path, &image).unwrap();

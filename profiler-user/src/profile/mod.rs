@@ -1,7 +1,9 @@
 //! The profile model every writer reads: interned frames, stacks with counts and addresses,
 //! the mappings those addresses fall in, and the run's metadata (targets, sampling, tags,
-//! losses, cost). [`crate::aggregate`] builds it; each writer in [`crate::output`] renders it
+//! losses, cost). [`crate::recording::aggregate`] builds it; each writer in [`crate::output`] renders it
 //! its own way (tags as pprof labels, as root frames in flame graphs, as speedscope names).
+
+pub mod sample;
 
 use std::time::Duration;
 

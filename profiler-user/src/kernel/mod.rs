@@ -1,6 +1,11 @@
 //! The kernel program: loading the embedded eBPF object, attaching it to a perf event on every
 //! online CPU, and telling it which processes to keep samples of.
 
+pub mod drain;
+pub mod helpers;
+pub mod perf_events;
+pub mod pool;
+
 use std::{
     collections::HashMap as StdHashMap,
     io,
@@ -22,9 +27,9 @@ use profiler_common::{
 
 use crate::{
     error::{Error, Result},
-    perf_events::{is_missing_event, AttachedEvents, AttachedTracepoint},
+    kernel::perf_events::{is_missing_event, AttachedEvents, AttachedTracepoint},
+    process::target::Target,
     sampling::{Sampling, SamplingPlan},
-    target::Target,
 };
 
 /// The most addresses kept for [`KernelProgram::take_fresh_frames`] between two takes: a
@@ -762,7 +767,7 @@ fn load_error(e: ProgramError, what: &str) -> Error {
             Error::PermissionDenied(format!("the kernel refused to load {what}: {e}"))
         }
         _ => {
-            let missing = crate::doctor::missing_helpers();
+            let missing = helpers::missing_helpers();
             if missing.is_empty() {
                 Error::Kernel(anyhow!(e).context(format!("verifying {what}")))
             } else {

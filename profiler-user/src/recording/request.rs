@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use crate::{
-    aggregate::{AggregateOptions, Tag},
     error::{Error, Result},
+    profile::Tag,
     protocol::{RunRequest, MAX_TAGS},
+    recording::aggregate::AggregateOptions,
     sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
     unwind::UnwindMode,
 };
@@ -31,7 +32,7 @@ pub struct TagsAndStacks<'a> {
     /// Show source lines.
     pub line_numbers: bool,
     /// How Python frames are shown.
-    pub python: crate::python_stacks::MergeOptions,
+    pub python: crate::python::stacks::MergeOptions,
 }
 
 /// A recording request that passed every check: what the pipeline is handed.
@@ -50,7 +51,7 @@ pub struct RecordingRequest {
     /// How user stacks are walked.
     pub unwind: UnwindMode,
     /// Whether CPython targets get their Python frames read.
-    pub python: crate::python_stacks::PythonMode,
+    pub python: crate::python::stacks::PythonMode,
 }
 
 impl RecordingRequest {
@@ -80,14 +81,14 @@ impl RecordingRequest {
                 python: stacks.python,
             },
             unwind: UnwindMode::default(),
-            python: crate::python_stacks::default_mode(),
+            python: crate::python::stacks::default_mode(),
         })
     }
 
     /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
     pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
         let unwind: UnwindMode = req.unwind.as_deref().unwrap_or("auto").parse()?;
-        let python: crate::python_stacks::PythonMode =
+        let python: crate::python::stacks::PythonMode =
             req.python.as_deref().unwrap_or("auto").parse()?;
         let sampling = SamplingRequest {
             event: req.event.as_deref().unwrap_or("auto").parse()?,
@@ -244,7 +245,7 @@ mod tests {
         // one is refused with the names that work.
         assert_eq!(ok.unwind, UnwindMode::Auto);
         // Likewise the Python mode.
-        assert_eq!(ok.python, crate::python_stacks::PythonMode::Auto);
+        assert_eq!(ok.python, crate::python::stacks::PythonMode::Auto);
         let off = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
@@ -254,7 +255,7 @@ mod tests {
             Duration::from_secs(600),
         )
         .unwrap();
-        assert_eq!(off.python, crate::python_stacks::PythonMode::Off);
+        assert_eq!(off.python, crate::python::stacks::PythonMode::Off);
         let err = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,

@@ -131,7 +131,7 @@ pub struct ProcessMaps {
     /// so the unwinder's tables are refreshed from the same read (see [`Self::last_read`]).
     last_read: Vec<MemoryMap>,
     /// The vDSO's exported functions, read from its image on first sight (it has no file).
-    vdso: Option<crate::vdso::VdsoSymbols>,
+    vdso: Option<crate::process::vdso::VdsoSymbols>,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -238,10 +238,10 @@ impl ProcessMaps {
                 }
                 MMapPath::Vdso => {
                     if self.vdso.is_none() {
-                        self.vdso = crate::vdso::read_image(self.pid, start, end)
+                        self.vdso = crate::process::vdso::read_image(self.pid, start, end)
                             .map_err(|e| log::debug!("pid {}: {e:#}", self.pid))
                             .ok()
-                            .and_then(|image| crate::vdso::VdsoSymbols::parse(&image));
+                            .and_then(|image| crate::process::vdso::VdsoSymbols::parse(&image));
                     }
                     Backing::Named(VDSO.into())
                 }

@@ -19,10 +19,8 @@ use std::{
 
 use perf_event_open_sys as sys;
 
-use crate::sampling::{Event, Rate, Sampling};
+use crate::sampling::{Event, Rate, Sampling, JITTER};
 
-/// Sampling rates are drawn uniformly from `mean rate * (1 ± JITTER)`.
-pub const JITTER: f64 = 0.5;
 /// Each CPU's period is redrawn after a random span of 2 to 6 mean periods, but no sooner than
 /// every 5 to 15 ms, which bounds the redraws (one ioctl per CPU each) at high rates. Every
 /// redraw restarts the CPU's timer at a moment unrelated to the workload, so a periodic

@@ -16,12 +16,12 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    aggregate::RunEnd,
     error::{Error, Result},
-    pool::ProgramPool,
+    kernel::pool::ProgramPool,
+    process::target::{Target, TargetSpec},
+    profile::RunEnd,
     recording::{Collected, Recording},
     sampling::{Sampling, SamplingRequest},
-    target::{Target, TargetSpec},
 };
 
 /// How often the run loop checks targets and reports progress.
@@ -254,7 +254,7 @@ impl Recorder {
     }
 
     /// Sends what the run samples to `sink` at every tick, to be symbolized meanwhile.
-    pub fn set_warm(&mut self, sink: crate::recording::WarmSink) {
+    pub fn set_warm(&mut self, sink: crate::symbolize::WarmSink) {
         self.recording.set_warm(sink);
     }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use profiler_common::{StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
-use crate::{error::Result, kernel::KernelProgram, sample::Sample};
+use crate::{error::Result, kernel::KernelProgram, profile::sample::Sample};
 
 /// Reads every sample of `run`, removing them from the kernel map so the slot can be reused.
 ///

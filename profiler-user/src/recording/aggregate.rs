@@ -1,15 +1,14 @@
 //! Aggregation: symbolized samples become a [`Profile`], stacks of interned frames with counts
-//! and addresses, rooted at the process. The model itself is in [`crate::profile`]; its types
-//! are re-exported here for the callers that name them through this module.
+//! and addresses, rooted at the process. The model itself is in [`crate::profile`].
 
 use std::collections::HashMap;
 
-pub use crate::profile::*;
+use crate::profile::*;
 use crate::{
-    procmaps::ProcessMaps,
-    sample::Sample,
+    process::maps::ProcessMaps,
+    process::target::Target,
+    profile::sample::Sample,
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
-    target::Target,
 };
 
 /// How samples are turned into stacks.
@@ -25,7 +24,7 @@ pub struct AggregateOptions {
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
     /// How Python frames are shown (`--python-glue`, `--python-gil`).
-    pub python: crate::python_stacks::MergeOptions,
+    pub python: crate::python::stacks::MergeOptions,
 }
 
 impl Default for AggregateOptions {
@@ -49,7 +48,7 @@ pub struct TargetSamples<'a> {
     /// Its samples.
     pub samples: &'a [Sample],
     /// Names of its Python frames, when the kernel read them.
-    pub python: Option<&'a crate::python_stacks::PythonSymbols>,
+    pub python: Option<&'a crate::python::stacks::PythonSymbols>,
     /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
     /// early itself.
     pub cfi_walked: bool,
@@ -178,7 +177,7 @@ pub fn aggregate(
                 }
             }
             if let Some(symbols) = input.python {
-                user_frames = crate::python_stacks::merge(
+                user_frames = crate::python::stacks::merge(
                     user_frames,
                     &python_frames,
                     symbols,

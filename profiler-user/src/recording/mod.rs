@@ -6,6 +6,9 @@
 //! symbolizes and aggregates it. Only `add_target`, `tick` and `collect` need the kernel
 //! program; `assemble` can run anywhere (the daemon runs it on its symbolizer thread).
 
+pub mod aggregate;
+pub mod request;
+
 use std::{
     collections::{BTreeMap, HashSet},
     time::{Duration, Instant},
@@ -14,20 +17,21 @@ use std::{
 use profiler_common::{Counter, PidNamespace};
 
 use crate::{
-    aggregate::{
-        aggregate, AggregateOptions, Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd,
-        ShortfallCause, TargetSamples, Throttled, UntabledObject, Unwound,
-    },
-    drain::drain,
     error::Result,
+    kernel::drain::drain,
+    kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
-    pool::{ProgramPool, Slot},
-    procmaps::ProcessMaps,
-    python_stacks::{PythonMode, PythonTracking},
-    sample::Sample,
+    process::maps::ProcessMaps,
+    process::target::Target,
+    profile::sample::Sample,
+    profile::{
+        Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, ShortfallCause, Throttled,
+        UntabledObject, Unwound,
+    },
+    python::stacks::{PythonMode, PythonTracking},
+    recording::aggregate::{aggregate, AggregateOptions, TargetSamples},
     sampling::{KernelLimits, Sampling, SamplingRequest},
-    symbolize::Symbolizer,
-    target::Target,
+    symbolize::{Symbolizer, Warm, WarmSink},
 };
 
 /// How often target memory maps are re-read, to catch libraries loaded during the run.
@@ -98,19 +102,6 @@ impl ProcessRecording {
     }
 }
 
-/// Addresses a recording's targets ran at since the last tick, placed in their files: what
-/// is symbolized while the run goes on, so that little is left to do when it ends.
-#[derive(Debug, Default)]
-pub struct Warm {
-    /// User addresses as (file, file offset), as [`Symbolizer::prepare_located`] takes them.
-    pub user: Vec<(std::sync::Arc<crate::procmaps::MappedFile>, u64)>,
-    /// Kernel addresses.
-    pub kernel: Vec<u64>,
-}
-
-/// Where a recording sends its [`Warm`] addresses (a symbolizer on another thread).
-pub type WarmSink = Box<dyn Fn(Warm) + Send + Sync>;
-
 /// Kernel addresses start here (x86-64, 4- and 5-level paging alike).
 const KERNEL_ADDRESS_START: u64 = 1 << 63;
 
@@ -165,7 +156,7 @@ impl Recording {
             max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
-            python_mode: crate::python_stacks::default_mode(),
+            python_mode: crate::python::stacks::default_mode(),
             warm: None,
         }
     }
@@ -457,7 +448,7 @@ impl Recording {
             {
                 warm.user
                     .extend(user.iter().filter_map(|a| match p.maps.locate(*a) {
-                        crate::procmaps::Location::File(file, offset) => Some((file, offset)),
+                        crate::process::maps::Location::File(file, offset) => Some((file, offset)),
                         _ => None,
                     }));
             }

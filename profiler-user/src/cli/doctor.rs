@@ -12,16 +12,12 @@ use std::{
     time::Duration,
 };
 
-use aya::{
-    programs::ProgramType,
-    sys::{is_helper_supported, BpfHelper},
-};
 use serde::Serialize;
 
 use crate::{
     client::{Client, ClientError},
     error::Error,
-    kernel::KernelProgram,
+    kernel::{helpers::REQUIRED_HELPERS, KernelProgram},
     protocol,
     sampling::{EventChoice, KernelLimits, SamplingRequest},
 };
@@ -356,9 +352,9 @@ fn unprivileged_bpf() -> Check {
 
 fn hardware_pmu() -> Check {
     const NAME: &str = "hardware_pmu";
-    match crate::perf_events::probe_cycles() {
+    match crate::kernel::perf_events::probe_cycles() {
         Ok(()) => check(NAME, Status::Ok, "cycles event opens", ""),
-        Err(e) if crate::perf_events::is_missing_event(&e) => check(
+        Err(e) if crate::kernel::perf_events::is_missing_event(&e) => check(
             NAME,
             Status::Warn,
             format!("no cycles event ({e})"),
@@ -452,64 +448,28 @@ fn program_load_and_attach() -> Vec<Check> {
     vec![load, walker, attach]
 }
 
-/// Helpers the kernel program calls, all required.
-const HELPERS: [(&str, BpfHelper, bool); 3] = [
-    (
-        "helper_get_ns_current_pid_tgid",
-        BpfHelper::BPF_FUNC_get_ns_current_pid_tgid,
-        true,
-    ),
-    ("helper_get_stack", BpfHelper::BPF_FUNC_get_stack, true),
-    ("helper_loop", BpfHelper::BPF_FUNC_loop, true),
-];
-
-/// The helpers the kernel program needs that this kernel lacks, with the kernel that brought
-/// each, as probed by loading a program that calls it (not guessed from the version).
-pub fn missing_helpers() -> Vec<&'static str> {
-    [
-        (
-            BpfHelper::BPF_FUNC_get_ns_current_pid_tgid,
-            "bpf_get_ns_current_pid_tgid (Linux 5.7)",
-        ),
-        (BpfHelper::BPF_FUNC_get_stack, "bpf_get_stack (Linux 4.18)"),
-        (BpfHelper::BPF_FUNC_loop, "bpf_loop (Linux 5.17)"),
-    ]
-    .into_iter()
-    .filter(|(helper, _)| {
-        matches!(
-            is_helper_supported(ProgramType::PerfEvent, *helper),
-            Ok(false)
-        )
-    })
-    .map(|(_, name)| name)
-    .collect()
-}
-
 fn helpers() -> Vec<Check> {
-    HELPERS
+    REQUIRED_HELPERS
         .iter()
-        .map(|(name, helper, required)| {
-            match is_helper_supported(ProgramType::PerfEvent, *helper) {
-                Ok(true) => check(name, Status::Ok, "available to perf_event programs", ""),
-                Ok(false) if *required => check(
-                    name,
-                    Status::Fail,
-                    "missing",
-                    "the sampling program calls it: use Linux 6.1 or newer (the tested kernels)",
-                ),
-                Ok(false) => check(
-                    name,
-                    Status::Warn,
-                    "missing",
-                    "needed by the coming unwinders (kernel 5.17 or newer); sampling works",
-                ),
-                Err(e) => check(
-                    name,
-                    Status::Warn,
-                    format!("cannot probe: {e}"),
-                    "probing loads a BPF program: run doctor as root",
-                ),
-            }
+        .map(|helper| match helper.supported() {
+            Ok(true) => check(
+                helper.check_name,
+                Status::Ok,
+                "available to perf_event programs",
+                "",
+            ),
+            Ok(false) => check(
+                helper.check_name,
+                Status::Fail,
+                "missing",
+                "the sampling program calls it: use Linux 6.1 or newer (the tested kernels)",
+            ),
+            Err(e) => check(
+                helper.check_name,
+                Status::Warn,
+                format!("cannot probe: {e}"),
+                "probing loads a BPF program: run doctor as root",
+            ),
         })
         .collect()
 }

@@ -28,9 +28,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::{
     client::{Client, ClientError, FOLLOW_CHILDREN_ENV},
     error::{exit_code, Error},
+    process::target::TargetSpec,
     protocol::{self, Reply, RunRequest, RunState},
     sampling::{EventChoice, KernelLimits, SamplingRequest},
-    target::TargetSpec,
 };
 
 /// The name this front end answers to, as argv[0] or as bpfprof's first argument.
@@ -371,7 +371,7 @@ fn event_notice(sample_interval: Option<i64>, err: &mut impl Write) -> Result<()
     let Some(clock) = plan.cpu_clock else {
         return Ok(());
     };
-    let _ = match crate::perf_events::cycles_available() {
+    let _ = match crate::kernel::perf_events::cycles_available() {
         Some(true) => Ok(()),
         Some(false) => writeln!(
             err,
@@ -519,7 +519,7 @@ fn readable_files(
         path: dir.clone(),
         source,
     })?;
-    crate::results::copy_results(client, id, &files, &dir)
+    crate::cli::results::copy_results(client, id, &files, &dir)
 }
 
 fn cache_dir() -> Option<PathBuf> {

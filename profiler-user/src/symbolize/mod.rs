@@ -1,6 +1,9 @@
 //! Symbolization: instruction pointers to function names with blazesym, each unique address
 //! resolved once and cached for the rest of the process's life.
 
+pub mod plt;
+pub mod stripped;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::{mpsc, Arc, Mutex},
@@ -15,10 +18,23 @@ use blazesym::symbolize::{
 };
 
 use crate::{
-    plt::PltStubs,
-    procmaps::{FileId, Location, MappedFile, ProcessMaps},
-    stripped::FunctionStarts,
+    process::maps::{FileId, Location, MappedFile, ProcessMaps},
+    symbolize::plt::PltStubs,
+    symbolize::stripped::FunctionStarts,
 };
+
+/// Addresses a recording's targets ran at since the last tick, placed in their files: what
+/// is symbolized while the run goes on, so that little is left to do when it ends.
+#[derive(Debug, Default)]
+pub struct Warm {
+    /// User addresses as (file, file offset), as [`Symbolizer::prepare_located`] takes them.
+    pub user: Vec<(Arc<MappedFile>, u64)>,
+    /// Kernel addresses.
+    pub kernel: Vec<u64>,
+}
+
+/// Where a recording sends its [`Warm`] addresses (a symbolizer on another thread).
+pub type WarmSink = Box<dyn Fn(Warm) + Send + Sync>;
 
 /// Which side of the user/kernel boundary a frame is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -216,8 +232,8 @@ impl Symbolizer {
         }
     }
 
-    /// Resolves what a run sampled so far (see [`crate::recording::Warm`]).
-    pub fn warm(&mut self, warm: crate::recording::Warm) {
+    /// Resolves what a run sampled so far (see [`Warm`]).
+    pub fn warm(&mut self, warm: Warm) {
         self.prepare_located(warm.user);
         self.prepare_kernel(warm.kernel);
     }
@@ -271,7 +287,7 @@ impl Symbolizer {
                 .cloned()
                 .unwrap_or_else(|| unknown(&file.module_name(), offset, FrameKind::User)),
             Location::Named(name, offset) => match maps.vdso_symbol(offset) {
-                Some(function) if name == crate::procmaps::VDSO => {
+                Some(function) if name == crate::process::maps::VDSO => {
                     renamed(&name, function.to_string())
                 }
                 _ => unknown(&name, offset, FrameKind::User),
@@ -371,7 +387,7 @@ impl SymbolizerThread {
 
     /// A sink for [`crate::recording::Recording::set_warm`]: each batch is resolved on this
     /// thread, in turn with the other jobs, and nobody waits for it.
-    pub fn warm_sink(&self) -> crate::recording::WarmSink {
+    pub fn warm_sink(&self) -> WarmSink {
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).clone();
         Box::new(move |warm| {
             // A gone thread fails the run's own processing, which says so.
