@@ -18,7 +18,9 @@ use bpfprof::{
     profile::CostScope,
     profile::{Profile, RunEnd, ShortfallCause},
     protocol::{self, Reply, RunRequest},
-    recording::request::{split_tag, RecordingRequest, TagsAndStacks, DEFAULT_MAX_STACK_LENGTH},
+    recording::request::{
+        split_tag, RecordingRequest, TagsAndStacks, Walks, DEFAULT_MAX_STACK_LENGTH,
+    },
     sampling::{EventChoice, IntervalArg, SamplingRequest},
     symbolize::SymbolizerThread,
 };
@@ -332,7 +334,6 @@ ended it), as `time` does; when --duration ends first, the command is stopped wi
 (SIGKILL 5 s later) and bpfprof exits 0.";
 
 async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
-    bpfprof::unwind::set_table_mib(args.unwind_table_mib)?;
     let config = DaemonConfig {
         socket: protocol::socket_path(args.socket.as_deref()),
         state_dir: args.state_dir,
@@ -341,6 +342,7 @@ async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         keep_runs_per_user: args.keep_runs_per_user,
         idle_timeout: args.client_idle_timeout,
         max_duration: args.max_duration,
+        table_mib: args.unwind_table_mib,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
     };
@@ -615,18 +617,20 @@ async fn record(cli: RecordArgs) -> Result<i32, Error> {
                 show_gil: cli.python_gil,
             },
         },
+        Walks {
+            unwind: cli.unwind,
+            python: cli.python,
+            table_mib: cli.unwind_table_mib,
+        },
     )?;
-    let options = validated.options;
+    let options = validated.options.clone();
     bpfprof::kernel::check_privileges()?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
-    bpfprof::unwind::set_default_mode(cli.unwind);
-    bpfprof::unwind::set_table_mib(cli.unwind_table_mib)?;
-    bpfprof::python::stacks::set_default_mode(cli.python);
     let recorder = if launch {
-        Recorder::launch(&request, &cli.command, follow_children, cli.bpf_stats)
+        Recorder::launch(&validated, &cli.command, cli.bpf_stats)
     } else {
-        Recorder::attach(&request, &specs, follow_children, cli.bpf_stats)
+        Recorder::attach(&validated, &specs, cli.bpf_stats)
     };
     let mut recorder = match recorder {
         Ok(r) => r,

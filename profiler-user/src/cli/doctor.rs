@@ -372,28 +372,30 @@ fn hardware_pmu() -> Check {
 
 /// Loads the kernel program as a recording does, then attaches it to cpu-clock on every CPU.
 fn program_load_and_attach() -> Vec<Check> {
-    let mut program =
-        match KernelProgram::load(crate::unwind::table_rows_for(Some(std::process::id()))) {
-            Ok(p) => p,
-            Err(e) => {
-                let advice = match &e {
-                    Error::PermissionDenied(_) => "run as root or with CAP_BPF and CAP_PERFMON",
-                    _ => {
-                        "the verifier or the kernel rejected the program: report it with this \
+    let mut program = match KernelProgram::load(crate::unwind::table_rows_for(
+        Some(std::process::id()),
+        crate::unwind::DEFAULT_TABLE_ROWS,
+    )) {
+        Ok(p) => p,
+        Err(e) => {
+            let advice = match &e {
+                Error::PermissionDenied(_) => "run as root or with CAP_BPF and CAP_PERFMON",
+                _ => {
+                    "the verifier or the kernel rejected the program: report it with this \
                       output and the kernel version"
-                    }
-                };
-                return vec![
-                    check("program_load", Status::Fail, e.to_string(), advice),
-                    check(
-                        "program_attach",
-                        Status::Fail,
-                        "not tried: the program did not load",
-                        "fix program_load first",
-                    ),
-                ];
-            }
-        };
+                }
+            };
+            return vec![
+                check("program_load", Status::Fail, e.to_string(), advice),
+                check(
+                    "program_attach",
+                    Status::Fail,
+                    "not tried: the program did not load",
+                    "fix program_load first",
+                ),
+            ];
+        }
+    };
     let load = check(
         "program_load",
         Status::Ok,

@@ -20,8 +20,8 @@ use crate::{
     kernel::pool::ProgramPool,
     process::target::{Target, TargetSpec},
     profile::RunEnd,
-    recording::{Collected, Recording},
-    sampling::{Sampling, SamplingRequest},
+    recording::{request::RecordingRequest, Collected, Recording},
+    sampling::Sampling,
 };
 
 /// How often the run loop checks targets and reports progress.
@@ -77,16 +77,15 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts sampling the processes `specs` name (and, with `follow_children`, the children
-    /// they fork from now on).
+    /// Starts sampling the processes `specs` name (and, when the request follows children,
+    /// the children they fork from now on).
     pub fn attach(
-        request: &SamplingRequest,
+        request: &RecordingRequest,
         specs: &[TargetSpec],
-        follow_children: bool,
         bpf_stats: bool,
     ) -> Result<Recorder> {
         let targets = resolve_targets(specs)?;
-        let mut recorder = Recorder::new(request, follow_children, bpf_stats);
+        let mut recorder = Recorder::new(request, bpf_stats);
         for target in targets {
             recorder.recording.add_target(&mut recorder.pool, target)?;
         }
@@ -94,19 +93,18 @@ impl Recorder {
         Ok(recorder)
     }
 
-    /// Runs `command` with sampling on from its first instruction (and, with
-    /// `follow_children`, in every process it forks).
+    /// Runs `command` with sampling on from its first instruction (and, when the request
+    /// follows children, in every process it forks).
     pub fn launch(
-        request: &SamplingRequest,
+        request: &RecordingRequest,
         command: &[OsString],
-        follow_children: bool,
         bpf_stats: bool,
     ) -> Result<Recorder> {
         let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
             spec: String::new(),
             reason: "no command given after --".into(),
         })?;
-        let mut recorder = Recorder::new(request, follow_children, bpf_stats);
+        let mut recorder = Recorder::new(request, bpf_stats);
         // The child tells us its pid, then waits at the gate until that pid is registered
         // with the kernel program, so the command is sampled from its first instruction.
         // `spawn` itself waits for the exec, so it runs on a helper thread meanwhile.
@@ -173,10 +171,10 @@ impl Recorder {
         Ok(recorder)
     }
 
-    fn new(request: &SamplingRequest, follow_children: bool, bpf_stats: bool) -> Recorder {
+    fn new(request: &RecordingRequest, bpf_stats: bool) -> Recorder {
         Recorder {
             pool: ProgramPool::new(bpf_stats),
-            recording: Recording::new(*request, follow_children),
+            recording: Recording::new(request),
             child: None,
             outcome: None,
         }

@@ -126,6 +126,8 @@ pub struct DaemonConfig {
     pub idle_timeout: Duration,
     /// Longest run.
     pub max_duration: Duration,
+    /// The cap on a kernel program's unwind row array, in MiB (`--unwind-table-mib`).
+    pub table_mib: u32,
     /// Most ended runs kept.
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
@@ -135,6 +137,8 @@ pub struct DaemonConfig {
 /// Serves until SIGINT or SIGTERM, then stops every run (results are written) and exits.
 pub async fn serve(config: DaemonConfig) -> Result<()> {
     crate::kernel::check_privileges()?;
+    // Refused at start rather than at every run.
+    crate::unwind::table_rows_cap(config.table_mib)?;
     let store = Store::open(
         &config.state_dir,
         config.keep_runs,
@@ -147,6 +151,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             max_runs: config.max_runs,
             max_runs_per_user: config.max_runs_per_user,
             max_duration: config.max_duration,
+            table_mib: config.table_mib,
         },
     ));
     let nofile = raise_nofile_limit();

@@ -50,6 +50,8 @@ pub struct Limits {
     pub max_runs_per_user: usize,
     /// Longest run.
     pub max_duration: Duration,
+    /// The cap on a kernel program's unwind row array, in MiB.
+    pub table_mib: u32,
 }
 
 /// Most distinct pid namespaces one non-root user's runs may watch at once: the kernel
@@ -198,12 +200,7 @@ impl Runs {
         authorize(peer, &target)?;
 
         let reservation = self.reserve_start(uid, target.ns.ino)?;
-        let mut recording = Recording::new(
-            validated.recording.sampling,
-            validated.recording.follow_children,
-        )
-        .with_unwind(validated.recording.unwind);
-        recording.set_python_mode(validated.recording.python);
+        let mut recording = Recording::new(&validated.recording);
         recording.set_warm(self.symbolizer.warm_sink());
         // Takes the pool only for kernel work, not while it builds the target's unwind tables
         // or waits for the walker; never the client table.
@@ -334,8 +331,12 @@ impl Runs {
 
     fn validate(&self, uid: u32, req: &RunRequest) -> Result<Validated, Refusal> {
         let bad = |m: String| (ErrorCode::BadRequest, m);
-        let recording =
-            RecordingRequest::from_run_request(req, self.limits.max_duration).map_err(refusal)?;
+        let recording = RecordingRequest::from_run_request(
+            req,
+            self.limits.max_duration,
+            self.limits.table_mib,
+        )
+        .map_err(refusal)?;
         let hz = recording.nominal_hz();
         if uid != 0 && hz > MAX_USER_HZ {
             return Err(bad(format!(

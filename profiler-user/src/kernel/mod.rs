@@ -192,7 +192,7 @@ impl KernelProgram {
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
-            crate::unwind::default_mode(),
+            crate::unwind::UnwindMode::default(),
         )
         .map_err(kernel_err)?;
         let python = PythonMaps {

@@ -66,21 +66,6 @@ impl std::str::FromStr for PythonMode {
     }
 }
 
-static DEFAULT_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Sets the mode recordings created from now on use (the CLI's `--python`).
-pub fn set_default_mode(mode: PythonMode) {
-    DEFAULT_MODE.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The mode new recordings use.
-pub fn default_mode() -> PythonMode {
-    match DEFAULT_MODE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => PythonMode::Off,
-        _ => PythonMode::Auto,
-    }
-}
-
 /// One CPython process whose frames the kernel walks.
 pub struct PythonTracking {
     target: PythonTarget,

@@ -30,6 +30,7 @@ use crate::{
     },
     python::stacks::{PythonMode, PythonTracking},
     recording::aggregate::{aggregate, AggregateOptions, TargetSamples},
+    recording::request::RecordingRequest,
     sampling::{KernelLimits, Sampling, SamplingRequest},
     symbolize::{Symbolizer, Warm, WarmSink},
 };
@@ -110,6 +111,8 @@ pub struct Recording {
     request: SamplingRequest,
     /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
     unwind: crate::unwind::UnwindMode,
+    /// Most rows a program loaded for this recording gets for unwind tables.
+    table_rows_cap: u32,
     sampling: Option<Sampling>,
     follow_children: bool,
     /// One run slot per pid namespace of the targets: a sample names its process by its pid in
@@ -141,14 +144,15 @@ pub struct TickStatus {
 }
 
 impl Recording {
-    /// A recording that samples as `request` asks, following children of its targets when
-    /// `follow_children`; nothing is attached until the first target is added.
-    pub fn new(request: SamplingRequest, follow_children: bool) -> Recording {
+    /// A recording that samples, follows children, walks stacks and reads Python frames as
+    /// `request` says; nothing is attached until the first target is added.
+    pub fn new(request: &RecordingRequest) -> Recording {
         Recording {
-            request,
-            unwind: crate::unwind::default_mode(),
+            request: request.sampling,
+            unwind: request.unwind,
+            table_rows_cap: request.table_rows_cap,
             sampling: None,
-            follow_children,
+            follow_children: request.follow_children,
             slots: Vec::new(),
             processes: BTreeMap::new(),
             ignored: HashSet::new(),
@@ -156,7 +160,7 @@ impl Recording {
             max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
-            python_mode: crate::python::stacks::default_mode(),
+            python_mode: request.python,
             warm: None,
         }
     }
@@ -166,17 +170,6 @@ impl Recording {
     /// a run 0.5 s (4 s in a debug build) to load when nothing was loaded before.
     pub fn set_warm(&mut self, sink: WarmSink) {
         self.warm = Some(sink);
-    }
-
-    /// Sets whether CPython processes added from now on get their Python frames read.
-    pub fn set_python_mode(&mut self, mode: PythonMode) {
-        self.python_mode = mode;
-    }
-
-    /// Walks user stacks as `unwind` says (before the first target is added).
-    pub fn with_unwind(mut self, unwind: crate::unwind::UnwindMode) -> Recording {
-        self.unwind = unwind;
-        self
     }
 
     /// The event and rate in use, once a target was added.
@@ -205,7 +198,7 @@ impl Recording {
         // pool).
         let table_rows = match self.unwind {
             crate::unwind::UnwindMode::Fp => 1,
-            _ => crate::unwind::table_rows_for(Some(target.pid)),
+            _ => crate::unwind::table_rows_for(Some(target.pid), self.table_rows_cap),
         };
         let slot = pool.with_pool(|pool| -> Result<_> {
             let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {

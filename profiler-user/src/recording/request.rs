@@ -9,6 +9,7 @@ use crate::{
     error::{Error, Result},
     profile::Tag,
     protocol::{RunRequest, MAX_TAGS},
+    python::stacks::{MergeOptions, PythonMode},
     recording::aggregate::AggregateOptions,
     sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
     unwind::UnwindMode,
@@ -32,7 +33,28 @@ pub struct TagsAndStacks<'a> {
     /// Show source lines.
     pub line_numbers: bool,
     /// How Python frames are shown.
-    pub python: crate::python::stacks::MergeOptions,
+    pub python: MergeOptions,
+}
+
+/// How a request's stacks are walked, before validation.
+#[derive(Clone, Copy, Debug)]
+pub struct Walks {
+    /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
+    pub unwind: UnwindMode,
+    /// Whether CPython targets get their Python frames read.
+    pub python: PythonMode,
+    /// The cap on a kernel program's unwind row array, in MiB (`--unwind-table-mib`).
+    pub table_mib: u32,
+}
+
+impl Default for Walks {
+    fn default() -> Walks {
+        Walks {
+            unwind: UnwindMode::default(),
+            python: PythonMode::default(),
+            table_mib: crate::unwind::DEFAULT_TABLE_MIB,
+        }
+    }
 }
 
 /// A recording request that passed every check: what the pipeline is handed.
@@ -51,7 +73,9 @@ pub struct RecordingRequest {
     /// How user stacks are walked.
     pub unwind: UnwindMode,
     /// Whether CPython targets get their Python frames read.
-    pub python: crate::python::stacks::PythonMode,
+    pub python: PythonMode,
+    /// Most rows of a kernel program's unwind table array.
+    pub table_rows_cap: u32,
 }
 
 impl RecordingRequest {
@@ -62,7 +86,9 @@ impl RecordingRequest {
         duration: Option<Duration>,
         max_duration: Duration,
         stacks: TagsAndStacks<'_>,
+        walks: Walks,
     ) -> Result<RecordingRequest> {
+        let table_rows_cap = crate::unwind::table_rows_cap(walks.table_mib)?;
         let tags = parse_tags(stacks.sample_tags, &stacks.tags)?;
         let max_stack_length =
             validate_max_stack_length(stacks.max_stack_length.unwrap_or(DEFAULT_MAX_STACK_LENGTH))?;
@@ -80,16 +106,21 @@ impl RecordingRequest {
                 tags,
                 python: stacks.python,
             },
-            unwind: UnwindMode::default(),
-            python: crate::python::stacks::default_mode(),
+            unwind: walks.unwind,
+            python: walks.python,
+            table_rows_cap,
         })
     }
 
-    /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`.
-    pub fn from_run_request(req: &RunRequest, max_duration: Duration) -> Result<RecordingRequest> {
+    /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`, and
+    /// its kernel program's unwind row array is capped at `table_mib` MiB (the daemon's).
+    pub fn from_run_request(
+        req: &RunRequest,
+        max_duration: Duration,
+        table_mib: u32,
+    ) -> Result<RecordingRequest> {
         let unwind: UnwindMode = req.unwind.as_deref().unwrap_or("auto").parse()?;
-        let python: crate::python::stacks::PythonMode =
-            req.python.as_deref().unwrap_or("auto").parse()?;
+        let python: PythonMode = req.python.as_deref().unwrap_or("auto").parse()?;
         let sampling = SamplingRequest {
             event: req.event.as_deref().unwrap_or("auto").parse()?,
             sample_interval: req.sample_interval,
@@ -107,7 +138,7 @@ impl RecordingRequest {
             });
         }
         let duration = Duration::from_millis(duration_ms);
-        let mut validated = RecordingRequest::validate(
+        RecordingRequest::validate(
             sampling,
             req.follow_children,
             Some(duration),
@@ -124,10 +155,12 @@ impl RecordingRequest {
                 line_numbers: false,
                 python: Default::default(),
             },
-        )?;
-        validated.unwind = unwind;
-        validated.python = python;
-        Ok(validated)
+            Walks {
+                unwind,
+                python,
+                table_mib,
+            },
+        )
     }
 
     /// The samples per second the request means.
@@ -187,6 +220,7 @@ fn check_duration(duration: Option<Duration>, max: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::unwind::DEFAULT_TABLE_MIB;
 
     #[test]
     fn one_parser_for_every_tag_and_one_limit() {
@@ -207,20 +241,28 @@ mod tests {
             duration_ms: Some(0),
             ..RunRequest::default()
         };
-        let err = RecordingRequest::from_run_request(&req, Duration::from_secs(60)).unwrap_err();
+        let err =
+            RecordingRequest::from_run_request(&req, Duration::from_secs(60), DEFAULT_TABLE_MIB)
+                .unwrap_err();
         assert!(err.to_string().contains("duration_ms"), "{err}");
         let req = RunRequest {
             pid: 1,
             duration_ms: Some(120_000),
             ..RunRequest::default()
         };
-        assert!(RecordingRequest::from_run_request(&req, Duration::from_secs(60)).is_err());
+        assert!(RecordingRequest::from_run_request(
+            &req,
+            Duration::from_secs(60),
+            DEFAULT_TABLE_MIB
+        )
+        .is_err());
         let ok = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
                 ..RunRequest::default()
             },
             Duration::from_secs(60),
+            DEFAULT_TABLE_MIB,
         )
         .unwrap();
         assert_eq!(ok.duration, Some(Duration::from_secs(60)));
@@ -237,6 +279,7 @@ mod tests {
                     ..RunRequest::default()
                 },
                 Duration::from_secs(60),
+                DEFAULT_TABLE_MIB,
             )
         };
         assert_eq!(deep(512).unwrap().options.max_stack_length, 512);
@@ -253,6 +296,7 @@ mod tests {
                 ..RunRequest::default()
             },
             Duration::from_secs(600),
+            DEFAULT_TABLE_MIB,
         )
         .unwrap();
         assert_eq!(off.python, crate::python::stacks::PythonMode::Off);
@@ -263,6 +307,7 @@ mod tests {
                 ..RunRequest::default()
             },
             Duration::from_secs(600),
+            DEFAULT_TABLE_MIB,
         )
         .unwrap_err();
         assert!(err.to_string().contains("expected auto or off"), "{err}");
@@ -273,6 +318,7 @@ mod tests {
                 ..RunRequest::default()
             },
             Duration::from_secs(60),
+            DEFAULT_TABLE_MIB,
         )
         .unwrap();
         assert_eq!(fp.unwind, UnwindMode::Fp);
@@ -283,11 +329,51 @@ mod tests {
                 ..RunRequest::default()
             },
             Duration::from_secs(60),
+            DEFAULT_TABLE_MIB,
         )
         .unwrap_err();
         assert!(
             err.to_string().contains("expected auto, fp or cfi"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn walks_reach_the_request_whole() {
+        let walks = Walks {
+            unwind: UnwindMode::Cfi,
+            python: crate::python::stacks::PythonMode::Off,
+            table_mib: 32,
+        };
+        let validated = RecordingRequest::validate(
+            SamplingRequest::default(),
+            true,
+            None,
+            Duration::from_secs(60),
+            TagsAndStacks::default(),
+            walks,
+        )
+        .unwrap();
+        assert_eq!(validated.unwind, UnwindMode::Cfi);
+        assert_eq!(validated.python, crate::python::stacks::PythonMode::Off);
+        assert_eq!(
+            validated.table_rows_cap,
+            crate::unwind::table_rows_cap(32).unwrap()
+        );
+        for mib in [0, crate::unwind::MAX_TABLE_MIB + 1] {
+            let err = RecordingRequest::validate(
+                SamplingRequest::default(),
+                false,
+                None,
+                Duration::from_secs(60),
+                TagsAndStacks::default(),
+                Walks {
+                    table_mib: mib,
+                    ..walks
+                },
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("--unwind-table-mib"), "{err}");
+        }
     }
 }

@@ -16,25 +16,6 @@ pub const TABLE_WAIT: std::time::Duration = std::time::Duration::from_millis(300
 /// How long it waits with `--unwind cfi`, which promises whole stacks from the first sample.
 pub const CFI_TABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The mode [`UnwindMaps`] start with: `--unwind` for the CLI (set before the program
-/// loads, so no table is built for a target that `fp` leaves to frame pointers); the daemon
-/// keeps the default.
-static DEFAULT_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Sets the mode kernel programs loaded from now on start with.
-pub fn set_default_mode(mode: UnwindMode) {
-    DEFAULT_MODE.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The mode kernel programs loaded now start with.
-pub fn default_mode() -> UnwindMode {
-    match DEFAULT_MODE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => UnwindMode::Fp,
-        2 => UnwindMode::Cfi,
-        _ => UnwindMode::Auto,
-    }
-}
-
 /// The default cap on the kernel's unwind row array, in MiB (`--unwind-table-mib`): the
 /// tables of the objects a PyTorch training step runs in (libtorch_cpu.so alone is 20 MiB)
 /// fit, and the kernel preallocates no more than the targets need (see [`table_rows_for`]).
@@ -44,10 +25,6 @@ pub const DEFAULT_TABLE_MIB: u32 = 64;
 /// most processes, and room for a few libraries loaded later.
 const MIN_TABLE_MIB: u32 = 16;
 
-/// Rows of the kernel's unwind table array at most, for programs loaded from now on.
-static TABLE_ROWS: std::sync::atomic::AtomicU32 =
-    std::sync::atomic::AtomicU32::new(mib_to_rows(DEFAULT_TABLE_MIB));
-
 /// Largest unwind table array `--unwind-table-mib` accepts, in MiB: the kernel preallocates it
 /// per program, and one object's table must stay within the walk's bisection (4M rows).
 pub const MAX_TABLE_MIB: u32 = 256;
@@ -56,32 +33,28 @@ const fn mib_to_rows(mib: u32) -> u32 {
     (mib << 20) / std::mem::size_of::<profiler_common::UnwindRow>() as u32
 }
 
-/// Sets the cap on the unwind table array of programs loaded from now on, in MiB (1 to
-/// [`MAX_TABLE_MIB`]); `--unwind-table-mib` for the CLI and the daemon.
-pub fn set_table_mib(mib: u32) -> crate::error::Result<()> {
+/// The cap on a program's unwind table array, in rows, from `--unwind-table-mib` (1 to
+/// [`MAX_TABLE_MIB`]).
+pub fn table_rows_cap(mib: u32) -> crate::error::Result<u32> {
     if !(1..=MAX_TABLE_MIB).contains(&mib) {
         return Err(crate::error::Error::Usage(format!(
             "--unwind-table-mib {mib}: expected 1 to {MAX_TABLE_MIB}"
         )));
     }
-    TABLE_ROWS.store(mib_to_rows(mib), std::sync::atomic::Ordering::Relaxed);
-    Ok(())
+    Ok(mib_to_rows(mib))
 }
 
-/// The cap on the rows of the unwind table array of programs loaded now.
-pub fn table_rows() -> u32 {
-    TABLE_ROWS.load(std::sync::atomic::Ordering::Relaxed)
-}
+/// The row cap of the default `--unwind-table-mib`.
+pub const DEFAULT_TABLE_ROWS: u32 = mib_to_rows(DEFAULT_TABLE_MIB);
 
 /// Rows for the unwind table array of a program loaded for process `pid`: the tables of every
 /// object it maps (estimated from their call frame information's size, a quarter more for
 /// libraries loaded later), at least [`MIN_TABLE_MIB`] and at most the cap. The kernel
 /// preallocates the array, so a small process does not pay for a large one; a process
-/// whose tables exceed the cap gets its sampled objects' tables first. A command not
-/// launched yet (`None`, or still bpfprof's own image), whose libraries are unknown, gets the
-/// cap.
-pub fn table_rows_for(pid: Option<u32>) -> u32 {
-    let cap = table_rows();
+/// whose tables exceed the cap (`cap` rows, see [`table_rows_cap`]) gets its sampled objects'
+/// tables first. A command not launched yet (`None`, or still bpfprof's own image), whose
+/// libraries are unknown, gets the cap.
+pub fn table_rows_for(pid: Option<u32>, cap: u32) -> u32 {
     let Some(pid) = pid.filter(|pid| !loader::is_unexeced_child(*pid)) else {
         return cap;
     };
