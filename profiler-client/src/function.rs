@@ -128,7 +128,7 @@ impl Default for ProfileOptions {
     fn default() -> ProfileOptions {
         ProfileOptions {
             stop_at_error: false,
-            max_profile_duration: Duration::from_secs(600),
+            max_profile_duration: crate::protocol::MAX_RUN_DURATION,
             event: None,
             unwind: None,
             python: None,

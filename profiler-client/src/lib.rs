@@ -46,7 +46,7 @@ pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// but bounded so a broken peer cannot make the client buffer without end.
 const MAX_REPLY_BYTES: u64 = 64 * 1024 * 1024;
 /// The protocol's cap on one `results` wait.
-const MAX_RESULTS_WAIT: Duration = Duration::from_millis(600_000);
+const MAX_RESULTS_WAIT: Duration = protocol::MAX_RUN_DURATION;
 
 /// Why a request to the daemon did not get a successful reply.
 #[derive(Debug, thiserror::Error)]

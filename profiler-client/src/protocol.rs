@@ -15,6 +15,11 @@ pub const SOCKET_ENV: &str = "BPFPROF_SOCKET";
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Most tags on one run.
 pub const MAX_TAGS: usize = 32;
+/// The longest run, by default: the daemon's `--max-duration`, the CLI's, a run without a
+/// duration, and the longest `results` wait.
+pub const MAX_RUN_DURATION: std::time::Duration = std::time::Duration::from_secs(600);
+/// [`MAX_RUN_DURATION`] as the command line writes it (its flags' default).
+pub const MAX_RUN_DURATION_ARG: &str = "10m";
 
 /// The socket path to use: `explicit`, else `$BPFPROF_SOCKET`, else the default.
 pub fn socket_path(explicit: Option<&std::path::Path>) -> std::path::PathBuf {

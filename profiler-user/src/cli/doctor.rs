@@ -30,7 +30,7 @@ const CAPABILITIES: [(&str, u32); 4] = [
     ("CAP_BPF", 39),
 ];
 /// The deepest stack bpfprof asks for by default (`--max-stack-length`).
-const DEFAULT_STACK_DEPTH: u64 = 127;
+const DEFAULT_STACK_DEPTH: u64 = profiler_common::DEFAULT_STACK_DEPTH as u64;
 /// Below this `perf_event_max_sample_rate`, the default sampling rate cannot be honoured.
 const LOW_SAMPLE_RATE: u64 = 1000;
 /// How long the daemon check waits for the socket to accept.

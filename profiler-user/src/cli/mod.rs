@@ -1,8 +1,13 @@
-//! The command line's drivers: the record driver behind `bpfprof --pid`/`-- CMD` ([`record`]),
-//! the `strobeclient` front end ([`strobeclient`]), `bpfprof doctor` ([`doctor`]) and copying a
-//! daemon run's results to where its user asked ([`results`]).
+//! The command line: its flags ([`args`]), its drivers ([`drivers`]: a direct recording over
+//! [`record`]'s recorder, the daemon, `doctor`), the client commands ([`client`], with
+//! [`results`] copying a run's files), the `strobeclient` front end ([`strobeclient`]), the
+//! checks of `bpfprof doctor` ([`doctor`]) and a recording's text summary ([`summary`]).
 
+pub mod args;
+pub mod client;
 pub mod doctor;
+pub mod drivers;
 pub mod record;
 pub mod results;
 pub mod strobeclient;
+pub mod summary;

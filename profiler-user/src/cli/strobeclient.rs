@@ -42,7 +42,7 @@ const RESULTS_GRACE: Duration = Duration::from_secs(60);
 /// Longest stopRun waits for the run to end (results written) after asking it to stop.
 const STOP_WAIT: Duration = Duration::from_secs(30);
 /// Default run length when `--duration-ms` is not given: the daemon's maximum.
-const DEFAULT_DURATION_MS: u64 = 600_000;
+const DEFAULT_DURATION_MS: u64 = protocol::MAX_RUN_DURATION.as_millis() as u64;
 /// The stack depth PyTorch's compile-time profiler asks for, which strobelight's command line
 /// cannot carry: strobeclient reads it from its environment (inherited from PyTorch).
 pub const COMPILE_MAX_STACK_LENGTH_ENV: &str = "COMPILE_STROBELIGHT_MAX_STACK_LENGTH";

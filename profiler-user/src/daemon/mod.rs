@@ -305,7 +305,11 @@ async fn handle(line: &str, peer: Peer, runs: &Arc<Runs>) -> Reply {
         Op::Status { run_id } => runs.info(uid, run_id).map(|i| Reply::for_run(&i, false)),
         Op::Stop { run_id } => runs.stop(uid, run_id).map(|i| Reply::for_run(&i, false)),
         Op::Results { run_id, wait_ms } => runs
-            .results(uid, run_id, Duration::from_millis(wait_ms.min(600_000)))
+            .results(
+                uid,
+                run_id,
+                Duration::from_millis(wait_ms).min(crate::protocol::MAX_RUN_DURATION),
+            )
             .await
             .map(|i| Reply::for_run(&i, true)),
         Op::Read {

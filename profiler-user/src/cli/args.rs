@@ -1,0 +1,332 @@
+//! The command line's flags (clap), turned into validated requests by the drivers: the
+//! recording's into a [`crate::recording::request::RecordingRequest`], the client commands'
+//! into protocol requests, the daemon's into a [`crate::daemon::DaemonConfig`].
+
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    protocol::MAX_RUN_DURATION_ARG, recording::request::DEFAULT_MAX_STACK_LENGTH,
+    sampling::IntervalArg,
+};
+
+/// Sample the CPU stacks of running processes with eBPF and write a profile.
+#[derive(Parser, Debug)]
+#[command(
+    name = "bpfprof",
+    version,
+    about,
+    after_help = EXIT_CODES,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// The subcommand, if any.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// A direct recording's flags (when there is no subcommand).
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+/// The subcommands; none means a direct recording.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve profiling runs to libraries and tools over a Unix socket (run as root).
+    Daemon(DaemonArgs),
+    /// Ask the daemon to profile a process; prints `Run Id: N` (with --async) or the results.
+    Run(RunArgs),
+    /// Print a run's state: `Profile run status: RUNNING`.
+    Status(RunIdArgs),
+    /// Stop a run early; its results are still written.
+    Stop(RunIdArgs),
+    /// Print a run's results: samples, files written, top functions.
+    Results(ResultsArgs),
+    /// List your runs (root sees all).
+    List(ClientArgs),
+    /// Check this machine: kernel settings, capabilities, PMU, program load and attach,
+    /// helpers, daemon; says what to do about each problem (exit 12 when a check fails).
+    Doctor(DoctorArgs),
+}
+
+/// Options of `bpfprof doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Daemon socket to check [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print the checks as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `bpfprof daemon`.
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// Socket to listen on [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Most kernel memory for CFI unwind tables, per kernel program, in MiB (8 bytes a row;
+    /// a 430 MB libtorch_cpu.so needs 20); each program gets what its first target maps,
+    /// within this cap.
+    #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
+    pub unwind_table_mib: u32,
+    /// Where runs and their results are kept.
+    #[arg(long, default_value = "/var/lib/bpfprof")]
+    pub state_dir: PathBuf,
+    /// Most runs sampling at once.
+    #[arg(long, default_value_t = 16)]
+    pub max_runs: usize,
+    /// Most runs one non-root user may have sampling at once.
+    #[arg(long, default_value_t = 8)]
+    pub max_runs_per_user: usize,
+    /// Most ended runs kept per non-root user.
+    #[arg(long, default_value_t = 50)]
+    pub keep_runs_per_user: usize,
+    /// Connections that send no request for this long are closed.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub client_idle_timeout: Duration,
+    /// Longest run.
+    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = humantime::parse_duration)]
+    pub max_duration: Duration,
+    /// Most ended runs kept on disk.
+    #[arg(long, default_value_t = 200)]
+    pub keep_runs: usize,
+    /// Ended runs older than this are deleted.
+    #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
+    pub keep_age: Duration,
+}
+
+/// How a client command reaches the daemon and prints its reply.
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// The daemon's socket [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print the daemon's reply as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A client command about one run.
+#[derive(Args, Debug)]
+pub struct RunIdArgs {
+    /// The run.
+    #[arg(long)]
+    pub run_id: u64,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `bpfprof results`.
+#[derive(Args, Debug)]
+pub struct ResultsArgs {
+    /// The run.
+    #[arg(long)]
+    pub run_id: u64,
+    /// Wait this long for the run to end first: 30s, 5m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// Also copy the result files into DIR, read through the daemon's socket (works where
+    /// the daemon's state directory is out of reach).
+    #[arg(long, value_name = "DIR")]
+    pub copy_to: Option<std::path::PathBuf>,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `bpfprof run`: a daemon run, as the protocol's `run` request.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Process to profile: PID or NS:PID.
+    #[arg(short, long, value_name = "PID|NS:PID")]
+    pub pid: String,
+    /// Return once the run samples, printing its id.
+    #[arg(long = "async")]
+    pub run_async: bool,
+    /// auto, cycles or cpu-clock.
+    #[arg(long)]
+    pub event: Option<String>,
+    /// Period in event units (cycles, or ns for cpu-clock).
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "frequency")]
+    pub sample_interval: Option<i64>,
+    /// Samples per second.
+    #[arg(short = 'F', long, allow_negative_numbers = true)]
+    pub frequency: Option<i64>,
+    /// Length of the run in milliseconds.
+    #[arg(long)]
+    pub duration_ms: Option<u64>,
+    /// Bare tags, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub sample_tags: Vec<String>,
+    /// KEY=VALUE tags; repeatable.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// Deepest stack kept (default 127, at most 512; frame-pointer stacks stop at
+    /// kernel.perf_event_max_stack).
+    #[arg(long, allow_negative_numbers = true)]
+    pub max_stack_length: Option<i64>,
+    /// Formats to write (default: svg, folded, pprof, speedscope, pstats).
+    #[arg(long, value_delimiter = ',')]
+    pub formats: Option<Vec<String>>,
+    /// Also profile the children the process forks during the run (and theirs).
+    #[arg(long)]
+    pub follow_children: bool,
+    /// How user stacks are walked: auto, fp or cfi (as the recording's --unwind); the
+    /// daemon's default is auto.
+    #[arg(long, value_enum)]
+    pub unwind: Option<crate::unwind::UnwindMode>,
+
+    /// Python frames of a CPython target: auto or off (the daemon's default is auto).
+    #[arg(long, value_enum)]
+    pub python: Option<crate::python::stacks::PythonMode>,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of a direct recording (`bpfprof --pid PID` or `bpfprof -- COMMAND`).
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Process to profile: PID, or NS:PID with NS the inode of its pid namespace
+    /// (`stat -L -c %i /proc/PID/ns/pid`) and PID as seen inside it. Repeatable.
+    #[arg(short, long = "pid", value_name = "PID|NS:PID")]
+    pub pids: Vec<String>,
+
+    /// How long to sample: 500ms, 3s, 2m. Default: until Ctrl-C or the targets exit.
+    #[arg(short, long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Hard cap on the run's length, whatever else is asked.
+    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = humantime::parse_duration)]
+    pub max_duration: Duration,
+
+    /// Event that drives sampling: auto (cycles where a PMU exists, else cpu-clock), cycles,
+    /// or cpu-clock.
+    #[arg(long, default_value = "auto")]
+    pub event: String,
+
+    /// Sampling period. A plain number is in the event's unit: cycles for auto and cycles
+    /// (default 10000000; where auto falls back to cpu-clock it keeps the same rate), or
+    /// nanoseconds for cpu-clock. A time (250us, 1ms, 0.01s) is CPU time between samples on any
+    /// event. The period in use is printed when sampling starts.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        conflicts_with = "frequency",
+        value_name = "N|TIME"
+    )]
+    pub sample_interval: Option<IntervalArg>,
+
+    /// Samples per second per CPU, instead of a period.
+    #[arg(short = 'F', long, allow_negative_numbers = true)]
+    pub frequency: Option<i64>,
+
+    /// Keep the sampling period fixed. By default each CPU's period is redrawn around the
+    /// mean (±50%) every few milliseconds, so periodic workloads cannot alias with it.
+    #[arg(long)]
+    pub fixed_interval: bool,
+
+    /// Where to write the profile; repeatable. The format comes from the extension (.svg,
+    /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json), else from --format.
+    /// Default: bpfprof.svg.
+    #[arg(short, long = "output", value_name = "PATH")]
+    pub outputs: Vec<PathBuf>,
+
+    /// Format for outputs whose extension names none: svg, folded, pprof, speedscope, pstats,
+    /// top, summary-json. `--format top` without --output prints the table.
+    #[arg(long)]
+    pub format: Option<String>,
+
+    /// Also write a JSON summary of the run (samples, event, losses, top functions) here.
+    #[arg(long, value_name = "PATH")]
+    pub summary_json: Option<PathBuf>,
+
+    /// Strobelight-style sample tags, comma-separated: `--sample-tags a,b`.
+    #[arg(long, value_delimiter = ',', value_name = "TAG,...")]
+    pub sample_tags: Vec<String>,
+
+    /// A key=value tag stored with every sample; repeatable.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+
+    /// Deepest stack kept, in frames, at most 512 (leaf-most frames are kept; cut stacks get a
+    /// `[truncated]` root frame). User stacks walked with CFI tables and Python stacks reach
+    /// 512; frame-pointer user stacks (--unwind fp) and kernel stacks stop at
+    /// kernel.perf_event_max_stack (127 by default), as perf's do.
+    #[arg(long, default_value_t = DEFAULT_MAX_STACK_LENGTH, allow_negative_numbers = true)]
+    pub max_stack_length: i64,
+
+    /// Keep threads apart: each thread's stacks under its own frame below the process.
+    #[arg(long)]
+    pub per_thread: bool,
+
+    /// Show source file:line on frames that have debug info.
+    #[arg(long)]
+    pub line_numbers: bool,
+
+    /// Measure the kernel program's own run time (turns on BPF statistics system-wide
+    /// while bpfprof runs).
+    #[arg(long)]
+    pub bpf_stats: bool,
+
+    /// How user stacks are walked: auto (CFI tables from .eh_frame where an object has them,
+    /// frame pointers elsewhere), fp (frame pointers only), or cfi (as auto, but failing to
+    /// load a target's tables is an error).
+    #[arg(long, value_enum, default_value_t = crate::unwind::UnwindMode::default())]
+    pub unwind: crate::unwind::UnwindMode,
+
+    /// Most kernel memory for CFI unwind tables, in MiB (8 bytes a row: libc takes 0.2, a
+    /// 430 MB libtorch_cpu.so 20). The array is sized from what the targets map, within this
+    /// cap; past it, the objects sampled most recently keep their tables and the others
+    /// unwind by frame pointer, with a warning.
+    #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
+    pub unwind_table_mib: u32,
+
+    /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
+    /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
+    #[arg(long, value_enum, default_value_t = crate::python::stacks::PythonMode::default())]
+    pub python: crate::python::stacks::PythonMode,
+
+    /// Keep the interpreter's own C frames between Python frames (folded away by default).
+    #[arg(long)]
+    pub python_glue: bool,
+
+    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
+    /// sampled thread held CPython's global interpreter lock.
+    #[arg(long)]
+    pub python_gil: bool,
+
+    /// Print nothing but errors.
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Say more about what bpfprof does (repeat for debug output).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// With --pid: also profile the children each target forks during the run (and theirs),
+    /// as perf's --inherit does. On by default for a command after --.
+    #[arg(long, conflicts_with = "no_inherit")]
+    pub follow_children: bool,
+
+    /// With a command after --: profile only the command's own process, not its children.
+    #[arg(long)]
+    pub no_inherit: bool,
+
+    /// Command to launch and profile until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// The exit codes, as `--help` lists them.
+pub const EXIT_CODES: &str =
+    "Exit codes: 0 done; 2 usage; 3 no such process; 4 permission denied; \
+5 invalid sampling settings; 6 output not writable; 7 target exited before the run ended \
+(profile written); 8 event not supported here; 9 no such run; 10 daemon unavailable; \
+11 too many runs; 12 a doctor check failed; 130 interrupted (profile written); 1 other errors. \
+With a command after --, bpfprof exits with the command's own status (128+N when signal N \
+ended it), as `time` does; when --duration ends first, the command is stopped with SIGTERM \
+(SIGKILL 5 s later) and bpfprof exits 0.";

@@ -1,0 +1,303 @@
+//! The command line's own drivers: a direct recording ([`record`]), the daemon
+//! ([`daemon`]) and `bpfprof doctor` ([`doctor`]), each from its validated flags.
+
+use std::{
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::{
+    cli::{
+        args::{DaemonArgs, DoctorArgs, RecordArgs},
+        record::{CommandOutcome, Progress, Recorder, StopConditions},
+    },
+    daemon::DaemonConfig,
+    error::{exit_code, Error},
+    output::{Format, Output},
+    process::target::TargetSpec,
+    profile::RunEnd,
+    protocol,
+    recording::request::{split_tag, RecordingRequest, TagsAndStacks, Walks},
+    sampling::{EventChoice, IntervalArg, SamplingRequest},
+    symbolize::SymbolizerThread,
+};
+
+/// Serves as the root daemon (`bpfprof daemon`) until SIGINT or SIGTERM.
+pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
+    let config = DaemonConfig {
+        socket: protocol::socket_path(args.socket.as_deref()),
+        state_dir: args.state_dir,
+        max_runs: args.max_runs.max(1),
+        max_runs_per_user: args.max_runs_per_user.max(1),
+        keep_runs_per_user: args.keep_runs_per_user,
+        idle_timeout: args.client_idle_timeout,
+        max_duration: args.max_duration,
+        table_mib: args.unwind_table_mib,
+        keep_runs: args.keep_runs,
+        keep_age: args.keep_age,
+    };
+    crate::daemon::serve(config).await?;
+    Ok(exit_code::OK)
+}
+
+/// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.
+pub fn doctor(args: DoctorArgs) -> Result<i32, Error> {
+    let report = crate::cli::doctor::run(args.socket.as_deref());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?
+        );
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.failed() {
+        exit_code::DOCTOR_FAILED
+    } else {
+        exit_code::OK
+    })
+}
+
+/// Records as the flags say (`bpfprof --pid`, `bpfprof -- CMD`) and writes the outputs;
+/// returns the exit code.
+pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
+    let request = SamplingRequest {
+        event: cli.event.parse::<EventChoice>()?,
+        sample_interval: match cli.sample_interval {
+            Some(IntervalArg::Events(n)) => Some(n),
+            _ => None,
+        },
+        sample_period_ns: match cli.sample_interval {
+            Some(IntervalArg::TimeNs(ns)) => Some(ns),
+            _ => None,
+        },
+        frequency: cli.frequency,
+        fixed_interval: cli.fixed_interval,
+    };
+    let specs = cli
+        .pids
+        .iter()
+        .map(|p| p.parse::<TargetSpec>())
+        .collect::<Result<Vec<_>, _>>()?;
+    if specs.is_empty() == cli.command.is_empty() {
+        return Err(Error::InvalidTarget {
+            spec: String::new(),
+            reason: "give either --pid (repeatable) or a command after --, not both or neither"
+                .into(),
+        });
+    }
+    let launch = !cli.command.is_empty();
+    if cli.no_inherit && !launch {
+        return Err(Error::InvalidTarget {
+            spec: String::new(),
+            reason: "--no-inherit applies to a command after --; --pid targets are followed \
+                     into their children only with --follow-children"
+                .into(),
+        });
+    }
+    let follow_children = if launch {
+        !cli.no_inherit
+    } else {
+        cli.follow_children
+    };
+    let tags = cli
+        .tags
+        .iter()
+        .map(|t| split_tag(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let validated = RecordingRequest::validate(
+        request,
+        follow_children,
+        cli.duration,
+        cli.max_duration,
+        TagsAndStacks {
+            sample_tags: &cli.sample_tags,
+            tags,
+            max_stack_length: Some(cli.max_stack_length),
+            per_thread: cli.per_thread,
+            line_numbers: cli.line_numbers,
+            python: crate::python::stacks::MergeOptions {
+                keep_glue: cli.python_glue,
+                show_gil: cli.python_gil,
+            },
+        },
+        Walks {
+            unwind: cli.unwind,
+            python: cli.python,
+            table_mib: cli.unwind_table_mib,
+        },
+    )?;
+    let options = validated.options.clone();
+    crate::kernel::check_privileges()?;
+    // Outputs are created before sampling so that a bad path fails before any work is done.
+    let mut outputs = open_outputs(&cli)?;
+    let recorder = if launch {
+        Recorder::launch(&validated, &cli.command, cli.bpf_stats)
+    } else {
+        Recorder::attach(&validated, &specs, cli.bpf_stats)
+    };
+    let mut recorder = match recorder {
+        Ok(r) => r,
+        Err(e) => {
+            outputs.into_iter().for_each(Output::discard);
+            return Err(e);
+        }
+    };
+    // Symbols are loaded and sampled addresses resolved while the run goes on, so that the
+    // profile is out soon after the end of --duration.
+    let symbolizer = SymbolizerThread::spawn()
+        .map_err(|e| Error::Other(anyhow::anyhow!("starting the symbolizer thread: {e}")))?;
+    let line_numbers = options.line_numbers;
+    symbolizer
+        .run(move |s| s.set_start_lines(line_numbers))
+        .await
+        .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
+    recorder.set_warm(symbolizer.warm_sink());
+    if !cli.quiet {
+        if let Some(sampling) = recorder.sampling() {
+            // The program id lets a user find the program with `bpftool prog show id N`.
+            eprintln!(
+                "bpfprof: loaded program id {}; sampling with {}",
+                recorder.program_id(),
+                sampling.describe()
+            );
+        }
+    }
+    let bar = progress_bar(cli.quiet, cli.duration.is_none());
+    let stop = StopConditions {
+        duration: cli.duration,
+        max_duration: cli.max_duration,
+    };
+    let end = recorder
+        .run(stop, |p: Progress| {
+            bar.set_message(format!(
+                "{:.1}s  {} samples",
+                p.elapsed.as_secs_f64(),
+                p.samples
+            ))
+        })
+        .await?;
+    bar.finish_and_clear();
+    let (collected, outcome) = recorder.finish(end)?;
+    let profile = symbolizer
+        .run(move |s| collected.assemble(end, s, &options))
+        .await
+        .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
+    for output in outputs.drain(..) {
+        let path = output.path().map(|p| p.display().to_string());
+        let format = output.format();
+        output.write(&profile)?;
+        if let (false, Some(path)) = (cli.quiet, path) {
+            eprintln!("bpfprof: wrote {format} to {path}");
+        }
+    }
+    if !cli.quiet {
+        eprint!("{}", crate::cli::summary::summary(&profile));
+    }
+    if let Some(outcome) = outcome {
+        return Ok(command_exit(outcome, cli.quiet));
+    }
+    Ok(match end {
+        RunEnd::Completed => exit_code::OK,
+        RunEnd::TargetExited => {
+            if cli.duration.is_some() || !cli.quiet {
+                eprintln!(
+                    "bpfprof: the target exited after {:.1}s; the profile holds what was sampled until then",
+                    profile.meta.duration.as_secs_f64()
+                );
+            }
+            exit_code::TARGET_EXITED
+        }
+        RunEnd::Interrupted => exit_code::INTERRUPTED,
+    })
+}
+
+/// The exit code of a launch-mode run: the command's own status, as `time` and `perf stat`
+/// pass it through; 0 when bpfprof stopped it at the end of --duration.
+fn command_exit(outcome: CommandOutcome, quiet: bool) -> i32 {
+    match outcome {
+        CommandOutcome::Exited(status) => {
+            let code = CommandOutcome::exit_code(status);
+            if code != 0 && !quiet {
+                eprintln!("bpfprof: the command {status}; exiting with its status {code}");
+            }
+            code
+        }
+        CommandOutcome::StoppedAtDuration(status) => {
+            if !quiet {
+                eprintln!("bpfprof: --duration ended before the command; stopped it ({status})");
+            }
+            exit_code::OK
+        }
+        CommandOutcome::Interrupted(_) => exit_code::INTERRUPTED,
+    }
+}
+
+/// Opens every requested output, so that a bad path or format fails before sampling.
+fn open_outputs(cli: &RecordArgs) -> Result<Vec<Output>, Error> {
+    let fallback = cli
+        .format
+        .as_deref()
+        .map(str::parse::<Format>)
+        .transpose()?;
+    let mut outputs = Vec::new();
+    if cli.outputs.is_empty() {
+        match fallback {
+            Some(Format::Top) => outputs.push(Output::stdout(Format::Top)),
+            Some(format) => {
+                let path = PathBuf::from(format!("bpfprof.{}", format.extension()));
+                outputs.push(Output::create(&path, format)?);
+            }
+            None => outputs.push(Output::create(Path::new("bpfprof.svg"), Format::Svg)?),
+        }
+    }
+    if let (Some(format), false) = (fallback, cli.outputs.is_empty()) {
+        if cli.outputs.iter().all(|p| Format::from_path(p).is_some()) {
+            return Err(Error::InvalidOutput(format!(
+                "--format {format} is not used: every --output names its format by its \
+                 extension (--format applies to outputs without one)"
+            )));
+        }
+    }
+    for path in &cli.outputs {
+        if path.is_dir() {
+            return Err(Error::InvalidOutput(format!(
+                "{} is a directory; give a file name such as {}",
+                path.display(),
+                path.join("profile.svg").display()
+            )));
+        }
+        let format = Format::from_path(path).or(fallback).ok_or_else(|| {
+            Error::InvalidOutput(format!(
+                "cannot tell the format of {} from its extension: add --format",
+                path.display()
+            ))
+        })?;
+        outputs.push(Output::create(path, format)?);
+    }
+    if let Some(path) = &cli.summary_json {
+        outputs.push(Output::create(path, Format::SummaryJson)?);
+    }
+    Ok(outputs)
+}
+
+/// The progress line on a terminal's stderr, hidden elsewhere.
+fn progress_bar(quiet: bool, until_interrupted: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    let template = if until_interrupted {
+        "{spinner} sampling  {msg}  (Ctrl-C to stop)"
+    } else {
+        "{spinner} sampling  {msg}"
+    };
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}

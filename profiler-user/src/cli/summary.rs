@@ -1,0 +1,129 @@
+//! The text summary of a recording: samples, rate, tags, own cost, throttling, how stacks were
+//! walked, losses and the top functions.
+
+use crate::{
+    output::{summary::effective_hz, top},
+    profile::{CostScope, Profile, ShortfallCause},
+};
+
+/// A kernel sysctl's value, `?` when unreadable.
+fn read_sysctl(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The text summary a recording prints on stderr when it ends.
+pub fn summary(profile: &Profile) -> String {
+    let meta = &profile.meta;
+    let targets: Vec<String> = meta
+        .targets
+        .iter()
+        .map(|t| format!("pid {} ({})", t.pid, t.comm))
+        .collect();
+    let mut out = format!(
+        "bpfprof: {} samples in {:.2}s from {} with {}\n  effective rate: {:.1} samples/s\n",
+        profile.total_samples(),
+        meta.duration.as_secs_f64(),
+        targets.join(", "),
+        meta.sampling.describe(),
+        effective_hz(profile),
+    );
+    if !meta.tags.is_empty() {
+        out.push_str(&format!("  tags: {}\n", meta.tag_list(", ")));
+    }
+    let cost = &meta.cost;
+    let mib = cost.profiler_peak_rss_bytes as f64 / (1024.0 * 1024.0);
+    out.push_str(&match cost.scope {
+        CostScope::Process => format!(
+            "  bpfprof itself: {:.2}s CPU, {mib:.1} MiB peak memory",
+            cost.profiler_cpu_secs
+        ),
+        CostScope::DaemonRun => format!(
+            "  bpfprof daemon: {:.2}s CPU on this run, {mib:.1} MiB daemon peak memory (all runs)",
+            cost.profiler_cpu_secs
+        ),
+    });
+    match cost.bpf_ns_per_run() {
+        Some(ns) => out.push_str(&format!("; kernel program {ns:.0} ns per run\n")),
+        None => out.push('\n'),
+    }
+    match meta.throttled {
+        Some(t) if t.cause == ShortfallCause::KernelThrottling => out.push_str(&format!(
+            "  throttled by the kernel: {:.0}% of the {} samples asked for (all CPUs) were \
+             taken (kernel.perf_event_max_sample_rate {}, kernel.perf_cpu_time_max_percent {}); \
+             ask for a lower rate\n",
+            100.0 * t.taken_share(),
+            t.expected_samples,
+            read_sysctl("perf_event_max_sample_rate"),
+            read_sysctl("perf_cpu_time_max_percent"),
+        )),
+        Some(t) => out.push_str(&format!(
+            "  sampling fell short: {:.0}% of the {} samples asked for (all CPUs) were taken, \
+             well below the kernel's limits: timer interrupts came late (a loaded machine, or \
+             a VM waiting for its host)\n",
+            100.0 * t.taken_share(),
+            t.expected_samples,
+        )),
+        None => {}
+    }
+    let unwound = meta.unwound;
+    if unwound.cfi_stacks > 0 {
+        out.push_str(&format!(
+            "  user stacks: {} walked by the CFI walker ({} frames of them by frame pointer, where \
+             no table covered the code), {} by frame pointers alone\n",
+            unwound.cfi_stacks,
+            unwound.frame_pointer_frames_in_cfi_stacks,
+            unwound.frame_pointer_stacks
+        ));
+    }
+    if unwound.stacks_through_untabled > 0 {
+        let largest: Vec<String> = meta
+            .untabled
+            .iter()
+            .take(3)
+            .map(|o| format!("{} ({} samples: {})", o.name, o.samples, o.why))
+            .collect();
+        out.push_str(&format!(
+            "  {} stacks ran through objects without an unwind table, walked there by frame \
+             pointer: {}\n",
+            unwound.stacks_through_untabled,
+            largest.join("; ")
+        ));
+    }
+    if cost.unwind_tables_built > 0 {
+        out.push_str(&format!(
+            "  unwind tables: {} built ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} MiB \
+             of kernel memory in use\n",
+            cost.unwind_tables_built,
+            (cost.unwind_rows_built * 8) as f64 / (1024.0 * 1024.0),
+            cost.unwind_build_secs * 1e3,
+            cost.unwind_resident_bytes as f64 / (1024.0 * 1024.0),
+            cost.unwind_array_bytes as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    if unwound.before_walker_ready > 0 {
+        out.push_str(&format!(
+            "  {} stacks were taken by frame pointers while the CFI walker was still loading\n",
+            unwound.before_walker_ready
+        ));
+    }
+    if unwound.python_stacks + unwound.python_stacks_missing > 0 {
+        out.push_str(&format!(
+            "  Python frames: read in {} samples, not readable in {}; {} code objects named in {:.0} ms\n",
+            unwound.python_stacks,
+            unwound.python_stacks_missing,
+            meta.cost.python_code_objects,
+            meta.cost.python_naming_secs * 1e3
+        ));
+    }
+    let losses = meta.losses.nonzero();
+    if losses.is_empty() {
+        out.push_str("  lost: none\n");
+    } else {
+        let list: Vec<String> = losses.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        out.push_str(&format!("  lost or incomplete: {}\n", list.join(", ")));
+    }
+    out.push_str(&top::render(profile, 10));
+    out
+}
