@@ -38,8 +38,10 @@ use serde_json::Value;
 mod unwind;
 
 /// Options of `cargo xtask bench`.
+#[derive(clap::Args)]
 pub struct BenchArgs {
-    /// One round at fewer frequencies and sizes: a smoke run that checks the machinery.
+    /// One round at fewer frequencies: a smoke run.
+    #[arg(long)]
     pub quick: bool,
 }
 
@@ -314,9 +316,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let started = Instant::now();
     let plan = Plan::new(args.quick);
     install_tools()?;
-    let root = crate::workspace_root();
+    let root = crate::cmd::workspace_root();
     println!("==> building bpfprof (release)");
-    crate::run(crate::cargo().args(["build", "--release", "-p", "profiler-user"]))?;
+    crate::cmd::run(crate::cmd::cargo().args(["build", "--release", "-p", "profiler-user"]))?;
 
     let dir = root.join("target/bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -329,7 +331,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 
     let bpfprof = root.join("target/release/bpfprof");
-    let help = crate::probe(Command::new(&bpfprof).arg("--help")).unwrap_or_default();
+    let help = crate::cmd::probe(Command::new(&bpfprof).arg("--help")).unwrap_or_default();
     let walker_verify_ms = stat(&walker_verify_ms(&bpfprof, plan.rounds)?, 0);
     println!("    the walker program verifies in {walker_verify_ms} ms");
     let bench = Bench {
@@ -472,7 +474,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "==> wrote {} and {} in {}",
         md_path.display(),
         svg.display(),
-        crate::secs(started.elapsed())
+        crate::cmd::secs(started.elapsed())
     );
     Ok(())
 }
@@ -510,19 +512,19 @@ fn install_tools() -> Result<()> {
     let missing: Vec<&str> = TOOLS
         .iter()
         .copied()
-        .filter(|p| !crate::apt_installed(p))
+        .filter(|p| !crate::cmd::apt_installed(p))
         .collect();
     if missing.is_empty() {
         println!("    all already installed");
         return Ok(());
     }
-    crate::run(
-        crate::as_root("apt-get")?
+    crate::cmd::run(
+        crate::cmd::as_root("apt-get")?
             .arg("update")
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )?;
-    crate::run(
-        crate::as_root("apt-get")?
+    crate::cmd::run(
+        crate::cmd::as_root("apt-get")?
             .args(["install", "-y"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
@@ -1593,7 +1595,7 @@ impl Bench {
     }
 
     fn cc(&self, source: &Path, name: &str, flags: &[&str]) -> Result<()> {
-        crate::run(
+        crate::cmd::run(
             Command::new("gcc")
                 .args(flags)
                 .arg("-I")
@@ -1711,7 +1713,7 @@ impl Bench {
         let spawned_ns = mono_ns();
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {}", crate::describe(&cmd)))?;
+            .with_context(|| format!("starting {}", crate::cmd::describe(&cmd)))?;
         let monitor = Monitor::new(child.id() as i32, LAUNCH_LIMIT);
         // The workload's stdout comes through the profiler (its child inherits it).
         let mut lines = Vec::new();
@@ -1728,7 +1730,7 @@ impl Bench {
         ensure!(
             status == 0,
             "`{}` exited with status {status}: {}",
-            crate::describe(&cmd),
+            crate::cmd::describe(&cmd),
             tail(&stderr)
         );
         let stacks = match tool {
@@ -1844,7 +1846,7 @@ impl Bench {
         let target = (pid, proc_cpu_secs(pid), Instant::now());
         let child = cmd
             .spawn()
-            .with_context(|| format!("starting {}", crate::describe(&cmd)))?;
+            .with_context(|| format!("starting {}", crate::cmd::describe(&cmd)))?;
         Ok(Running {
             tool,
             monitor: Monitor::new(child.id() as i32, RUN_LIMIT),
@@ -2056,7 +2058,7 @@ impl Bench {
     /// The machine and tool versions, for the report's first paragraph.
     fn machine(&self) -> Result<String> {
         let out = |c: &str, a: &[&str]| {
-            crate::probe(Command::new(c).args(a))
+            crate::cmd::probe(Command::new(c).args(a))
                 .map(|s| s.lines().next().unwrap_or("").trim().to_string())
                 .unwrap_or_else(|| "?".into())
         };
@@ -2410,7 +2412,7 @@ fn perf_stacks(data: &Path) -> Result<(Stacks, PostCost)> {
 
 /// perf's lost records (`perf report --stats`) and the first-to-last sample span in seconds.
 fn perf_stats(data: &Path) -> (Option<u64>, Option<f64>) {
-    let stats = crate::probe(
+    let stats = crate::cmd::probe(
         Command::new("perf")
             .arg("report")
             .arg("-i")
@@ -2430,7 +2432,7 @@ fn perf_stats(data: &Path) -> (Option<u64>, Option<f64>) {
             })
             .sum()
     });
-    let times = crate::probe(
+    let times = crate::cmd::probe(
         Command::new("perf")
             .arg("script")
             .arg("-i")

@@ -192,7 +192,7 @@ impl Bench {
         let start = Instant::now();
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {}", crate::describe(&cmd)))?;
+            .with_context(|| format!("starting {}", crate::cmd::describe(&cmd)))?;
         let monitor = Monitor::new(child.id() as i32, LAUNCH_LIMIT);
         let mut lines = Vec::new();
         for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
@@ -203,7 +203,7 @@ impl Bench {
         ensure!(
             status == 0,
             "`{}` exited with status {status}: {}",
-            crate::describe(&cmd),
+            crate::cmd::describe(&cmd),
             tail(&stderr)
         );
         Ok(Timed {
@@ -262,7 +262,7 @@ impl Bench {
             .stderr(File::create(&stderr)?);
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {}", crate::describe(&cmd)))?;
+            .with_context(|| format!("starting {}", crate::cmd::describe(&cmd)))?;
         let monitor = Monitor::new(child.id() as i32, RUN_LIMIT);
         // Sample for `secs` from the moment sampling starts (bpfprof's start-up, program
         // load included, takes from a few hundred ms to over a second on a loaded machine).
@@ -461,7 +461,7 @@ impl Bench {
         let started = Instant::now();
         let asm = self.dir.join("large-cfi.s");
         fs::write(&asm, generate_large_asm(LARGE_FUNCTIONS, LARGE_BODY_BYTES))?;
-        crate::run(
+        crate::cmd::run(
             Command::new("gcc")
                 .args(["-shared", "-nostdlib", "-Wl,--eh-frame-hdr", "-o"])
                 .arg(&so)
@@ -472,7 +472,7 @@ impl Bench {
         println!(
             "    generated {} in {}",
             so.display(),
-            crate::secs(started.elapsed())
+            crate::cmd::secs(started.elapsed())
         );
         Ok(so)
     }
@@ -486,7 +486,7 @@ impl Bench {
         verdicts: &mut Vec<Verdict>,
     ) -> Result<()> {
         println!("==> 8. unwind table build");
-        crate::run(crate::cargo().args([
+        crate::cmd::run(crate::cmd::cargo().args([
             "build",
             "--release",
             "-p",
@@ -785,8 +785,8 @@ impl Bench {
             )?;
             return Ok(());
         }
-        let py_spy = crate::probe(Command::new("py-spy").arg("--version")).is_some();
-        let help = crate::probe(Command::new(&self.bpfprof).arg("--help")).unwrap_or_default();
+        let py_spy = crate::cmd::probe(Command::new("py-spy").arg("--version")).is_some();
+        let help = crate::cmd::probe(Command::new(&self.bpfprof).arg("--help")).unwrap_or_default();
         let kernel_walk = help.contains("--python");
         let script = self.dir.join("pywork.py");
         let script_s = script.to_string_lossy().to_string();
