@@ -183,7 +183,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
     }
-    // Issues 11 and 12: CFI unwinding and Python frames (xtask/src/bench/unwind.rs). A section
+    // Issues 11 and 12: CFI unwinding and Python frames (kernel_unwind.rs to python.rs). A section
     // that fails says so in the report instead of losing the whole run's figures.
     type Section = fn(&Bench, &Plan, &mut String, &mut Vec<Verdict>) -> Result<()>;
     let unwind_sections: [(u32, Section); 5] = [
