@@ -24,7 +24,15 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::{as_root, cargo, command, probe, run, secs, workspace_root};
+use crate::cmd::{as_root, cargo, command, probe, run, secs, workspace_root};
+
+/// Options of `cargo xtask vm-test`.
+#[derive(clap::Args)]
+pub struct Options {
+    /// Which kernel, or all of them.
+    #[arg(long, default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(KERNEL_CHOICES))]
+    pub kernel: String,
+}
 
 /// Where unpacked kernel packages are kept between runs (outside the checkout, so that every
 /// worktree and CI clone on this machine shares them).

@@ -1,0 +1,164 @@
+//! Folded (collapsed-stack) profiles and the stack queries the tests make on them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// A parsed folded (collapsed-stack) profile: frames root first, the first
+/// frame being the process name, kernel frames suffixed `_[k]`.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    pub stacks: BTreeMap<Vec<String>, u64>,
+}
+
+/// Whether a folded frame is a kernel frame (`name_[k]`).
+pub fn is_kernel_frame(frame: &str) -> bool {
+    frame.ends_with("_[k]")
+}
+
+/// The user frames of a folded stack (root first, without the process name).
+pub fn user_frames(frames: &[String]) -> Vec<&str> {
+    frames
+        .iter()
+        .skip(1)
+        .filter(|f| !is_kernel_frame(f))
+        .map(String::as_str)
+        .collect()
+}
+
+impl Profile {
+    /// Parses folded text; panics on a malformed line.
+    pub fn parse(text: &str) -> Profile {
+        let mut stacks = BTreeMap::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let (stack, count) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("folded line {} has no count: {line:?}", i + 1));
+            let count: u64 = count
+                .parse()
+                .unwrap_or_else(|e| panic!("folded line {} bad count ({e}): {line:?}", i + 1));
+            assert!(
+                !stack.is_empty(),
+                "folded line {} has an empty stack",
+                i + 1
+            );
+            let frames: Vec<String> = stack.split(';').map(str::to_string).collect();
+            assert!(
+                frames.iter().all(|f| !f.is_empty()),
+                "folded line {} has an empty frame: {line:?}",
+                i + 1
+            );
+            *stacks.entry(frames).or_insert(0) += count;
+        }
+        Profile { stacks }
+    }
+
+    /// Reads and parses a folded file.
+    pub fn read(path: &Path) -> Profile {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reading folded profile {}: {e}", path.display()));
+        Profile::parse(&text)
+    }
+
+    /// Total number of samples.
+    pub fn total(&self) -> u64 {
+        self.stacks.values().sum()
+    }
+
+    /// Samples whose stack satisfies `pred`.
+    pub fn count_where(&self, mut pred: impl FnMut(&[String]) -> bool) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|(frames, _)| pred(frames))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Samples whose stack contains `frame` anywhere.
+    pub fn count_containing(&self, frame: &str) -> u64 {
+        self.count_where(|f| f.iter().any(|x| x == frame))
+    }
+
+    /// Samples whose last frame is `frame`.
+    pub fn count_leaf(&self, frame: &str) -> u64 {
+        self.count_where(|f| f.last().is_some_and(|x| x == frame))
+    }
+
+    /// Samples whose last non-kernel frame is `frame` (the user-space leaf,
+    /// ignoring kernel frames appended after it).
+    pub fn count_user_leaf(&self, frame: &str) -> u64 {
+        self.count_where(|f| {
+            f.iter()
+                .skip(1)
+                .rev()
+                .find(|x| !is_kernel_frame(x))
+                .is_some_and(|x| x == frame)
+        })
+    }
+
+    /// Share (0..=1) of all samples whose stack contains `frame`.
+    pub fn share_containing(&self, frame: &str) -> f64 {
+        ratio(self.count_containing(frame), self.total())
+    }
+
+    /// Share (0..=1) of all samples whose last frame is `frame`.
+    pub fn share_leaf(&self, frame: &str) -> f64 {
+        ratio(self.count_leaf(frame), self.total())
+    }
+
+    /// Samples in which `child` appears directly under `parent`
+    /// (`...;parent;child;...`).
+    pub fn count_directly_under(&self, child: &str, parent: &str) -> u64 {
+        self.count_where(|f| f.windows(2).any(|w| w[0] == parent && w[1] == child))
+    }
+
+    /// Samples in which `ancestor` appears somewhere before (root-ward of) `frame`.
+    pub fn count_with_ancestor(&self, frame: &str, ancestor: &str) -> u64 {
+        self.count_where(|f| {
+            let Some(pos) = f.iter().position(|x| x == frame) else {
+                return false;
+            };
+            f[..pos].iter().any(|x| x == ancestor)
+        })
+    }
+
+    /// Whether any stack contains `frame`.
+    pub fn has_frame(&self, frame: &str) -> bool {
+        self.count_containing(frame) > 0
+    }
+
+    /// Samples grouped by the first frame (the process name).
+    pub fn by_comm(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for (frames, n) in &self.stacks {
+            *m.entry(frames[0].clone()).or_insert(0) += n;
+        }
+        m
+    }
+
+    /// The `n` heaviest stacks, for failure messages.
+    pub fn top(&self, n: usize) -> String {
+        let mut v: Vec<_> = self.stacks.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        let mut s = format!(
+            "{} samples in {} stacks; top:\n",
+            self.total(),
+            self.stacks.len()
+        );
+        for (frames, count) in v.into_iter().take(n) {
+            let _ = writeln!(s, "  {count:6} {}", frames.join(";"));
+        }
+        s
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}

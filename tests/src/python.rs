@@ -1,0 +1,63 @@
+//! The Python package (`python/`) installed the way a user installs it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::env::workspace_root;
+use crate::files::tempdir;
+
+/// The Python package installed into a fresh venv (once per test process) the way a user
+/// does it, `pip install ./python`, offline; returns its `strobeclient` console script.
+pub fn python_console_script() -> &'static Path {
+    static SCRIPT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &SCRIPT
+        .get_or_init(|| {
+            let dir = tempdir();
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+            // A copy of the package, so that the build's scratch files stay out of the tree.
+            let source = dir.path().join("python");
+            let copied = Command::new("cp")
+                .arg("-r")
+                .arg(workspace_root().join("python"))
+                .arg(&source)
+                .status()
+                .expect("cp");
+            assert!(copied.success());
+            let _ = std::fs::remove_dir_all(source.join("build"));
+            // The system interpreter: one the test user can run (not one under /root).
+            // --system-site-packages gives pip Debian's setuptools and wheel, so the
+            // install needs no network.
+            let venv = dir.path().join("venv");
+            let made = Command::new("/usr/bin/python3")
+                .args(["-m", "venv", "--system-site-packages"])
+                .arg(&venv)
+                .status()
+                .expect("python3 -m venv");
+            assert!(made.success(), "python3 -m venv failed");
+            let out = Command::new(venv.join("bin/pip"))
+                .args([
+                    "install",
+                    "--quiet",
+                    "--no-index",
+                    "--no-build-isolation",
+                    "--no-deps",
+                ])
+                .arg(&source)
+                .output()
+                .expect("pip install");
+            assert!(
+                out.status.success(),
+                "pip install ./python failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let script = venv.join("bin/strobeclient");
+            assert!(script.is_file(), "pip installed no strobeclient script");
+            (dir, script)
+        })
+        .1
+}

@@ -1,0 +1,71 @@
+//! Real non-root users of this machine, created for the tests.
+
+use std::ffi::OsStr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::process::poll_until;
+
+/// A real non-root user of this machine, created for the tests.
+#[derive(Clone, Debug)]
+pub struct TestUser {
+    /// Login name.
+    pub name: String,
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+}
+
+fn id_of(name: &str, flag: &str) -> Option<u32> {
+    let out = Command::new("id").args([flag, name]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// The test user `name` (e.g. `bpfprof-t1`), created with `useradd --system` on first use.
+/// Test binaries run concurrently, so a `useradd` that loses the race for the password
+/// file's lock is retried.
+pub fn test_user(name: &str) -> TestUser {
+    let found = poll_until(Duration::from_secs(30), || {
+        if let (Some(uid), Some(gid)) = (id_of(name, "-u"), id_of(name, "-g")) {
+            return Some((uid, gid));
+        }
+        let _ = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        None
+    });
+    let (uid, gid) = found.unwrap_or_else(|| panic!("cannot create test user {name}"));
+    TestUser {
+        name: name.to_string(),
+        uid,
+        gid,
+    }
+}
+
+impl TestUser {
+    /// A command that runs `program` as this user, with no supplementary groups and no
+    /// capabilities.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            format!("--reuid={}", self.uid),
+            format!("--regid={}", self.gid),
+            "--clear-groups".into(),
+            "--".into(),
+        ])
+        .arg(program);
+        cmd
+    }
+}

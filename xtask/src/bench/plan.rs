@@ -1,0 +1,196 @@
+//! What the bench measures and with what: the plan of a full or quick run (rounds,
+//! frequencies, sizes), the profilers and overhead arms compared, and every constant that shapes
+//! a workload or a run, sections 7 to 11's included.
+
+use std::time::Duration;
+
+/// Debian packages the bench runs or builds with.
+pub(super) const TOOLS: &[&str] = &["linux-perf", "bpftrace", "gcc"];
+
+/// Flags for every workload: frame pointers everywhere (all three profilers walk user stacks
+/// by frame pointer; see `keep_frame` in `bench/common.h` for the leaves), no shrink-wrapping
+/// (the frame must be set up before a leaf's loop, not only around its last call), no tail
+/// calls (a `jmp` to a callee would drop the caller's frame), and no identical-code folding
+/// (two functions with the same body must stay two symbols).
+pub(super) const CFLAGS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-mno-omit-leaf-frame-pointer",
+    "-fno-shrink-wrap",
+    "-fno-optimize-sibling-calls",
+    "-fno-ipa-icf",
+    "-pthread",
+];
+
+/// Flags for the generated large binary. -O0: at -O2, gcc takes over two minutes for its
+/// thousands of functions on a 2-CPU machine, and the optimization level does not matter to
+/// what the binary is for (symbolizing many frames of a big executable with debug info); -O0
+/// also gives every function, leaves included, its frame.
+pub(super) const BIG_CFLAGS: &[&str] = &["-O0", "-g", "-fno-omit-frame-pointer", "-pthread"];
+
+/// Iterations per thread of the overhead workload: about 1.5 s on the machine this was
+/// written on, long enough that start-up jitter is small against it.
+pub(super) const BURN_ITERS: &str = "1100000000";
+/// Chunks of the 75:25 accuracy workload: about 3 s.
+pub(super) const SPLIT_CHUNKS: &str = "20000";
+/// 10 ms periods of the aliasing workload: 3 s.
+pub(super) const ALIAS_PERIODS: &str = "300";
+/// How long the attached runs (sections 4 to 6) sample.
+pub(super) const ATTACH_SECS: f64 = 3.0;
+/// Extra frames of `burn` for the deep-stack overhead runs.
+pub(super) const DEEP_DEPTH: usize = 120;
+/// Levels of the call tree of the generated large binary.
+pub(super) const BIG_LEVELS: usize = 48;
+/// Functions per level of the generated large binary.
+pub(super) const BIG_PER_LEVEL: usize = 100;
+/// Watchdog for any one profiler run: far above what a run takes, so only a hang trips it.
+pub(super) const RUN_LIMIT: Duration = Duration::from_secs(300);
+/// Longest a launch-mode run may take: their workloads run for seconds.
+pub(super) const LAUNCH_LIMIT: Duration = Duration::from_secs(60);
+
+/// The profilers compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Tool {
+    Bpfprof,
+    /// bpfprof with its sampling-interval randomization turned off.
+    BpfprofFixed,
+    Perf,
+    Bpftrace,
+}
+
+impl Tool {
+    /// Whether this is bpfprof, randomized or not.
+    pub(super) fn is_bpfprof_like(self) -> bool {
+        matches!(self, Tool::Bpfprof | Tool::BpfprofFixed)
+    }
+
+    /// The profiler's name in the report.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Tool::Bpfprof => "bpfprof",
+            Tool::BpfprofFixed => "bpfprof --fixed-interval",
+            Tool::Perf => "perf record -g",
+            Tool::Bpftrace => "bpftrace",
+        }
+    }
+}
+
+/// The three profilers every section compares.
+pub(super) const TOOLS_COMPARED: [Tool; 3] = [Tool::Bpfprof, Tool::Perf, Tool::Bpftrace];
+
+/// What a full or quick run measures.
+pub(super) struct Plan {
+    pub(super) quick: bool,
+    pub(super) rounds: usize,
+    pub(super) overhead_hz: Vec<u64>,
+    pub(super) accuracy_hz: Vec<u64>,
+    pub(super) alias_hz: Vec<u64>,
+    pub(super) rate_hz: Vec<u64>,
+    pub(super) own_cost_hz: Vec<u64>,
+    /// Distinct call paths of the large binary for the memory ladder (0: unlimited).
+    pub(super) path_limits: Vec<u64>,
+}
+
+impl Plan {
+    /// The plan of a full run, or of a quick one.
+    pub(super) fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                rounds: 1,
+                overhead_hz: vec![999],
+                accuracy_hz: vec![999],
+                alias_hz: vec![100],
+                rate_hz: vec![4999],
+                own_cost_hz: vec![999],
+                path_limits: vec![1000],
+            }
+        } else {
+            Plan {
+                quick,
+                rounds: 5,
+                overhead_hz: vec![99, 999, 4999],
+                accuracy_hz: vec![99, 999, 4999],
+                alias_hz: vec![97, 100, 101, 1000],
+                rate_hz: vec![999, 4999, 9999, 19999],
+                own_cost_hz: vec![999, 4999],
+                path_limits: vec![100, 1000, 10000],
+            }
+        }
+    }
+
+    /// Overhead figures are the noisiest: they get more rounds.
+    pub(super) fn overhead_rounds(&self) -> usize {
+        if self.quick {
+            1
+        } else {
+            9
+        }
+    }
+}
+
+/// One way of running the overhead workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Arm {
+    Alone,
+    /// bpfprof sampling an idle process meanwhile: the cost of the timers alone.
+    Floor,
+    /// `perf record -a -g`: perf with per-CPU events, as bpfprof and bpftrace use.
+    PerfSystemWide,
+    Under(Tool),
+}
+
+impl Arm {
+    /// The arm's name in the report.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Arm::Alone => "alone",
+            Arm::Floor => "timer floor (bpfprof watching an idle process)",
+            Arm::PerfSystemWide => "perf record -a -g (per-CPU events, whole system)",
+            Arm::Under(tool) => tool.name(),
+        }
+    }
+}
+
+/// Descent depths of the recursion workload for the kernel-time rows (issue 11: 12 and 120).
+pub(super) const KERNEL_DEPTHS: [usize; 2] = [12, 120];
+/// Flags for the workloads built without frame pointers: gcc's default CFI, as distro binaries
+/// are built; tail calls and identical-code folding stay off so that the call path is known.
+pub(super) const NOFP_CFLAGS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+    "-fno-ipa-icf",
+    "-pthread",
+];
+/// Shape of the generated large object: functions and the filler bytes of each one's body.
+/// 100,000 functions of 4 KiB make a 410 MB shared object (PyTorch's libtorch_cpu.so: 430 MB).
+pub(super) const LARGE_FUNCTIONS: usize = 100_000;
+/// See [`LARGE_FUNCTIONS`].
+pub(super) const LARGE_BODY_BYTES: usize = 4096;
+/// Bytes between the pushes and pops of a frameless generated function (see
+/// `generate_large_asm` in `unwind.rs`).
+pub(super) const LARGE_CHUNK_BYTES: usize = 256;
+/// Iterations of `burn` that take about 10 ms on one thread here (1.1e9 take ~1.5 s).
+pub(super) const SHORT_ITERS: &str = "7000000";
+/// The CPython the Python rows use (a pyenv build, without frame pointers).
+pub(super) const PYTHON: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
+/// Depth of the Python recursion for the kernel-time row (issue 12: 30).
+pub(super) const PYTHON_DEPTH: usize = 30;
+/// Python work: iterations of the hot loop, about 1.5 s alone here.
+pub(super) const PYTHON_ROUNDS: &str = "6000";
+/// Shape of the many-functions Python program for the naming-cost row (issue 12: 10,000
+/// distinct functions): call chains of `PYMANY_DEPTH` functions each.
+pub(super) const PYMANY_CHAINS: usize = 250;
+/// See [`PYMANY_CHAINS`].
+pub(super) const PYMANY_DEPTH: usize = 40;
+/// Loop iterations of a chain's leaf: about 6 ms on CPython 3.12 here, six samples at 999 Hz,
+/// so that every chain is sampled in each of the two passes.
+pub(super) const PYMANY_LEAF_ITERS: &str = "150000";
+/// The frame bpfprof shows for a Python frame whose code object it could not resolve.
+pub(super) const UNNAMED_PYTHON: &str = "[unknown Python code]";
+
+/// The sysctl that turns on BPF programs' run-time statistics (see `BpfStatsGuard`).
+pub(super) const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";

@@ -1,0 +1,326 @@
+//! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
+//! rustfmt and clippy, bpf-linker, the format validators, upstream pprof, Python modules, py-spy
+//! and PyTorch, and the VM test's kernels); each step does nothing for what is already there.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::build_ebpf::bpf_linker_version;
+use crate::cmd::{apt_installed, as_root, cargo, command, probe, run, secs, workspace_root};
+use crate::consts::{
+    APT_PACKAGES, BPF_LINKER_VERSION, LLVM_PREFIX, NPM_VALIDATORS, PPROF_DIR, PYTHON_MODULES,
+    PYTHON_TOOLS, TORCH_BASE_PYTHON, TORCH_PROBE, TORCH_SKIPPED_DEPS, TORCH_VENV, VALIDATORS_DIR,
+};
+use crate::vm;
+
+/// Runs every setup step in order, stopping at the first failure.
+pub fn setup() -> Result<()> {
+    let started = Instant::now();
+    setup_apt()?;
+    setup_rustup_components()?;
+    setup_bpf_linker()?;
+    setup_validators()?;
+    setup_pprof()?;
+    setup_python()?;
+    setup_py_spy()?;
+    setup_torch()?;
+    vm::setup()?;
+    println!("setup: done in {}", secs(started.elapsed()));
+    Ok(())
+}
+
+/// Builds upstream pprof from Debian's source package: Go 1.19's `go tool pprof` cannot
+/// disassemble position-independent C binaries (its object reader ignores mapping offsets).
+/// It is pointed at GNU binutils, since the pprof release Debian ships cannot read the output
+/// of the LLVM 14 `llvm-objdump` it would otherwise prefer.
+fn setup_pprof() -> Result<()> {
+    let dir = workspace_root().join(PPROF_DIR);
+    let gnu = dir.join("gnu-binutils");
+    println!("==> upstream pprof in {}", dir.display());
+    std::fs::create_dir_all(&gnu).with_context(|| format!("creating {}", gnu.display()))?;
+    for tool in ["objdump", "nm", "addr2line"] {
+        let link = gnu.join(tool);
+        if !link.exists() {
+            std::os::unix::fs::symlink(Path::new("/usr/bin").join(tool), &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    let bin = dir.join("pprof");
+    if bin.is_file() {
+        println!("    already built");
+        return Ok(());
+    }
+    let mut cmd = command("go");
+    cmd.arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg("github.com/google/pprof")
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", dir.join("go-cache"));
+    run(&mut cmd)
+}
+
+fn setup_validators() -> Result<()> {
+    let dir = workspace_root().join(VALIDATORS_DIR);
+    let missing: Vec<&str> = NPM_VALIDATORS
+        .iter()
+        .filter(|(name, _)| {
+            !dir.join("node_modules")
+                .join(name)
+                .join("package.json")
+                .exists()
+        })
+        .map(|(_, spec)| *spec)
+        .collect();
+    println!("==> npm validators in {}", dir.display());
+    if missing.is_empty() {
+        println!("    already installed");
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut cmd = command("npm");
+    cmd.args(["install", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&dir)
+        .args(&missing);
+    run(&mut cmd)?;
+    println!("    installed {}", missing.join(" "));
+    Ok(())
+}
+
+fn setup_python() -> Result<()> {
+    println!("==> python modules");
+    for (module, package) in PYTHON_MODULES {
+        let present =
+            probe(Command::new("python3").args(["-c", &format!("import {module}")])).is_some();
+        if present {
+            println!("    {module}: already installed");
+            continue;
+        }
+        let mut cmd = command("python3");
+        cmd.args(["-m", "pip", "install", "--quiet", package]);
+        run(&mut cmd)?;
+        println!("    {module}: installed");
+    }
+    for tool in PYTHON_TOOLS {
+        if probe(Command::new(tool).arg("--version")).is_some() {
+            println!("    {tool}: already installed");
+            continue;
+        }
+        let mut cmd = command("python3");
+        cmd.args(["-m", "pip", "install", "--quiet", tool]);
+        run(&mut cmd)?;
+        // Under pyenv the new script is on PATH only once its shim exists.
+        let _ = probe(Command::new("pyenv").arg("rehash"));
+        println!("    {tool}: installed");
+    }
+    Ok(())
+}
+
+/// py-spy, the Python profiler `cargo xtask bench` compares bpfprof with on Python workloads
+/// (issue 12); pip puts its `py-spy` binary on the PATH of the Python that installs it.
+fn setup_py_spy() -> Result<()> {
+    println!("==> py-spy (for the bench)");
+    if probe(Command::new("py-spy").arg("--version")).is_some() {
+        println!("    already installed");
+        return Ok(());
+    }
+    run(command("python3").args(["-m", "pip", "install", "--quiet", "py-spy"]))?;
+    println!("    installed");
+    Ok(())
+}
+
+/// PyTorch from PyPI in [`TORCH_VENV`], for the PyTorch end-to-end tests: skipped when torch
+/// already imports there. PyPI's only Linux x86-64 wheel is the CUDA build; it is installed
+/// without its dependencies, which are then installed from its own metadata less
+/// [`TORCH_SKIPPED_DEPS`] (4.3 GB instead of 5.3; `--no-deps` alone does not import). The venv
+/// is made world-readable so that the tests' non-root user can run it.
+fn setup_torch() -> Result<()> {
+    let venv = Path::new(TORCH_VENV);
+    let python = venv.join("bin/python");
+    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/pytorch.rs)");
+    if let Some(version) = probe(Command::new(&python).args(["-c", TORCH_PROBE])) {
+        println!("    torch {} already installed", version.trim());
+        return world_readable(venv);
+    }
+    let started = Instant::now();
+    if !python.is_file() {
+        run(command(TORCH_BASE_PYTHON).args(["-m", "venv"]).arg(venv))?;
+    }
+    let pip = || {
+        let mut cmd = command(&python);
+        // pip's own cache (root's) keeps the wheels for the next machine set up here.
+        cmd.args(["-m", "pip", "install", "--progress-bar", "off"]);
+        cmd
+    };
+    println!("    installing torch without its dependencies (about 1 GB)");
+    run(pip().args(["--no-deps", "torch"]))?;
+    let requires = probe(Command::new(&python).args([
+        "-c",
+        "import importlib.metadata as m\nprint('\\n'.join(m.requires('torch') or []))",
+    ]))
+    .context("reading torch's dependencies from its metadata")?;
+    let deps = torch_dependencies(&requires);
+    println!(
+        "    installing its dependencies but {} (about 3.3 GB): {}",
+        TORCH_SKIPPED_DEPS.join(", "),
+        deps.join(" ")
+    );
+    run(pip().args(&deps))?;
+    let version = probe(Command::new(&python).args(["-c", TORCH_PROBE]))
+        .context("torch was installed but does not import and run a CPU model")?;
+    world_readable(venv)?;
+    println!(
+        "    torch {} installed in {}",
+        version.trim(),
+        secs(started.elapsed())
+    );
+    Ok(())
+}
+
+/// torch's requirements (one per line, as `importlib.metadata.requires` gives them, markers
+/// included: pip evaluates them) less extras and [`TORCH_SKIPPED_DEPS`].
+fn torch_dependencies(requires: &str) -> Vec<String> {
+    requires
+        .lines()
+        .map(str::trim)
+        .filter(|r| !r.is_empty() && !r.contains("extra =="))
+        .filter(|r| {
+            let name: String = r
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
+            !TORCH_SKIPPED_DEPS
+                .iter()
+                .any(|skip| name.eq_ignore_ascii_case(skip))
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// `chmod -R a+rX`: a non-root user can read every file and enter every folder under `path`.
+fn world_readable(path: &Path) -> Result<()> {
+    let mut cmd = command("chmod");
+    cmd.args(["-R", "a+rX"]).arg(path);
+    let status = cmd
+        .status()
+        .with_context(|| format!("chmod -R a+rX {}", path.display()))?;
+    ensure!(status.success(), "chmod -R a+rX {} failed", path.display());
+    Ok(())
+}
+
+fn setup_apt() -> Result<()> {
+    println!("==> apt packages: {}", APT_PACKAGES.join(" "));
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !apt_installed(p))
+        .collect();
+    if missing.is_empty() {
+        println!("    all already installed");
+        return Ok(());
+    }
+    println!("    missing: {}", missing.join(" "));
+    run(as_root("apt-get")?
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(as_root("apt-get")?
+        .args(["install", "-y"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let still_missing: Vec<&str> = missing
+        .iter()
+        .copied()
+        .filter(|p| !apt_installed(p))
+        .collect();
+    ensure!(
+        still_missing.is_empty(),
+        "apt-get reported success but these packages are still not installed: {}",
+        still_missing.join(" ")
+    );
+    println!("    installed: {}", missing.join(" "));
+    Ok(())
+}
+
+fn setup_rustup_components() -> Result<()> {
+    println!("==> rustup components: rustfmt clippy");
+    let fmt = probe(cargo().args(["fmt", "--version"]));
+    let clippy = probe(cargo().args(["clippy", "--version"]));
+    if let (Some(fmt), Some(clippy)) = (&fmt, &clippy) {
+        println!("    already installed: {}, {}", fmt.trim(), clippy.trim());
+        return Ok(());
+    }
+    run(command("rustup").args(["component", "add", "rustfmt", "clippy"]))?;
+    ensure!(
+        probe(cargo().args(["fmt", "--version"])).is_some()
+            && probe(cargo().args(["clippy", "--version"])).is_some(),
+        "`cargo fmt` or `cargo clippy` still does not work after `rustup component add`"
+    );
+    println!("    installed rustfmt and clippy");
+    Ok(())
+}
+
+fn setup_bpf_linker() -> Result<()> {
+    println!("==> bpf-linker {BPF_LINKER_VERSION}");
+    let wanted = |v: &str| v.split_whitespace().any(|word| word == BPF_LINKER_VERSION);
+    match bpf_linker_version() {
+        Some(v) if wanted(&v) => {
+            println!("    already installed: {v}");
+            return Ok(());
+        }
+        Some(v) => println!("    found {v}, installing {BPF_LINKER_VERSION} over it"),
+        None => println!("    not found, installing (takes a minute or two)"),
+    }
+    ensure!(
+        Path::new(LLVM_PREFIX).join("bin/llvm-config").exists(),
+        "{LLVM_PREFIX}/bin/llvm-config is missing: is llvm-22-dev installed?"
+    );
+    // Without LLVM_PREFIX the build finds /usr/bin/llvm-config (LLVM 14) and fails to link.
+    run(command("cargo")
+        .env("LLVM_PREFIX", LLVM_PREFIX)
+        .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+        .args([
+            "install",
+            "--locked",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args(["--no-default-features", "--features", "llvm-22"]))?;
+    match bpf_linker_version() {
+        Some(v) if wanted(&v) => println!("    installed: {v}"),
+        Some(v) => bail!(
+            "installed bpf-linker {BPF_LINKER_VERSION}, but the `bpf-linker` in PATH says {v}"
+        ),
+        None => bail!(
+            "installed bpf-linker {BPF_LINKER_VERSION}, but `bpf-linker` is not in PATH \
+             (add ~/.cargo/bin to PATH)"
+        ),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_dependencies_leave_out_triton_and_extras() {
+        let requires = "filelock\n\
+            sympy>=1.13.3\n\
+            nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\"\n\
+            triton~=3.9.0; platform_system == \"Linux\" and python_version < \"3.16\"\n\
+            optree>=0.13.0; extra == \"optree\"\n";
+        assert_eq!(
+            torch_dependencies(requires),
+            [
+                "filelock",
+                "sympy>=1.13.3",
+                "nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\""
+            ]
+        );
+    }
+}
