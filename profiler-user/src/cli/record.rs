@@ -13,19 +13,21 @@ use std::{
 };
 
 use anyhow::Context;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::{
     error::{Error, Result},
     kernel::pool::ProgramPool,
     process::target::{Target, TargetSpec},
     profile::RunEnd,
-    recording::{request::RecordingRequest, Collected, Recording},
+    recording::{
+        request::RecordingRequest,
+        run_loop::{self, RunDriver},
+        Collected, Recording,
+    },
     sampling::Sampling,
 };
 
-/// How often the run loop checks targets and reports progress.
-const TICK: Duration = Duration::from_millis(200);
 /// How long a launched command gets to exit after SIGTERM at the end of `--duration`.
 const COMMAND_GRACE: Duration = Duration::from_secs(5);
 
@@ -200,55 +202,44 @@ impl Recorder {
     pub async fn run(
         &mut self,
         stop: StopConditions,
-        mut progress: impl FnMut(Progress),
+        progress: impl FnMut(Progress),
     ) -> Result<RunEnd> {
         let limit = stop
             .duration
             .map_or(stop.max_duration, |d| d.min(stop.max_duration));
-        let started = self.recording.started();
-        let deadline = tokio::time::Instant::from_std(started + limit);
-        let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-        let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-        // A launched command's exit ends the run when it happens, not at the next tick: a
-        // short command's profile is written up to a tick sooner.
-        let mut sigchld = signal(SignalKind::child()).context("installing SIGCHLD handler")?;
-        let mut tick = tokio::time::interval(TICK);
-        let end = loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {
-                    if stop.duration.is_none_or(|d| d > stop.max_duration) {
-                        log::warn!("stopped at --max-duration {}", humantime::format_duration(stop.max_duration));
-                    }
-                    break RunEnd::Completed;
-                }
-                _ = sigint.recv() => break RunEnd::Interrupted,
-                _ = sigterm.recv() => break RunEnd::Interrupted,
-                _ = sigchld.recv(), if self.child.is_some() => {
-                    if let Some(exit) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                        log::info!("command exited: {exit}");
-                        self.outcome = Some(CommandOutcome::Exited(exit));
-                        break RunEnd::Completed;
-                    }
-                }
-                _ = tick.tick() => {
-                    let status = self.recording.tick(&mut self.pool);
-                    if let Some(child) = &mut self.child {
-                        if let Ok(Some(exit)) = child.try_wait() {
-                            log::info!("command exited: {exit}");
-                            self.outcome = Some(CommandOutcome::Exited(exit));
-                            break RunEnd::Completed;
-                        }
-                    } else if status.all_exited {
-                        break RunEnd::TargetExited;
-                    }
-                    progress(Progress {
-                        elapsed: started.elapsed(),
-                        samples: status.samples,
-                    });
-                }
-            }
+        let deadline = self.recording.started() + limit;
+        let mut driver = CliDriver {
+            sigterm: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            sigint: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+            sigchld: signal(SignalKind::child()).context("installing SIGCHLD handler")?,
+            recorder: self,
+            progress,
         };
+        let end = run_loop::run(&mut driver, deadline).await?;
+        if end == RunEnd::Completed
+            && self.outcome.is_none()
+            && stop.duration.is_none_or(|d| d > stop.max_duration)
+        {
+            log::warn!(
+                "stopped at --max-duration {}",
+                humantime::format_duration(stop.max_duration)
+            );
+        }
         Ok(end)
+    }
+
+    /// The launched command's exit, once it exited (recorded as the run's outcome).
+    fn command_exited(&mut self) -> bool {
+        let Some(exit) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        else {
+            return false;
+        };
+        log::info!("command exited: {exit}");
+        self.outcome = Some(CommandOutcome::Exited(exit));
+        true
     }
 
     /// Sends what the run samples to `sink` at every tick, to be symbolized meanwhile.
@@ -272,6 +263,51 @@ impl Recorder {
             }
         }
         Ok((collected, self.outcome))
+    }
+}
+
+/// The command line's part of the run loop: signals end the run, and so does a launched
+/// command's exit, noticed when SIGCHLD arrives rather than at the next tick.
+struct CliDriver<'a, P> {
+    recorder: &'a mut Recorder,
+    progress: P,
+    sigterm: Signal,
+    sigint: Signal,
+    sigchld: Signal,
+}
+
+impl<P: FnMut(Progress)> RunDriver for CliDriver<'_, P> {
+    type Error = Error;
+
+    async fn tick(&mut self) -> Result<Option<RunEnd>> {
+        let recorder = &mut *self.recorder;
+        let status = recorder.recording.tick(&mut recorder.pool);
+        if recorder.child.is_some() {
+            if recorder.command_exited() {
+                return Ok(Some(RunEnd::Completed));
+            }
+        } else if status.all_exited {
+            return Ok(Some(RunEnd::TargetExited));
+        }
+        (self.progress)(Progress {
+            elapsed: recorder.recording.started().elapsed(),
+            samples: status.samples,
+        });
+        Ok(None)
+    }
+
+    async fn stopped(&mut self) -> RunEnd {
+        loop {
+            tokio::select! {
+                _ = self.sigint.recv() => return RunEnd::Interrupted,
+                _ = self.sigterm.recv() => return RunEnd::Interrupted,
+                _ = self.sigchld.recv(), if self.recorder.child.is_some() => {
+                    if self.recorder.command_exited() {
+                        return RunEnd::Completed;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -20,7 +20,10 @@ use crate::{
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
     recording::request::RecordingRequest,
-    recording::Recording,
+    recording::{
+        run_loop::{self, RunDriver},
+        Recording,
+    },
     symbolize::SymbolizerThread,
 };
 
@@ -32,7 +35,6 @@ const DEFAULT_FORMATS: [Format; 5] = [
     Format::Speedscope,
     Format::Pstats,
 ];
-const TICK: Duration = Duration::from_millis(100);
 /// How long the daemon keeps its last kernel program loaded (detached) after the last run:
 /// runs in a series (a library profiling one call after another) then start without loading
 /// and verifying it again, with their unwind tables resident.
@@ -57,6 +59,50 @@ pub struct Limits {
 /// Most distinct pid namespaces one non-root user's runs may watch at once: the kernel
 /// program watches at most `MAX_PID_NAMESPACES` for everyone.
 pub const MAX_NAMESPACES_PER_USER: usize = 2;
+
+/// The daemon's part of the run loop: a tick runs on a blocking thread (it reads kernel maps,
+/// may build unwind tables or name Python code), waiting for the pool there and never on the
+/// thread that answers clients; a client's `stop` ends the run.
+struct DaemonDriver {
+    runs: Arc<Runs>,
+    id: u64,
+    /// Away on the blocking thread while a tick runs; lost only with a tick that panicked.
+    recording: Option<Recording>,
+    /// The run's CPU time so far.
+    cpu: Duration,
+    stop: Arc<Notify>,
+}
+
+impl RunDriver for DaemonDriver {
+    type Error = String;
+
+    async fn tick(&mut self) -> Result<Option<RunEnd>, String> {
+        let Some(mut recording) = self.recording.take() else {
+            return Err("the run's recording was lost".into());
+        };
+        let runs = self.runs.clone();
+        let ticked = tokio::task::spawn_blocking(move || {
+            let before = thread_cpu_time();
+            let status = recording.tick(&mut runs.lock_pool());
+            (recording, status, thread_cpu_time().saturating_sub(before))
+        })
+        .await;
+        // The recording (and its run slots) went with a panicked tick.
+        let (recording, status, used) =
+            ticked.map_err(|e| format!("a tick of the run panicked: {e}"))?;
+        self.recording = Some(recording);
+        self.cpu += used;
+        if let Some(run) = self.runs.lock().runs.get_mut(&self.id) {
+            run.info.samples = status.samples;
+        }
+        Ok(status.all_exited.then_some(RunEnd::TargetExited))
+    }
+
+    async fn stopped(&mut self) -> RunEnd {
+        self.stop.notified().await;
+        RunEnd::Interrupted
+    }
+}
 
 /// Who sent a request, from the socket's peer credentials.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,7 +409,7 @@ impl Runs {
     async fn monitor(
         self: Arc<Self>,
         id: u64,
-        mut recording: Recording,
+        recording: Recording,
         stop: Arc<Notify>,
         validated: Validated,
         mut cpu: Duration,
@@ -372,41 +418,24 @@ impl Runs {
             .recording
             .duration
             .unwrap_or(self.limits.max_duration);
-        let deadline = tokio::time::Instant::from_std(recording.started() + duration);
-        let mut tick = tokio::time::interval(TICK);
-        let end = loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break RunEnd::Completed,
-                _ = stop.notified() => break RunEnd::Interrupted,
-                _ = tick.tick() => {
-                    // A tick reads kernel maps and may build unwind tables or name Python
-                    // code: on a blocking thread, waiting for the pool there, not here.
-                    let runs = self.clone();
-                    let ticked = tokio::task::spawn_blocking(move || {
-                        let before = thread_cpu_time();
-                        let status = recording.tick(&mut runs.lock_pool());
-                        (recording, status, thread_cpu_time().saturating_sub(before))
-                    })
+        let deadline = recording.started() + duration;
+        let mut driver = DaemonDriver {
+            runs: self.clone(),
+            id,
+            recording: Some(recording),
+            cpu,
+            stop,
+        };
+        let ended = run_loop::run(&mut driver, deadline).await;
+        cpu = driver.cpu;
+        let (recording, end) = match (driver.recording.take(), ended) {
+            (Some(recording), Ok(end)) => (recording, end),
+            (_, Err(reason)) => {
+                self.finish_off_reactor(id, RunState::Failed, Some(reason), None)
                     .await;
-                    let status;
-                    (recording, status, cpu) = match ticked {
-                        Ok((r, status, used)) => (r, status, cpu + used),
-                        Err(e) => {
-                            // The recording (and its run slots) went with the panicked tick.
-                            let reason = format!("a tick of the run panicked: {e}");
-                            self.finish_off_reactor(id, RunState::Failed, Some(reason), None)
-                                .await;
-                            return;
-                        }
-                    };
-                    if let Some(run) = self.lock().runs.get_mut(&id) {
-                        run.info.samples = status.samples;
-                    }
-                    if status.all_exited {
-                        break RunEnd::TargetExited;
-                    }
-                }
+                return;
             }
+            (None, Ok(_)) => unreachable!("only a panicked tick loses the recording"),
         };
         {
             // Saving the state syncs a file: not on the thread that answers clients.

@@ -8,6 +8,7 @@
 
 pub mod aggregate;
 pub mod request;
+pub mod run_loop;
 
 use std::{
     collections::{BTreeMap, HashSet},
