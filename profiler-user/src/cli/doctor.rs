@@ -158,8 +158,9 @@ fn btf() -> Check {
             "btf",
             Status::Warn,
             "no /sys/kernel/btf/vmlinux",
-            "the sampling program needs no BTF, but the coming unwinders will: use a kernel \
-             built with CONFIG_DEBUG_INFO_BTF=y (every Debian kernel since 11 is)",
+            "bpfprof's kernel program reads no kernel structure and loads without BTF; \
+             bpftool and bpftrace want it: CONFIG_DEBUG_INFO_BTF=y (every Debian kernel \
+             since 11 has it)",
         )
     }
 }

@@ -1,6 +1,7 @@
 //! The unit every later stage works on: a target, its thread, its frames and how often that
-//! combination was seen. Whatever unwinds stacks (today the kernel's frame-pointer walk behind
-//! stack ids) produces these; symbolization and the writers never see how frames were found.
+//! combination was seen. Whatever walks stacks in the kernel (frame pointers, the CFI walker,
+//! the CPython frame walk) produces these through [`crate::kernel::drain`]; symbolization and
+//! the writers never see how frames were found.
 
 /// One distinct stack of one thread, with its sample count.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,10 +3,11 @@
 //! the native stacks at each `_PyEval_EvalFrameDefault`.
 //!
 //! Stages, in the order the data flows: [`PythonTracking::start`] (when a target is added)
-//! gives the kernel the interpreter's layout and thread states; [`PythonTracking::refresh`]
-//! (on every tick) lists new threads and names the code objects of new Python stacks, which
-//! needs the live process (code objects live in its memory); [`merge`] (at aggregation) puts
-//! the named frames where the interpreter ran them.
+//! gives the kernel the interpreter's layout and thread states; on every tick,
+//! [`PythonTracking::refresh_threads`] lists new threads and [`PythonTracking::name_new_stacks`]
+//! names the code objects of new Python stacks, which needs the live process (code objects
+//! live in its memory); [`merge`] (at aggregation) puts the named frames where the interpreter
+//! ran them.
 
 use std::collections::{HashMap, HashSet};
 
