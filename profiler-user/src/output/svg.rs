@@ -582,6 +582,7 @@ print(json.dumps(out))
             lost_in_transfer: 16,
             truncated: 2,
             stack_ended_early: 17,
+            not_profilable: 18,
         };
         meta.end = RunEnd::Interrupted;
         profile
