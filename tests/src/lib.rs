@@ -12,6 +12,7 @@
 //! * [`Profile`]: parsed folded output with stack queries;
 //! * [`Summary`]: the `--summary-json` document.
 
+pub mod hostile;
 pub mod large_library;
 
 use std::collections::BTreeMap;
