@@ -189,9 +189,11 @@ impl ProgramPool {
             .programs
             .values()
             .any(|p| p.request == SamplingRequest::default() && p.unwind == UnwindMode::Auto);
+        // The default setting's program is everyone's place, whoever happens to use it.
         let own = self
             .programs
             .values()
+            .filter(|p| !(p.request == SamplingRequest::default() && p.unwind == UnwindMode::Auto))
             .filter(|p| p.owners.values().all(|owner| *owner == uid))
             .count();
         if own >= OWN_PROGRAMS_PER_USER {

@@ -603,8 +603,7 @@ impl Recording {
         if self.ignored.contains(&pid) || self.processes.values().any(|p| p.target.pid == pid) {
             return;
         }
-        let is_process = procfs::process::Process::new(pid as i32)
-            .and_then(|p| p.status())
+        let is_process = crate::process::target::read_status(pid)
             .map(|s| s.tgid == pid as i32)
             .unwrap_or(false);
         if !is_process {
