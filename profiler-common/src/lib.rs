@@ -19,6 +19,9 @@ pub const FORK_PROGRAM_NAMES: [&str; 2] = ["bpfprof_fork", "bpfprof_fork_data_lo
 pub const FORK_CHILD_PID_OFFSETS: [usize; 2] = [44, 20];
 /// Name of the `sched:sched_process_exit` tracepoint program that forgets exited children.
 pub const EXIT_PROGRAM_NAME: &str = "bpfprof_exit";
+/// Name of the `sched:sched_process_exec` tracepoint program that stops the runs of
+/// [`Config::StopAtExec`] from sampling a process the moment it execs.
+pub const EXEC_PROGRAM_NAME: &str = "bpfprof_exec";
 
 /// How many distinct pid namespaces the kernel program can watch at once.
 pub const MAX_PID_NAMESPACES: u32 = 8;
@@ -30,6 +33,9 @@ pub const MAX_RUNS: u32 = 64;
 /// How many children of targets (processes, or threads until userspace prunes them) the kernel
 /// program can follow at once.
 pub const MAX_FOLLOWED: u32 = 8192;
+/// How many exec'd processes the kernel program can report at once: every target and every
+/// followed child may exec before userspace looks.
+pub const MAX_EXECED: u32 = MAX_TARGETS + MAX_FOLLOWED;
 /// Deepest stack the kernel collects: user stacks walked with CFI tables and Python stacks.
 /// Kernel stacks and frame-pointer user stacks (`bpf_get_stack`) stop at
 /// [`KERNEL_STACK_DEPTH`].
@@ -86,11 +92,15 @@ pub struct TargetInfo {
 pub enum Config {
     /// Number of runs that follow children; zero skips the followed-children lookup.
     Following = 0,
+    /// Runs (bit `r` for slot `r`) that stop sampling a process when it execs, until
+    /// userspace has checked that the run's owner may still profile the new program (a
+    /// non-root user's runs: the new program may be setuid or unreadable to them).
+    StopAtExec = 1,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 1;
+    pub const COUNT: u32 = 2;
 }
 
 /// Id of a stack in the stack map: a 64-bit hash of its frames, so the same stack always gets

@@ -23,8 +23,8 @@ use aya_ebpf::{
 use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS, INVOCATIONS_INDEX,
-    KERNEL_STACK_DEPTH, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, MAX_TARGETS,
-    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_SLOT,
+    KERNEL_STACK_DEPTH, MAX_EXECED, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
+    MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_SLOT,
 };
 
 mod python;
@@ -45,6 +45,12 @@ static TARGETS: HashMap<TargetKey, TargetInfo> = HashMap::with_max_entries(MAX_T
 /// (the tracepoint does not tell them apart); userspace prunes them.
 #[map]
 static FOLLOWED: HashMap<u32, TargetInfo> = HashMap::with_max_entries(MAX_FOLLOWED, 0);
+
+/// Processes that exec'd while runs of [`Config::StopAtExec`] sampled them, by global tgid, and
+/// those runs (bits), which stopped sampling them at the exec: userspace re-checks the run's
+/// owner against the new program and resumes or drops the process, then clears its bit.
+#[map]
+static EXECED: HashMap<u32, u64> = HashMap::with_max_entries(MAX_EXECED, 0);
 
 /// Settings userspace writes before attaching (`Config`).
 #[map]
@@ -155,6 +161,83 @@ pub fn bpfprof_exit(_ctx: TracePointContext) -> u32 {
         let _ = FOLLOWED.remove(tid);
     }
     0
+}
+
+/// Stops the runs of [`Config::StopAtExec`] from sampling the current process as it execs, and
+/// tells userspace (`EXECED`). The tracepoint fires after the new program is loaded and its
+/// credentials are committed, before it runs an instruction: none of its samples reaches a run
+/// whose owner has not been checked against it (a setuid program, or one its user cannot read).
+#[tracepoint]
+pub fn bpfprof_exec(_ctx: TracePointContext) -> u32 {
+    let stopping = match CONFIG.get(Config::StopAtExec as u32) {
+        Some(runs) => *runs,
+        None => 0,
+    };
+    if stopping == 0 {
+        return 0;
+    }
+    let global_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let mut stopped = 0;
+    if let Some(key) = current_target_key() {
+        if let Some(info) = TARGETS.get_ptr_mut(key) {
+            // SAFETY: a valid entry of the map; racing updates can only lose a bit userspace
+            // sets again or clears anyway.
+            stopped |= unsafe { stop_runs(&mut *info, stopping) };
+        }
+    }
+    if let Some(info) = FOLLOWED.get_ptr_mut(global_tgid) {
+        // SAFETY: as above.
+        stopped |= unsafe { stop_runs(&mut *info, stopping) };
+    }
+    if stopped != 0 {
+        // SAFETY: the value is copied out at once.
+        let before = match unsafe { EXECED.get(global_tgid) } {
+            Some(runs) => *runs,
+            None => 0,
+        };
+        let _ = EXECED.insert(global_tgid, before | stopped, 0);
+    }
+    0
+}
+
+/// Clears the runs of `stopping` from `info`; returns those that were sampling it.
+#[inline(always)]
+fn stop_runs(info: &mut TargetInfo, stopping: u64) -> u64 {
+    let stopped = info.runs & stopping;
+    info.runs &= !stopping;
+    info.follow &= !stopping;
+    stopped
+}
+
+/// The current task's key in the target map, if its process's pid namespace is watched.
+#[inline(always)]
+fn current_target_key() -> Option<TargetKey> {
+    let mut i = 0;
+    while i < MAX_PID_NAMESPACES {
+        if let Some(ns) = PID_NAMESPACES.get(i) {
+            if ns.ino != 0 {
+                let mut info = bpf_pidns_info { pid: 0, tgid: 0 };
+                // SAFETY: `info` is a valid, writable bpf_pidns_info of the size passed.
+                let rc = unsafe {
+                    bpf_get_ns_current_pid_tgid(
+                        ns.dev,
+                        ns.ino,
+                        &mut info,
+                        core::mem::size_of::<bpf_pidns_info>() as u32,
+                    )
+                };
+                if rc == 0 {
+                    return Some(TargetKey {
+                        ns: *ns,
+                        tgid: info.tgid,
+                        reserved: 0,
+                    });
+                }
+            }
+        }
+        i += 1;
+    }
+    None
 }
 
 /// The current task as a target: the runs it belongs to and its ids in its pid namespace.

@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod env;
 pub mod exit;
 pub mod files;
+pub mod hostile;
 pub mod large_library;
 pub mod process;
 pub mod profile;

@@ -231,8 +231,13 @@ fn a_pid_the_caller_may_not_inspect_is_permission_denied() {
         Some(exit::PERMISSION_DENIED),
         "stderr: {stderr}"
     );
+    // A refusal names neither the process's command nor whose it is (issue 23, item 15).
+    let comm = std::fs::read_to_string("/proc/1/comm").unwrap();
     assert!(
-        stderr.contains("another user") && !stderr.contains("does not exist"),
+        stderr.contains("may not profile pid 1")
+            && !stderr.contains(comm.trim())
+            && !stderr.contains("another user")
+            && !stderr.contains("does not exist"),
         "stderr: {stderr}"
     );
 }

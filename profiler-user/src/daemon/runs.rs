@@ -15,7 +15,7 @@ use crate::{
     error::Error,
     kernel::pool::ProgramPool,
     output::{summary, top::function_shares, Format, Output},
-    process::target::{Target, TargetSpec},
+    process::target::{Owner, Target, TargetSpec},
     profile::CostScope,
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
@@ -242,12 +242,27 @@ impl Runs {
             Some(ns) => TargetSpec::NsPid { ns, pid: req.pid },
             None => TargetSpec::Pid(req.pid),
         };
-        let target = Target::resolve(&spec).map_err(refusal)?;
-        authorize(peer, &target)?;
+        let owner = (uid != 0).then_some(Owner { uid, gid: peer.gid });
+        let target = match (Target::resolve(&spec), owner) {
+            (Ok(target), Some(owner)) if !target.profilable_by(owner) => {
+                return Err(not_profilable(&spec))
+            }
+            (Ok(target), _) => target,
+            // A missing process and another user's are refused alike: the refusal says
+            // nothing of a process the client may not see.
+            (Err(Error::NoSuchProcess(_) | Error::PermissionDenied(_)), Some(_)) => {
+                return Err(not_profilable(&spec))
+            }
+            (Err(e), _) => return Err(refusal(e)),
+        };
 
         let reservation = self.reserve_start(uid, target.ns.ino)?;
         let mut recording = Recording::new(&validated.recording);
         recording.set_warm(self.symbolizer.warm_sink());
+        if let Some(owner) = owner {
+            // Checked again once the kernel watches it, at every exec and for every child.
+            recording.set_owner(owner);
+        }
         // Takes the pool only for kernel work, not while it builds the target's unwind tables
         // or waits for the walker; never the client table.
         let before = thread_cpu_time();
@@ -256,7 +271,10 @@ impl Runs {
         if let Err(e) = added {
             // Release whatever the failed attach took.
             let _ = recording.collect(&mut self.lock_pool());
-            return Err(refusal(e));
+            return Err(match e {
+                Error::PermissionDenied(_) if owner.is_some() => not_profilable(&spec),
+                e => refusal(e),
+            });
         }
         let sampling = recording.sampling().expect("a target was added");
         let id = {
@@ -786,38 +804,16 @@ fn may_see_kernel_frames(uid: u32) -> bool {
             .is_some_and(|level| level <= 1)
 }
 
-/// A non-root client may profile a process only where the kernel would let it attach perf to
-/// the process itself (ptrace read access): every uid of the process (real, effective, saved,
-/// filesystem) is the client's, every gid is the client's, and the process is dumpable (a
-/// setuid program, or one that made itself undumpable, is not). Refusals say the same thing
-/// whatever the reason, so that they reveal nothing about other users' processes.
-fn authorize(peer: Peer, target: &Target) -> Result<(), Refusal> {
-    if peer.uid == 0 {
-        return Ok(());
-    }
-    let refused = || {
-        (
-            ErrorCode::PermissionDenied,
-            format!(
-                "you may not profile pid {}: only processes that run entirely as you (not \
-                 setuid, not marked undumpable) can be profiled by a non-root user",
-                target.pid
-            ),
-        )
-    };
-    let process = procfs::process::Process::new(target.pid as i32).map_err(|_| refused())?;
-    let status = process.status().map_err(|_| refused())?;
-    let uids = [status.ruid, status.euid, status.suid, status.fuid];
-    let gids = [status.rgid, status.egid, status.sgid, status.fgid];
-    if uids.iter().any(|u| *u != peer.uid) || gids.iter().any(|g| *g != peer.gid) {
-        return Err(refused());
-    }
-    // The kernel makes the files in /proc/PID root-owned while a process is not dumpable.
-    let dumpable = std::fs::metadata(format!("/proc/{}/status", target.pid))
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == peer.uid)
-        .unwrap_or(false);
-    if !dumpable {
-        return Err(refused());
-    }
-    Ok(())
+/// The refusal of a non-root client's target: the same words whether the process does not
+/// exist, is another user's, or is the client's but setuid or undumpable, so that it reveals
+/// nothing about other users' processes (not even that one exists).
+fn not_profilable(spec: &TargetSpec) -> Refusal {
+    (
+        ErrorCode::PermissionDenied,
+        format!(
+            "you may not profile pid {spec}: no process you may profile has that pid (only \
+             processes that run entirely as you, not setuid, not marked undumpable, can be \
+             profiled by a non-root user)"
+        ),
+    )
 }

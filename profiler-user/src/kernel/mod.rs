@@ -20,9 +20,9 @@ use aya::{
 };
 use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES,
-    INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, PROGRAM_NAME,
-    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
+    ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS,
+    FORK_PROGRAM_NAMES, INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
+    PROGRAM_NAME, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
 };
 
 use crate::{
@@ -83,6 +83,13 @@ pub struct KernelProgram {
     fork_fds: Vec<ProgramFd>,
     exit_fd: ProgramFd,
     tracepoints: Vec<AttachedTracepoint>,
+    /// The exec program: verified at load, attached when a run first stops at exec.
+    exec_fd: ProgramFd,
+    exec_tracepoint: Option<AttachedTracepoint>,
+    /// Runs that stop sampling a process when it execs ([`Config::StopAtExec`]).
+    stop_at_exec_runs: u64,
+    /// Processes that exec'd while runs that stop at exec sampled them, by global tgid.
+    execed: HashMap<MapData, u32, u64>,
     walker: Walker,
     events: Option<AttachedEvents>,
     /// The event and rate attached.
@@ -178,6 +185,7 @@ impl KernelProgram {
             .map(|name| tracepoint_fd(name))
             .collect::<Result<Vec<_>>>()?;
         let exit_fd = tracepoint_fd(EXIT_PROGRAM_NAME)?;
+        let exec_fd = tracepoint_fd(EXEC_PROGRAM_NAME)?;
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| Error::Kernel(anyhow!("the eBPF object has no map {name}")))
@@ -188,6 +196,7 @@ impl KernelProgram {
         let stacks = HashMap::try_from(take("STACKS")?).map_err(kernel_err)?;
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
+        let execed = HashMap::try_from(take("EXECED")?).map_err(kernel_err)?;
         let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
@@ -206,6 +215,10 @@ impl KernelProgram {
             fork_fds,
             exit_fd,
             tracepoints: Vec::new(),
+            exec_fd,
+            exec_tracepoint: None,
+            stop_at_exec_runs: 0,
+            execed,
             walker,
             events: None,
             sampling: None,
@@ -371,6 +384,7 @@ impl KernelProgram {
         let closing: Vec<_> = self
             .tracepoints
             .drain(..)
+            .chain(self.exec_tracepoint.take())
             .map(|tp| std::thread::spawn(move || drop(tp)))
             .collect();
         for thread in closing {
@@ -493,6 +507,106 @@ impl KernelProgram {
                 0,
             )
             .map_err(kernel_err)
+    }
+
+    /// Makes `run` stop sampling a process the moment it execs (or not, for a new run in the
+    /// slot): the process is reported by [`Self::execed`] and sampled again only once
+    /// [`Self::resume_target`] or [`Self::resume_followed`] says so. Attaches the exec
+    /// tracepoint the first time.
+    pub fn stop_at_exec(&mut self, run: u32, stop: bool) -> Result<()> {
+        if run >= MAX_RUNS {
+            return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        if stop && self.exec_tracepoint.is_none() {
+            let tracefs = ensure_tracefs()?;
+            let tp = AttachedTracepoint::attach(
+                &tracefs,
+                "sched",
+                "sched_process_exec",
+                self.exec_fd.as_fd().as_raw_fd(),
+            )
+            .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_process_exec")))?;
+            self.exec_tracepoint = Some(tp);
+        }
+        if stop {
+            self.stop_at_exec_runs |= 1 << run;
+        } else {
+            self.stop_at_exec_runs &= !(1 << run);
+        }
+        self.config
+            .set(Config::StopAtExec as u32, self.stop_at_exec_runs, 0)
+            .map_err(kernel_err)?;
+        if !stop {
+            // A new run in the slot inherits no exec of the last one's processes.
+            self.take_execed(run);
+        }
+        Ok(())
+    }
+
+    /// Global pids of the processes that exec'd while `run` sampled them (and stop-at-exec
+    /// was on): `run` no longer samples them. Each is reported once.
+    pub fn take_execed(&mut self, run: u32) -> Vec<u32> {
+        let entries: Vec<(u32, u64)> = self.execed.iter().filter_map(|e| e.ok()).collect();
+        let mut pids = Vec::new();
+        for (pid, runs) in entries {
+            if runs & (1 << run) == 0 {
+                continue;
+            }
+            pids.push(pid);
+            // The kernel may set another run's bit meanwhile: a lost bit is found again by
+            // that run's own check of its processes' credentials on its next tick.
+            let left = runs & !(1 << run);
+            let _ = if left == 0 {
+                self.execed.remove(&pid)
+            } else {
+                self.execed.insert(pid, left, 0)
+            };
+        }
+        pids
+    }
+
+    /// Samples `target` for `run` again after an exec that its owner may profile.
+    pub fn resume_target(&mut self, run: u32, target: &Target, follow: bool) -> Result<()> {
+        let key = target_key(target);
+        let mut info = self.targets.get(&key, 0).map_err(kernel_err)?;
+        info.runs |= 1 << run;
+        if follow {
+            info.follow |= 1 << run;
+        }
+        self.targets.insert(key, info, 0).map_err(kernel_err)
+    }
+
+    /// Samples the followed child `pid` for `run` again (after an exec its owner may profile).
+    pub fn resume_followed(&mut self, run: u32, pid: u32) -> Result<()> {
+        let mut info = self.followed.get(&pid, 0).unwrap_or_default();
+        info.runs |= 1 << run;
+        info.follow |= 1 << run;
+        self.followed.insert(pid, info, 0).map_err(kernel_err)
+    }
+
+    /// Stops sampling the followed child `pid` for `run` (its owner may no longer profile it);
+    /// other runs following it keep it.
+    pub fn drop_followed(&mut self, run: u32, pid: u32) {
+        if let Ok(mut info) = self.followed.get(&pid, 0) {
+            info.runs &= !(1 << run);
+            info.follow &= !(1 << run);
+            let _ = if info.runs == 0 {
+                self.followed.remove(&pid)
+            } else {
+                self.followed.insert(pid, info, 0)
+            };
+        }
+    }
+
+    /// Stops sampling the direct target `target` for `run` at once, keeping its namespace slot
+    /// (the run's [`Self::remove_target`] at its end releases that).
+    pub fn suspend_target(&mut self, run: u32, target: &Target) {
+        let key = target_key(target);
+        if let Ok(mut info) = self.targets.get(&key, 0) {
+            info.runs &= !(1 << run);
+            info.follow &= !(1 << run);
+            let _ = self.targets.insert(key, info, 0);
+        }
     }
 
     /// Global pids of the children the kernel follows for `run`.

@@ -23,6 +23,18 @@ use crate::{
 /// client cannot multiply them by asking for many distinct rates.
 pub const MAX_PROGRAMS: usize = 4;
 
+/// Distinct sampling settings one non-root user may hold alone (programs whose every run is
+/// theirs): with [`MAX_PROGRAMS`] settings in all, one user asking for several nearby rates
+/// (101, 102, 103, 104 Hz) took every place and refused every other user for as long as
+/// their runs lasted. A user's further runs share their setting, another user's, or the
+/// default.
+pub const OWN_PROGRAMS_PER_USER: usize = 1;
+
+/// Program places a non-root user's new non-default setting may not take: kept for the
+/// default setting (the daemon's default event and rate, and the default unwinder), so that
+/// any user can always start a run with it, however the other places are used.
+pub const PLACES_KEPT_FOR_DEFAULT: usize = 1;
+
 /// A run slot of one pooled program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -40,6 +52,8 @@ struct Pooled {
     sampling: Sampling,
     /// Bit `r` set: run slot `r` is taken.
     used: u64,
+    /// Who holds each taken run slot (uid; 0 for root and the command line).
+    owners: BTreeMap<u32, u32>,
 }
 
 /// The attached kernel programs, by kernel program id.
@@ -84,17 +98,20 @@ impl ProgramPool {
     /// Takes a free run slot of the program that samples as `request` asks and walks user
     /// stacks as `unwind` says, loading and attaching one when none has a free slot; a program
     /// loaded for it gets an unwind row array of `table_rows` rows (the idle spare serves when
-    /// its array is as large).
+    /// its array is as large). `uid` is who the run is for (0: root or the command line,
+    /// which no fairness limit applies to).
     pub fn acquire(
         &mut self,
         request: &SamplingRequest,
         unwind: UnwindMode,
         table_rows: u32,
+        uid: u32,
     ) -> Result<(Slot, Sampling)> {
         for (id, p) in &mut self.programs {
             if p.request == *request && p.unwind == unwind && p.used != u64::MAX {
                 let run = p.used.trailing_ones();
                 p.used |= 1 << run;
+                p.owners.insert(run, uid);
                 p.program.reset_counters(run)?;
                 let slot = Slot {
                     program_id: *id,
@@ -108,6 +125,9 @@ impl ProgramPool {
                 "{MAX_PROGRAMS} distinct sampling settings are in use, the most at once; \
                  use the same event and rate as a running profile, or wait for one to end"
             )));
+        }
+        if uid != 0 {
+            self.check_fair_share(request, unwind, uid)?;
         }
         let plan = request.plan(&KernelLimits::read())?;
         let table_bytes = table_rows as usize * std::mem::size_of::<profiler_common::UnwindRow>();
@@ -138,6 +158,7 @@ impl ProgramPool {
                 program,
                 sampling,
                 used: 1,
+                owners: BTreeMap::from([(0, uid)]),
             },
         );
         Ok((
@@ -147,6 +168,51 @@ impl ProgramPool {
             },
             sampling,
         ))
+    }
+
+    /// Refuses non-root user `uid` a new program for `request` where it would take more than
+    /// the user's share of the settings ([`OWN_PROGRAMS_PER_USER`], [`PLACES_KEPT_FOR_DEFAULT`]).
+    /// The default setting is shared by everyone and always allowed. The refusals name no other
+    /// user's settings.
+    fn check_fair_share(
+        &self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+        uid: u32,
+    ) -> Result<()> {
+        let is_default = *request == SamplingRequest::default() && unwind == UnwindMode::Auto;
+        if is_default {
+            // Shared by everyone: the place kept for it is any user's.
+            return Ok(());
+        }
+        let has_default = self
+            .programs
+            .values()
+            .any(|p| p.request == SamplingRequest::default() && p.unwind == UnwindMode::Auto);
+        // The default setting's program is everyone's place, whoever happens to use it.
+        let own = self
+            .programs
+            .values()
+            .filter(|p| !(p.request == SamplingRequest::default() && p.unwind == UnwindMode::Auto))
+            .filter(|p| p.owners.values().all(|owner| *owner == uid))
+            .count();
+        if own >= OWN_PROGRAMS_PER_USER {
+            return Err(Error::Busy(format!(
+                "your runs already use {own} distinct sampling setting(s) of their own, the most \
+                 one user may while others may need a place; use the same event and rate as \
+                 your running profile (or the default ones), or wait for it to end"
+            )));
+        }
+        let free = MAX_PROGRAMS - self.programs.len();
+        if !has_default && free <= PLACES_KEPT_FOR_DEFAULT {
+            return Err(Error::Busy(format!(
+                "{} distinct sampling settings are in use and the last place is kept for the \
+                 default event and rate; use those (no --event, -F or --sample-interval), or \
+                 the same as a running profile, or wait for one to end",
+                self.programs.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The program a slot belongs to.
@@ -163,6 +229,11 @@ impl ProgramPool {
             return;
         };
         p.used &= !(1 << slot.run);
+        p.owners.remove(&slot.run);
+        // The next run in the slot may be root's, or the command line's: no stop at exec.
+        if let Err(e) = p.program.stop_at_exec(slot.run, false) {
+            log::warn!("clearing stop-at-exec of run slot {}: {e}", slot.run);
+        }
         if p.used == 0 {
             if let Some(mut p) = self.programs.remove(&slot.program_id) {
                 p.program.detach();

@@ -582,6 +582,7 @@ print(json.dumps(out))
             lost_in_transfer: 16,
             truncated: 2,
             stack_ended_early: 17,
+            not_profilable: 18,
         };
         meta.end = RunEnd::Interrupted;
         profile
@@ -596,12 +597,13 @@ print(json.dumps(out))
             "{sub:?} is {} px wide",
             text_width_px(&sub)
         );
-        assert!(sub.contains("lost or incomplete: 100"), "{sub}");
+        assert!(sub.contains("lost or incomplete: 118"), "{sub}");
         assert!(sub.contains("ended early: interrupted"), "{sub}");
         // What did not fit is in the root bar's tooltip.
         let root = root_label(&profile);
         assert!(root.contains("kernel stack unreadable: 15"), "{root}");
         assert!(root.contains("user stacks ended early: 17"), "{root}");
+        assert!(root.contains("no longer yours to profile: 18"), "{root}");
         assert!(root.contains("fell back from cycles"), "{root}");
         assert!(root.contains(&format!("key5={}", "v".repeat(40))), "{root}");
         // A short run keeps everything on the one line.

@@ -93,7 +93,7 @@ impl Target {
                 let mut seen = Vec::new();
                 let mut depth_of_ns = std::collections::HashMap::new();
                 for process in candidates.flatten() {
-                    let Ok(status) = process.status() else {
+                    let Ok(status) = read_status(process.pid as u32) else {
                         continue;
                     };
                     let Ok(meta) = std::fs::metadata(format!("/proc/{}/ns/pid", process.pid))
@@ -141,16 +141,18 @@ impl Target {
         }
         let ns_meta = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map_err(|e| {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
+                // Neither its name nor whose it is: a refusal tells nothing about a process
+                // the caller may not inspect.
                 Error::PermissionDenied(format!(
-                    "cannot read /proc/{pid}/ns/pid ({e}): pid {pid} ({}) belongs to another \
-                     user; run bpfprof as root (or with CAP_SYS_PTRACE)",
-                    stat.comm
+                    "you may not profile pid {pid}: cannot read /proc/{pid}/ns/pid ({e}); only \
+                     your own processes, unless you run bpfprof as root (or with \
+                     CAP_SYS_PTRACE)"
                 ))
             } else {
                 missing()
             }
         })?;
-        let status = process.status().map_err(|_| missing())?;
+        let status = read_status(pid).map_err(|_| missing())?;
         let ns_pid = status
             .nspid
             .as_ref()
@@ -169,6 +171,26 @@ impl Target {
         })
     }
 
+    /// Whether `owner` may profile the process now, as the kernel would let that user attach
+    /// perf to it (ptrace read access): it is still this process (not replaced under its pid),
+    /// every uid (real, effective, saved, filesystem) is the owner's, every gid is the owner's,
+    /// and it is dumpable (a setuid program, one that exec'd a program its user cannot read, or
+    /// one that made itself undumpable, is not).
+    pub fn profilable_by(&self, owner: Owner) -> bool {
+        let Ok(status) = read_status(self.pid) else {
+            return false;
+        };
+        let uids = [status.ruid, status.euid, status.suid, status.fuid];
+        let gids = [status.rgid, status.egid, status.sgid, status.fgid];
+        if uids.iter().any(|u| *u != owner.uid) || gids.iter().any(|g| *g != owner.gid) {
+            return false;
+        }
+        // The kernel makes the files in /proc/PID root-owned while a process is not dumpable.
+        let dumpable = std::fs::metadata(format!("/proc/{}/status", self.pid))
+            .is_ok_and(|m| m.uid() == owner.uid);
+        dumpable && self.is_alive()
+    }
+
     /// Whether the process still runs (not exited, not a zombie, not replaced by a new pid owner).
     pub fn is_alive(&self) -> bool {
         procfs::process::Process::new(self.pid as i32)
@@ -178,8 +200,26 @@ impl Target {
     }
 }
 
-/// Converts a userspace `st_dev` into the kernel's internal `dev_t` (`major << 20 | minor`),
-/// the encoding `bpf_get_ns_current_pid_tgid` compares against.
+/// A non-root user on whose behalf processes are profiled: every process of the run must stay
+/// one that user could attach perf to itself ([`Target::profilable_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The user's id.
+    pub uid: u32,
+    /// The user's group id.
+    pub gid: u32,
+}
+
+/// `/proc/PID/status`, parsed by procfs from its bytes made UTF-8: a process name is any bytes
+/// (`prctl(PR_SET_NAME)`), and procfs's own reader fails the whole file on a name that is not
+/// UTF-8.
+pub fn read_status(pid: u32) -> std::io::Result<procfs::process::Status> {
+    use procfs::FromBufRead;
+    let bytes = std::fs::read(format!("/proc/{pid}/status"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    procfs::process::Status::from_buf_read(text.as_bytes()).map_err(std::io::Error::other)
+}
+
 /// Whether the pid namespace `levels` above the one of process `pid` has inode `ns` (0 levels:
 /// the process's own), followed with the kernel's `NS_GET_PARENT`.
 fn ancestor_namespace_is(pid: u32, levels: usize, ns: u64) -> bool {
@@ -202,6 +242,8 @@ fn ancestor_namespace_is(pid: u32, levels: usize, ns: u64) -> bool {
         .is_ok_and(|meta| meta.ino() == ns)
 }
 
+/// Converts a userspace `st_dev` into the kernel's internal `dev_t` (`major << 20 | minor`),
+/// the encoding `bpf_get_ns_current_pid_tgid` compares against.
 fn kernel_dev(dev: u64) -> u64 {
     let major = libc::major(dev) as u64;
     let minor = libc::minor(dev) as u64;

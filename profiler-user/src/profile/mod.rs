@@ -253,6 +253,9 @@ pub struct Losses {
     /// User stacks whose CFI walk stopped before the outermost frame (a bad read, a loop, a pc
     /// outside executable memory): kept with the frames found until then.
     pub stack_ended_early: u64,
+    /// Samples of processes the run's owner could no longer profile (they exec'd a setuid
+    /// program or one their user cannot read, or made themselves undumpable): dropped unnamed.
+    pub not_profilable: u64,
 }
 
 impl Losses {
@@ -267,6 +270,10 @@ impl Losses {
             ("lost moving counts to userspace", self.lost_in_transfer),
             ("truncated stacks", self.truncated),
             ("user stacks ended early", self.stack_ended_early),
+            (
+                "dropped: processes no longer yours to profile",
+                self.not_profilable,
+            ),
         ]
         .into_iter()
         .filter(|(_, n)| *n > 0)

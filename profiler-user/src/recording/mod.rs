@@ -23,7 +23,7 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
     process::maps::ProcessMaps,
-    process::target::Target,
+    process::target::{Owner, Target},
     profile::sample::Sample,
     profile::{
         Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, ShortfallCause, Throttled,
@@ -87,9 +87,34 @@ pub struct ProcessRecording {
     /// Whether the kernel's CFI walker walked its stacks: the unwinder tracked it at some
     /// point (a daemon run's target is untracked before its samples are collected).
     pub cfi_walked: bool,
+    /// Whether the run's owner could no longer profile it (it exec'd a setuid program or one
+    /// its user cannot read, or changed its credentials): no longer sampled, and its samples
+    /// are dropped, never named.
+    pub revoked: bool,
 }
 
 impl ProcessRecording {
+    /// Stops sampling the process for good, forgetting everything read of it: its owner may
+    /// no longer profile it.
+    fn revoke(&mut self, program: &mut crate::kernel::KernelProgram) {
+        log::info!(
+            "pid {} is no longer its run's owner's to profile: no longer sampled",
+            self.target.pid
+        );
+        if self.direct {
+            program.suspend_target(self.slot.run, &self.target);
+        } else {
+            program.drop_followed(self.slot.run, self.target.pid);
+        }
+        if let Some(mut python) = self.python.take() {
+            python.stop(program);
+        }
+        self.maps = ProcessMaps::gone(self.target.ns_pid);
+        self.untabled = Vec::new();
+        self.revoked = true;
+        self.exited = true;
+    }
+
     /// Notes whether the process still lives, re-reading its maps when `refresh`.
     fn poll(&mut self, refresh: bool) {
         if self.exited {
@@ -133,6 +158,9 @@ pub struct Recording {
     python_mode: PythonMode,
     /// Where sampled addresses go to be symbolized during the run, if anywhere.
     warm: Option<WarmSink>,
+    /// The non-root user the run is for, whose right to profile each process is re-checked
+    /// for the whole run; `None` (root, the command line) checks nothing.
+    owner: Option<Owner>,
 }
 
 /// Where a recording stands after a tick.
@@ -163,7 +191,16 @@ impl Recording {
             last_refresh: Instant::now(),
             python_mode: request.python,
             warm: None,
+            owner: None,
         }
+    }
+
+    /// Profiles only what `owner` may profile, for the whole run (before the first target is
+    /// added): each process is checked when added, when the kernel reports that it exec'd
+    /// (sampling it stops at the exec until then), when it is adopted as a child and at every
+    /// maps refresh; one that fails is no longer sampled and its samples are dropped.
+    pub fn set_owner(&mut self, owner: Owner) {
+        self.owner = Some(owner);
     }
 
     /// Sends the addresses sampled since the previous tick to `sink` at every tick, to be
@@ -205,7 +242,23 @@ impl Recording {
             let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
                 Some((slot, _)) => *slot,
                 None => {
-                    let (slot, sampling) = pool.acquire(&self.request, self.unwind, table_rows)?;
+                    let (slot, sampling) = pool.acquire(
+                        &self.request,
+                        self.unwind,
+                        table_rows,
+                        self.owner.map_or(0, |o| o.uid),
+                    )?;
+                    if self.owner.is_some() {
+                        // Before any process of the run is registered: none of them is
+                        // sampled past an exec its owner has not been checked against.
+                        if let Err(e) = pool
+                            .program(slot)
+                            .and_then(|p| p.stop_at_exec(slot.run, true))
+                        {
+                            pool.release(slot);
+                            return Err(e);
+                        }
+                    }
                     if self.slots.is_empty() {
                         self.started = Instant::now();
                         self.delivery_at_start = pool.program(slot)?.delivery();
@@ -273,6 +326,8 @@ impl Recording {
         maps: ProcessMaps,
     ) -> Result<()> {
         let mut waited = false;
+        let owner = self.owner;
+        let mut maps = maps;
         let registered = pool.program(slot).and_then(|program| {
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
@@ -285,6 +340,22 @@ impl Recording {
                 waited = true;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
+            if let Some(owner) = owner {
+                // Checked again now that the kernel watches it (an exec from now on stops its
+                // sampling and is reported), and its maps read again after the check: those
+                // read before may be of a program it exec'd since the caller's check.
+                let recaptured = ProcessMaps::capture(target.pid, target.ns_pid);
+                match recaptured {
+                    Ok(fresh) if target.profilable_by(owner) => maps = fresh,
+                    _ => {
+                        let _ = program.remove_target(slot.run, &target);
+                        return Err(crate::error::Error::PermissionDenied(format!(
+                            "you may not profile pid {}",
+                            target.pid
+                        )));
+                    }
+                }
+            }
             Ok(match self.python_mode {
                 PythonMode::Auto => PythonTracking::start(program, target.pid),
                 PythonMode::Off => None,
@@ -317,6 +388,7 @@ impl Recording {
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 untabled: Vec::new(),
                 cfi_walked: waited,
+                revoked: false,
             },
         );
         Ok(())
@@ -365,6 +437,11 @@ impl Recording {
                 .counters(slot.run)
                 .map(|c| c.get(Counter::Samples))
                 .unwrap_or(0);
+            if let Some(owner) = self.owner {
+                for pid in program.take_execed(slot.run) {
+                    self.after_exec(program, slot, pid, owner);
+                }
+            }
             if self.follow_children {
                 for pid in program.followed(slot.run) {
                     self.adopt(program, slot, pid);
@@ -377,10 +454,17 @@ impl Recording {
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t);
             let refresh = refresh || young;
-            p.poll(refresh);
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
+            if let Some(owner) = self.owner {
+                // A change without an exec (the process made itself undumpable) is caught
+                // here; an exec was caught by the kernel and handled above.
+                if refresh && !p.exited && !p.target.profilable_by(owner) && p.target.is_alive() {
+                    p.revoke(program);
+                }
+            }
+            p.poll(refresh);
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
             // same read of the maps as symbolization.
             if refresh && !p.exited {
@@ -452,13 +536,68 @@ impl Recording {
         }
     }
 
+    /// Handles process `pid` of `slot`, which exec'd: the kernel stopped sampling it at the exec.
+    /// It is sampled again if `owner` may profile the new program, with its maps read anew
+    /// (those read since the exec may be of a program the owner may not see) and its Python
+    /// state forgotten (names read from its memory since the exec, likewise); otherwise it is
+    /// revoked. A child not adopted yet is handed back to the kernel's following, and adoption
+    /// checks it.
+    fn after_exec(
+        &mut self,
+        program: &mut crate::kernel::KernelProgram,
+        slot: Slot,
+        pid: u32,
+        owner: Owner,
+    ) {
+        let follow = self.follow_children;
+        let known = self
+            .processes
+            .values_mut()
+            .find(|p| p.slot == slot && p.target.pid == pid && !p.exited);
+        let Some(p) = known else {
+            if !self.ignored.contains(&pid)
+                && Target::from_pid(pid).is_ok_and(|t| t.profilable_by(owner))
+            {
+                let _ = program.resume_followed(slot.run, pid);
+            } else {
+                program.drop_followed(slot.run, pid);
+            }
+            return;
+        };
+        if let Some(mut python) = p.python.take() {
+            python.stop(program);
+        }
+        let fresh = ProcessMaps::capture(pid, p.target.ns_pid);
+        let fresh = match fresh {
+            Ok(fresh) if p.target.profilable_by(owner) => fresh,
+            _ => {
+                p.revoke(program);
+                return;
+            }
+        };
+        let resumed = if p.direct {
+            program.resume_target(slot.run, &p.target, follow)
+        } else {
+            program.resume_followed(slot.run, pid)
+        };
+        // Checked again once it samples: an exec between the check and the resume was not
+        // reported (the kernel had already stopped the run); one after it is.
+        if resumed.is_err() || !p.target.profilable_by(owner) {
+            p.revoke(program);
+            return;
+        }
+        log::debug!("pid {pid} exec'd a program its run's owner may profile");
+        p.maps = fresh;
+        p.young_until = Some(Instant::now() + YOUNG_PROCESS);
+        let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+    }
+
     /// Takes in a child the kernel followed for `slot`, unless it is a thread or known.
     fn adopt(&mut self, program: &mut crate::kernel::KernelProgram, slot: Slot, pid: u32) {
         if self.ignored.contains(&pid) || self.processes.values().any(|p| p.target.pid == pid) {
             return;
         }
-        let is_process = procfs::process::Process::new(pid as i32)
-            .and_then(|p| p.status())
+        let is_process = crate::process::target::read_status(pid)
             .map(|s| s.tgid == pid as i32)
             .unwrap_or(false);
         if !is_process {
@@ -470,6 +609,19 @@ impl Recording {
         let adopted = Target::from_pid(pid).and_then(|target| {
             let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
             Ok((target, maps))
+        });
+        let adopted = adopted.and_then(|(target, maps)| match self.owner {
+            Some(owner) if !target.profilable_by(owner) => {
+                // Its samples so far (from its fork on) are dropped with it.
+                program.drop_followed(slot.run, pid);
+                let mut gone = ProcessRecording::gone(slot, target.ns_pid);
+                gone.revoked = true;
+                log::info!("not following child pid {pid}: its run's owner may not profile it");
+                self.processes
+                    .insert((slot.program_id, slot.run, target.ns_pid), gone);
+                Err(crate::error::Error::PermissionDenied(format!("pid {pid}")))
+            }
+            _ => Ok((target, maps)),
         });
         match adopted {
             Ok((target, maps)) => {
@@ -493,6 +645,7 @@ impl Recording {
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         untabled: Vec::new(),
                         cfi_walked,
+                        revoked: false,
                     },
                 );
             }
@@ -505,16 +658,50 @@ impl Recording {
     /// Stops keeping samples, takes everything recorded out of the kernel and frees the run
     /// slots (unloading programs no run needs any more).
     pub fn collect(mut self, pool: &mut ProgramPool) -> Result<Collected> {
+        if let Some(owner) = self.owner {
+            for (slot, _) in self.slots.clone() {
+                if let Ok(program) = pool.program(slot) {
+                    for pid in program.take_execed(slot.run) {
+                        self.after_exec(program, slot, pid, owner);
+                    }
+                }
+            }
+        }
         let mut python_ids = std::collections::HashMap::new();
         for p in self.processes.values_mut() {
+            if p.exited || !p.target.is_alive() {
+                continue;
+            }
             // The last Python stacks are named while the process may still live.
             if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
-                if !p.exited && p.target.is_alive() {
-                    let ids = python_ids
-                        .entry(p.slot.program_id)
-                        .or_insert_with(|| program.python_stack_ids());
-                    python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
+                let ids = python_ids
+                    .entry(p.slot.program_id)
+                    .or_insert_with(|| program.python_stack_ids());
+                python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
+            }
+            let _ = p.maps.refresh();
+        }
+        if self.owner.is_some() {
+            // A process that exec'd while it was read last may have been read as the new
+            // program: it is revoked rather than read again.
+            for (slot, _) in self.slots.clone() {
+                let Ok(program) = pool.program(slot) else {
+                    continue;
+                };
+                for pid in program.take_execed(slot.run) {
+                    match self
+                        .processes
+                        .values_mut()
+                        .find(|p| p.slot == slot && p.target.pid == pid && !p.revoked)
+                    {
+                        Some(p) => p.revoke(program),
+                        None => program.drop_followed(slot.run, pid),
+                    }
                 }
+            }
+        }
+        for p in self.processes.values_mut() {
+            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
                 python.stop(program);
             }
             if p.direct {
@@ -522,8 +709,8 @@ impl Recording {
                     let _ = program.remove_target(p.slot.run, &p.target);
                 }
             }
-            if !p.exited && p.target.is_alive() {
-                let _ = p.maps.refresh();
+            if p.revoked {
+                continue;
             }
             if let Ok(program) = pool.program(p.slot) {
                 if program.unwind.is_tracked(p.target.pid) {
@@ -674,8 +861,14 @@ impl Collected {
         } = self;
         // Samples of processes that came and went between two ticks: counted, not symbolized.
         let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
+        let mut not_profilable = 0;
         for (program_id, sample) in samples {
             let key = (program_id, sample.run, sample.pid);
+            if processes.get(&key).is_some_and(|p| p.revoked) {
+                // Never named, not even by address: its owner may not profile it.
+                not_profilable += sample.count;
+                continue;
+            }
             processes.entry(key).or_insert_with(|| {
                 let slot = Slot {
                     program_id,
@@ -696,7 +889,8 @@ impl Collected {
                 python: p.python.as_ref().map(|t| t.symbols()),
             })
             .collect();
-        let drained: u64 = by_process.values().flatten().map(|s| s.count).sum();
+        let drained: u64 =
+            by_process.values().flatten().map(|s| s.count).sum::<u64>() + not_profilable;
         let (stacks_through_untabled, untabled) = untabled_objects(&processes, &by_process);
         // The kernel counted every sample of a CPython thread it had no thread state for as
         // missing its Python frames; those of threads that never run Python (OpenMP and other
@@ -728,6 +922,7 @@ impl Collected {
             // Counted by aggregation, which cuts the stacks.
             truncated: 0,
             stack_ended_early: counters.get(Counter::StackEndedEarly),
+            not_profilable,
         };
         let targets = processes
             .values()
@@ -811,6 +1006,7 @@ impl ProcessRecording {
             young_until: None,
             untabled: Vec::new(),
             cfi_walked: false,
+            revoked: false,
         }
     }
 }
