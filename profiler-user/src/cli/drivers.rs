@@ -186,14 +186,11 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .run(move |s| collected.assemble(end, s, &options))
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
-    for output in outputs.drain(..) {
-        let path = output.path().map(|p| p.display().to_string());
-        let format = output.format();
-        output.write(&profile)?;
+    crate::output::write_all(&profile, outputs.drain(..).map(Ok), |format, path| {
         if let (false, Some(path)) = (cli.quiet, path) {
-            eprintln!("bpfprof: wrote {format} to {path}");
+            eprintln!("bpfprof: wrote {format} to {}", path.display());
         }
-    }
+    })?;
     if !cli.quiet {
         eprint!("{}", crate::cli::summary::summary(&profile));
     }

@@ -14,7 +14,7 @@ use crate::{
     daemon::store::{now_ms, Store},
     error::Error,
     kernel::pool::ProgramPool,
-    output::{summary, top::function_shares, Format, Output},
+    output::{summary, top::function_shares, write_all, Format, Output},
     process::target::{Owner, Target, TargetSpec},
     profile::CostScope,
     profile::RunEnd,
@@ -511,31 +511,23 @@ impl Runs {
                 let mut files = BTreeMap::new();
                 let mut formats = validated.formats.clone();
                 formats.push(Format::SummaryJson);
-                for format in formats {
-                    let name = result_file_name(format);
-                    let written = runs
+                let outputs = formats.iter().map(|&format| {
+                    let (file, path) = runs
                         .store
-                        .create_result(id, &name, owner)
-                        .map_err(Error::Other)
-                        .and_then(|(file, path)| {
-                            Output::to_file(file, path.clone(), format).write(&profile)?;
-                            Ok(path)
-                        });
-                    match written {
-                        Ok(path) => {
-                            files.insert(format.to_string(), path.display().to_string());
-                        }
-                        Err(e) => {
-                            // A full disk must not leave empty or partial files behind.
-                            runs.store.remove_result(id, &name);
-                            for f in files.keys() {
-                                if let Ok(f) = f.parse::<Format>() {
-                                    runs.store.remove_result(id, &result_file_name(f));
-                                }
-                            }
-                            return Err(e);
-                        }
+                        .create_result(id, &result_file_name(format), owner)
+                        .map_err(Error::Other)?;
+                    Ok(Output::to_file(file, path, format))
+                });
+                let wrote = write_all(&profile, outputs, |format, path| {
+                    let path = path.map(|p| p.display().to_string()).unwrap_or_default();
+                    files.insert(format.to_string(), path);
+                });
+                if let Err(e) = wrote {
+                    // A full disk must not leave empty or partial files behind.
+                    for format in formats {
+                        runs.store.remove_result(id, &result_file_name(format));
                     }
+                    return Err(e);
                 }
                 let mut json = Vec::new();
                 summary::write(&profile, &mut json).map_err(|e| Error::Other(e.into()))?;

@@ -221,6 +221,24 @@ impl Output {
     }
 }
 
+/// Writes `profile` to each output in turn: the one place a profile's outputs are written, for
+/// the command line and the daemon alike. Each output written is reported to `written` (its
+/// format and path); the first that cannot be opened or written stops the rest and is
+/// returned, so that the caller can say so or remove what was written.
+pub fn write_all(
+    profile: &Profile,
+    outputs: impl IntoIterator<Item = Result<Output>>,
+    mut written: impl FnMut(Format, Option<&Path>),
+) -> Result<()> {
+    for output in outputs {
+        let output = output?;
+        let (format, path) = (output.format(), output.path().map(Path::to_path_buf));
+        output.write(profile)?;
+        written(format, path.as_deref());
+    }
+    Ok(())
+}
+
 /// A small profile with known contents, for the writers' tests.
 #[cfg(test)]
 pub(crate) mod fixture {
@@ -362,5 +380,57 @@ pub(crate) mod fixture {
             stacks,
             mappings: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_all_writes_each_output_and_stops_at_the_first_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = fixture::profile();
+        let folded = dir.path().join("p.folded");
+        let summary = dir.path().join("p.summary.json");
+        let mut reported = Vec::new();
+        write_all(
+            &profile,
+            [
+                Output::create(&folded, Format::Folded),
+                Output::create(&summary, Format::SummaryJson),
+            ],
+            |format, path| reported.push((format, path.map(Path::to_path_buf))),
+        )
+        .unwrap();
+        assert_eq!(
+            reported,
+            [
+                (Format::Folded, Some(folded.clone())),
+                (Format::SummaryJson, Some(summary.clone()))
+            ]
+        );
+        assert!(std::fs::read_to_string(&folded).unwrap().contains("app"));
+        assert!(std::fs::metadata(&summary).unwrap().len() > 0);
+
+        let mut reported = Vec::new();
+        let svg = dir.path().join("p.svg");
+        let err = write_all(
+            &profile,
+            [
+                Output::create(&folded, Format::Folded),
+                Output::create(&dir.path().join("missing/p.pb.gz"), Format::Pprof),
+                Output::create(&svg, Format::Svg),
+            ],
+            |format, _| reported.push(format),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::Output { .. }), "{err}");
+        assert_eq!(reported, [Format::Folded]);
+        assert_eq!(
+            std::fs::metadata(&svg).unwrap().len(),
+            0,
+            "written after a failure"
+        );
     }
 }
