@@ -178,14 +178,20 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
         args.push("-o".into());
         args.push(path(name).display().to_string());
     }
+    let cpu_before = target.cpu_time();
     let run = run_bpfprof(&args, TIMEOUT);
+    let cpu = target.cpu_time().saturating_sub(cpu_before);
     run.assert_code(0);
 
     let folded = Profile::read(&path("p.folded"));
     let total = folded.total();
+    // Judged by the CPU time the target got, which a loaded machine shares out: 999 Hz of
+    // CPU time, less the start-up before the first sample and some slack.
+    let expected = cpu.as_secs_f64() * 999.0;
     assert!(
-        total > 1000,
-        "{total} samples in 3 s at 999 Hz\n{}",
+        total > 300 && total as f64 > 0.6 * expected,
+        "{total} samples from {:.2} s of the target's CPU at 999 Hz\n{}",
+        cpu.as_secs_f64(),
         folded.top(5)
     );
     assert_share(
