@@ -696,6 +696,44 @@ mod tests {
         (cfa, rbp, format!("c{RETURN_ADDRESS_OFFSET}"))
     }
 
+    fn rsp_row(pc: u32, offset: u16) -> UnwindRow {
+        UnwindRow::new(pc, CfaRule::Rsp, offset, None, 0).unwrap()
+    }
+
+    #[test]
+    fn a_build_past_its_row_bound_or_cpu_budget_is_refused_with_the_reason() {
+        // Rows that change nothing are merged as they come and count for nothing.
+        let mut builder = RowBuilder::new(10, BUILD_CPU_BUDGET);
+        for pc in 0..1000 {
+            builder.push(rsp_row(pc, 8)).unwrap();
+        }
+        assert_eq!(builder.rows.len(), 1);
+        // Distinct rows past the bound: refused.
+        let err = (0..11)
+            .try_for_each(|pc| builder.push(rsp_row(1000 + pc, 16 + 8 * (pc as u16 % 2))))
+            .unwrap_err();
+        assert!(err.to_string().starts_with(BUILD_LIMIT), "{err}");
+        assert!(err.to_string().contains("more than 10 rows"), "{err}");
+        // Any CPU time is past a zero budget once the work reaches a check.
+        let mut builder = RowBuilder::new(MAX_TABLE_ROWS, Duration::ZERO);
+        let err = (0..WORK_PER_BUDGET_CHECK as u32 * 2)
+            .try_for_each(|pc| builder.push(rsp_row(pc, 8 + 8 * (pc as u16 % 2))))
+            .unwrap_err();
+        assert!(err.to_string().starts_with(BUILD_LIMIT), "{err}");
+        assert!(err.to_string().contains("s of CPU"), "{err}");
+    }
+
+    #[test]
+    fn the_row_bound_follows_the_code_size() {
+        let libc = std::fs::read(LIBC).unwrap();
+        let elf = object::File::parse(&*libc).unwrap();
+        let limit = row_limit(&elf);
+        // libc has about 1.4 MB of code and 28k rows.
+        assert!((1_000_000..3_000_000).contains(&limit), "{limit}");
+        let (table, _) = UnwindTable::from_elf(&libc).unwrap();
+        assert!(table.rows.len() * 10 < limit);
+    }
+
     #[test]
     fn gcc_stack_realignment_is_read_and_other_expressions_are_not() {
         // DW_OP_breg6 (rbp) -8; DW_OP_deref, and -16.
