@@ -91,6 +91,9 @@ pub fn summary(profile: &Profile) -> String {
             largest.join("; ")
         ));
     }
+    for limit in &meta.limits_hit {
+        out.push_str(&format!("  partly read: {limit}\n"));
+    }
     if cost.unwind_tables_built > 0 {
         out.push_str(&format!(
             "  unwind tables: {} built ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} MiB \

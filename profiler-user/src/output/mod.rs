@@ -375,6 +375,7 @@ pub(crate) mod fixture {
                 throttled: None,
                 unwound: Default::default(),
                 untabled: Vec::new(),
+                limits_hit: Vec::new(),
             },
             frames,
             stacks,

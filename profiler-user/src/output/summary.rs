@@ -33,6 +33,8 @@ struct Summary<'a> {
     unwind: Unwound,
     /// The objects the targets ran in without an unwind table, most samples first.
     objects_without_unwind_tables: &'a [UntabledObject],
+    /// What the bounds on reading the targets left out, one sentence per process.
+    limits_hit: &'a [String],
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
@@ -89,6 +91,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         throttled: meta.throttled,
         unwind: meta.unwound,
         objects_without_unwind_tables: &meta.untabled,
+        limits_hit: &meta.limits_hit,
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,

@@ -65,13 +65,108 @@ impl MappedFile {
 /// The name `/proc/PID/maps` gives the vDSO's mapping, kept as its module name.
 pub const VDSO: &str = "[vdso]";
 
-/// One executable mapping.
+/// Executable mappings one process keeps named at most, in its current layout: a process
+/// mapping code 60,000 times made every lookup a linear search over all of them (the
+/// symbolizer spent over 10 minutes in one run). Real processes map a few hundred (PyTorch:
+/// about 200); past this bound each object's first mappings are kept and the rest counted.
+pub const MAX_TRACKED_MAPPINGS: usize = 16384;
+
+/// Mappings of earlier layouts kept at most (for addresses sampled before the process
+/// unmapped or moved them): past it, those retired longest ago are dropped and counted.
+pub const MAX_RETIRED_MAPPINGS: usize = 16384;
+
+/// One executable mapping, or what is left of it where newer layouts cover the rest.
 #[derive(Clone, Debug)]
 struct Mapping {
     start: u64,
     end: u64,
+    /// File offset of `base`.
     offset: u64,
+    /// The mapping's first address as the process mapped it (`start` moves up when a newer
+    /// mapping covers its beginning): offsets into it are counted from here.
+    base: u64,
     backing: Backing,
+    /// Once retired, the layout change that retired it, for dropping the oldest first.
+    seen: u64,
+}
+
+impl Mapping {
+    fn contains(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end
+    }
+}
+
+/// The mapping of sorted, non-overlapping `mappings` that holds `addr`, by binary search.
+fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
+    let at = mappings.partition_point(|m| m.start <= addr);
+    mappings
+        .get(at.checked_sub(1)?)
+        .filter(|m| m.contains(addr))
+}
+
+/// Puts `retired`, mappings the process no longer has, into `kept` (both sorted and
+/// non-overlapping): where they overlap what `kept` holds, they win, being newer.
+fn retire(kept: &mut Vec<Mapping>, retired: Vec<Mapping>) {
+    if retired.is_empty() {
+        return;
+    }
+    let mut out = Vec::with_capacity(kept.len() + retired.len());
+    let mut old: std::collections::VecDeque<Mapping> = std::mem::take(kept).into();
+    for new in retired {
+        while let Some(o) = old.pop_front() {
+            if o.start >= new.end {
+                old.push_front(o);
+                break;
+            }
+            // What of the older mapping lies outside the newer one stays.
+            if o.start < new.start {
+                out.push(Mapping {
+                    end: o.end.min(new.start),
+                    ..o.clone()
+                });
+            }
+            if o.end > new.end {
+                // It goes on past the newer mapping: the rest is compared with the next one.
+                old.push_front(Mapping {
+                    start: new.end,
+                    ..o
+                });
+                break;
+            }
+        }
+        out.push(new);
+    }
+    out.extend(old);
+    *kept = out;
+}
+
+/// Removes from `kept` (sorted, non-overlapping) every part that `current` (sorted,
+/// non-overlapping) covers: lookups find those addresses in `current` first, and when the
+/// process changes them, `current`'s mappings are retired over them anyway.
+fn uncover(kept: &mut Vec<Mapping>, current: &[Mapping]) {
+    let mut out = Vec::with_capacity(kept.len());
+    let mut holes = current.iter().peekable();
+    for m in kept.drain(..) {
+        let mut piece = Some(m);
+        while let Some(p) = piece.take() {
+            while holes.next_if(|h| h.end <= p.start).is_some() {}
+            match holes.peek() {
+                Some(h) if h.start < p.end => {
+                    if p.start < h.start {
+                        out.push(Mapping {
+                            end: h.start,
+                            ..p.clone()
+                        });
+                    }
+                    if p.end > h.end {
+                        piece = Some(Mapping { start: h.end, ..p });
+                    }
+                }
+                _ => out.push(p),
+            }
+        }
+    }
+    *kept = out;
 }
 
 #[derive(Clone, Debug)]
@@ -114,8 +209,18 @@ pub enum Location {
 pub struct ProcessMaps {
     pid: u32,
     comm: String,
-    /// Newest capture first: addresses are looked up in the most recent layout that has them.
-    generations: Vec<Vec<Mapping>>,
+    /// The executable mappings of the last capture, sorted by address (they never overlap).
+    current: Vec<Mapping>,
+    /// What earlier captures had and the last one does not, sorted and non-overlapping, the
+    /// newest winning where they overlapped: an address is looked up in `current`, then
+    /// here, as in the most recent layout that had it.
+    retired: Vec<Mapping>,
+    /// Captures that changed the layout so far.
+    layouts: u64,
+    /// Executable mappings left unnamed at the last capture (over [`MAX_TRACKED_MAPPINGS`]).
+    untracked: usize,
+    /// Mappings of earlier layouts dropped (over [`MAX_RETIRED_MAPPINGS`]).
+    retired_dropped: u64,
     files: HashMap<FileId, Arc<MappedFile>>,
     /// Thread names by tid, kept after threads exit.
     threads: HashMap<u32, String>,
@@ -160,7 +265,11 @@ impl ProcessMaps {
         ProcessMaps {
             pid,
             comm,
-            generations: Vec::new(),
+            current: Vec::new(),
+            retired: Vec::new(),
+            layouts: 0,
+            untracked: 0,
+            retired_dropped: 0,
             files: HashMap::new(),
             threads: HashMap::new(),
             ns_pid,
@@ -205,12 +314,14 @@ impl ProcessMaps {
             }
         }
         let maps = process.maps().map_err(|_| gone())?;
-        let mut mappings = Vec::new();
-        let mut read = Vec::new();
-        for map in maps {
-            if !map.perms.contains(MMPermissions::EXECUTE) {
-                continue;
-            }
+        let executable: Vec<MemoryMap> = maps
+            .into_iter()
+            .filter(|m| m.perms.contains(MMPermissions::EXECUTE))
+            .collect();
+        let (executable, untracked) = bounded(executable);
+        let mut mappings = Vec::with_capacity(executable.len());
+        let mut read = Vec::with_capacity(executable.len());
+        for map in executable {
             read.push(map.clone());
             let (start, end) = map.address;
             let backing = match &map.pathname {
@@ -253,7 +364,9 @@ impl ProcessMaps {
                 start,
                 end,
                 offset: map.offset,
+                base: start,
                 backing,
+                seen: 0,
             });
         }
         self.refresh_jit();
@@ -261,12 +374,73 @@ impl ProcessMaps {
         if mappings.is_empty() {
             return Ok(());
         }
-        self.last_read = read;
-        if self.generations.first().map(|g| same_layout(g, &mappings)) != Some(true) {
-            self.generations.insert(0, mappings);
+        if untracked > 0 && self.untracked == 0 {
+            log::warn!(
+                "pid {}: {} executable mappings; the first {MAX_TRACKED_MAPPINGS} (each \
+                 object's first ones first) are named, the rest are not",
+                self.pid,
+                untracked + MAX_TRACKED_MAPPINGS
+            );
         }
+        self.untracked = untracked;
+        self.last_read = read;
+        self.install_layout(mappings);
         self.comm = comm;
         Ok(())
+    }
+
+    /// Makes `mappings` the current layout when it changed, retiring the previous one.
+    fn install_layout(&mut self, mut mappings: Vec<Mapping>) {
+        // /proc lists mappings by address, and they never overlap.
+        mappings.sort_by_key(|m| m.start);
+        if same_layout(&self.current, &mappings) {
+            return;
+        }
+        self.layouts += 1;
+        let mut old = std::mem::replace(&mut self.current, mappings);
+        for m in &mut old {
+            m.seen = self.layouts;
+        }
+        retire(&mut self.retired, old);
+        uncover(&mut self.retired, &self.current);
+        self.bound_retired();
+    }
+
+    /// Drops the mappings retired longest ago beyond [`MAX_RETIRED_MAPPINGS`].
+    fn bound_retired(&mut self) {
+        let over = self.retired.len().saturating_sub(MAX_RETIRED_MAPPINGS);
+        if over == 0 {
+            return;
+        }
+        let mut seen: Vec<u64> = self.retired.iter().map(|m| m.seen).collect();
+        seen.sort_unstable();
+        // Ties at the cut go too: the bound holds.
+        let cut = seen[over - 1];
+        let before = self.retired.len();
+        self.retired.retain(|m| m.seen > cut);
+        self.retired_dropped += (before - self.retired.len()) as u64;
+    }
+
+    /// What the bounds on tracked mappings left out: executable mappings not named at the
+    /// last capture, and mappings of earlier layouts dropped; `None` when nothing was.
+    pub fn limits_hit(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.untracked > 0 {
+            parts.push(format!(
+                "{} of its {} executable mappings were not named (at most \
+                 {MAX_TRACKED_MAPPINGS} are)",
+                self.untracked,
+                self.untracked + MAX_TRACKED_MAPPINGS
+            ));
+        }
+        if self.retired_dropped > 0 {
+            parts.push(format!(
+                "{} mappings of its earlier layouts were forgotten (at most \
+                 {MAX_RETIRED_MAPPINGS} are kept)",
+                self.retired_dropped
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 
     /// Re-reads the JIT perf map (`perf-PID.map` in the target's own `/tmp`, reached through
@@ -301,48 +475,76 @@ impl ProcessMaps {
 
     /// Whether any mapping of the process was read (not so for a process that exited first).
     pub fn is_known(&self) -> bool {
-        self.generations.iter().any(|g| !g.is_empty())
+        !self.current.is_empty()
+    }
+
+    /// The mapping holding `addr`: in the last capture's layout, else in the most recent
+    /// earlier one that had it.
+    fn find(&self, addr: u64) -> Option<&Mapping> {
+        find(&self.current, addr).or_else(|| find(&self.retired, addr))
     }
 
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
     /// real addresses (pprof's mappings).
     pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {
-        self.generations.iter().find_map(|generation| {
-            let m = generation
-                .iter()
-                .find(|m| m.start <= addr && addr < m.end)?;
-            let (path, build_id, executable) = match &m.backing {
-                Backing::File(f) => (
-                    f.path.to_string_lossy().into_owned(),
-                    f.build_id().map(str::to_string),
-                    self.exe.as_deref() == Some(f.path.as_path()),
-                ),
-                Backing::Named(name) => (name.clone(), None, false),
-            };
-            Some(MappingInfo {
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                path,
-                build_id,
-                executable,
-            })
+        let m = self.find(addr)?;
+        let (path, build_id, executable) = match &m.backing {
+            Backing::File(f) => (
+                f.path.to_string_lossy().into_owned(),
+                f.build_id().map(str::to_string),
+                self.exe.as_deref() == Some(f.path.as_path()),
+            ),
+            Backing::Named(name) => (name.clone(), None, false),
+        };
+        Some(MappingInfo {
+            start: m.start,
+            end: m.end,
+            offset: m.offset + (m.start - m.base),
+            path,
+            build_id,
+            executable,
         })
     }
 
     /// Finds what backs `addr`.
     pub fn locate(&self, addr: u64) -> Location {
-        for generation in &self.generations {
-            if let Some(m) = generation.iter().find(|m| m.start <= addr && addr < m.end) {
-                let offset = addr - m.start + m.offset;
-                return match &m.backing {
-                    Backing::File(f) => Location::File(f.clone(), offset),
-                    Backing::Named(name) => Location::Named(name.clone(), addr - m.start),
-                };
-            }
+        match self.find(addr) {
+            Some(m) => match &m.backing {
+                Backing::File(f) => Location::File(f.clone(), addr - m.base + m.offset),
+                Backing::Named(name) => Location::Named(name.clone(), addr - m.base),
+            },
+            None => Location::Unmapped,
         }
-        Location::Unmapped
     }
+}
+
+/// At most [`MAX_TRACKED_MAPPINGS`] of a process's executable mappings (in address order),
+/// and how many were left out: each object's (file's or name's) first mappings are kept
+/// before any object's later ones, so that a process mapping one thing thousands of times
+/// still has its executable and libraries named.
+fn bounded(maps: Vec<MemoryMap>) -> (Vec<MemoryMap>, usize) {
+    if maps.len() <= MAX_TRACKED_MAPPINGS {
+        return (maps, 0);
+    }
+    let mut seen: HashMap<(u64, (i32, i32), String), usize> = HashMap::new();
+    let mut ranked: Vec<(usize, MemoryMap)> = maps
+        .into_iter()
+        .map(|m| {
+            let name = match &m.pathname {
+                MMapPath::Path(_) => String::new(),
+                other => format!("{other:?}"),
+            };
+            let n = seen.entry((m.inode, m.dev, name)).or_default();
+            *n += 1;
+            (*n, m)
+        })
+        .collect();
+    let left_out = ranked.len() - MAX_TRACKED_MAPPINGS;
+    ranked.sort_by_key(|(n, m)| (*n, m.address.0));
+    ranked.truncate(MAX_TRACKED_MAPPINGS);
+    let mut kept: Vec<MemoryMap> = ranked.into_iter().map(|(_, m)| m).collect();
+    kept.sort_by_key(|m| m.address.0);
+    (kept, left_out)
 }
 
 /// Parses the perf map format JITs write (`START SIZE NAME`, hex numbers, one symbol a line;
@@ -368,10 +570,18 @@ fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
 }
 
 fn same_layout(a: &[Mapping], b: &[Mapping]) -> bool {
+    let same_backing = |x: &Backing, y: &Backing| match (x, y) {
+        (Backing::File(x), Backing::File(y)) => x.id == y.id,
+        (Backing::Named(x), Backing::Named(y)) => x == y,
+        _ => false,
+    };
     a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.start == y.start && x.end == y.end && x.offset == y.offset)
+        && a.iter().zip(b).all(|(x, y)| {
+            x.start == y.start
+                && x.end == y.end
+                && x.offset == y.offset
+                && same_backing(&x.backing, &y.backing)
+        })
 }
 
 /// Opens a mapped file through `map_files` (works across mount namespaces and for deleted
@@ -406,6 +616,96 @@ mod tests {
         );
         assert_eq!(maps.jit_symbol(0x7f0000001040), None);
         assert_eq!(maps.jit_symbol(0x10), None);
+    }
+
+    fn named(start: u64, end: u64, name: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset: 0,
+            base: start,
+            backing: Backing::Named(name.into()),
+            seen: 0,
+        }
+    }
+
+    fn name_at(maps: &ProcessMaps, addr: u64) -> Option<(String, u64)> {
+        match maps.locate(addr) {
+            Location::Named(name, offset) => Some((name, offset)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn addresses_resolve_in_the_newest_layout_that_had_them() {
+        let mut maps = ProcessMaps::gone(1);
+        maps.install_layout(vec![named(0x1000, 0x5000, "a"), named(0x8000, 0x9000, "b")]);
+        // "c" covers the middle of "a"; "b" is unmapped.
+        maps.install_layout(vec![named(0x2000, 0x3000, "c")]);
+        assert_eq!(name_at(&maps, 0x2800), Some(("c".into(), 0x800)));
+        assert_eq!(name_at(&maps, 0x1800), Some(("a".into(), 0x800)));
+        // Offsets stay counted from where "a" began, on both sides of "c".
+        assert_eq!(name_at(&maps, 0x4000), Some(("a".into(), 0x3000)));
+        assert_eq!(name_at(&maps, 0x8800), Some(("b".into(), 0x800)));
+        assert_eq!(
+            maps.mapping_at(0x4000).map(|m| (m.start, m.end, m.offset)),
+            Some((0x3000, 0x5000, 0x2000))
+        );
+        // "c" goes: its addresses are found in it still, newer than "a".
+        maps.install_layout(vec![named(0x8000, 0x9000, "d")]);
+        assert_eq!(name_at(&maps, 0x2800), Some(("c".into(), 0x800)));
+        assert_eq!(name_at(&maps, 0x1800), Some(("a".into(), 0x800)));
+        assert_eq!(name_at(&maps, 0x8800), Some(("d".into(), 0x800)));
+        assert_eq!(name_at(&maps, 0x6000), None);
+        // Nothing overlaps in what is kept, so binary search finds every piece.
+        assert!(maps.retired.windows(2).all(|w| w[0].end <= w[1].start));
+        assert!(maps.limits_hit().is_none());
+    }
+
+    #[test]
+    fn layouts_kept_are_bounded_and_the_oldest_go_first() {
+        let mut maps = ProcessMaps::gone(1);
+        // A process that maps its code somewhere new at every capture.
+        let captures = MAX_RETIRED_MAPPINGS as u64 + 100;
+        for i in 0..captures {
+            let at = 0x10_0000 + i * 0x1000;
+            maps.install_layout(vec![named(at, at + 0x1000, "jit")]);
+        }
+        assert!(maps.retired.len() <= MAX_RETIRED_MAPPINGS);
+        let last = 0x10_0000 + (captures - 2) * 0x1000;
+        assert!(name_at(&maps, last).is_some(), "the newest are kept");
+        assert!(name_at(&maps, 0x10_0000).is_none(), "the oldest went");
+        let said = maps.limits_hit().expect("the drop is counted");
+        assert!(said.contains("earlier layouts were forgotten"), "{said}");
+    }
+
+    #[test]
+    fn mappings_past_the_bound_keep_each_objects_first_ones() {
+        let line = |i: u64, inode: u64, path: &str| {
+            let start = 0x1000_0000 + i * 0x2000;
+            format!(
+                "{start:x}-{:x} r-xp 00000000 08:01 {inode} {path}",
+                start + 0x1000
+            )
+        };
+        let mut lines: Vec<String> = (0..MAX_TRACKED_MAPPINGS as u64 + 10)
+            .map(|i| line(i, 7, "/tmp/attacker.so"))
+            .collect();
+        lines.push(line(
+            MAX_TRACKED_MAPPINGS as u64 + 20,
+            8,
+            "/usr/lib/libc.so.6",
+        ));
+        let text = lines.join("\n") + "\n";
+        let maps =
+            <procfs::process::MemoryMaps as procfs::FromBufRead>::from_buf_read(text.as_bytes())
+                .expect("maps lines")
+                .0;
+        let (kept, left_out) = bounded(maps);
+        assert_eq!(kept.len(), MAX_TRACKED_MAPPINGS);
+        assert_eq!(left_out, 11);
+        assert!(kept.iter().any(|m| m.inode == 8), "libc is kept");
+        assert!(kept.windows(2).all(|w| w[0].address.0 < w[1].address.0));
     }
 
     #[test]

@@ -312,6 +312,10 @@ pub struct ProfileMeta {
     pub unwound: Unwound,
     /// The objects the targets ran in without an unwind table, most samples first.
     pub untabled: Vec<UntabledObject>,
+    /// What the daemon's bounds on reading a target left out (mappings, Python threads,
+    /// frames or code objects past a cap), one sentence per process: a target that maps,
+    /// lists or points at more than any real program is profiled in part, and says so.
+    pub limits_hit: Vec<String>,
 }
 
 /// How many user stacks each unwinder produced (`--unwind`), for the summary.

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::{anyhow, Context};
 use object::{Object, ObjectSegment, ObjectSymbol};
-use procfs::process::{MMapPath, Process};
+use procfs::process::MMapPath;
 
 use super::memory::ProcessMemory;
 use crate::{Error, Result};
@@ -37,10 +37,12 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(Error::NoSuchProcess(format!("pid {pid} does not exist")));
     }
-    let process = Process::new(pid as i32).with_context(|| format!("pid {pid}"))?;
-    let maps = match process.maps() {
-        Ok(maps) => maps,
-        Err(procfs::ProcError::PermissionDenied(_)) => {
+    // Only the lines of objects named like CPython are parsed: a process may map tens of
+    // thousands of things (a hostile one mapped 60,000), and this runs on every tick while it
+    // is young.
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(Error::PermissionDenied(format!(
                 "reading /proc/{pid}/maps (a CPython's frames are read from its memory)"
             )))
@@ -51,6 +53,19 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
                 .into())
         }
     };
+    let named_like_python = |line: &&str| {
+        line.rsplit('/')
+            .next()
+            .is_some_and(|name| name.starts_with("libpython") || name.starts_with("python"))
+    };
+    let wanted: String = text
+        .lines()
+        .filter(named_like_python)
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    let maps =
+        <procfs::process::MemoryMaps as procfs::FromBufRead>::from_buf_read(wanted.as_bytes())
+            .with_context(|| format!("parse /proc/{pid}/maps"))?;
     let mut files: FileMappings = BTreeMap::new();
     for m in maps {
         if let MMapPath::Path(path) = m.pathname {

@@ -1,7 +1,14 @@
 //! Reads another process's memory: `process_vm_readv` (one system call, no ptrace stop), with
 //! `/proc/PID/mem` as the fallback where that call is refused (e.g. seccomp in a container).
 
-use std::{fs::File, os::unix::fs::FileExt, sync::OnceLock};
+use std::{
+    fs::File,
+    os::unix::fs::FileExt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        OnceLock,
+    },
+};
 
 use anyhow::{anyhow, Context};
 
@@ -12,6 +19,8 @@ pub struct ProcessMemory {
     pid: u32,
     /// Opened on the first failure of `process_vm_readv`, then used for every read.
     mem_file: OnceLock<File>,
+    /// Bytes asked for so far, for the budgets of the walks over this memory.
+    bytes_read: AtomicU64,
 }
 
 impl ProcessMemory {
@@ -20,7 +29,13 @@ impl ProcessMemory {
         ProcessMemory {
             pid,
             mem_file: OnceLock::new(),
+            bytes_read: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes read (or asked for) from the process so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// The process this reads from.
@@ -33,6 +48,8 @@ impl ProcessMemory {
         if buf.is_empty() {
             return Ok(());
         }
+        self.bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         if self.mem_file.get().is_none() {
             match self.vm_readv(addr, buf) {
                 Ok(n) if n == buf.len() => return Ok(()),

@@ -42,12 +42,15 @@ pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 /// Most Python frames one walk records (the kernel program's bound).
 pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
 /// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
-const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
+pub const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
 /// Most interpreters listed (the list is linked in the target's memory, which may change while
 /// it is read, so a walk of it must end even on a cycle).
 const MAX_INTERPRETERS: usize = 256;
-/// Most threads listed per interpreter, for the same reason.
-const MAX_THREADS_PER_INTERPRETER: usize = 16384;
+/// Most thread states listed over all interpreters: each costs a few reads of the target's
+/// memory on every refresh, under the lock that serves every user. A fake interpreter whose
+/// interpreters each had a thread list looping on itself made the daemon walk 4 million
+/// states per refresh (98 s of CPU, 3 GB on 3.10); real programs run tens of threads.
+pub const MAX_THREAD_STATES: usize = 4096;
 /// Bytes of glibc's `struct pthread` searched for the thread id.
 const PTHREAD_SEARCH_BYTES: usize = 1024;
 /// `offsetof(struct pthread, tid)` in glibc 2.26 and later on x86-64 (Debian 12's 2.36 too);
@@ -66,6 +69,22 @@ pub struct PythonTarget {
     code_reader: CodeReader,
     /// 3.10: where glibc's `struct pthread` keeps the thread's tid, once found.
     pthread_tid_offset: Option<u64>,
+    /// What the bounds on its walks left out so far.
+    limits: WalkLimits,
+    /// Bytes naming frames cost so far: read from the process, and kept in `codes`.
+    naming_bytes: u64,
+}
+
+/// How often the bounds on walking a target's memory were hit, for the run's summary: a
+/// target whose memory holds loops or more than any real interpreter is read in part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkLimits {
+    /// Thread listings that met a thread state or interpreter twice (a cycle).
+    pub cycles: u64,
+    /// Thread listings cut at [`MAX_THREAD_STATES`] or [`MAX_INTERPRETERS`].
+    pub threads_cut: u64,
+    /// Frame walks that met a frame twice (a cycle) or went past the frames a walk visits.
+    pub frames_cut: u64,
 }
 
 /// A Python function as a frame names it.
@@ -131,6 +150,8 @@ impl PythonTarget {
             codes: HashMap::new(),
             code_reader: CodeReader::default(),
             pthread_tid_offset: None,
+            limits: WalkLimits::default(),
+            naming_bytes: 0,
         }))
     }
 
@@ -142,6 +163,17 @@ impl PythonTarget {
     /// How many code objects were read from the process so far.
     pub fn code_objects(&self) -> usize {
         self.codes.len()
+    }
+
+    /// Bytes naming frames cost so far: read from the process's memory for code objects,
+    /// and kept for them (names, files, line ranges).
+    pub fn naming_bytes(&self) -> u64 {
+        self.naming_bytes
+    }
+
+    /// What the bounds on walking its memory left out so far.
+    pub fn walk_limits(&self) -> WalkLimits {
+        self.limits
     }
 
     /// `(major, minor)` of the interpreter.
@@ -203,12 +235,30 @@ impl PythonTarget {
             )
             .context("read _PyRuntime.interpreters.head")?;
         let mut seen = HashSet::new();
-        while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+        // Every thread state is listed once, whichever interpreter's list leads to it.
+        let mut listed = HashSet::new();
+        let (mut cycle, mut cut) = (false, false);
+        while interp != 0 {
+            if !seen.insert(interp) {
+                cycle = true;
+                break;
+            }
+            if seen.len() > MAX_INTERPRETERS {
+                cut = true;
+                break;
+            }
             let mut tstate = self
                 .memory
                 .read_u64(interp.wrapping_add(l.interp_threads_head as u64))?;
-            let mut count = 0;
-            while tstate != 0 && count < MAX_THREADS_PER_INTERPRETER {
+            while tstate != 0 {
+                if !listed.insert(tstate) {
+                    cycle = true;
+                    break;
+                }
+                if listed.len() > MAX_THREAD_STATES {
+                    cut = true;
+                    break;
+                }
                 let thread_id = self
                     .memory
                     .read_u64(tstate.wrapping_add(l.tstate_thread_id as u64))?;
@@ -222,12 +272,16 @@ impl PythonTarget {
                 tstate = self
                     .memory
                     .read_u64(tstate.wrapping_add(l.tstate_next as u64))?;
-                count += 1;
+            }
+            if cut {
+                break;
             }
             interp = self
                 .memory
                 .read_u64(interp.wrapping_add(l.interp_next as u64))?;
         }
+        self.limits.cycles += u64::from(cycle);
+        self.limits.threads_cut += u64::from(cut);
         let to_host = self.namespace_tids()?;
         let ns_tids: Vec<u32> = if states.iter().all(|s| s.2.is_some()) {
             states.iter().map(|s| s.2.unwrap_or(0)).collect()
@@ -444,9 +498,12 @@ impl PythonTarget {
         let k = self.layout.kernel;
         let mut frame = self.current_frame(tstate)?;
         let mut packed: Vec<u64> = Vec::new();
-        let mut visited = 0;
-        while frame != 0 && packed.len() < MAX_PYTHON_DEPTH && visited < MAX_FRAMES_VISITED {
-            visited += 1;
+        let mut visited = HashSet::new();
+        while frame != 0 && packed.len() < MAX_PYTHON_DEPTH {
+            if !visited.insert(frame) || visited.len() > MAX_FRAMES_VISITED {
+                self.limits.frames_cut += 1;
+                break;
+            }
             match self.read_frame(frame, &k) {
                 Ok(Some(entry)) => packed.push(entry),
                 Ok(None) => {
@@ -511,10 +568,16 @@ impl PythonTarget {
     /// Name, file, line of one recorded frame; cached by code address.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
         if !self.codes.contains_key(&frame.code) {
-            let info = self
+            let before = self.memory.bytes_read();
+            let read = self
                 .code_reader
-                .read_code(&self.memory, &self.layout, frame.code)
-                .with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
+                .read_code(&self.memory, &self.layout, frame.code);
+            self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
+            let info =
+                read.with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
+            self.naming_bytes +=
+                (info.name.len() + info.file.len() + std::mem::size_of_val(info.lines.as_slice()))
+                    as u64;
             self.codes.insert(frame.code, info);
         }
         let info = &self.codes[&frame.code];

@@ -29,6 +29,13 @@ const PERF_TRAMPOLINE_PREFIX: &str = "py::";
 /// The C function that calls into a perf trampoline.
 const PERF_TRAMPOLINE_EVALUATOR: &str = "py_trampoline_evaluator";
 
+/// Bytes naming one process's Python frames may cost over a run: read from its memory (code
+/// objects, their names and line tables) and kept (names, files, line ranges). Naming a
+/// PyTorch training run's few thousand code objects costs a few MiB; a process whose frames
+/// point at ever new code objects with megabyte line tables would otherwise grow the daemon
+/// without bound. Frames past it stay unnamed, and the summary says so.
+const NAMING_BUDGET_BYTES: u64 = 64 << 20;
+
 /// Names of recorded Python frames, by packed frame without its eval-entry flag (code object
 /// and instruction).
 pub type PythonSymbols = HashMap<u64, PythonFunction>;
@@ -82,6 +89,10 @@ pub struct PythonTracking {
     symbols: PythonSymbols,
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
+    /// Frames left unnamed because naming spent [`NAMING_BUDGET_BYTES`].
+    over_budget: u64,
+    /// Bytes the named frames in `symbols` keep.
+    symbol_bytes: u64,
     /// Time spent naming frames (reading code objects and line tables from the process).
     naming: std::time::Duration,
 }
@@ -121,6 +132,8 @@ impl PythonTracking {
             named_stacks: HashSet::new(),
             symbols: PythonSymbols::new(),
             unnamed: 0,
+            over_budget: 0,
+            symbol_bytes: 0,
             naming: std::time::Duration::ZERO,
         };
         tracking.refresh_threads(program);
@@ -192,8 +205,16 @@ impl PythonTracking {
                 if self.symbols.contains_key(&key) {
                     continue;
                 }
+                if self.target.naming_bytes() + self.symbol_bytes > NAMING_BUDGET_BYTES {
+                    self.over_budget += 1;
+                    continue;
+                }
                 match self.target.resolve(PythonFrame::unpack(packed)) {
                     Ok(function) => {
+                        self.symbol_bytes += (function.name.len()
+                            + function.file.len()
+                            + std::mem::size_of::<(u64, PythonFunction)>())
+                            as u64;
                         self.symbols.insert(key, function);
                     }
                     Err(e) => {
@@ -204,6 +225,44 @@ impl PythonTracking {
             }
         }
         self.naming += started.elapsed();
+    }
+
+    /// What the bounds on reading this process's memory left out, in words; `None` when
+    /// nothing was.
+    pub fn limits_hit(&self) -> Option<String> {
+        let walks = self.target.walk_limits();
+        let mut parts = Vec::new();
+        if walks.cycles > 0 {
+            parts.push(format!(
+                "its Python thread list looped back on itself at {} reads (each thread state \
+                 is listed once)",
+                walks.cycles
+            ));
+        }
+        if walks.threads_cut > 0 {
+            parts.push(format!(
+                "its Python thread list was longer than the daemon reads at {} reads (the \
+                 first {} thread states are listed)",
+                walks.threads_cut,
+                crate::python::MAX_THREAD_STATES
+            ));
+        }
+        if walks.frames_cut > 0 {
+            parts.push(format!(
+                "{} of its Python frame walks looped or went past {} frames",
+                walks.frames_cut,
+                crate::python::MAX_FRAMES_VISITED
+            ));
+        }
+        if self.over_budget > 0 {
+            parts.push(format!(
+                "{} Python frames were left unnamed: naming its frames spent the {} MiB a \
+                 process may cost",
+                self.over_budget,
+                NAMING_BUDGET_BYTES >> 20
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 
     /// Code objects read from the process so far, and the time naming frames took.

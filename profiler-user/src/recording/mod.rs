@@ -964,6 +964,25 @@ impl Collected {
                 stacks_through_untabled,
             },
             untabled,
+            limits_hit: processes
+                .values()
+                .filter_map(|p| {
+                    let said: Vec<String> = p
+                        .maps
+                        .limits_hit()
+                        .into_iter()
+                        .chain(p.python.as_ref().and_then(|t| t.limits_hit()))
+                        .collect();
+                    (!said.is_empty()).then(|| {
+                        format!(
+                            "pid {} ({}): {}",
+                            p.target.pid,
+                            p.target.comm,
+                            said.join("; ")
+                        )
+                    })
+                })
+                .collect(),
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);
         // Measured after symbolization, which is most of bpfprof's own work.

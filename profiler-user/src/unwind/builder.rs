@@ -193,7 +193,14 @@ mod tests {
 
     fn job(name: &str, size: u64) -> Job {
         Job {
-            key: FileKey::Inode(0, size, 0),
+            key: FileKey::File {
+                dev: 0,
+                ino: size,
+                size,
+                mtime: 0,
+                ctime: 0,
+                uid: 0,
+            },
             image: Image::Memory(name.as_bytes().to_vec()),
             size,
         }
@@ -212,8 +219,8 @@ mod tests {
         builder.submit(job("small", 100), false);
         builder.submit(job("mid", 200), false);
         builder.submit(job("hot", 400), true);
-        assert!(builder.promote(&FileKey::Inode(0, 200, 0)));
-        assert!(!builder.promote(&FileKey::Inode(0, 999, 0)));
+        assert!(builder.promote(&job("", 200).key));
+        assert!(!builder.promote(&job("", 999).key));
         let order: Vec<u64> = builder.shared.lock().jobs.iter().map(|j| j.size).collect();
         assert_eq!(order, [200, 400, 100, 300]);
         assert_eq!(builder.shared.lock().urgent, 2);

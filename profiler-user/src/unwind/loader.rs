@@ -22,20 +22,56 @@ use super::{
     UnwindMode,
 };
 
-/// A file's identity for table sharing: its GNU build id, else device, inode and mtime (so a
-/// rebuilt binary at the same path gets a new table).
+/// An object's identity for table sharing: what the daemon verified itself of the file it
+/// opened, never what the file says of itself. A GNU build id is whatever its linker wrote:
+/// keyed by it, a user's fake library carrying libc's build id and bogus CFI gave every other
+/// user's processes its table for libc (149 of 149 of their stacks lost `_start`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum FileKey {
-    /// The GNU build id's bytes.
-    BuildId(Vec<u8>),
-    /// (device, inode, mtime in ns) of a file without a build id.
-    Inode(u64, u64, i128),
-    /// The vDSO of a kernel whose image carries no build id (the kernel's own images do):
-    /// every process of one boot maps the same one.
-    VdsoWithoutBuildId,
+    /// A file, by its device, inode, size, mtime and ctime (in ns) and owner: a user can
+    /// neither give its file another file's inode nor set its ctime (only the kernel does),
+    /// and a rebuilt or rewritten file gets a new key.
+    File {
+        /// `st_dev`.
+        dev: u64,
+        /// `st_ino`.
+        ino: u64,
+        /// `st_size`.
+        size: u64,
+        /// `st_mtime` in ns.
+        mtime: i128,
+        /// `st_ctime` in ns.
+        ctime: i128,
+        /// `st_uid`.
+        uid: u32,
+    },
+    /// The vDSO of the processes of user `uid`, by its image's build id (if any): a process
+    /// may write to its own vDSO (it is mapped may-write, for debuggers), so its table is
+    /// shared only among processes of the same user.
+    Vdso {
+        /// The image's GNU build id, empty when it has none.
+        build_id: Vec<u8>,
+        /// The effective uid of the process it was read from.
+        uid: u32,
+    },
     /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
     /// anonymous executable memory with no CFI: one table serves every arena.
     PythonTrampolines,
+}
+
+impl FileKey {
+    /// The key of the file whose metadata (from the opened handle, `fstat`) is `meta`.
+    pub fn of_file(meta: &std::fs::Metadata) -> FileKey {
+        let ns = |secs: i64, nsec: i64| i128::from(secs) * 1_000_000_000 + i128::from(nsec);
+        FileKey::File {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime: ns(meta.ctime(), meta.ctime_nsec()),
+            uid: meta.uid(),
+        }
+    }
 }
 
 /// The code of one CPython perf trampoline on x86-64 (3.12 and 3.13): `sub $8,%rsp;
@@ -461,7 +497,7 @@ impl UnwindMaps {
     /// Reads `pid`'s executable mappings and gives them to the kernel, queueing the tables of
     /// objects not seen before.
     fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<()> {
-        let executable: Vec<&MemoryMap> = maps
+        let mut executable: Vec<&MemoryMap> = maps
             .iter()
             // `[vsyscall]` lies in the kernel's half of the address space: it is no user code
             // to unwind, and the kernel walk's branch-free bisection compares addresses by the
@@ -470,6 +506,12 @@ impl UnwindMaps {
                 m.perms.contains(MMPermissions::EXECUTE) && m.address.0 < USER_ADDRESS_LIMIT
             })
             .collect();
+        // The kernel walk knows the first MAX_UNWIND_MAPPINGS (by address): only those are
+        // opened, so that a process with 60,000 executable mappings costs no more than one
+        // with 256 (each is an open, a read of its headers and a key).
+        executable.sort_by_key(|m| m.address.0);
+        let over = executable.len().saturating_sub(MAX_UNWIND_MAPPINGS);
+        executable.truncate(MAX_UNWIND_MAPPINGS);
         let signature: Vec<_> = executable
             .iter()
             .map(|m| (m.address.0, m.address.1, m.offset, m.dev, m.inode))
@@ -523,12 +565,11 @@ impl UnwindMaps {
             }));
         }
         mappings.sort_by_key(|m| m.start);
-        if mappings.len() > MAX_UNWIND_MAPPINGS {
+        if over > 0 {
             log::warn!(
                 "pid {pid} has {} executable mappings; the CFI walk knows the first {MAX_UNWIND_MAPPINGS}",
-                mappings.len()
+                over + MAX_UNWIND_MAPPINGS
             );
-            mappings.truncate(MAX_UNWIND_MAPPINGS);
         }
         let tracked = self.tracked.entry(pid).or_default();
         tracked.signature = signature;
@@ -616,7 +657,7 @@ impl UnwindMaps {
         // SAFETY: read-only private mapping of a file the target maps too.
         let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
         let bias = load_bias(&image, start, offset)?;
-        let key = file_key(&meta, &image)?;
+        let key = FileKey::of_file(&meta);
         if !self.tables.contains_key(&key) {
             self.new_table(key.clone(), name);
             let estimate = super::table::estimate_rows(&image);
@@ -647,9 +688,13 @@ impl UnwindMaps {
         let key = {
             use object::Object;
             let elf = object::File::parse(&*image).context("parsing the vDSO's ELF headers")?;
-            match elf.build_id() {
-                Ok(Some(id)) => FileKey::BuildId(id.to_vec()),
-                _ => FileKey::VdsoWithoutBuildId,
+            // The owner of /proc/PID is the process's effective uid: who may write to it.
+            let uid = std::fs::metadata(format!("/proc/{pid}"))
+                .context("stat of the process")?
+                .uid();
+            FileKey::Vdso {
+                build_id: elf.build_id().ok().flatten().unwrap_or_default().to_vec(),
+                uid,
             }
         };
         if !self.tables.contains_key(&key) {
@@ -821,7 +866,11 @@ impl UnwindMaps {
             return;
         };
         let warning = match &state {
-            TableState::Unavailable { why } if why.contains("larger than") => Some(why.clone()),
+            TableState::Unavailable { why }
+                if why.contains("larger than") || why.starts_with(super::table::BUILD_LIMIT) =>
+            {
+                Some(why.clone())
+            }
             TableState::NoRoom { rows } if table.last_sampled.is_some() => Some(format!(
                 "the unwind row array ({capacity_mib} MiB) is full of tables sampled in the \
                  last {}s; its table needs {} MiB (--unwind-table-mib raises the array)",
@@ -930,20 +979,6 @@ pub(crate) fn is_unexeced_child(pid: u32) -> bool {
     pid != std::process::id()
         && id(format!("/proc/{pid}/exe"))
             .is_some_and(|child| id("/proc/self/exe".into()) == Some(child))
-}
-
-/// The identity under which `file`'s table is shared.
-fn file_key(meta: &std::fs::Metadata, image: &[u8]) -> anyhow::Result<FileKey> {
-    use object::Object;
-    let elf = object::File::parse(image).context("parsing the ELF headers")?;
-    if let Ok(Some(id)) = elf.build_id() {
-        return Ok(FileKey::BuildId(id.to_vec()));
-    }
-    Ok(FileKey::Inode(
-        meta.dev(),
-        meta.ino(),
-        i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-    ))
 }
 
 /// Raw fd of a borrowed map fd, for mmap.

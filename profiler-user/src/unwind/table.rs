@@ -6,7 +6,7 @@
 //! caller's rbp is. Rules the walk cannot evaluate become [`CfaRule::NoInfo`] rows, so that
 //! frame falls back to the frame pointer instead of producing garbage.
 
-use std::path::Path;
+use std::{collections::HashSet, path::Path, time::Duration};
 
 use anyhow::{anyhow, Context};
 use gimli::{
@@ -67,7 +67,7 @@ impl UnwindTable {
         };
         let text = elf.section_by_name(".text").map(|s| s.address());
         let got = elf.section_by_name(".got").map(|s| s.address());
-        let mut builder = RowBuilder::default();
+        let mut builder = RowBuilder::new(row_limit(&elf), BUILD_CPU_BUDGET);
         let source = if let Some((eh_addr, eh_data)) = section(".eh_frame") {
             let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
             if let Some(text) = text {
@@ -96,7 +96,7 @@ impl UnwindTable {
         } else {
             CfiSource::None
         };
-        Ok((builder.finish(), source))
+        Ok((builder.finish()?, source))
     }
 
     /// The row that holds at ELF virtual address `pc`, if any.
@@ -202,8 +202,77 @@ pub fn load_bias(data: &[u8], start: u64, offset: u64) -> anyhow::Result<u64> {
 /// The page size of x86-64, the unit in which segments are mapped.
 const PAGE_SIZE: u64 = 4096;
 
+/// How the reason an object's table was refused for exceeding a build bound begins, so that
+/// the loader warns about it (a hostile or broken file is worth a warning, not a debug line).
+pub const BUILD_LIMIT: &str = "build limit";
+
+/// Rows one table may ever have, whatever the object: the kernel walk bisects a table in
+/// [`profiler_common::UNWIND_TABLE_SEARCH_STEPS`] steps (4M rows, 32 MiB), so a larger one
+/// could never be used and building it would only cost the daemon memory.
+pub const MAX_TABLE_ROWS: usize = 1 << profiler_common::UNWIND_TABLE_SEARCH_STEPS;
+
+/// Rows allowed beyond one per byte of executable code: an object's closing rows (one past
+/// each FDE) and the vDSO's or a tiny object's few rows.
+const ROW_SLACK: u64 = 4096;
+
+/// CPU time one object's table may take to build: the largest real object measured
+/// (libtorch_cpu.so, 2.6M rows) takes 0.27 s in a debug build, so 5 s is far beyond any honest
+/// file and still ends a hostile one long before it costs other users anything (a crafted
+/// `.eh_frame_hdr` took 34 s before this bound).
+pub const BUILD_CPU_BUDGET: Duration = Duration::from_secs(5);
+
+/// Work between two checks of the CPU budget, in rows: reading the thread's clock is a
+/// system call (libtorch_cpu.so's 2.6M rows and 300k FDEs cost about 700 reads).
+const WORK_PER_BUDGET_CHECK: usize = 4096;
+
+/// What reading one FDE counts for against [`WORK_PER_BUDGET_CHECK`], in rows: evaluating it
+/// starts with its CIE's initial instructions, which a crafted CIE makes long and every FDE
+/// may share, so FDEs that yield no row must still reach a check.
+const WORK_PER_FDE: usize = 64;
+
+/// The most rows the table of `elf` can honestly have: each row starts at a distinct
+/// instruction, so no more than one per byte of executable code (plus [`ROW_SLACK`]), and
+/// never more than [`MAX_TABLE_ROWS`].
+fn row_limit(elf: &object::File<'_>) -> usize {
+    let sections: u64 = elf
+        .sections()
+        .filter(|s| {
+            matches!(s.flags(), object::SectionFlags::Elf { sh_flags }
+                if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0)
+        })
+        .map(|s| s.size())
+        .fold(0, u64::saturating_add);
+    // An image without section headers (some vDSOs read from memory): its executable segments.
+    let code = if sections > 0 {
+        sections
+    } else {
+        elf.segments()
+            .filter(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+            .map(|s| s.size())
+            .fold(0, u64::saturating_add)
+    };
+    code.saturating_add(ROW_SLACK).min(MAX_TABLE_ROWS as u64) as usize
+}
+
+/// The CPU time this thread has used so far.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill; the clock id is a constant.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
 /// Walks the FDEs in the order `.eh_frame_hdr`'s binary search table lists them (sorted by
-/// address), falling back to a plain scan when the header has no table.
+/// address), falling back to a plain scan when the header has no table, or names an FDE
+/// twice. Each FDE is evaluated once: a crafted header whose many entries pointed at one
+/// large FDE made the builder evaluate it once per entry (34 s of CPU and 3 GB from a 1 MB
+/// file); an entry whose FDE starts inside the ranges read so far is skipped.
 fn collect_from_hdr(
     eh_frame: &EhFrame<Slice<'_>>,
     hdr_data: &[u8],
@@ -218,13 +287,30 @@ fn collect_from_hdr(
     };
     let mut ctx = UnwindContext::new();
     let mut entries = table.iter(bases);
+    let mut read: HashSet<usize> = HashSet::new();
+    let mut covered_to = 0u64;
     while let Some((_, pointer)) = entries.next().context("reading .eh_frame_hdr's table")? {
         let offset = table
             .pointer_to_offset(pointer)
             .context("an .eh_frame_hdr entry points outside .eh_frame")?;
+        if !read.insert(offset.0) {
+            // An index that names one FDE twice is no index of this `.eh_frame`: the section
+            // itself is read instead, each FDE once, in its order.
+            log::debug!(".eh_frame_hdr names an FDE twice: reading .eh_frame itself");
+            builder.restart();
+            return collect_all(eh_frame, bases, builder);
+        }
         let fde = eh_frame
             .fde_from_offset(bases, offset, EhFrame::cie_from_offset)
             .context("reading an FDE")?;
+        // The table is sorted by address: an FDE starting inside the ranges already read
+        // describes code that has its rows (linkers never emit such overlaps).
+        if fde.initial_address() < covered_to {
+            builder.skipped_fdes += 1;
+            builder.work(WORK_PER_FDE)?;
+            continue;
+        }
+        covered_to = covered_to.max(fde.end_address());
         builder.add_fde(eh_frame, bases, &mut ctx, &fde)?;
     }
     Ok(())
@@ -253,12 +339,45 @@ where
 }
 
 /// Collects rows from FDEs in any order; [`RowBuilder::finish`] sorts and compacts them.
-#[derive(Default)]
+///
+/// Bounded: it holds at most `max_rows` rows (rows equal to the one before them are merged as
+/// they come, so the bound is on what the table could hold, not on what the CFI repeats), and
+/// fails once the build has used `budget` of CPU time. Either makes the object's table
+/// unavailable with the reason, rather than costing the daemon memory and time.
 struct RowBuilder {
     rows: Vec<UnwindRow>,
+    max_rows: usize,
+    /// Whether `rows` is still sorted by pc (FDEs read in address order keep it so, and then
+    /// equal neighbours are merged as they come).
+    sorted: bool,
+    /// The build's CPU budget and the thread's CPU time when it started.
+    budget: Duration,
+    started: Duration,
+    /// Work done since the CPU budget was last checked (see [`WORK_PER_BUDGET_CHECK`]).
+    since_check: usize,
+    /// FDEs skipped because another entry had already read them or their range.
+    skipped_fdes: u64,
 }
 
 impl RowBuilder {
+    fn new(max_rows: usize, budget: Duration) -> RowBuilder {
+        RowBuilder {
+            rows: Vec::new(),
+            max_rows,
+            sorted: true,
+            budget,
+            started: thread_cpu_time(),
+            since_check: 0,
+            skipped_fdes: 0,
+        }
+    }
+
+    /// Forgets the rows collected so far (the CPU budget keeps counting).
+    fn restart(&mut self) {
+        self.rows.clear();
+        self.sorted = true;
+    }
+
     fn add_fde<'a, S: UnwindSection<Slice<'a>>>(
         &mut self,
         section: &S,
@@ -272,6 +391,7 @@ impl RowBuilder {
         if end > u64::from(u32::MAX) {
             return Ok(());
         }
+        self.work(WORK_PER_FDE)?;
         let mut table = match fde.rows(section, bases, ctx) {
             Ok(t) => t,
             // One unreadable FDE leaves its range to frame pointers; the rest still count.
@@ -282,19 +402,75 @@ impl RowBuilder {
             if row.start_address() >= row.end_address() {
                 continue;
             }
-            self.rows.push(convert(section, row, signal));
+            self.push(convert(section, row, signal))?;
         }
         // Past the FDE, nothing is known until the next FDE starts.
-        self.rows.push(no_info(end as u32));
+        self.push(no_info(end as u32))
+    }
+
+    /// Counts `units` of work, failing once the build used more than its CPU budget.
+    fn work(&mut self, units: usize) -> anyhow::Result<()> {
+        self.since_check += units;
+        if self.since_check < WORK_PER_BUDGET_CHECK {
+            return Ok(());
+        }
+        self.since_check = 0;
+        let used = thread_cpu_time().saturating_sub(self.started);
+        if used > self.budget {
+            return Err(anyhow!(
+                "{BUILD_LIMIT}: its call frame information took more than {} s of CPU to read \
+                 ({} rows so far; a broken or hostile file)",
+                self.budget.as_secs(),
+                self.rows.len()
+            ));
+        }
         Ok(())
     }
 
-    fn finish(mut self) -> UnwindTable {
+    /// Adds one row, merging it into the last when the rows are in order and it changes
+    /// nothing; fails past the row limit or the CPU budget. (Rows merged before an
+    /// out-of-order FDE arrives stay merged: only overlapping FDEs, which no linker emits,
+    /// read differently than by sorting everything first.)
+    fn push(&mut self, row: UnwindRow) -> anyhow::Result<()> {
+        self.work(1)?;
+        if let Some(last) = self.rows.last_mut() {
+            if row.pc < last.pc {
+                self.sorted = false;
+            } else if self.sorted {
+                // A later FDE's row at the same pc wins, as in `finish`.
+                if last.pc == row.pc {
+                    *last = row;
+                    return Ok(());
+                }
+                if same_rule(last, &row) {
+                    return Ok(());
+                }
+            }
+        }
+        if self.rows.len() >= self.max_rows {
+            return Err(anyhow!(
+                "{BUILD_LIMIT}: its call frame information has more than {} rows, more than its \
+                 code could hold (a broken or hostile file)",
+                self.max_rows
+            ));
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    fn finish(self) -> anyhow::Result<UnwindTable> {
+        if self.skipped_fdes > 0 {
+            log::debug!(
+                "{} CFI entries skipped: they repeat FDEs or ranges already read",
+                self.skipped_fdes
+            );
+        }
+        let mut unsorted = self.rows;
         // Stable sort: an FDE's closing NoInfo row and the next FDE's first row share a pc,
         // and the latter, pushed later, must win.
-        self.rows.sort_by_key(|r| r.pc);
-        let mut rows: Vec<UnwindRow> = Vec::with_capacity(self.rows.len());
-        for row in self.rows {
+        unsorted.sort_by_key(|r| r.pc);
+        let mut rows: Vec<UnwindRow> = Vec::with_capacity(unsorted.len());
+        for row in unsorted {
             if let Some(last) = rows.last_mut() {
                 if last.pc == row.pc {
                     *last = row;
@@ -308,7 +484,7 @@ impl RowBuilder {
         }
         // Collapsing equal pcs can leave two equal neighbours behind.
         rows.dedup_by(|b, a| same_rule(a, b));
-        UnwindTable { rows }
+        Ok(UnwindTable { rows })
     }
 }
 
@@ -518,6 +694,44 @@ mod tests {
             None => "u".into(),
         };
         (cfa, rbp, format!("c{RETURN_ADDRESS_OFFSET}"))
+    }
+
+    fn rsp_row(pc: u32, offset: u16) -> UnwindRow {
+        UnwindRow::new(pc, CfaRule::Rsp, offset, None, 0).unwrap()
+    }
+
+    #[test]
+    fn a_build_past_its_row_bound_or_cpu_budget_is_refused_with_the_reason() {
+        // Rows that change nothing are merged as they come and count for nothing.
+        let mut builder = RowBuilder::new(10, BUILD_CPU_BUDGET);
+        for pc in 0..1000 {
+            builder.push(rsp_row(pc, 8)).unwrap();
+        }
+        assert_eq!(builder.rows.len(), 1);
+        // Distinct rows past the bound: refused.
+        let err = (0..11)
+            .try_for_each(|pc| builder.push(rsp_row(1000 + pc, 16 + 8 * (pc as u16 % 2))))
+            .unwrap_err();
+        assert!(err.to_string().starts_with(BUILD_LIMIT), "{err}");
+        assert!(err.to_string().contains("more than 10 rows"), "{err}");
+        // Any CPU time is past a zero budget once the work reaches a check.
+        let mut builder = RowBuilder::new(MAX_TABLE_ROWS, Duration::ZERO);
+        let err = (0..WORK_PER_BUDGET_CHECK as u32 * 2)
+            .try_for_each(|pc| builder.push(rsp_row(pc, 8 + 8 * (pc as u16 % 2))))
+            .unwrap_err();
+        assert!(err.to_string().starts_with(BUILD_LIMIT), "{err}");
+        assert!(err.to_string().contains("s of CPU"), "{err}");
+    }
+
+    #[test]
+    fn the_row_bound_follows_the_code_size() {
+        let libc = std::fs::read(LIBC).unwrap();
+        let elf = object::File::parse(&*libc).unwrap();
+        let limit = row_limit(&elf);
+        // libc has about 1.4 MB of code and 28k rows.
+        assert!((1_000_000..3_000_000).contains(&limit), "{limit}");
+        let (table, _) = UnwindTable::from_elf(&libc).unwrap();
+        assert!(table.rows.len() * 10 < limit);
     }
 
     #[test]
