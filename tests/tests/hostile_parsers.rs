@@ -507,6 +507,9 @@ ts: .quad 0, 10000000
     let mut cmd = bystander.user.command(&nofp);
     cmd.args(["parents", "60"]);
     let own = Workload::spawn_command(cmd);
+    // Until it execs, the process is the test's child that changed its uid, which the kernel
+    // marks undumpable: the daemon refuses it, as any process its user may not profile.
+    thread::sleep(Duration::from_millis(200));
     let (code, reply) = run_as(
         &bystander.user,
         &scene.bin,
