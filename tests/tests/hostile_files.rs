@@ -127,8 +127,9 @@ fn a_fifo_perf_map_freezes_neither_the_daemon_nor_the_other_users_run() {
     bystander.finish();
 }
 
-/// Item 1, the CLI: `bpfprof --pid P -d 3s` (as root) on a process whose perf map is a FIFO
-/// ends on time; it used to block in `ProcessMaps::refresh` forever.
+/// Item 1, the CLI: `bpfprof --pid P -d 3s` (as root) on a process whose perf map is a FIFO,
+/// planted before the run and, for another process, while it runs, ends on time; it used to
+/// block in `ProcessMaps::refresh` forever (neither `-d` nor `--max-duration` ended it).
 #[test]
 fn a_fifo_perf_map_does_not_stall_the_cli() {
     if !require_root() {
@@ -136,29 +137,36 @@ fn a_fifo_perf_map_does_not_stall_the_cli() {
     }
     let mallory = mallory();
     let dir = folder_of(&mallory);
-    let own = workload_as(&mallory, dir.path(), "spinner", &["60"]);
-    let map = perf_map(own.pid());
-    shell_as(&mallory, &format!("mkfifo {}", map.0.display()));
-    let out = tempdir();
-    let folded_path = out.path().join("p.folded");
-    let result = run_bpfprof(
-        [
+    for planted_mid_run in [false, true] {
+        let own = workload_as(&mallory, dir.path(), "spinner", &["60"]);
+        let map = perf_map(own.pid());
+        let plant = || shell_as(&mallory, &format!("mkfifo {}", map.0.display()));
+        if !planted_mid_run {
+            plant();
+        }
+        let out = tempdir();
+        let folded_path = out.path().join("p.folded");
+        let cli = spawn_bpfprof([
             "--pid",
             &own.pid().to_string(),
             "-d",
             "3s",
             "-o",
             folded_path.to_str().unwrap(),
-        ],
-        Duration::from_secs(30),
-    );
-    result.assert_code(exit::OK);
-    assert!(
-        result.elapsed < Duration::from_secs(20),
-        "took {:?}",
-        result.elapsed
-    );
-    assert!(Profile::read(&folded_path).total() > 100);
+        ]);
+        if planted_mid_run {
+            thread::sleep(Duration::from_secs(1));
+            plant();
+        }
+        let result = cli.wait_timeout(Duration::from_secs(30));
+        result.assert_code(exit::OK);
+        assert!(
+            result.elapsed < Duration::from_secs(20),
+            "took {:?}",
+            result.elapsed
+        );
+        assert!(Profile::read(&folded_path).total() > 100);
+    }
 }
 
 /// Compiles C `source` into `dir/name` (mode 0755) with `flags`.
