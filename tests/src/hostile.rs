@@ -108,6 +108,18 @@ fn rss_of(pid: u32) -> Option<u64> {
     Some(kb << 10)
 }
 
+/// Major page faults of `pid` so far (field 12 of `/proc/PID/stat`): a daemon whose code
+/// was evicted by other work on the machine waits for the disk, which is no lock's doing.
+fn major_faults(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat[stat.rfind(')')? + 2..].to_string();
+            rest.split_whitespace().nth(9)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// What the daemon's sampler saw.
 #[derive(Debug, Default, Clone, Copy)]
 struct Sampled {
@@ -129,6 +141,7 @@ pub struct Bystander {
     run_id: String,
     client: Child,
     client_lines: JoinHandle<Vec<String>>,
+    faults_at_start: u64,
     sampler: JoinHandle<Sampled>,
     stop: Arc<AtomicBool>,
 }
@@ -146,6 +159,8 @@ pub struct BystanderReport {
     pub samples: u64,
     /// Share of those samples whose stack reaches `main`.
     pub whole_share: f64,
+    /// The daemon's major page faults while watched.
+    pub major_faults: u64,
 }
 
 impl Bystander {
@@ -235,6 +250,7 @@ impl Bystander {
             run_id,
             client,
             client_lines,
+            faults_at_start: major_faults(daemon_pid),
             sampler,
             stop,
         }
@@ -295,6 +311,7 @@ impl Bystander {
         }
         assert!(answers.len() > 10, "the bystander's list: {lines:?}");
         let first = answers[0].0;
+        let faults = major_faults(self.daemon_pid) - self.faults_at_start;
         let mut slow: Vec<(f64, f64)> = answers.clone();
         slow.sort_by(|a, b| b.1.total_cmp(&a.1));
         slow.truncate(5);
@@ -302,7 +319,7 @@ impl Bystander {
         assert!(
             slowest < LIST_ANSWER_BOUND,
             "the bystander's list waited {slowest:?} (bound {LIST_ANSWER_BOUND:?}); the slowest \
-             (s after the first, s): {:?}",
+             (s after the first, s): {:?}; the daemon's major faults meanwhile: {faults}",
             slow.iter()
                 .map(|(sent, took)| (sent - first, *took))
                 .collect::<Vec<_>>()
@@ -331,6 +348,7 @@ impl Bystander {
             max_rss: sampled.max_rss,
             samples: profile.total(),
             whole_share,
+            major_faults: faults,
         };
         eprintln!("bystander: {report:?}");
         report

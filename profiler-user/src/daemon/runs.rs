@@ -502,6 +502,10 @@ impl Runs {
                     collected.drop_kernel_frames();
                 }
                 let mut profile = collected.assemble(end, symbolizer, &validated.recording.options);
+                // The run's frames are named (`assemble` took the run's own handles on its
+                // targets' files): the symbolizer closes the files it opened for it, a
+                // target's deleted binaries among them.
+                symbolizer.release();
                 // The daemon serves many runs: this run's cost is the CPU spent on its work
                 // (attach, ticks, collection, processing), beside the daemon's peak memory.
                 cpu += thread_cpu_time().saturating_sub(before);

@@ -13,13 +13,34 @@ use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 
 use crate::error::{Error, Result};
 
-/// A file's identity: device and inode, shared by every process that maps it.
+/// A file's identity as the daemon verified it when it opened the file (`fstat` of the open
+/// descriptor): device and inode, and the size, modification time and owner, so that a file
+/// overwritten in place (same inode) is another file to every cache keyed by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FileId {
     /// Device number (`st_dev`).
     pub dev: u64,
     /// Inode number.
     pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Owner's user id.
+    pub uid: u32,
+}
+
+impl FileId {
+    /// The identity of an open file from its `fstat`.
+    pub fn of(stat: &rustix::fs::Stat) -> FileId {
+        FileId {
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            size: u64::try_from(stat.st_size).unwrap_or(0),
+            mtime_ns: i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec),
+            uid: stat.st_uid,
+        }
+    }
 }
 
 /// A file mapped into a target, kept open so it can be read after the target is gone.
@@ -29,25 +50,44 @@ pub struct MappedFile {
     pub path: PathBuf,
     /// The file's identity.
     pub id: FileId,
-    /// Open handle, reachable as `/proc/self/fd/N`.
+    /// Open handle (opened as [`crate::process::target_file::open_mapped`] does).
     pub file: File,
+    /// What `fstat` said of it when opened.
+    stat: rustix::fs::Stat,
     /// The GNU build id, read on first use.
     build_id: std::sync::OnceLock<Option<String>>,
+    /// A descriptor that readers may `mmap`, made on first use (see
+    /// [`crate::process::target_file::stable`]); `None` when none could be made.
+    stable: std::sync::OnceLock<Option<File>>,
 }
 
 impl MappedFile {
-    /// A path through which this process can open the file, whatever the target's namespaces.
-    pub fn open_path(&self) -> PathBuf {
+    /// A path through which this process can open (and `mmap`, as blazesym does) the file,
+    /// whatever the target's namespaces; `None` when the file is one its user could truncate
+    /// and too large to copy (see [`crate::process::target_file::stable`]).
+    pub fn open_path(&self) -> Option<PathBuf> {
         use std::os::fd::AsRawFd;
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+        let stable = self.stable.get_or_init(|| {
+            crate::process::target_file::stable(&self.file, &self.stat)
+                .map_err(|e| log::warn!("{} is not symbolized: {e}", self.path.display()))
+                .ok()
+        });
+        Some(PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            stable.as_ref()?.as_raw_fd()
+        )))
     }
 
     /// The file's GNU build id in hex, if it has one (pprof mappings carry it so that
-    /// symbols can be found again later).
+    /// symbols can be found again later); read by `pread`, not mapped.
     pub fn build_id(&self) -> Option<&str> {
         self.build_id
             .get_or_init(|| {
-                let id = blazesym::helper::read_elf_build_id(&self.open_path()).ok()??;
+                use object::Object;
+                let reader =
+                    crate::process::target_file::ElfReader::new(self.file.try_clone().ok()?);
+                let elf = object::File::parse(&reader).ok()?;
+                let id = elf.build_id().ok()??;
                 Some(id.iter().map(|b| format!("{b:02x}")).collect())
             })
             .as_deref()
@@ -221,15 +261,18 @@ pub struct ProcessMaps {
     untracked: usize,
     /// Mappings of earlier layouts dropped (over [`MAX_RETIRED_MAPPINGS`]).
     retired_dropped: u64,
-    files: HashMap<FileId, Arc<MappedFile>>,
+    /// The files opened, by the device and inode the maps name.
+    files: HashMap<(u64, u64), Arc<MappedFile>>,
     /// Thread names by tid, kept after threads exit.
     threads: HashMap<u32, String>,
     /// The pid inside the target's own namespace: JIT maps are named after it.
     ns_pid: u32,
     /// JIT symbols from `/tmp/perf-PID.map`, sorted by start address.
     jit: Vec<JitSymbol>,
-    /// Size and mtime of the perf map when last read, to skip unchanged re-reads.
-    jit_stamp: Option<(u64, std::time::SystemTime)>,
+    /// The perf map's identity when last read, to skip unchanged re-reads.
+    jit_stamp: Option<FileId>,
+    /// Whether a perf map over [`crate::process::target_file::PERF_MAP_MAX_BYTES`] was cut (warned once).
+    jit_cut: bool,
     /// The process's executable as `/proc/PID/exe` names it, as last seen.
     exe: Option<PathBuf>,
     /// The executable mappings of the last read of `/proc/PID/maps`, as procfs parsed them,
@@ -275,6 +318,7 @@ impl ProcessMaps {
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
+            jit_cut: false,
             exe: None,
             last_read: Vec::new(),
             vdso: None,
@@ -303,6 +347,8 @@ impl ProcessMaps {
         let gone = || Error::NoSuchProcess(format!("pid {} exited", self.pid));
         let process = Process::new(self.pid as i32).map_err(|_| gone())?;
         let comm = process.stat().map_err(|_| gone())?.comm;
+        // The owner of /proc/PID: the process's effective uid (root for an undumpable one).
+        let owner = process.uid().map_err(|_| gone())?;
         if let Ok(exe) = process.exe() {
             self.exe = Some(exe);
         }
@@ -326,21 +372,20 @@ impl ProcessMaps {
             let (start, end) = map.address;
             let backing = match &map.pathname {
                 MMapPath::Path(path) => {
-                    let id = FileId {
-                        dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
-                        ino: map.inode,
-                    };
-                    match self.files.get(&id) {
+                    let dev_ino = (libc::makedev(map.dev.0 as u32, map.dev.1 as u32), map.inode);
+                    match self.files.get(&dev_ino) {
                         Some(file) => Backing::File(file.clone()),
-                        None => match open_mapped(self.pid, start, end, path) {
-                            Some(file) => {
+                        None => match open_mapped(self.pid, start, end, path, dev_ino) {
+                            Some((file, stat)) => {
                                 let file = Arc::new(MappedFile {
                                     path: path.clone(),
-                                    id,
+                                    id: FileId::of(&stat),
                                     file,
+                                    stat,
                                     build_id: std::sync::OnceLock::new(),
+                                    stable: std::sync::OnceLock::new(),
                                 });
-                                self.files.insert(id, file.clone());
+                                self.files.insert(dev_ino, file.clone());
                                 Backing::File(file)
                             }
                             None => Backing::Named(path.to_string_lossy().into_owned()),
@@ -369,7 +414,7 @@ impl ProcessMaps {
                 seen: 0,
             });
         }
-        self.refresh_jit();
+        self.refresh_jit(owner);
         // A zombie has no mappings left: keep what was captured while it lived.
         if mappings.is_empty() {
             return Ok(());
@@ -444,20 +489,48 @@ impl ProcessMaps {
     }
 
     /// Re-reads the JIT perf map (`perf-PID.map` in the target's own `/tmp`, reached through
-    /// its root so that containers work) when it changed.
-    fn refresh_jit(&mut self) {
-        let path = format!("/proc/{}/root/tmp/perf-{}.map", self.pid, self.ns_pid);
-        let Ok(meta) = std::fs::metadata(&path) else {
+    /// its root so that containers work) when it changed. The target controls that path, and
+    /// the daemon reads it as root: only a regular file reached without a symlink and owned by
+    /// the target's own user (`owner`) is read (so a link or hard link to a file the user
+    /// cannot read names nothing: its owner is another), never blocking (a FIFO is refused
+    /// without waiting for a writer), and at most [`crate::process::target_file::PERF_MAP_MAX_BYTES`].
+    /// The owner check stands in for opening it with the target's credentials, which the
+    /// daemon's unit cannot take (it has no CAP_SETUID).
+    fn refresh_jit(&mut self, owner: u32) {
+        use crate::process::target_file::{open_in_root, read_capped, PERF_MAP_MAX_BYTES};
+        let relative = format!("tmp/perf-{}.map", self.ns_pid);
+        let Ok((file, stat)) = open_in_root(self.pid, Path::new(&relative)) else {
             return;
         };
-        let stamp = (meta.len(), meta.modified().unwrap_or(std::time::UNIX_EPOCH));
+        if stat.st_uid != owner {
+            log::debug!(
+                "pid {}: /tmp/perf-{}.map belongs to uid {}, not the process's {owner}: unread",
+                self.pid,
+                self.ns_pid,
+                stat.st_uid
+            );
+            return;
+        }
+        let stamp = FileId::of(&stat);
         if self.jit_stamp == Some(stamp) {
             return;
         }
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Ok((mut bytes, cut)) = read_capped(&file, PERF_MAP_MAX_BYTES) else {
             return;
         };
-        self.jit = parse_perf_map(&text);
+        if cut {
+            // Only whole lines: the last one may be cut.
+            bytes.truncate(bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+            if !self.jit_cut {
+                log::warn!(
+                    "pid {}: its perf map is over {} MiB; the rest is not read",
+                    self.pid,
+                    PERF_MAP_MAX_BYTES >> 20
+                );
+                self.jit_cut = true;
+            }
+        }
+        self.jit = parse_perf_map(&String::from_utf8_lossy(&bytes));
         self.jit_stamp = Some(stamp);
     }
 
@@ -584,14 +657,16 @@ fn same_layout(a: &[Mapping], b: &[Mapping]) -> bool {
         })
 }
 
-/// Opens a mapped file through `map_files` (works across mount namespaces and for deleted
-/// files), falling back to the path inside the target's root.
-fn open_mapped(pid: u32, start: u64, end: u64, path: &Path) -> Option<File> {
-    File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
-        .or_else(|_| {
-            let relative = path.strip_prefix("/").unwrap_or(path);
-            File::open(Path::new(&format!("/proc/{pid}/root")).join(relative))
-        })
+/// Opens a mapped file as [`crate::process::target_file::open_mapped`] does (through `map_files`,
+/// else its path in the target's root if that is still the mapped file).
+fn open_mapped(
+    pid: u32,
+    start: u64,
+    end: u64,
+    path: &Path,
+    dev_ino: (u64, u64),
+) -> Option<(File, rustix::fs::Stat)> {
+    crate::process::target_file::open_mapped(pid, (start, end), path, dev_ino)
         .map_err(|e| log::debug!("cannot open {} of pid {pid}: {e}", path.display()))
         .ok()
 }
@@ -717,7 +792,7 @@ mod tests {
                 let exe = std::fs::read_link("/proc/self/exe").unwrap();
                 assert_eq!(file.path, exe);
                 assert!(offset > 0);
-                assert!(file.open_path().exists());
+                assert!(file.open_path().unwrap().exists());
                 let id = file.build_id().expect("test binaries have a GNU build id");
                 assert!(
                     id.len() >= 16 && id.chars().all(|c| c.is_ascii_hexdigit()),

@@ -1,6 +1,8 @@
 //! Target processes: which processes a run profiles ([`target`]), their executable mappings
-//! over time ([`maps`]) and the kernel's vDSO image they map ([`vdso`]).
+//! over time ([`maps`]), the kernel's vDSO image they map ([`vdso`]), and how the files they
+//! control are opened and read as hostile input ([`target_file`]).
 
 pub mod maps;
 pub mod target;
+pub mod target_file;
 pub mod vdso;

@@ -26,8 +26,8 @@ pub type NotPython = String;
 
 /// One file's mapping: start and end address, file offset.
 type Mapping = (u64, u64, u64);
-/// Each mapped file's mappings.
-type FileMappings = BTreeMap<PathBuf, Vec<Mapping>>;
+/// Each mapped file's device and inode (as the maps name them), and its mappings.
+type FileMappings = BTreeMap<PathBuf, ((u64, u64), Vec<Mapping>)>;
 
 /// Versions whose layouts bpfprof knows.
 pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
@@ -69,9 +69,11 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
     let mut files: FileMappings = BTreeMap::new();
     for m in maps {
         if let MMapPath::Path(path) = m.pathname {
+            let dev_ino = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
             files
                 .entry(path)
-                .or_default()
+                .or_insert_with(|| (dev_ino, Vec::new()))
+                .1
                 .push((m.address.0, m.address.1, m.offset));
         }
     }
@@ -89,8 +91,8 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
         return Ok(Err("no libpython or python binary mapped".into()));
     }
     let mut reasons = Vec::new();
-    for (path, mappings) in candidates {
-        match runtime_of(pid, path, mappings)? {
+    for (path, (dev_ino, mappings)) in candidates {
+        match runtime_of(pid, path, *dev_ino, mappings)? {
             Some((runtime, py_version)) => {
                 let version = match py_version {
                     Some(addr) => {
@@ -143,37 +145,24 @@ fn version_from_name(path: &std::path::Path) -> Option<(u8, u8)> {
 }
 
 /// Runtime addresses of `_PyRuntime` and, where defined, `Py_Version`, when `path` defines
-/// `_PyRuntime`. The file is read through `/proc/PID/root` so that a process in another mount
-/// namespace is read from its own files; where that path is gone (a file deleted or replaced
-/// since the process mapped it, shown as `PATH (deleted)`), through `/proc/PID/map_files`.
+/// `_PyRuntime`. The target controls the file (and what its path names now: a deleted
+/// interpreter's `PATH (deleted)` may be a FIFO), so the mapped object itself is opened through
+/// `/proc/PID/map_files` (as [`crate::process::target_file::open_mapped`] does: never blocking, a
+/// regular file only) and read by `pread` (a file truncated meanwhile cannot SIGBUS the
+/// daemon).
 fn runtime_of(
     pid: u32,
     path: &std::path::Path,
+    dev_ino: (u64, u64),
     mappings: &[Mapping],
 ) -> Result<Option<(u64, Option<u64>)>> {
-    let by_root =
-        PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
-    let (on_host, file) = match std::fs::File::open(&by_root) {
-        Ok(file) => (by_root, file),
-        Err(e) => {
-            let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
-            let by_mapping = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-            match std::fs::File::open(&by_mapping) {
-                Ok(file) => (by_mapping, file),
-                Err(_) => {
-                    return Err(anyhow::Error::from(e)
-                        .context(format!("open {}", by_root.display()))
-                        .into())
-                }
-            }
-        }
-    };
-    // SAFETY: the map is read-only and private; a file changed under it would at worst give
-    // wrong symbol values, which the reads of process memory then fail on.
-    let data = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("map {}", on_host.display()))?;
-    let elf =
-        object::File::parse(&*data).with_context(|| format!("parse {}", on_host.display()))?;
+    let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
+    let (file, _) = crate::process::target_file::open_mapped(pid, (start, end), path, dev_ino)
+        .with_context(|| format!("open {} of pid {pid}", path.display()))?;
+    let reader = crate::process::target_file::ElfReader::new(file);
+    let elf = object::File::parse(&reader)
+        .map_err(|e| reader.explain(e.into()))
+        .with_context(|| format!("parse {}", path.display()))?;
     let symbol = |name: &str| {
         // `.dynsym` first: Debian's stripped python3.11 keeps `_PyRuntime` only there.
         elf.dynamic_symbols()
@@ -194,7 +183,10 @@ fn runtime_of(
 
 /// The difference between the object's runtime and link-time addresses, from a mapping whose
 /// file offset is a loadable segment's (page-aligned) start.
-fn load_bias(elf: &object::File, mappings: &[Mapping]) -> Option<u64> {
+fn load_bias<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    mappings: &[Mapping],
+) -> Option<u64> {
     const PAGE: u64 = 4096;
     for segment in elf.segments() {
         let (file_offset, _) = segment.file_range();

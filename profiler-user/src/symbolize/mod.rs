@@ -6,6 +6,7 @@ pub mod stripped;
 
 use std::{
     collections::{HashMap, HashSet},
+    path::PathBuf,
     sync::{mpsc, Arc, Mutex},
 };
 
@@ -97,6 +98,9 @@ pub struct Symbolizer {
     plt: HashMap<FileId, Option<PltStubs>>,
     /// Whether user frames get their function's first line (one more lookup per function).
     start_lines: bool,
+    /// The path blazesym opened each file by (`/proc/self/fd/N` of its [`MappedFile`]), so
+    /// that [`Self::release`] can make it close what it keeps open.
+    opened: HashMap<FileId, PathBuf>,
 }
 
 impl Default for Symbolizer {
@@ -119,7 +123,24 @@ impl Symbolizer {
             function_starts: HashMap::new(),
             plt: HashMap::new(),
             start_lines: false,
+            opened: HashMap::new(),
         }
+    }
+
+    /// Forgets every open file (blazesym's cached descriptors and mappings, each file's PLT
+    /// stubs and function starts), keeping the names resolved: called when a run's frames are
+    /// named, so that the daemon holds no target's file (a deleted one included) past the
+    /// runs that sampled it. A later run opens what it needs again.
+    pub fn release(&mut self) {
+        for (_, path) in self.opened.drain() {
+            let evict =
+                blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(path));
+            if let Err(e) = self.blazesym.evict(&evict) {
+                log::debug!("releasing a symbolized file: {e}");
+            }
+        }
+        self.plt.clear();
+        self.function_starts.clear();
     }
 
     /// Whether user frames get [`Frame::start_line`] (for `--line-numbers`); turning it on
@@ -159,8 +180,16 @@ impl Symbolizer {
         }
         for (id, (file, offsets)) in by_file {
             let offsets: Vec<u64> = offsets.into_iter().collect();
-            let source = Source::Elf(Elf::new(file.open_path()));
             let module = file.module_name();
+            let Some(path) = file.open_path() else {
+                for offset in offsets {
+                    let frames = unknown(&module, offset, FrameKind::User);
+                    self.user.insert((id, offset), frames);
+                }
+                continue;
+            };
+            self.opened.insert(id, path.clone());
+            let source = Source::Elf(Elf::new(path.clone()));
             match self
                 .blazesym
                 .symbolize(&source, Input::FileOffset(&offsets))
@@ -172,10 +201,7 @@ impl Symbolizer {
                     } else {
                         HashMap::new()
                     };
-                    let plt = self
-                        .plt
-                        .entry(id)
-                        .or_insert_with(|| PltStubs::read(&file.open_path()));
+                    let plt = self.plt.entry(id).or_insert_with(|| PltStubs::read(&path));
                     let stub_names: Vec<Option<String>> = offsets
                         .iter()
                         .map(|o| plt.as_ref().and_then(|p| p.name(*o)).map(str::to_string))
@@ -193,7 +219,7 @@ impl Symbolizer {
                             let starts = self
                                 .function_starts
                                 .entry(id)
-                                .or_insert_with(|| FunctionStarts::read(&file.open_path()));
+                                .or_insert_with(|| FunctionStarts::read(&path));
                             match starts.as_ref().and_then(|s| s.name(&module, *offset)) {
                                 Some(name) => renamed(&module, name),
                                 None => unknown(&module, *offset, FrameKind::User),

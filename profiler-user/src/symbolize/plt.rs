@@ -45,7 +45,9 @@ impl PltStubs {
             .map_err(|e| log::debug!("opening {}: {e}", path.display()))
             .ok()?;
         // SAFETY: a read-only private mapping; only the headers, the PLT and the dynamic
-        // symbols are touched.
+        // symbols are touched. `path` is a `MappedFile::open_path`: a root-owned read-only
+        // file or a sealed copy (see `crate::process::target_file::stable`), which no target's user
+        // can truncate under it.
         let data = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| log::debug!("mapping {}: {e}", path.display()))
             .ok()?;

@@ -33,7 +33,9 @@ impl FunctionStarts {
         // Mapped, not read: only the headers, `.eh_frame_hdr` and the dynamic symbols are
         // touched, and reading a 430 MB libtorch_cpu.so whole took a run's end 0.3 s and as
         // much memory.
-        // SAFETY: a read-only private mapping, dropped before this returns.
+        // SAFETY: a read-only private mapping, dropped before this returns, of a file no
+        // target's user can truncate: `path` is a `MappedFile::open_path`, a root-owned
+        // read-only file or a sealed copy (see `crate::process::target_file::stable`).
         let data = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| log::debug!("mapping {}: {e}", path.display()))
             .ok()?;

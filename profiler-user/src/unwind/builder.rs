@@ -174,15 +174,13 @@ fn build_loop(shared: &Shared, finished: &Sender<Built>) {
 /// The table of one image. A hostile or broken file (truncated, not ELF, no CFI) is an
 /// error for this object only.
 fn build(image: &Image) -> anyhow::Result<UnwindTable> {
-    use anyhow::Context;
     let (table, _source) = match image {
         Image::File(file) => {
-            // SAFETY: read-only private mapping of a file the target maps too; a file
-            // truncated under us can only fault this read, as for any mapped binary.
-            let map = unsafe { memmap2::Mmap::map(file) }.context("mapping the object")?;
-            UnwindTable::from_elf(&map)?
+            // Read by pread, not mapped: the target's user may truncate the file meanwhile.
+            let reader = crate::process::target_file::ElfReader::new(file.try_clone()?);
+            UnwindTable::from_elf(&reader).map_err(|e| reader.explain(e))?
         }
-        Image::Memory(bytes) => UnwindTable::from_elf(bytes)?,
+        Image::Memory(bytes) => UnwindTable::from_elf(bytes.as_slice())?,
     };
     Ok(table)
 }

@@ -432,7 +432,9 @@ impl UnwindMaps {
             .flat_map(|t| &t.mappings)
             .find(|m| m.key.as_ref() == Some(&key))
             .and_then(|m| m.source.clone());
-        let Some(image) = source.and_then(|s| std::fs::File::open(s).ok()) else {
+        let Some((image, _)) =
+            source.and_then(|s| crate::process::target_file::open_proc_link(&s).ok())
+        else {
             return;
         };
         self.submit(key, Image::File(image), 0, true);
@@ -647,16 +649,16 @@ impl UnwindMaps {
         offset: u64,
         name: &str,
     ) -> anyhow::Result<TrackedMapping> {
-        let handle =
-            std::fs::File::open(source).with_context(|| format!("opening {}", source.display()))?;
-        let meta = handle.metadata().context("stat")?;
         // A FIFO, a device or a directory mapped executable is nothing to read.
+        let (handle, _) = crate::process::target_file::open_proc_link(source)
+            .with_context(|| format!("opening {}", source.display()))?;
+        let meta = handle.metadata().context("stat")?;
         if !meta.is_file() {
             return Err(anyhow!("not a regular file"));
         }
-        // SAFETY: read-only private mapping of a file the target maps too.
-        let image = unsafe { memmap2::Mmap::map(&handle) }.context("mapping the object")?;
-        let bias = load_bias(&image, start, offset)?;
+        // Read by pread, not mapped: the target's user may truncate the file meanwhile.
+        let image = crate::process::target_file::ElfReader::new(handle.try_clone()?);
+        let bias = load_bias(&image, start, offset).map_err(|e| image.explain(e))?;
         let key = FileKey::of_file(&meta);
         if !self.tables.contains_key(&key) {
             self.new_table(key.clone(), name);
@@ -684,7 +686,7 @@ impl UnwindMaps {
     /// memory, and its table is built once per kernel (by the image's build id).
     fn vdso(&mut self, pid: u32, start: u64, end: u64) -> anyhow::Result<TrackedMapping> {
         let image = crate::process::vdso::read_image(pid, start, end)?;
-        let bias = load_bias(&image, start, 0)?;
+        let bias = load_bias(image.as_slice(), start, 0)?;
         let key = {
             use object::Object;
             let elf = object::File::parse(&*image).context("parsing the vDSO's ELF headers")?;

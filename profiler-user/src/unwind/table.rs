@@ -40,19 +40,21 @@ pub enum CfiSource {
 }
 
 impl UnwindTable {
-    /// Builds the table of the ELF file at `path`.
+    /// Builds the table of the ELF file at `path`, read by `pread` (see
+    /// [`crate::process::target_file::ElfReader`]).
     pub fn from_path(path: &Path) -> anyhow::Result<(UnwindTable, CfiSource)> {
         let file =
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: the mapping is read-only and private; a file truncated under us can only
-        // fault this read, which the daemon's callers accept as for any mapped binary.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .with_context(|| format!("mapping {}", path.display()))?;
-        Self::from_elf(&map).with_context(|| format!("reading the CFI of {}", path.display()))
+        let reader = crate::process::target_file::ElfReader::new(file);
+        Self::from_elf(&reader)
+            .map_err(|e| reader.explain(e))
+            .with_context(|| format!("reading the CFI of {}", path.display()))
     }
 
-    /// Builds the table of an ELF image held in memory.
-    pub fn from_elf(data: &[u8]) -> anyhow::Result<(UnwindTable, CfiSource)> {
+    /// Builds the table of an ELF image: in memory, or read on demand from a file.
+    pub fn from_elf<'data>(
+        data: impl object::ReadRef<'data>,
+    ) -> anyhow::Result<(UnwindTable, CfiSource)> {
         let elf = object::File::parse(data).context("parsing the ELF headers")?;
         if elf.architecture() != object::Architecture::X86_64 {
             return Err(anyhow!(
@@ -119,7 +121,7 @@ const CFI_BYTES_PER_ROW: u64 = 5;
 
 /// The rows the table of the ELF image `data` will have, estimated from the size of its
 /// call frame information without evaluating it (microseconds instead of a build).
-pub fn estimate_rows(data: &[u8]) -> u64 {
+pub fn estimate_rows<'data>(data: impl object::ReadRef<'data>) -> u64 {
     let Ok(elf) = object::File::parse(data) else {
         return 0;
     };
@@ -150,23 +152,21 @@ pub fn estimate_process_rows(pid: u32) -> u32 {
         }
         let (start, end) = map.address;
         let source = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
-        let Ok(file) = std::fs::File::open(&source) else {
+        let Ok((file, _)) = crate::process::target_file::open_proc_link(Path::new(&source)) else {
             continue;
         };
-        if !file.metadata().is_ok_and(|m| m.is_file()) {
-            continue;
-        }
-        // SAFETY: read-only private mapping of a file the target maps too.
-        if let Ok(image) = unsafe { memmap2::Mmap::map(&file) } {
-            rows += estimate_rows(&image);
-        }
+        rows += estimate_rows(&crate::process::target_file::ElfReader::new(file));
     }
     rows.min(u64::from(u32::MAX)) as u32
 }
 
 /// The load bias of the mapping at `start` with file `offset`: runtime address minus the
 /// object's virtual address, from the PT_LOAD segment that holds `offset`.
-pub fn load_bias(data: &[u8], start: u64, offset: u64) -> anyhow::Result<u64> {
+pub fn load_bias<'data>(
+    data: impl object::ReadRef<'data>,
+    start: u64,
+    offset: u64,
+) -> anyhow::Result<u64> {
     let elf = object::File::parse(data).context("parsing the ELF headers")?;
     let bias = |file_start: u64, vaddr: u64| {
         // runtime = start + (file position - offset); vaddr = p_vaddr + (file position - p_offset)
@@ -180,7 +180,7 @@ pub fn load_bias(data: &[u8], start: u64, offset: u64) -> anyhow::Result<u64> {
     // it (Rust and lld binaries put .text right after read-only data, with p_vaddr - p_offset
     // differing between the two): the segment that starts in that page is the one mapped.
     let page = |x: u64| x & !(PAGE_SIZE - 1);
-    let executable = |s: &object::Segment<'_, '_>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+    let executable = |s: &object::Segment<'data, '_, _>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
     // Two segments may start in one page (read-only data, then writable data): the executable
     // one is the one the unwinder asks about.
     if let Some(segment) = elf
@@ -233,7 +233,7 @@ const WORK_PER_FDE: usize = 64;
 /// The most rows the table of `elf` can honestly have: each row starts at a distinct
 /// instruction, so no more than one per byte of executable code (plus [`ROW_SLACK`]), and
 /// never more than [`MAX_TABLE_ROWS`].
-fn row_limit(elf: &object::File<'_>) -> usize {
+fn row_limit<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> usize {
     let sections: u64 = elf
         .sections()
         .filter(|s| {
@@ -730,7 +730,7 @@ mod tests {
         let limit = row_limit(&elf);
         // libc has about 1.4 MB of code and 28k rows.
         assert!((1_000_000..3_000_000).contains(&limit), "{limit}");
-        let (table, _) = UnwindTable::from_elf(&libc).unwrap();
+        let (table, _) = UnwindTable::from_elf(&*libc).unwrap();
         assert!(table.rows.len() * 10 < limit);
     }
 
@@ -869,7 +869,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vdso.so");
         std::fs::write(&path, &image).unwrap();
-        let (table, source) = UnwindTable::from_elf(&image).unwrap();
+        let (table, source) = UnwindTable::from_elf(image.as_slice()).unwrap();
         assert_eq!(source, CfiSource::EhFrameHdr);
         assert!(!table.rows.is_empty());
         let checked = check_against_readelf(&path);
@@ -904,7 +904,7 @@ mod tests {
                 (start..end).contains(&(marker as u64))
             })
             .expect("the mapping of this test's code");
-        let bias = load_bias(&exe, text.address.0, text.offset).unwrap();
+        let bias = load_bias(exe.as_slice(), text.address.0, text.offset).unwrap();
         assert_eq!(bias.wrapping_add(symbol.address()), marker as u64);
     }
 }

@@ -1,0 +1,331 @@
+//! Opening and reading the files a target controls (its JIT perf map, the objects it maps, its
+//! interpreter) as hostile input: the root daemon reads them for every user (issue 23). Every
+//! open is `O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC` and must give a regular file, so that a FIFO, a
+//! device or a link planted where a file was expected neither blocks nor leaks; reads are
+//! `pread`s into bounded buffers, never `mmap`s of a file its owner could truncate under us
+//! (a truncated mapping faults the daemon with SIGBUS).
+
+use std::{
+    cell::Cell,
+    fs::File,
+    io::{self, Read, Seek, SeekFrom, Write},
+    os::unix::fs::FileExt,
+    path::Path,
+};
+
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, Stat};
+
+/// Largest perf map read (a JIT's `/tmp/perf-PID.map`): a large Node or JVM service writes a
+/// few MiB; the rest of a larger file is left unread (with a warning), so that a target cannot
+/// make the daemon hold or parse more than this.
+pub const PERF_MAP_MAX_BYTES: u64 = 16 << 20;
+
+/// Bytes read from one object file for its symbols or unwind tables: a 430 MB libtorch_cpu.so
+/// needs about 30 MiB (its `.eh_frame` and headers). A file claiming more is refused rather
+/// than read, so that a forged section size cannot make the daemon allocate it.
+pub const ELF_READ_BUDGET: u64 = 256 << 20;
+
+/// Largest file that a target's user could truncate that is copied into a sealed memory file
+/// for symbolization (see [`stable`]); a larger one is symbolized as `module+0xOFFSET`. The
+/// copy lives while a run symbolizes, in the daemon's memory.
+pub const SNAPSHOT_MAX_BYTES: u64 = 128 << 20;
+
+/// The flags of every open of a path a target controls: the last component is never
+/// followed, a FIFO or device never blocks the open, and the descriptor stays in the daemon.
+fn flags() -> OFlags {
+    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY
+}
+
+/// `file` if it is a regular file (a FIFO, device, socket or directory is an error).
+fn regular(file: File) -> io::Result<(File, Stat)> {
+    let stat = rustix::fs::fstat(&file)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok((file, stat))
+}
+
+/// Opens `path`, a kernel's link to a target's file (`/proc/PID/map_files/START-END`: the
+/// mapped object itself), as a regular file. The link is followed (that is its use; the
+/// kernel, not the target, made it), but never blocks nor gives anything but a regular file.
+pub fn open_proc_link(path: &Path) -> io::Result<(File, Stat)> {
+    regular(rustix::fs::open(path, flags() - OFlags::NOFOLLOW, Mode::empty())?.into())
+}
+
+/// Opens `relative` inside the root directory of process `pid` (its mount namespace) as a
+/// regular file, following no symlink on the way (so the file is what that path names in the
+/// target's own tree, not something a link planted there points at) and never leaving that
+/// root.
+pub fn open_in_root(pid: u32, relative: &Path) -> io::Result<(File, Stat)> {
+    let root = rustix::fs::open(
+        format!("/proc/{pid}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let relative = relative.strip_prefix("/").unwrap_or(relative);
+    let fd = rustix::fs::openat2(
+        &root,
+        relative,
+        flags(),
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    regular(fd.into())
+}
+
+/// Opens the file that process `pid` maps at `start..end` (named `path`, device and inode
+/// `dev_ino` in its maps): the mapped object itself through `map_files`, which works across
+/// mount namespaces and for deleted files; else the path inside the target's root, accepted
+/// only if it is still that device and inode (a deleted file's name may now be anything).
+pub fn open_mapped(
+    pid: u32,
+    (start, end): (u64, u64),
+    path: &Path,
+    dev_ino: (u64, u64),
+) -> io::Result<(File, Stat)> {
+    open_proc_link(Path::new(&format!(
+        "/proc/{pid}/map_files/{start:x}-{end:x}"
+    )))
+    .or_else(|_| {
+        let (file, stat) = open_in_root(pid, path)?;
+        if (stat.st_dev, stat.st_ino) != dev_ino {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the path no longer names the mapped file",
+            ));
+        }
+        Ok((file, stat))
+    })
+}
+
+/// Up to `cap` bytes from the start of `file` by `pread`, and whether it holds more.
+pub fn read_capped(file: &File, cap: u64) -> io::Result<(Vec<u8>, bool)> {
+    let mut data = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    while (data.len() as u64) < cap {
+        let want = chunk.len().min((cap - data.len() as u64) as usize);
+        match file.read_at(&mut chunk[..want], data.len() as u64) {
+            Ok(0) => return Ok((data, false)),
+            Ok(n) => data.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut probe = [0u8; 1];
+    let more = file.read_at(&mut probe, cap)? > 0;
+    Ok((data, more))
+}
+
+/// A file read by `pread` at a position of its own: descriptors duplicated from one file
+/// share its seek offset, and several threads read one target's objects.
+struct Positional {
+    file: File,
+    pos: u64,
+}
+
+impl Read for Positional {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for Positional {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let (base, delta) = match to {
+            SeekFrom::Start(at) => (at, 0),
+            SeekFrom::End(delta) => (self.file.metadata()?.len(), delta),
+            SeekFrom::Current(delta) => (self.pos, delta),
+        };
+        self.pos = base
+            .checked_add_signed(delta)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
+        Ok(self.pos)
+    }
+}
+
+/// An object file read by `pread` on demand (only the ranges a parser asks for, each once),
+/// for `object`'s parsers: a file truncated while it is read gives read errors, not SIGBUS.
+/// Reads stop at [`ELF_READ_BUDGET`] bytes.
+pub struct ElfReader {
+    cache: object::read::ReadCache<Positional>,
+    read: Cell<u64>,
+    over_budget: Cell<bool>,
+}
+
+impl ElfReader {
+    /// A reader of `file` (which may share its seek offset with other descriptors: it is
+    /// not used).
+    pub fn new(file: File) -> ElfReader {
+        ElfReader {
+            cache: object::read::ReadCache::new(Positional { file, pos: 0 }),
+            read: Cell::new(0),
+            over_budget: Cell::new(false),
+        }
+    }
+
+    /// Whether a read was refused for going over [`ELF_READ_BUDGET`] (a parse error then
+    /// says why: see [`Self::explain`]).
+    pub fn over_budget(&self) -> bool {
+        self.over_budget.get()
+    }
+
+    /// `error`, saying so when the budget refused a read.
+    pub fn explain(&self, error: anyhow::Error) -> anyhow::Error {
+        if self.over_budget() {
+            error.context(format!(
+                "the object asks for more than {} MiB of reads",
+                ELF_READ_BUDGET >> 20
+            ))
+        } else {
+            error
+        }
+    }
+
+    fn charge(&self, size: u64) -> Result<(), ()> {
+        let total = self.read.get().saturating_add(size);
+        if total > ELF_READ_BUDGET {
+            self.over_budget.set(true);
+            return Err(());
+        }
+        self.read.set(total);
+        Ok(())
+    }
+}
+
+impl<'a> object::ReadRef<'a> for &'a ElfReader {
+    fn len(self) -> Result<u64, ()> {
+        (&self.cache).len()
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        self.charge(size)?;
+        (&self.cache).read_bytes_at(offset, size)
+    }
+
+    fn read_bytes_at_until(
+        self,
+        range: std::ops::Range<u64>,
+        delimiter: u8,
+    ) -> Result<&'a [u8], ()> {
+        let bytes = (&self.cache).read_bytes_at_until(range, delimiter)?;
+        self.charge(bytes.len() as u64)?;
+        Ok(bytes)
+    }
+}
+
+/// Whether the target's user could change or truncate the file `stat` describes: anyone but
+/// root owning it, or a group or other write bit (an ACL granting write shows in the group
+/// bits). Root's read-only system files cannot be.
+pub fn user_writable(stat: &Stat) -> bool {
+    stat.st_uid != 0 || stat.st_mode & 0o022 != 0
+}
+
+/// A descriptor of `file` that readers may `mmap` (blazesym does) without SIGBUS: the file
+/// itself when the target's user cannot truncate it, else a copy in a memory file sealed
+/// against shrinking and writing (up to [`SNAPSHOT_MAX_BYTES`]).
+pub fn stable(file: &File, stat: &Stat) -> io::Result<File> {
+    if !user_writable(stat) {
+        return file.try_clone();
+    }
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size > SNAPSHOT_MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "{} MiB, over the {} MiB that a file its user can truncate is copied for \
+                 symbolization",
+                size >> 20,
+                SNAPSHOT_MAX_BYTES >> 20
+            ),
+        ));
+    }
+    let memfd: File = rustix::fs::memfd_create(
+        "bpfprof-object",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )?
+    .into();
+    // By pread, at most the size seen (a file that grows meanwhile is cut there).
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    while copied < size {
+        let want = chunk.len().min((size - copied) as usize);
+        match file.read_at(&mut chunk[..want], copied) {
+            Ok(0) => {
+                log::debug!("object shrank while copied: {copied} of {size} bytes");
+                break;
+            }
+            Ok(n) => {
+                (&memfd).write_all(&chunk[..n])?;
+                copied += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    rustix::fs::fcntl_add_seals(
+        &memfd,
+        rustix::fs::SealFlags::SHRINK
+            | rustix::fs::SealFlags::GROW
+            | rustix::fs::SealFlags::WRITE
+            | rustix::fs::SealFlags::SEAL,
+    )?;
+    // Readers of the descriptor itself start at the beginning.
+    (&memfd).seek(SeekFrom::Start(0))?;
+    Ok(memfd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifos_and_links_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(open_in_root(me, &fifo).is_err());
+        assert!(open_proc_link(&fifo).is_err());
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert!(open_in_root(me, &link).is_err());
+        let linked_dir = dir.path().join("dir");
+        std::os::unix::fs::symlink("/etc", &linked_dir).unwrap();
+        assert!(open_in_root(me, &linked_dir.join("hostname")).is_err());
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"0123456789").unwrap();
+        let (file, _) = open_in_root(me, &plain).unwrap();
+        assert_eq!(read_capped(&file, 4).unwrap(), (b"0123".to_vec(), true));
+        assert_eq!(
+            read_capped(&file, 10).unwrap(),
+            (b"0123456789".to_vec(), false)
+        );
+    }
+
+    #[test]
+    fn snapshots_are_sealed_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("object");
+        std::fs::write(&path, b"ELF image").unwrap();
+        let (file, mut stat) = open_proc_link(&path).unwrap();
+        stat.st_uid = 1000;
+        let copy = stable(&file, &stat).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        let mut text = String::new();
+        (&copy).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "ELF image");
+        assert!(copy.set_len(0).is_err(), "the copy can shrink");
+    }
+}
