@@ -39,6 +39,15 @@ impl Workload {
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
         let pid = child.id();
+        if cmd.get_program() == "setpriv" {
+            // A test user's command starts as `setpriv`, which changes its ids (leaving it
+            // undumpable, so no one but root may profile it) and then execs the program:
+            // return once the program runs, as it would for a user who started it.
+            poll_until(Duration::from_secs(10), || {
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+                (!exe.is_some_and(|e| e.ends_with("setpriv"))).then_some(())
+            });
+        }
         let state = Arc::new(Mutex::new(ChildState {
             child,
             status: None,
