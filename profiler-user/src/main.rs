@@ -13,6 +13,9 @@ use bpfprof::{
 };
 use clap::Parser;
 
+/// The daemon's async worker threads.
+const DAEMON_WORKERS: usize = 2;
+
 fn main() -> ExitCode {
     // Called `strobeclient` (or `bpfprof strobeclient ...`): PyTorch's strobelight front end.
     let argv: Vec<OsString> = std::env::args_os().collect();
@@ -30,17 +33,28 @@ fn main() -> ExitCode {
         .format_timestamp(None)
         .format_target(false)
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let daemon = matches!(cli.command, Some(Command::Daemon(_)));
+    // The daemon answers many clients: two workers, so that a client's request never waits
+    // behind another task's moment on a thread (its slow work runs on blocking threads).
+    // A recording needs one thread.
+    let runtime = if daemon {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(DAEMON_WORKERS)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             log::error!("starting the async runtime: {e}");
             return ExitCode::from(exit_code::FAILURE as u8);
         }
     };
-    if !matches!(cli.command, Some(Command::Daemon(_))) {
+    if !daemon {
         // A reader that goes away (`bpfprof list | head -2`) ends the command quietly, as for
         // any Unix filter, instead of a panic on the failed write. The daemon keeps ignoring
         // SIGPIPE: a client hanging up must not kill it.
