@@ -125,7 +125,15 @@ pub fn estimate_rows<'data>(data: impl object::ReadRef<'data>) -> u64 {
     let Ok(elf) = object::File::parse(data) else {
         return 0;
     };
-    let size = |name: &str| elf.section_by_name(name).map_or(0, |s| s.size());
+    let file_len = data.len().unwrap_or(0);
+    // The bytes the section has in the file: a header claiming more (4 GiB of `.eh_frame` in
+    // a 4 KiB file) sized the kernel's row array at its cap.
+    let size = |name: &str| {
+        elf.section_by_name(name)
+            .and_then(|s| s.file_range())
+            .filter(|&(offset, size)| offset.saturating_add(size) <= file_len)
+            .map_or(0, |(_, size)| size)
+    };
     let cfi = match size(".eh_frame") {
         0 => size(".debug_frame"),
         n => n,
@@ -290,9 +298,8 @@ fn collect_from_hdr(
     let mut read: HashSet<usize> = HashSet::new();
     let mut covered_to = 0u64;
     while let Some((_, pointer)) = entries.next().context("reading .eh_frame_hdr's table")? {
-        let offset = table
-            .pointer_to_offset(pointer)
-            .context("an .eh_frame_hdr entry points outside .eh_frame")?;
+        let offset =
+            fde_offset(&hdr, pointer).context("an .eh_frame_hdr entry points outside .eh_frame")?;
         if !read.insert(offset.0) {
             // An index that names one FDE twice is no index of this `.eh_frame`: the section
             // itself is read instead, each FDE once, in its order.
@@ -314,6 +321,20 @@ fn collect_from_hdr(
         builder.add_fde(eh_frame, bases, &mut ctx, &fde)?;
     }
     Ok(())
+}
+
+/// Where an `.eh_frame_hdr` entry's FDE starts in `.eh_frame`; `None` for an entry pointing
+/// before the section. (gimli's `pointer_to_offset` subtracts unchecked: such an entry
+/// panicked with overflow checks, as in the debug build, and wrapped without; found by the
+/// `unwind_cfi` fuzz target.)
+fn fde_offset(
+    hdr: &gimli::ParsedEhFrameHdr<Slice<'_>>,
+    pointer: gimli::Pointer,
+) -> Option<gimli::EhFrameOffset<usize>> {
+    let pointer = pointer.direct().ok()?;
+    let eh_frame = hdr.eh_frame_ptr().direct().ok()?;
+    let offset = usize::try_from(pointer.checked_sub(eh_frame)?).ok()?;
+    Some(gimli::EhFrameOffset(offset))
 }
 
 /// Walks every FDE of a CFI section in section order.
@@ -824,6 +845,45 @@ mod tests {
         );
         assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
         assert_eq!(std::mem::size_of::<UnwindRow>(), 8);
+    }
+
+    #[test]
+    fn the_row_estimate_counts_only_cfi_bytes_the_file_has() {
+        let mut image = std::fs::read(LIBC).unwrap();
+        let honest = estimate_rows(&image[..]);
+        assert!(honest > 10_000, "libc's estimate {honest}");
+        // Claim 4 GiB of .eh_frame: sh_size of its section header.
+        let header = {
+            let elf =
+                object::read::elf::ElfFile64::<object::Endianness>::parse(&image[..]).unwrap();
+            let index = elf.section_by_name(".eh_frame").unwrap().index().0;
+            let shoff = elf.elf_header().e_shoff.get(object::Endianness::Little) as usize;
+            shoff + index * 64
+        };
+        image[header + 32..header + 40].copy_from_slice(&(4u64 << 30).to_le_bytes());
+        assert_eq!(estimate_rows(&image[..]), 0);
+    }
+
+    #[test]
+    fn an_eh_frame_hdr_entry_before_eh_frame_is_an_error_not_a_panic() {
+        let mut image = std::fs::read(LIBC).unwrap();
+        let (hdr_offset, encoding) = {
+            let elf = object::File::parse(&image[..]).unwrap();
+            let hdr = elf.section_by_name(".eh_frame_hdr").unwrap();
+            let eh_frame = elf.section_by_name(".eh_frame").unwrap();
+            assert!(
+                hdr.address() < eh_frame.address(),
+                "libc's .eh_frame_hdr comes first"
+            );
+            let offset = hdr.file_range().unwrap().0 as usize;
+            (offset, image[offset + 3])
+        };
+        // DW_EH_PE_datarel | DW_EH_PE_sdata4: (initial location, FDE) pairs relative to the
+        // header, after its 12 bytes. The first entry's FDE at 0 is the header itself.
+        assert_eq!(encoding, 0x3b);
+        image[hdr_offset + 16..hdr_offset + 20].copy_from_slice(&0i32.to_le_bytes());
+        let err = UnwindTable::from_elf(&image[..]).unwrap_err();
+        assert!(format!("{err:#}").contains("outside .eh_frame"), "{err:#}");
     }
 
     #[test]
