@@ -284,10 +284,13 @@ pub struct ProcessMaps {
 
 /// A symbol a JIT compiler announced in its perf map.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct JitSymbol {
-    start: u64,
-    end: u64,
-    name: String,
+pub struct JitSymbol {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// The name, as the JIT wrote it.
+    pub name: String,
 }
 
 impl ProcessMaps {
@@ -622,7 +625,8 @@ fn bounded(maps: Vec<MemoryMap>) -> (Vec<MemoryMap>, usize) {
 
 /// Parses the perf map format JITs write (`START SIZE NAME`, hex numbers, one symbol a line;
 /// see linux `tools/perf/Documentation/jit-interface.txt`). Malformed lines are skipped.
-fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
+/// Public so that the `perf_map` fuzz target runs the very parser the daemon does.
+pub fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
     let mut symbols: Vec<JitSymbol> = text
         .lines()
@@ -631,9 +635,12 @@ fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
             let start = hex(parts.next()?)?;
             let size = hex(parts.next()?)?;
             let name = parts.next()?.trim();
+            // A range past the end of the address space is malformed too (saturating it left
+            // an empty symbol behind, found by the `perf_map` fuzz target).
+            let end = start.checked_add(size)?;
             (!name.is_empty() && size > 0).then(|| JitSymbol {
                 start,
-                end: start.saturating_add(size),
+                end,
                 name: name.to_string(),
             })
         })
@@ -781,6 +788,17 @@ mod tests {
         assert_eq!(left_out, 11);
         assert!(kept.iter().any(|m| m.inode == 8), "libc is kept");
         assert!(kept.windows(2).all(|w| w[0].address.0 < w[1].address.0));
+    }
+
+    #[test]
+    fn perf_map_ranges_past_the_address_space_are_skipped() {
+        let text = "ffffffffffffffff ffffffffffffffff wrap\nffffffffffffffe0 10 last\n";
+        let symbols = parse_perf_map(text);
+        assert_eq!(symbols.len(), 1, "{symbols:?}");
+        assert_eq!(
+            (symbols[0].start, symbols[0].end),
+            (u64::MAX - 31, u64::MAX - 15)
+        );
     }
 
     #[test]
