@@ -279,21 +279,29 @@ async fn send(lines: &mut Framed<UnixStream, LinesCodec>, reply: &Reply) -> anyh
     Ok(())
 }
 
-async fn handle(line: &str, peer: Peer, runs: &Arc<Runs>) -> Reply {
-    let uid = peer.uid;
-    let request: Request = match serde_json::from_str(line) {
-        Ok(r) => r,
-        Err(e) => return Reply::error(ErrorCode::BadRequest, format!("malformed request: {e}")),
-    };
+/// Parses one request line as the daemon does before acting on it: JSON of this daemon's
+/// protocol version, else the refusal to send back (public for the `protocol` fuzz target).
+pub fn parse_request(line: &str) -> Result<Request, (ErrorCode, String)> {
+    let request: Request = serde_json::from_str(line)
+        .map_err(|e| (ErrorCode::BadRequest, format!("malformed request: {e}")))?;
     if request.version != VERSION {
-        return Reply::error(
+        return Err((
             ErrorCode::BadRequest,
             format!(
                 "protocol version {} is not spoken here (this daemon speaks {VERSION})",
                 request.version
             ),
-        );
+        ));
     }
+    Ok(request)
+}
+
+async fn handle(line: &str, peer: Peer, runs: &Arc<Runs>) -> Reply {
+    let uid = peer.uid;
+    let request = match parse_request(line) {
+        Ok(r) => r,
+        Err((code, message)) => return Reply::error(code, message),
+    };
     let result = match request.op {
         Op::Run(run) => {
             let runs = runs.clone();
