@@ -8,8 +8,8 @@ use anyhow::{bail, ensure, Result};
 
 use crate::check_ebpf::check_ebpf;
 use crate::cmd::{cargo, command, run, secs, workspace_root};
-use crate::consts::{COMMITTED_OBJECT, EBPF_CRATE};
-use crate::vm;
+use crate::consts::{COMMITTED_OBJECT, EBPF_CRATE, FUZZ_SECONDS_PER_TARGET};
+use crate::{fuzz, vm};
 
 /// Options of `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -151,6 +151,19 @@ fn ci_steps() -> Vec<Step> {
             },
         ));
     }
+    steps.push(Step::new(
+        "fuzz",
+        format!(
+            "cargo xtask fuzz (every fuzz target of fuzz/ for {FUZZ_SECONDS_PER_TARGET} s from its \
+             committed corpus)"
+        ),
+        || {
+            fuzz::fuzz(fuzz::Options {
+                seconds: FUZZ_SECONDS_PER_TARGET,
+                targets: Vec::new(),
+            })
+        },
+    ));
     // Last: the slowest step (about 5 minutes under TCG on 2 cores), and the others already
     // built what it packs into the guest.
     steps.push(Step::new(

@@ -92,3 +92,24 @@ torch.set_num_threads(2)\n\
 m = torch.nn.Linear(8, 2)\n\
 m(torch.ones(4, 8)).sum().backward()\n\
 print(torch.__version__)";
+
+/// The cargo-fuzz crate of the parsers' fuzz targets (its own workspace).
+pub const FUZZ_DIR: &str = "fuzz";
+/// The cargo-fuzz `setup` installs.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+/// The toolchain the fuzz targets are built with where it is installed: cargo-fuzz's
+/// sanitizers need nightly (rustup's `nightly` is on these machines; none can be fetched).
+pub const FUZZ_TOOLCHAIN: &str = "nightly";
+/// Seconds `cargo xtask fuzz` runs each target by default: seven targets stay under three
+/// minutes of CI (after a build of about five), and every committed input is replayed first.
+pub const FUZZ_SECONDS_PER_TARGET: u64 = 20;
+/// libFuzzer's `-timeout`: one input taking longer is a hang. The unwind-table builder's own
+/// CPU budget per object is 5 s; every seed takes milliseconds, under AddressSanitizer too.
+pub const FUZZ_TIMEOUT_SECONDS: u64 = 10;
+/// libFuzzer's `-malloc_limit_mb`: no input (at most tens of KiB) may make one allocation
+/// larger, the blow-ups of issue 23 (3 GB from a 620 KB ELF, from a cyclic thread list) being
+/// exactly that.
+pub const FUZZ_MALLOC_LIMIT_MB: u64 = 64;
+/// libFuzzer's `-rss_limit_mb`: the whole fuzzing process, AddressSanitizer's shadow memory and
+/// quarantine (256 MiB) included.
+pub const FUZZ_RSS_LIMIT_MB: u64 = 1024;

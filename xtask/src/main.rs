@@ -9,6 +9,7 @@
 //! - `test` (`test.rs`): `cargo test --workspace`.
 //! - `bench` (`bench/`): bpfprof against perf and bpftrace, written to `BENCHMARKS.md`.
 //! - `vm-test` (`vm.rs`): the smoke suite on the tested kernels under QEMU.
+//! - `fuzz` (`fuzz.rs`): every fuzz target of `fuzz/` for a bounded time.
 //! - `ci` (`ci.rs`): every check CI runs, in order, stopping at the first failure.
 //!
 //! `cmd.rs` runs commands for all of them; `consts.rs` holds the paths, versions and package
@@ -20,6 +21,7 @@ mod check_ebpf;
 mod ci;
 mod cmd;
 mod consts;
+mod fuzz;
 mod setup;
 mod test;
 mod vm;
@@ -55,6 +57,9 @@ enum Cmd {
     /// Boot the tested kernels (Debian's 6.1 and 6.12, the host's 6.18 when /boot has it)
     /// under QEMU and run bpfprof's smoke suite inside each.
     VmTest(vm::Options),
+    /// Build the fuzz targets (fuzz/) and run each for a bounded time from its committed
+    /// corpus, failing on any crash, hang or memory blow-up.
+    Fuzz(fuzz::Options),
     /// Run every CI check in order, stopping at the first failure.
     Ci(ci::Options),
 }
@@ -70,6 +75,7 @@ fn main() {
         Cmd::Test(_) => test::test(&std::env::args_os().skip(2).collect::<Vec<_>>()),
         Cmd::Ci(options) => ci::ci(options),
         Cmd::VmTest(options) => vm::vm_test(&options.kernel),
+        Cmd::Fuzz(options) => fuzz::fuzz(options),
         Cmd::Bench(args) => bench::run(args),
     };
     if let Err(err) = result {

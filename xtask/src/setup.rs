@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
-//! rustfmt and clippy, bpf-linker, the format validators, upstream pprof, Python modules, py-spy
-//! and PyTorch, and the VM test's kernels); each step does nothing for what is already there.
+//! rustfmt and clippy, bpf-linker, cargo-fuzz, the format validators, upstream pprof, Python
+//! modules, py-spy and PyTorch, and the VM test's kernels); each step does nothing for what is
+//! already there.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,8 +12,9 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::build_ebpf::bpf_linker_version;
 use crate::cmd::{apt_installed, as_root, cargo, command, probe, run, secs, workspace_root};
 use crate::consts::{
-    APT_PACKAGES, BPF_LINKER_VERSION, LLVM_PREFIX, NPM_VALIDATORS, PPROF_DIR, PYTHON_MODULES,
-    PYTHON_TOOLS, TORCH_BASE_PYTHON, TORCH_PROBE, TORCH_SKIPPED_DEPS, TORCH_VENV, VALIDATORS_DIR,
+    APT_PACKAGES, BPF_LINKER_VERSION, CARGO_FUZZ_VERSION, FUZZ_TOOLCHAIN, LLVM_PREFIX,
+    NPM_VALIDATORS, PPROF_DIR, PYTHON_MODULES, PYTHON_TOOLS, TORCH_BASE_PYTHON, TORCH_PROBE,
+    TORCH_SKIPPED_DEPS, TORCH_VENV, VALIDATORS_DIR,
 };
 use crate::vm;
 
@@ -22,6 +24,7 @@ pub fn setup() -> Result<()> {
     setup_apt()?;
     setup_rustup_components()?;
     setup_bpf_linker()?;
+    setup_cargo_fuzz()?;
     setup_validators()?;
     setup_pprof()?;
     setup_python()?;
@@ -298,6 +301,36 @@ fn setup_bpf_linker() -> Result<()> {
         None => bail!(
             "installed bpf-linker {BPF_LINKER_VERSION}, but `bpf-linker` is not in PATH \
              (add ~/.cargo/bin to PATH)"
+        ),
+    }
+    Ok(())
+}
+
+/// cargo-fuzz, for `cargo xtask fuzz`, when missing; and says whether the nightly toolchain
+/// its sanitizers need is there (rustup cannot fetch one here: without it the targets are
+/// built on the default toolchain without a sanitizer).
+fn setup_cargo_fuzz() -> Result<()> {
+    println!("==> cargo-fuzz {CARGO_FUZZ_VERSION}");
+    match probe(command("cargo").args(["fuzz", "--version"])) {
+        Some(v) => println!("    already installed: {}", v.trim()),
+        None => {
+            run(command("cargo").args([
+                "install",
+                "--locked",
+                "cargo-fuzz",
+                "--version",
+                CARGO_FUZZ_VERSION,
+            ]))?;
+            ensure!(
+                probe(command("cargo").args(["fuzz", "--version"])).is_some(),
+                "installed cargo-fuzz, but `cargo fuzz` does not run (add ~/.cargo/bin to PATH)"
+            );
+        }
+    }
+    match probe(command("rustup").args(["run", FUZZ_TOOLCHAIN, "rustc", "--version"])) {
+        Some(v) => println!("    {FUZZ_TOOLCHAIN} toolchain: {}", v.trim()),
+        None => println!(
+            "    no {FUZZ_TOOLCHAIN} toolchain: `cargo xtask fuzz` builds without a sanitizer"
         ),
     }
     Ok(())

@@ -1,0 +1,44 @@
+//! CPython 3.13's self-description, `_Py_DebugOffsets`, read from the start of the target's
+//! `_PyRuntime`: every offset bpfprof then reads the target's memory at comes from it.
+#![no_main]
+
+use bpfprof::python::layout::Layout;
+use libfuzzer_sys::fuzz_target;
+
+/// The offsets a layout may hold: [`Layout::from_debug_offsets`] refuses larger ones, so that
+/// no read of a CPython object starts megabytes past it.
+const MAX_OFFSET: u32 = 1 << 24;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(layout) = Layout::from_debug_offsets(data) else {
+        return;
+    };
+    let offsets = [
+        layout.runtime_interpreters_head,
+        layout.interp_next,
+        layout.interp_threads_head,
+        layout.tstate_next,
+        layout.tstate_thread_id,
+        layout.code_filename,
+        layout.code_name,
+        layout.code_firstlineno,
+        layout.code_linetable,
+        layout.object_type,
+        layout.type_name,
+        layout.unicode_length,
+        layout.unicode_state,
+        layout.unicode_ascii_size,
+        layout.unicode_compact_size,
+        layout.bytes_size,
+        layout.bytes_data,
+        layout.kernel.tstate_frame,
+        layout.kernel.frame_previous,
+        layout.kernel.frame_code,
+        layout.kernel.frame_instr,
+        layout.kernel.frame_entry,
+        layout.kernel.code_instructions,
+    ];
+    for offset in offsets {
+        assert!(offset < MAX_OFFSET + 16, "offset {offset:#x} in {layout:?}");
+    }
+});
