@@ -34,6 +34,13 @@ const MAX_CONNECTIONS_PER_USER: usize = 64;
 const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
 /// The accept error is logged at most this often.
 const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Allocations from this size on get pages of their own, given back when freed. glibc's
+/// default threshold grows up to the largest block freed (32 MiB at most), and with it the
+/// free memory each thread's arena keeps on top of its heap (twice that): reading the memory
+/// map of a process with 60,000 mappings frees 9 MB blocks on any of the daemon's blocking
+/// threads, and each of their arenas then kept 8-19 MB (the daemon profiling it: 190-220 MB
+/// of RSS, 58-60 MB with this fixed threshold).
+const MMAP_THRESHOLD: libc::c_int = 1 << 20;
 
 /// Open connections by user, with a cap per user and one in total, so that no client can
 /// take the file descriptors that runs need.
@@ -137,6 +144,11 @@ pub struct DaemonConfig {
 /// Serves until SIGINT or SIGTERM, then stops every run (results are written) and exits.
 pub async fn serve(config: DaemonConfig) -> Result<()> {
     crate::kernel::check_privileges()?;
+    // SAFETY: mallopt takes plain integers; a fixed threshold also fixes the trim threshold
+    // at its default (128 KiB), instead of letting both grow with the largest block freed.
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
+        log::warn!("could not fix malloc's mmap threshold: freed memory may stay resident");
+    }
     // Refused at start rather than at every run.
     crate::unwind::table_rows_cap(config.table_mib)?;
     let store = Store::open(
