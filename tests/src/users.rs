@@ -4,7 +4,9 @@ use std::ffi::OsStr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::process::poll_until;
+use crate::env::workload_path;
+use crate::files::copy_executable;
+use crate::process::{poll_until, Workload};
 
 /// A real non-root user of this machine, created for the tests.
 #[derive(Clone, Debug)]
@@ -68,4 +70,18 @@ impl TestUser {
         .arg(program);
         cmd
     }
+}
+
+/// Workload `name` run as `user` from a copy in `dir` (a folder any user can execute from),
+/// made on first use; returned once it runs (see [`Workload::spawn_command`]).
+pub fn workload_as(user: &TestUser, dir: &std::path::Path, name: &str, args: &[&str]) -> Workload {
+    let copy = dir.join(name);
+    if !copy.exists() {
+        copy_executable(&workload_path(name), &copy, &["0.001"]);
+    }
+    let mut cmd = user.command(&copy);
+    cmd.args(args);
+    let w = Workload::spawn_command(cmd);
+    std::thread::sleep(Duration::from_millis(200));
+    w
 }

@@ -47,19 +47,6 @@ fn shell_as(user: &TestUser, script: &str) -> (bool, String) {
     )
 }
 
-/// A workload run as `user`, from a copy any user can execute.
-fn workload_as(user: &TestUser, bin_dir: &Path, name: &str, args: &[&str]) -> Workload {
-    let copy = bin_dir.join(name);
-    if !copy.exists() {
-        copy_executable(&workload_path(name), &copy, &["0.001"]);
-    }
-    let mut cmd = user.command(&copy);
-    cmd.args(args);
-    let w = Workload::spawn_command(cmd);
-    thread::sleep(Duration::from_millis(200));
-    w
-}
-
 /// The CLI as `user` against `daemon`.
 fn cli_as(user: &TestUser, bin: &Path, daemon: &Daemon, args: &[&str]) -> RunResult {
     let mut cmd = user.command(bin);

@@ -46,19 +46,6 @@ fn perf_map(pid: u32) -> Planted {
     Planted(PathBuf::from(format!("/tmp/perf-{pid}.map")))
 }
 
-/// A workload run as `user` from a copy in `dir` (a folder any user can execute from).
-fn workload_as(user: &TestUser, dir: &Path, name: &str, args: &[&str]) -> Workload {
-    let copy = dir.join(name);
-    if !copy.exists() {
-        copy_executable(&workload_path(name), &copy, &["0.001"]);
-    }
-    let mut cmd = user.command(&copy);
-    cmd.args(args);
-    let w = Workload::spawn_command(cmd);
-    thread::sleep(Duration::from_millis(200));
-    w
-}
-
 /// A folder owned by `user` (mode 0755), for the files it plants.
 fn folder_of(user: &TestUser) -> tempfile::TempDir {
     let dir = tempdir();
