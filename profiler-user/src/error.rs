@@ -19,6 +19,14 @@ pub enum Error {
     /// No process matches the target.
     #[error("no such process: {0}")]
     NoSuchProcess(String),
+    /// The command after `--` could not be started.
+    #[error("cannot run {program}: {source}")]
+    CannotRun {
+        /// The command as given.
+        program: String,
+        /// Why the exec failed.
+        source: std::io::Error,
+    },
     /// The caller lacks the privileges to load and attach BPF programs.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
@@ -98,7 +106,7 @@ pub mod exit_code {
     pub const INVALID_SAMPLING: i32 = 5;
     /// An output path cannot be written.
     pub const OUTPUT_UNWRITABLE: i32 = 6;
-    /// Every target exited before the requested duration ended; the profile was written.
+    /// Every target exited before the requested `--duration` ended; the profile was written.
     pub const TARGET_EXITED: i32 = 7;
     /// The requested event (e.g. `cycles` without a PMU) does not exist here.
     pub const EVENT_UNSUPPORTED: i32 = 8;
@@ -110,6 +118,10 @@ pub mod exit_code {
     pub const TOO_MANY_RUNS: i32 = 11;
     /// `bpfprof doctor` found a check that fails.
     pub const DOCTOR_FAILED: i32 = 12;
+    /// The command after `--` exists but cannot be run (not executable), as shells say.
+    pub const COMMAND_NOT_EXECUTABLE: i32 = 126;
+    /// The command after `--` was not found, as shells and `time` say.
+    pub const COMMAND_NOT_FOUND: i32 = 127;
     /// Interrupted by SIGINT or SIGTERM; the profile was written.
     pub const INTERRUPTED: i32 = 130;
 }
@@ -123,6 +135,10 @@ impl Error {
             | Error::InvalidTag(_)
             | Error::Usage(_) => exit_code::USAGE,
             Error::NoSuchProcess(_) => exit_code::NO_SUCH_PROCESS,
+            Error::CannotRun { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                exit_code::COMMAND_NOT_FOUND
+            }
+            Error::CannotRun { .. } => exit_code::COMMAND_NOT_EXECUTABLE,
             Error::PermissionDenied(_) => exit_code::PERMISSION_DENIED,
             Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,
             Error::EventUnsupported(_) => exit_code::EVENT_UNSUPPORTED,

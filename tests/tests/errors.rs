@@ -217,3 +217,111 @@ fn not_root_is_permission_denied() {
     run.assert_code(exit::PERMISSION_DENIED);
     run.assert_stderr_mentions(&["permission", "root", "CAP_BPF", "CAP_PERFMON", "privilege"]);
 }
+
+/// Durations are refused in their own terms: zero is not "an invalid target", and a negative
+/// one is not taken for a flag (clap's tip, `-- -1s`, would launch a command here).
+#[test]
+fn zero_and_negative_durations_are_usage_errors_that_say_so() {
+    if !require_root() {
+        return;
+    }
+    let run = run_bpfprof(["-d", "0s", "--", "true"], TIMEOUT);
+    run.assert_code(exit::USAGE);
+    run.assert_stderr_mentions(&["--duration must be longer than 0"]);
+    assert!(!run.stderr.contains("target"), "{}", run.stderr);
+    let run = run_bpfprof(["-d", "-1s", "--", "true"], TIMEOUT);
+    run.assert_code(exit::USAGE);
+    run.assert_stderr_mentions(&["negative"]);
+    assert!(!run.stderr.contains("'-- -1s'"), "{}", run.stderr);
+}
+
+/// A command that cannot be run exits as a shell would: 127 not found, 126 not executable.
+#[test]
+fn a_command_that_cannot_run_exits_as_a_shell_would() {
+    if !require_root() {
+        return;
+    }
+    let run = run_bpfprof(["--", "/nonexistent/bpfprof-no-such-command"], TIMEOUT);
+    run.assert_code(exit::COMMAND_NOT_FOUND);
+    run.assert_stderr_mentions(&["cannot run", "/nonexistent/bpfprof-no-such-command"]);
+    let dir = tempdir();
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = run_bpfprof(["--".as_ref(), plain.as_os_str()], TIMEOUT);
+    run.assert_code(exit::COMMAND_NOT_EXECUTABLE);
+    run.assert_stderr_mentions(&["cannot run"]);
+}
+
+/// `--format` that agrees with the output's extension is accepted; one that conflicts with
+/// every output is refused before anything runs.
+#[test]
+fn a_format_that_agrees_with_the_extension_is_accepted() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let folded = dir.path().join("out.folded");
+    let run = run_bpfprof(
+        [
+            "--format".as_ref(),
+            "folded".as_ref(),
+            "-o".as_ref(),
+            folded.as_os_str(),
+            "--".as_ref(),
+            workload_path("shortlived").as_os_str(),
+            "0.2".as_ref(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OK);
+    assert!(folded.exists(), "{}", run.stderr);
+    let svg = dir.path().join("out.svg");
+    let run = run_bpfprof(
+        [
+            "--format".as_ref(),
+            "folded".as_ref(),
+            "-o".as_ref(),
+            svg.as_os_str(),
+            "--".as_ref(),
+            "true".as_ref(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::USAGE);
+    run.assert_stderr_mentions(&["conflicts", "out.svg"]);
+    assert!(!svg.exists(), "nothing is written for a refused run");
+}
+
+/// The no-PMU fallback is said once (the start line), and a command as short as `true` is
+/// named by its own name, not bpfprof's from before its exec.
+#[test]
+fn the_start_is_said_once_with_the_commands_own_name() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("true.folded");
+    for _ in 0..5 {
+        let run = run_bpfprof(
+            [
+                "-o".as_ref(),
+                out.as_os_str(),
+                "--".as_ref(),
+                "true".as_ref(),
+            ],
+            TIMEOUT,
+        );
+        run.assert_code(exit::OK);
+        if !has_hardware_pmu() {
+            assert_eq!(
+                run.stderr.matches("no hardware PMU").count(),
+                2,
+                "once at the start, once in the summary's header:\n{}",
+                run.stderr
+            );
+        }
+        assert!(run.stderr.contains("(true)"), "{}", run.stderr);
+        assert!(!run.stderr.contains("(bpfprof)"), "{}", run.stderr);
+    }
+}

@@ -185,7 +185,7 @@ fn usage_errors_fail_at_start_with_their_reason() {
         ),
         (
             &["-p", &pid, "-d", "1s", "--format", "top", "-o", &svg],
-            "--format top is not used",
+            "--format top conflicts with",
         ),
         (
             &["-p", &pid, "--no-inherit", "-d", "1s"],

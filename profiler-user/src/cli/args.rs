@@ -84,16 +84,16 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = 50)]
     pub keep_runs_per_user: usize,
     /// Connections that send no request for this long are closed.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub client_idle_timeout: Duration,
     /// Longest run.
-    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = parse_duration, allow_hyphen_values = true)]
     pub max_duration: Duration,
     /// Most ended runs kept on disk.
     #[arg(long, default_value_t = 200)]
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
-    #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "7days", value_parser = parse_duration, allow_hyphen_values = true)]
     pub keep_age: Duration,
 }
 
@@ -126,7 +126,7 @@ pub struct ResultsArgs {
     #[arg(long)]
     pub run_id: u64,
     /// Wait this long for the run to end first: 30s, 5m.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub wait: Option<Duration>,
     /// Also copy the result files into DIR, read through the daemon's socket (works where
     /// the daemon's state directory is out of reach).
@@ -196,11 +196,11 @@ pub struct RecordArgs {
     pub pids: Vec<String>,
 
     /// How long to sample: 500ms, 3s, 2m. Default: until Ctrl-C or the targets exit.
-    #[arg(short, long, value_parser = humantime::parse_duration)]
+    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
 
     /// Hard cap on the run's length, whatever else is asked.
-    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = MAX_RUN_DURATION_ARG, value_parser = parse_duration, allow_hyphen_values = true)]
     pub max_duration: Duration,
 
     /// Event that drives sampling: auto (cycles where a PMU exists, else cpu-clock), cycles,
@@ -330,3 +330,13 @@ pub const EXIT_CODES: &str =
 With a command after --, bpfprof exits with the command's own status (128+N when signal N \
 ended it), as `time` does; when --duration ends first, the command is stopped with SIGTERM \
 (SIGKILL 5 s later) and bpfprof exits 0.";
+
+/// A duration flag's value (`500ms`, `3s`, `2m`); a negative one is refused in these terms
+/// rather than taken for a flag (clap's own tip, `-- -1s`, would launch a command here).
+fn parse_duration(arg: &str) -> Result<Duration, String> {
+    if arg.starts_with('-') {
+        return Err("a duration cannot be negative; give one such as 500ms, 3s or 2m".into());
+    }
+    humantime::parse_duration(arg)
+        .map_err(|e| format!("{e}; give a duration such as 500ms, 3s or 2m"))
+}

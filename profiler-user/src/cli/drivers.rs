@@ -199,13 +199,14 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     }
     Ok(match end {
         RunEnd::Completed => exit_code::OK,
+        // With no --duration, "until the targets exit" is the run asked for: a script with
+        // `set -e` must not fail on it. Only an end before the asked duration is reported.
+        RunEnd::TargetExited if cli.duration.is_none() => exit_code::OK,
         RunEnd::TargetExited => {
-            if cli.duration.is_some() || !cli.quiet {
-                eprintln!(
-                    "bpfprof: the target exited after {:.1}s; the profile holds what was sampled until then",
-                    profile.meta.duration.as_secs_f64()
-                );
-            }
+            eprintln!(
+                "bpfprof: the target exited after {:.1}s; the profile holds what was sampled until then",
+                profile.meta.duration.as_secs_f64()
+            );
             exit_code::TARGET_EXITED
         }
         RunEnd::Interrupted => exit_code::INTERRUPTED,
@@ -252,10 +253,21 @@ fn open_outputs(cli: &RecordArgs) -> Result<Vec<Output>, Error> {
         }
     }
     if let (Some(format), false) = (fallback, cli.outputs.is_empty()) {
-        if cli.outputs.iter().all(|p| Format::from_path(p).is_some()) {
+        // A --format that agrees with every extension says the same thing twice: fine. One
+        // that no output takes (each names another format by its extension) is a mistake.
+        let unused = cli
+            .outputs
+            .iter()
+            .all(|p| Format::from_path(p).is_some_and(|f| f != format));
+        if unused {
             return Err(Error::InvalidOutput(format!(
-                "--format {format} is not used: every --output names its format by its \
-                 extension (--format applies to outputs without one)"
+                "--format {format} conflicts with {}: each names its format by its extension \
+                 (--format applies to outputs without one)",
+                cli.outputs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
     }

@@ -30,6 +30,12 @@ use crate::{
 
 /// How long a launched command gets to exit after SIGTERM at the end of `--duration`.
 const COMMAND_GRACE: Duration = Duration::from_secs(5);
+/// The most a launch waits for the command to take its own name after its exec.
+const EXEC_NAME_WAIT: Duration = Duration::from_millis(50);
+/// How long an interrupted run waits for a launched command to go by the terminal's SIGINT
+/// before sending SIGTERM: a command that traps SIGINT (a shell's `trap ... INT`) would
+/// otherwise keep bpfprof waiting forever; perf record ends such a command with SIGTERM too.
+const INTERRUPT_GRACE: Duration = Duration::from_millis(500);
 
 /// When a recording stops, besides its targets exiting and SIGINT/SIGTERM.
 #[derive(Clone, Copy, Debug)]
@@ -56,8 +62,9 @@ pub enum CommandOutcome {
     Exited(ExitStatus),
     /// The duration ended first: it was stopped with SIGTERM (SIGKILL after a grace period).
     StoppedAtDuration(ExitStatus),
-    /// bpfprof was interrupted; the command got the same signal from the terminal.
-    Interrupted(Option<ExitStatus>),
+    /// bpfprof was interrupted; the command went by the terminal's signal or was stopped
+    /// as at the end of `--duration`.
+    Interrupted(ExitStatus),
 }
 
 impl CommandOutcome {
@@ -130,18 +137,16 @@ impl Recorder {
             });
         }
         let spawner = std::thread::spawn(move || cmd.spawn());
-        let cannot_run = |e: String| {
-            Error::NoSuchProcess(format!(
-                "cannot run {}: {e}",
-                program_name.to_string_lossy()
-            ))
+        let cannot_run = |source: std::io::Error| Error::CannotRun {
+            program: program_name.to_string_lossy().into_owned(),
+            source,
         };
         let pid = match pid_pipe.read_pid(&spawner) {
             Some(pid) => pid,
             None => {
                 let e = match spawner.join() {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "the child did not start".to_string(),
+                    Ok(Err(e)) => e,
+                    _ => std::io::Error::other("the child did not start"),
                 };
                 return Err(cannot_run(e));
             }
@@ -159,7 +164,7 @@ impl Recorder {
         }
         let child = match spawner.join() {
             Ok(Ok(child)) => child,
-            Ok(Err(e)) => return Err(cannot_run(e.to_string())),
+            Ok(Err(e)) => return Err(cannot_run(e)),
             Err(_) => {
                 return Err(Error::Other(anyhow::anyhow!(
                     "spawning the command panicked"
@@ -256,8 +261,12 @@ impl Recorder {
         if let Some(mut child) = self.child.take() {
             if self.outcome.is_none() {
                 self.outcome = Some(match end {
-                    // It got the terminal's SIGINT too: wait for it to go.
-                    RunEnd::Interrupted => CommandOutcome::Interrupted(child.wait().ok()),
+                    // It got the terminal's SIGINT too, or not (a `kill` of bpfprof alone),
+                    // or it traps it: a short wait, then SIGTERM and SIGKILL.
+                    RunEnd::Interrupted => CommandOutcome::Interrupted(
+                        wait_for(&mut child, INTERRUPT_GRACE)
+                            .unwrap_or_else(|| stop_child(&mut child)),
+                    ),
                     _ => CommandOutcome::StoppedAtDuration(stop_child(&mut child)),
                 });
             }
@@ -315,17 +324,27 @@ impl<P: FnMut(Progress)> RunDriver for CliDriver<'_, P> {
 fn stop_child(child: &mut Child) -> ExitStatus {
     // SAFETY: signalling our own child, which has not been reaped (so its pid is not reused).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + COMMAND_GRACE;
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return status;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Some(status) = wait_for(child, COMMAND_GRACE) {
+        return status;
     }
     let _ = child.kill();
     child
         .wait()
         .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL))
+}
+
+/// The command's status if it exits within `grace`.
+fn wait_for(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + grace;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn resolve_targets(specs: &[TargetSpec]) -> Result<Vec<Target>> {
@@ -339,15 +358,28 @@ fn resolve_targets(specs: &[TargetSpec]) -> Result<Vec<Target>> {
 }
 
 /// Waits (briefly) until a just-released child has replaced bpfprof's image with its command,
-/// so the first memory-map capture sees the command's binaries.
+/// so the first memory-map capture sees the command's binaries, and has taken its name: the
+/// kernel sets the name a moment after the image, and a command as short as `true` would
+/// otherwise be reported as `(bpfprof)`.
 fn wait_for_exec(pid: u32) {
-    let own = std::fs::read_link("/proc/self/exe").ok();
+    let own_exe = std::fs::read_link("/proc/self/exe").ok();
+    let own_comm = std::fs::read_to_string("/proc/self/comm").ok();
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
         match std::fs::read_link(format!("/proc/{pid}/exe")) {
-            Ok(exe) if Some(&exe) != own.as_ref() => return,
+            Ok(exe) if Some(&exe) != own_exe.as_ref() => break,
             Err(_) => return,
             _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    // Microseconds apart in the kernel's exec; bounded for a command that is bpfprof itself.
+    let deadline = Instant::now() + EXEC_NAME_WAIT;
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            Ok(comm) if Some(&comm) == own_comm.as_ref() => {
+                std::thread::sleep(Duration::from_micros(200))
+            }
+            _ => return,
         }
     }
 }

@@ -342,7 +342,9 @@ impl KernelProgram {
                 Ok(()) => return Ok(cycles),
                 Err(e) if is_missing_event(&e) => match plan.cpu_clock {
                     Some(_) => {
-                        log::warn!(
+                        // Said once, by the run's start line and summary (which name the
+                        // fallback); the reason is for `-v`.
+                        log::info!(
                             "no hardware PMU on this machine (perf_event_open: {e}); sampling with cpu-clock instead"
                         );
                     }

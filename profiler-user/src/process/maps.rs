@@ -439,6 +439,8 @@ impl ProcessMaps {
             });
         }
         self.refresh_jit(owner);
+        // A zombie keeps its name (a command as short as `true` is one by its first refresh).
+        self.comm = comm;
         // A zombie has no mappings left: keep what was captured while it lived.
         if mappings.is_empty() {
             return Ok(listed);
@@ -454,7 +456,6 @@ impl ProcessMaps {
         self.untracked = untracked;
         self.last_read = read;
         self.install_layout(mappings);
-        self.comm = comm;
         Ok(listed)
     }
 

@@ -197,10 +197,7 @@ pub fn split_tag(arg: &str) -> Result<(&str, &str)> {
 
 /// A duration of zero, or one beyond `max`, is refused before anything starts.
 fn check_duration(duration: Option<Duration>, max: Duration) -> Result<()> {
-    let usage = |reason: String| Error::InvalidTarget {
-        spec: String::new(),
-        reason,
-    };
+    let usage = Error::Usage;
     if max.is_zero() {
         return Err(usage(
             "the longest run (--max-duration) must be longer than 0".into(),
