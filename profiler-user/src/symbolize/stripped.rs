@@ -103,16 +103,49 @@ impl FunctionStarts {
         let start = *self.starts.get(i.checked_sub(1)?)?;
         let j = self.exports.partition_point(|(a, _)| *a <= start);
         Some(match j.checked_sub(1).map(|j| &self.exports[j]) {
-            Some((export, name)) if *export == start => name.clone(),
-            Some((export, name)) => format!("{name}+{:#x}", start - export),
+            Some((export, name)) if *export == start => demangle(name),
+            Some((export, name)) => format!("{}+{:#x}", demangle(name), start - export),
             None => format!("{module}+{:#x}", start - seg_address + seg_offset),
         })
     }
 }
 
+/// A symbol's readable name, as the symbolizer gives exact symbols theirs: Rust (legacy and
+/// v0, without the hash) and C++ (Itanium) names demangled, anything else as it is.
+fn demangle(name: &str) -> String {
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return format!("{rust:#}");
+    }
+    if name.starts_with("_Z") {
+        if let Ok(cpp) = cpp_demangle::Symbol::new(name).and_then(|s| {
+            s.demangle()
+                .map_err(|_| cpp_demangle::error::Error::UnexpectedText)
+        }) {
+            return cpp;
+        }
+    }
+    name.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names of `name+0xOFF` frames read as exact symbols' do (issue 27: cc1plus showed
+    /// `_Z14debug_df_chainP7df_link+0x16c0`).
+    #[test]
+    fn exported_names_are_demangled() {
+        assert_eq!(
+            demangle("_Z14debug_df_chainP7df_link"),
+            "debug_df_chain(df_link*)"
+        );
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle("memcpy"), "memcpy");
+        assert_eq!(demangle("_Znot a symbol"), "_Znot a symbol");
+    }
 
     /// This test binary is not stripped, so its own symbols say where its functions start:
     /// the unwind table must agree, and an address inside a function names that function's
