@@ -6,7 +6,7 @@
 use std::{collections::HashMap, fmt::Write as _};
 
 use crate::{
-    profile::{Profile, ProfileFrame},
+    profile::{Profile, ProfileFrame, StackCount},
     sampling::{Event, Rate},
 };
 
@@ -25,6 +25,14 @@ pub struct FunctionShare {
 
 /// Self and total samples of every code function, most self samples first.
 pub fn function_shares(profile: &Profile) -> Vec<FunctionShare> {
+    shares_of(profile, profile.stacks.iter())
+}
+
+/// [`function_shares`] over some of the profile's stacks.
+fn shares_of<'a>(
+    profile: &Profile,
+    stacks: impl Iterator<Item = &'a StackCount>,
+) -> Vec<FunctionShare> {
     // Rows by (kernel, label) with their (self, total) samples; frames of one function
     // (different sampled lines, inlined copies) share a row.
     let mut shares: HashMap<(bool, String), (u64, u64)> = HashMap::new();
@@ -36,7 +44,7 @@ pub fn function_shares(profile: &Profile) -> Vec<FunctionShare> {
             _ => None,
         })
         .collect();
-    for stack in &profile.stacks {
+    for stack in stacks {
         let mut seen = std::collections::HashSet::new();
         let code: Vec<&(bool, String)> = stack
             .frames
@@ -91,16 +99,65 @@ pub fn header(profile: &Profile) -> String {
 }
 
 /// The `.txt` file (and `--format top`): the header, then every function by self and by
-/// total samples.
+/// total samples; a per-thread profile adds one such table per thread after the whole's.
 pub fn render_file(profile: &Profile) -> String {
-    format!("{}\n\n{}", header(profile), render(profile, usize::MAX))
+    let mut out = format!("{}\n\n{}", header(profile), render(profile, usize::MAX));
+    for (thread, stacks) in threads(profile) {
+        let samples: u64 = stacks.iter().map(|s| s.count).sum();
+        let _ = write!(
+            out,
+            "\n{thread}: {samples} samples ({:.2}% of all)\n",
+            100.0 * samples as f64 / profile.total_samples().max(1) as f64
+        );
+        out.push_str(&render_stacks(profile, &stacks, samples, usize::MAX));
+    }
+    out
+}
+
+/// Each thread's stacks, named `process (pid N) / thread`, in the order of their first stack;
+/// none when the profile is not per-thread.
+fn threads(profile: &Profile) -> Vec<(String, Vec<&StackCount>)> {
+    let mut order: Vec<(String, Vec<&StackCount>)> = Vec::new();
+    let mut index: HashMap<(usize, usize), usize> = HashMap::new();
+    for stack in &profile.stacks {
+        let process = stack
+            .frames
+            .iter()
+            .copied()
+            .find(|&id| matches!(profile.frames[id], ProfileFrame::Process { .. }));
+        let thread = stack
+            .frames
+            .iter()
+            .copied()
+            .find(|&id| matches!(profile.frames[id], ProfileFrame::Thread { .. }));
+        let Some(thread) = thread else { continue };
+        let key = (process.unwrap_or(usize::MAX), thread);
+        let i = *index.entry(key).or_insert_with(|| {
+            let name = match process.map(|p| &profile.frames[p]) {
+                Some(ProfileFrame::Process { name, pid }) => {
+                    format!("{name} (pid {pid}) / {}", profile.frames[thread].name())
+                }
+                _ => profile.frames[thread].name().to_string(),
+            };
+            order.push((name, Vec::new()));
+            order.len() - 1
+        });
+        order[i].1.push(stack);
+    }
+    order
 }
 
 /// Renders the `limit` functions with most self samples and most total samples: samples and
 /// percentages, `[k]` for kernel functions and `[.]` for user ones, as `perf report` marks them.
 pub fn render(profile: &Profile, limit: usize) -> String {
-    let total = profile.total_samples().max(1) as f64;
-    let mut shares = function_shares(profile);
+    let stacks: Vec<&StackCount> = profile.stacks.iter().collect();
+    render_stacks(profile, &stacks, profile.total_samples(), limit)
+}
+
+/// [`render`] over some of the profile's stacks, whose samples are `total`.
+fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: usize) -> String {
+    let total = total.max(1) as f64;
+    let mut shares = shares_of(profile, stacks.iter().copied());
     let mut out = String::new();
     let pct = |n: u64| 100.0 * n as f64 / total;
     let row = |out: &mut String, first: u64, second: u64, s: &FunctionShare| {
@@ -187,5 +244,65 @@ mod tests {
             ]
         );
         assert!(table.contains("[k] sys_write"), "{table}");
+    }
+
+    /// `--per-thread`: after the whole's table, one per thread, each with its own counts and
+    /// shares of its own samples (issue 27: one table for all threads hid which one burned).
+    #[test]
+    fn a_per_thread_profile_gets_one_table_per_thread() {
+        let mut profile = fixture::profile();
+        profile.frames.push(ProfileFrame::Thread {
+            name: "app (tid 1234)".into(),
+            tid: 1234,
+            comm: "app".into(),
+        });
+        profile.frames.push(ProfileFrame::Thread {
+            name: "worker (tid 1240)".into(),
+            tid: 1240,
+            comm: "worker".into(),
+        });
+        let (main, worker) = (profile.frames.len() - 2, profile.frames.len() - 1);
+        let process = profile
+            .stacks
+            .first()
+            .and_then(|s| {
+                s.frames
+                    .iter()
+                    .position(|&id| matches!(profile.frames[id], ProfileFrame::Process { .. }))
+            })
+            .expect("the fixture's stacks have a process root");
+        for (i, stack) in profile.stacks.iter_mut().enumerate() {
+            stack
+                .frames
+                .insert(process + 1, if i == 0 { main } else { worker });
+        }
+        let first: u64 = profile.stacks[0].count;
+        let rest: u64 = profile.stacks[1..].iter().map(|s| s.count).sum();
+        let table = render_file(&profile);
+        let sections: Vec<&str> = table
+            .lines()
+            .filter(|l| l.contains(" / ") && l.contains("samples ("))
+            .collect();
+        assert_eq!(sections.len(), 2, "{table}");
+        assert!(
+            sections[0].contains("/ app (tid 1234)")
+                && sections[0].contains(&format!(": {first} samples")),
+            "{table}"
+        );
+        assert!(
+            sections[1].contains("/ worker (tid 1240)")
+                && sections[1].contains(&format!(": {rest} samples")),
+            "{table}"
+        );
+        // Each section's shares are of its own samples: its top row's total is 100%.
+        let after = table.split(sections[0]).nth(1).unwrap();
+        let by_total = after
+            .split("top functions by total samples:")
+            .nth(1)
+            .unwrap();
+        let top_row = by_total.lines().nth(2).unwrap();
+        assert!(top_row.contains(&format!("{first} 100.00%")), "{table}");
+        // A profile without threads has only the whole's table.
+        assert!(!render_file(&fixture::profile()).contains(" / "));
     }
 }
