@@ -574,3 +574,51 @@ fn quiet_by_default_and_no_ctrl_c_hint_with_a_duration() {
         "-v shows info logging"
     );
 }
+
+/// Short-lived children of a launched shell pipeline (issue 27: 1902 of 2976 samples were
+/// `[exited child];[unmapped]+0x...`, 1641 distinct stacks): a child whose maps were read is
+/// named with its own frames; one that exited first keeps its kernel frames under one frame
+/// saying so, never an `[unmapped]` address per frame.
+#[test]
+fn short_lived_children_never_give_unmapped_frames() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("pipeline.folded");
+    let run = run_bpfprof(
+        [
+            "-F",
+            "999",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "bash",
+            "-c",
+            "for i in $(seq 40); do head -c 2M /dev/urandom | gzip -1 >/dev/null; done",
+        ],
+        Duration::from_secs(300),
+    );
+    run.assert_code(exit::OK);
+    let profile = Profile::read(&out);
+    let ctx = profile.top(15);
+    assert!(
+        profile.total() >= 200,
+        "too few samples for 40 pipelines\n{ctx}"
+    );
+    assert_eq!(
+        profile.count_where(|f| f.iter().any(|x| x.starts_with("[unmapped]"))),
+        0,
+        "{ctx}"
+    );
+    assert!(
+        profile.count_where(|f| f[0] == "gzip") > 0,
+        "gzip's samples should be named under its own root\n{ctx}"
+    );
+    let unread = "[user code: exited before its maps were read]";
+    assert_eq!(
+        profile.count_where(|f| f[0] == "[exited child]"),
+        profile.count_where(|f| f[0] == "[exited child]" && f.get(1).is_some_and(|x| x == unread)),
+        "{ctx}"
+    );
+}

@@ -70,6 +70,10 @@ fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
     (out, true)
 }
 
+/// The one frame standing for the user stack of a process that exited before bpfprof could
+/// read its memory maps.
+pub const EXITED_UNREAD: &str = "[user code: exited before its maps were read]";
+
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
 /// count of truncated stacks.
 pub fn aggregate(
@@ -170,6 +174,13 @@ pub fn aggregate(
                 addresses.push(address);
             };
             let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
+            if !input.maps.is_known() && !user.is_empty() {
+                // A process that exited before its maps were read (a shell pipeline's
+                // `head`, a shim's `bash`): its addresses name nothing, and one frame per
+                // address split its few samples into as many meaningless stacks.
+                user.clear();
+                user_frames.push((Frame::named(EXITED_UNREAD, None, FrameKind::User), None));
+            }
             for addr in user.iter().rev() {
                 let address = mappings.user(input.target.pid, input.maps, *addr);
                 for frame in symbolizer.user(input.maps, *addr).iter() {
