@@ -96,11 +96,25 @@ pub enum Config {
     /// userspace has checked that the run's owner may still profile the new program (a
     /// non-root user's runs: the new program may be setuid or unreadable to them).
     StopAtExec = 1,
+    /// Runs (bit `r` for slot `r`) that record every task on the machine rather than
+    /// registered targets (`bpfprof --all`); their samples carry pids as the initial pid
+    /// namespace sees them. A program with such a run has no other run (the pool gives a
+    /// system-wide run a program of its own), so the settings below are the program's.
+    SystemRuns = 2,
+    /// Host tgid a system-wide run leaves out: bpfprof's own process.
+    SystemExcludeTgid = 3,
+    /// Non-zero: a system-wide run leaves out kernel threads (tasks without a user stack).
+    SystemNoKernelThreads = 4,
+    /// Non-zero: a system-wide run keeps only tasks in this cgroup v2 (its id, the inode of
+    /// its directory) or below it.
+    SystemCgroupId = 5,
+    /// Depth of [`Config::SystemCgroupId`] below the root cgroup (the root is level 0).
+    SystemCgroupLevel = 6,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 2;
+    pub const COUNT: u32 = 7;
 }
 
 /// Id of a stack in the stack map: a 64-bit hash of its frames, so the same stack always gets

@@ -13,7 +13,8 @@
 use aya_ebpf::{
     bindings::{bpf_pidns_info, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid, bpf_get_stack, generated::bpf_loop,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid,
+        bpf_get_stack, generated::bpf_loop,
     },
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, PerCpuArray, ProgramArray},
@@ -88,6 +89,9 @@ static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
     increment(INVOCATIONS_INDEX);
     if let Some(target) = current_target() {
+        if target.skip_kernel_threads && is_kernel_thread(&ctx) {
+            return 0;
+        }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let wants_walker = unwind::is_unwound(tgid) || python::is_python(tgid);
         if wants_walker {
@@ -169,10 +173,7 @@ pub fn bpfprof_exit(_ctx: TracePointContext) -> u32 {
 /// whose owner has not been checked against it (a setuid program, or one its user cannot read).
 #[tracepoint]
 pub fn bpfprof_exec(_ctx: TracePointContext) -> u32 {
-    let stopping = match CONFIG.get(Config::StopAtExec as u32) {
-        Some(runs) => *runs,
-        None => 0,
-    };
+    let stopping = config(Config::StopAtExec);
     if stopping == 0 {
         return 0;
     }
@@ -212,44 +213,17 @@ fn stop_runs(info: &mut TargetInfo, stopping: u64) -> u64 {
 /// The current task's key in the target map, if its process's pid namespace is watched.
 #[inline(always)]
 fn current_target_key() -> Option<TargetKey> {
-    let mut i = 0;
-    while i < MAX_PID_NAMESPACES {
-        if let Some(ns) = PID_NAMESPACES.get(i) {
-            if ns.ino != 0 {
-                let mut info = bpf_pidns_info { pid: 0, tgid: 0 };
-                // SAFETY: `info` is a valid, writable bpf_pidns_info of the size passed.
-                let rc = unsafe {
-                    bpf_get_ns_current_pid_tgid(
-                        ns.dev,
-                        ns.ino,
-                        &mut info,
-                        core::mem::size_of::<bpf_pidns_info>() as u32,
-                    )
-                };
-                if rc == 0 {
-                    return Some(TargetKey {
-                        ns: *ns,
-                        tgid: info.tgid,
-                        reserved: 0,
-                    });
-                }
-            }
-        }
-        i += 1;
-    }
-    None
+    let (ns, task) = current_ns_task()?;
+    Some(TargetKey {
+        ns,
+        tgid: task.tgid,
+        reserved: 0,
+    })
 }
 
-/// The current task as a target: the runs it belongs to and its ids in its pid namespace.
-struct CurrentTarget {
-    runs: u64,
-    follow: u64,
-    task: bpf_pidns_info,
-}
-
-/// Returns the current task as a target, if its process is one or a followed child.
+/// The current task's watched pid namespace and its ids there, if its namespace is watched.
 #[inline(always)]
-fn current_target() -> Option<CurrentTarget> {
+fn current_ns_task() -> Option<(PidNamespace, bpf_pidns_info)> {
     let mut i = 0;
     while i < MAX_PID_NAMESPACES {
         if let Some(ns) = PID_NAMESPACES.get(i) {
@@ -266,13 +240,93 @@ fn current_target() -> Option<CurrentTarget> {
                 };
                 // A task has one active pid namespace, so at most one slot can match.
                 if rc == 0 {
-                    return lookup(ns, info);
+                    return Some((*ns, info));
                 }
             }
         }
         i += 1;
     }
     None
+}
+
+/// The current task as a target: the runs it belongs to and its ids in its pid namespace
+/// (the initial one for a system-wide run).
+struct CurrentTarget {
+    runs: u64,
+    follow: u64,
+    task: bpf_pidns_info,
+    /// Whether it is recorded by a system-wide run that leaves out kernel threads.
+    skip_kernel_threads: bool,
+}
+
+/// Returns the current task as a target, if its process is one or a followed child, or a
+/// system-wide run records it.
+#[inline(always)]
+fn current_target() -> Option<CurrentTarget> {
+    let system = config(Config::SystemRuns);
+    if system != 0 {
+        // A program with a system-wide run has no other run.
+        return system_target(system);
+    }
+    let (ns, task) = current_ns_task()?;
+    lookup(&ns, task)
+}
+
+/// The current task for the system-wide `runs`, unless it is left out: the idle task,
+/// bpfprof itself, a task outside the run's cgroup.
+#[inline(always)]
+fn system_target(runs: u64) -> Option<CurrentTarget> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // The idle task (pid 0) is no process: idle CPUs are not work to profile.
+    if tgid == 0 || u64::from(tgid) == config(Config::SystemExcludeTgid) {
+        return None;
+    }
+    let cgroup = config(Config::SystemCgroupId);
+    if cgroup != 0 {
+        // The task's ancestor at the cgroup's depth is the cgroup itself for every task in it
+        // or below it; one helper call, no map (cgroup ids are never reused).
+        let level = config(Config::SystemCgroupLevel) as i32;
+        // SAFETY: a helper without pointer arguments.
+        if unsafe { bpf_get_current_ancestor_cgroup_id(level) } != cgroup {
+            return None;
+        }
+    }
+    Some(CurrentTarget {
+        runs,
+        follow: 0,
+        task: bpf_pidns_info {
+            pid: pid_tgid as u32,
+            tgid,
+        },
+        skip_kernel_threads: config(Config::SystemNoKernelThreads) != 0,
+    })
+}
+
+/// Whether the current task is a kernel thread: it has no user stack (the kernel gives no
+/// user frame to a task without user memory, while every user task has at least its pc).
+#[inline(always)]
+fn is_kernel_thread(ctx: &PerfEventContext) -> bool {
+    let mut ip: u64 = 0;
+    // SAFETY: `ip` is writable for the 8 bytes passed.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            (&mut ip as *mut u64).cast(),
+            8,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    bytes == 0
+}
+
+/// An entry of the configuration array; 0 when unset.
+#[inline(always)]
+fn config(entry: Config) -> u64 {
+    match CONFIG.get(entry as u32) {
+        Some(v) => *v,
+        None => 0,
+    }
 }
 
 #[inline(always)]
@@ -289,13 +343,10 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
             runs: t.runs,
             follow: t.follow,
             task,
+            skip_kernel_threads: false,
         });
     }
-    let following = match CONFIG.get(Config::Following as u32) {
-        Some(n) => *n,
-        None => 0,
-    };
-    if following == 0 {
+    if config(Config::Following) == 0 {
         return None;
     }
     let global_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -308,6 +359,7 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
             runs: t.runs,
             follow: t.follow,
             task,
+            skip_kernel_threads: false,
         }),
         None => None,
     }

@@ -316,6 +316,21 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_inherit: bool,
 
+    /// Profile every process on every CPU (kernel threads included, bpfprof itself left
+    /// out), each under its own root frame `name (pid N)`, until Ctrl-C or --duration.
+    #[arg(short = 'a', long = "all", conflicts_with_all = ["pids", "follow_children", "no_inherit"])]
+    pub all: bool,
+
+    /// With --all: leave kernel threads out.
+    #[arg(long, requires = "all")]
+    pub no_kernel_threads: bool,
+
+    /// With --all: only the processes of this cgroup v2 and its descendants, filtered in the
+    /// kernel (a path under /sys/fs/cgroup, or relative to the cgroup2 mount there: a
+    /// container's, a systemd unit's such as system.slice/nginx.service).
+    #[arg(long, requires = "all", value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

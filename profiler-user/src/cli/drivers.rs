@@ -20,7 +20,7 @@ use crate::{
     process::target::TargetSpec,
     profile::RunEnd,
     protocol,
-    recording::request::{split_tag, RecordingRequest, TagsAndStacks, Walks},
+    recording::request::{split_tag, RecordingRequest, Scope, SystemScope, TagsAndStacks, Walks},
     sampling::{EventChoice, IntervalArg, SamplingRequest},
     symbolize::SymbolizerThread,
 };
@@ -82,11 +82,11 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .iter()
         .map(|p| p.parse::<TargetSpec>())
         .collect::<Result<Vec<_>, _>>()?;
-    if specs.is_empty() == cli.command.is_empty() {
+    let ways = [!specs.is_empty(), !cli.command.is_empty(), cli.all];
+    if ways.iter().filter(|w| **w).count() != 1 {
         return Err(Error::InvalidTarget {
             spec: String::new(),
-            reason: "give either --pid (repeatable) or a command after --, not both or neither"
-                .into(),
+            reason: "give one of --pid (repeatable), a command after --, or --all".into(),
         });
     }
     let launch = !cli.command.is_empty();
@@ -129,13 +129,23 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
             python: cli.python,
             table_mib: cli.unwind_table_mib,
         },
-    )?;
+    )?
+    .with_scope(if cli.all {
+        Scope::System(SystemScope {
+            kernel_threads: !cli.no_kernel_threads,
+            cgroup: cli.cgroup.clone(),
+        })
+    } else {
+        Scope::Targets
+    })?;
     let options = validated.options.clone();
     crate::kernel::check_privileges()?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     let recorder = if launch {
         Recorder::launch(&validated, &cli.command, cli.bpf_stats)
+    } else if cli.all {
+        Recorder::system(&validated, cli.bpf_stats)
     } else {
         Recorder::attach(&validated, &specs, cli.bpf_stats)
     };

@@ -102,6 +102,14 @@ impl Recorder {
         Ok(recorder)
     }
 
+    /// Starts sampling every process on the machine, as the request's system-wide scope says.
+    pub fn system(request: &RecordingRequest, bpf_stats: bool) -> Result<Recorder> {
+        let mut recorder = Recorder::new(request, bpf_stats);
+        recorder.recording.start_system(&mut recorder.pool)?;
+        recorder.log_start();
+        Ok(recorder)
+    }
+
     /// Runs `command` with sampling on from its first instruction (and, when the request
     /// follows children, in every process it forks).
     pub fn launch(

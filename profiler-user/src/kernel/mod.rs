@@ -649,6 +649,48 @@ impl KernelProgram {
         let _ = self.write_following();
     }
 
+    /// Makes `run` record every task on the machine (see [`Config::SystemRuns`]) but
+    /// bpfprof's own process, kernel threads only when `kernel_threads`, and with `cgroup`
+    /// (its id and depth) only the tasks in that cgroup v2 or below it. The program must have
+    /// no other run: the samples carry pids of the initial pid namespace.
+    pub fn record_system(
+        &mut self,
+        run: u32,
+        kernel_threads: bool,
+        cgroup: Option<(u64, u32)>,
+    ) -> Result<()> {
+        if run >= MAX_RUNS {
+            return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        let (id, level) = cgroup.unwrap_or((0, 0));
+        // The settings first, the run's bit last: no sample is taken under half of them.
+        for (entry, value) in [
+            (Config::SystemExcludeTgid, u64::from(std::process::id())),
+            (Config::SystemNoKernelThreads, u64::from(!kernel_threads)),
+            (Config::SystemCgroupId, id),
+            (Config::SystemCgroupLevel, u64::from(level)),
+            (Config::SystemRuns, 1 << run),
+        ] {
+            self.config
+                .set(entry as u32, value, 0)
+                .map_err(kernel_err)?;
+        }
+        Ok(())
+    }
+
+    /// Stops recording every task for `run` (a no-op for a run that did not).
+    pub fn end_system(&mut self, run: u32) {
+        let runs = self
+            .config
+            .get(&(Config::SystemRuns as u32), 0)
+            .unwrap_or(0);
+        if runs & (1 << run) != 0 {
+            let _ = self
+                .config
+                .set(Config::SystemRuns as u32, runs & !(1 << run), 0);
+        }
+    }
+
     /// Deletes every stack, in the kernel and offloaded; call when no run is recording, so
     /// that a long-lived daemon does not keep the stacks of finished runs.
     pub fn clear_stacks(&mut self) {
@@ -770,6 +812,18 @@ impl KernelProgram {
 
     /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
+    /// The pids the samples of `run` carry, in the kernel map and moved out of it: how a
+    /// system-wide run learns of the processes it records.
+    pub fn sampled_pids(&self, run: u32) -> std::collections::BTreeSet<u32> {
+        let kernel = self.samples.keys().filter_map(|k| k.ok());
+        let moved = self.offloaded_samples.keys().copied();
+        kernel
+            .chain(moved)
+            .filter(|k| k.runs & (1 << run) != 0)
+            .map(|k| k.pid)
+            .collect()
+    }
+
     /// still lives. A pid alone could be another namespace's process in another run.
     pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());

@@ -54,6 +54,9 @@ struct Pooled {
     used: u64,
     /// Who holds each taken run slot (uid; 0 for root and the command line).
     owners: BTreeMap<u32, u32>,
+    /// Whether its run records every task (its samples carry the initial namespace's pids,
+    /// which no other run's may share): never shared.
+    system: bool,
 }
 
 /// The attached kernel programs, by kernel program id.
@@ -107,8 +110,35 @@ impl ProgramPool {
         table_rows: u32,
         uid: u32,
     ) -> Result<(Slot, Sampling)> {
+        self.acquire_in(request, unwind, table_rows, uid, false)
+    }
+
+    /// Like [`Self::acquire`], for a run that records every task: always a program of its
+    /// own, which no other run joins.
+    pub fn acquire_system(
+        &mut self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+        table_rows: u32,
+    ) -> Result<(Slot, Sampling)> {
+        self.acquire_in(request, unwind, table_rows, 0, true)
+    }
+
+    fn acquire_in(
+        &mut self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+        table_rows: u32,
+        uid: u32,
+        system: bool,
+    ) -> Result<(Slot, Sampling)> {
         for (id, p) in &mut self.programs {
-            if p.request == *request && p.unwind == unwind && p.used != u64::MAX {
+            if !system
+                && !p.system
+                && p.request == *request
+                && p.unwind == unwind
+                && p.used != u64::MAX
+            {
                 let run = p.used.trailing_ones();
                 p.used |= 1 << run;
                 p.owners.insert(run, uid);
@@ -159,6 +189,7 @@ impl ProgramPool {
                 sampling,
                 used: 1,
                 owners: BTreeMap::from([(0, uid)]),
+                system,
             },
         );
         Ok((
@@ -230,6 +261,8 @@ impl ProgramPool {
         };
         p.used &= !(1 << slot.run);
         p.owners.remove(&slot.run);
+        // A spare program may serve a run of targets next.
+        p.program.end_system(slot.run);
         // The next run in the slot may be root's, or the command line's: no stop at exec.
         if let Err(e) = p.program.stop_at_exec(slot.run, false) {
             log::warn!("clearing stop-at-exec of run slot {}: {e}", slot.run);

@@ -31,7 +31,7 @@ use crate::{
     },
     python::stacks::{PythonMode, PythonTracking},
     recording::aggregate::{aggregate, AggregateOptions, TargetSamples},
-    recording::request::RecordingRequest,
+    recording::request::{RecordingRequest, Scope, SystemScope},
     sampling::{KernelLimits, Sampling, SamplingRequest},
     symbolize::{Symbolizer, Warm, WarmSink},
 };
@@ -45,6 +45,11 @@ pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// refresh, each of those left a launched Python's first half second without whole stacks
 /// or Python frames.
 pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
+
+/// Most processes a system-wide recording takes in, live and exited (an exited one's maps are
+/// kept to name its samples): each costs its memory maps, and while it lives its unwind tables
+/// and Python state. Samples of processes past the cap are counted, never named.
+pub const MAX_SYSTEM_PROCESSES: usize = 4096;
 
 /// Where a recording reaches its kernel programs: the command line owns its pool; the daemon
 /// shares one between its runs behind a lock.
@@ -70,6 +75,9 @@ impl PoolAccess for &std::sync::Mutex<ProgramPool> {
 pub struct ProcessRecording {
     /// The run slot its samples go to.
     pub slot: Slot,
+    /// The pid its samples carry: in its pid namespace for a run of targets, in the initial
+    /// one for a system-wide run.
+    pub sample_pid: u32,
     /// The process.
     pub target: Target,
     /// Its memory layout, refreshed while it lives.
@@ -109,7 +117,7 @@ impl ProcessRecording {
         if let Some(mut python) = self.python.take() {
             python.stop(program);
         }
-        self.maps = ProcessMaps::gone(self.target.ns_pid);
+        self.maps = ProcessMaps::gone(self.sample_pid);
         self.untabled = Vec::new();
         self.revoked = true;
         self.exited = true;
@@ -161,6 +169,10 @@ pub struct Recording {
     /// The non-root user the run is for, whose right to profile each process is re-checked
     /// for the whole run; `None` (root, the command line) checks nothing.
     owner: Option<Owner>,
+    /// Which processes are recorded.
+    scope: Scope,
+    /// Processes of a system-wide run not taken in: past [`MAX_SYSTEM_PROCESSES`].
+    over_cap: HashSet<u32>,
 }
 
 /// Where a recording stands after a tick.
@@ -192,6 +204,8 @@ impl Recording {
             python_mode: request.python,
             warm: None,
             owner: None,
+            scope: request.scope.clone(),
+            over_cap: HashSet::new(),
         }
     }
 
@@ -225,12 +239,77 @@ impl Recording {
         self.slots.first().map(|(s, _)| s.program_id)
     }
 
+    /// Starts recording every process on the machine (a request of [`Scope::System`]):
+    /// bpfprof's own process left out, kernel threads and a cgroup as the scope says. Each
+    /// process is taken in as its first samples arrive ([`Self::tick`]): its maps read, its
+    /// unwind tables queued and its interpreter looked for; until its tables are built its
+    /// stacks are walked by frame pointer (counted). The run has a kernel program of its own.
+    pub fn start_system(&mut self, pool: &mut impl PoolAccess) -> Result<()> {
+        let Scope::System(scope) = self.scope.clone() else {
+            return Err(crate::error::Error::Usage(
+                "start_system needs a system-wide request".into(),
+            ));
+        };
+        if !self.slots.is_empty() {
+            return Err(crate::error::Error::Usage(
+                "a system-wide recording is started once, and has no targets".into(),
+            ));
+        }
+        let cgroup = scope
+            .cgroup
+            .as_deref()
+            .map(SystemScope::cgroup_filter)
+            .transpose()?
+            .map(|c| (c.id, c.level));
+        let table_rows = match self.unwind {
+            crate::unwind::UnwindMode::Fp => 1,
+            _ => crate::unwind::table_rows_for(None, self.table_rows_cap),
+        };
+        let slot = pool.with_pool(|pool| -> Result<_> {
+            let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            if let Err(e) = pool
+                .program(slot)
+                .and_then(|p| p.record_system(slot.run, scope.kernel_threads, cgroup))
+            {
+                pool.release(slot);
+                return Err(e);
+            }
+            self.sampling = Some(sampling);
+            self.slots.push((slot, PidNamespace::default()));
+            Ok(slot)
+        })?;
+        // The walker verifies meanwhile (outside the pool, as for a target): stacks of the
+        // first 0.1 s use frame pointers and are counted.
+        let deadline = Instant::now() + crate::unwind::TABLE_WAIT;
+        while Instant::now() < deadline
+            && pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending()))
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        pool.with_pool(|pool| {
+            self.started = Instant::now();
+            self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
+            self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
+        });
+        Ok(())
+    }
+
+    /// Whether this recording records every process on the machine.
+    pub fn is_system(&self) -> bool {
+        matches!(self.scope, Scope::System(_))
+    }
+
     /// Captures what symbolization needs and starts keeping the samples of `target`.
     ///
     /// With a shared pool (the daemon's), the slow parts (building the target's unwind tables,
     /// waiting for the walker's verification) run without holding it, so that the other runs
     /// of the pool keep ticking meanwhile.
     pub fn add_target(&mut self, pool: &mut impl PoolAccess, target: Target) -> Result<()> {
+        if self.is_system() {
+            return Err(crate::error::Error::Usage(
+                "a system-wide recording has no targets".into(),
+            ));
+        }
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
         // The row array is sized from the objects the target maps (read here, not under the
         // pool).
@@ -380,6 +459,7 @@ impl Recording {
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {
                 slot,
+                sample_pid: target.ns_pid,
                 target,
                 maps,
                 direct: true,
@@ -444,13 +524,19 @@ impl Recording {
             }
             if self.follow_children {
                 for pid in program.followed(slot.run) {
-                    self.adopt(program, slot, pid);
+                    self.adopt(program, slot, pid, false);
+                }
+            }
+            if refresh && self.is_system() {
+                for pid in program.sampled_pids(slot.run) {
+                    self.adopt(program, slot, pid, true);
                 }
             }
         }
         // Python stacks recorded so far, per program, named below while their processes live.
         let mut python_ids = std::collections::HashMap::new();
         let now = Instant::now();
+        let system = self.is_system();
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t);
             let refresh = refresh || young;
@@ -487,14 +573,23 @@ impl Recording {
                     let ids = python_ids
                         .entry(p.slot.program_id)
                         .or_insert_with(|| program.python_stack_ids());
-                    python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
+                    python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                }
+            }
+            if p.exited && system {
+                // What the kernel holds for it goes at once: tables, mappings, Python state
+                // (its maps stay, to name its samples).
+                if program.unwind.is_tracked(p.target.pid) {
+                    p.untabled = program.unwind.untabled(p.target.pid);
+                    program.unwind.unload_process(p.target.pid);
                 }
             }
         }
         self.send_warm(pool);
         TickStatus {
             samples,
-            all_exited: self.processes.values().all(|p| p.exited),
+            // A system-wide run lasts until it is stopped.
+            all_exited: !system && self.processes.values().all(|p| p.exited),
         }
     }
 
@@ -592,9 +687,32 @@ impl Recording {
         let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
     }
 
-    /// Takes in a child the kernel followed for `slot`, unless it is a thread or known.
-    fn adopt(&mut self, program: &mut crate::kernel::KernelProgram, slot: Slot, pid: u32) {
-        if self.ignored.contains(&pid) || self.processes.values().any(|p| p.target.pid == pid) {
+    /// Takes in a child the kernel followed for `slot` (or, `system`, a process a system-wide
+    /// run sampled), unless it is a thread or known.
+    fn adopt(
+        &mut self,
+        program: &mut crate::kernel::KernelProgram,
+        slot: Slot,
+        pid: u32,
+        system: bool,
+    ) {
+        if self.ignored.contains(&pid)
+            || self.over_cap.contains(&pid)
+            || self
+                .processes
+                .contains_key(&(slot.program_id, slot.run, pid))
+            || (!system && self.processes.values().any(|p| p.target.pid == pid))
+        {
+            return;
+        }
+        if system && self.processes.len() >= MAX_SYSTEM_PROCESSES {
+            if self.over_cap.is_empty() {
+                log::warn!(
+                    "{MAX_SYSTEM_PROCESSES} processes taken in, the most a system-wide run \
+                     does: the samples of further ones are counted, not named"
+                );
+            }
+            self.over_cap.insert(pid);
             return;
         }
         let is_process = crate::process::target::read_status(pid)
@@ -614,26 +732,30 @@ impl Recording {
             Some(owner) if !target.profilable_by(owner) => {
                 // Its samples so far (from its fork on) are dropped with it.
                 program.drop_followed(slot.run, pid);
-                let mut gone = ProcessRecording::gone(slot, target.ns_pid);
+                let sample_pid = if system { pid } else { target.ns_pid };
+                let mut gone = ProcessRecording::gone(slot, sample_pid);
                 gone.revoked = true;
                 log::info!("not following child pid {pid}: its run's owner may not profile it");
                 self.processes
-                    .insert((slot.program_id, slot.run, target.ns_pid), gone);
+                    .insert((slot.program_id, slot.run, sample_pid), gone);
                 Err(crate::error::Error::PermissionDenied(format!("pid {pid}")))
             }
             _ => Ok((target, maps)),
         });
         match adopted {
             Ok((target, maps)) => {
-                log::debug!("following child pid {pid} ({})", target.comm);
+                log::debug!("taking in pid {pid} ({})", target.comm);
                 if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
-                    log::debug!("unwind tables of child pid {pid}: {e}");
+                    log::debug!("unwind tables of pid {pid}: {e}");
                 }
                 let cfi_walked = program.unwind.is_tracked(pid);
+                // A system-wide run's samples carry pids of the initial namespace.
+                let sample_pid = if system { pid } else { target.ns_pid };
                 self.processes.insert(
-                    (slot.program_id, slot.run, target.ns_pid),
+                    (slot.program_id, slot.run, sample_pid),
                     ProcessRecording {
                         slot,
+                        sample_pid,
                         target,
                         maps,
                         direct: false,
@@ -677,7 +799,7 @@ impl Recording {
                 let ids = python_ids
                     .entry(p.slot.program_id)
                     .or_insert_with(|| program.python_stack_ids());
-                python.name_new_stacks(program, ids, p.slot.run, p.target.ns_pid);
+                python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
             }
             let _ = p.maps.refresh();
         }
@@ -926,7 +1048,7 @@ impl Collected {
         };
         let targets = processes
             .values()
-            .filter(|p| p.direct || by_process.keys().any(|k| k.2 == p.target.ns_pid))
+            .filter(|p| p.direct || by_process.keys().any(|k| k.2 == p.sample_pid))
             .map(|p| ProfiledTarget {
                 pid: p.target.pid,
                 ns_pid: p.target.ns_pid,
@@ -1011,6 +1133,7 @@ impl ProcessRecording {
     fn gone(slot: Slot, ns_pid: u32) -> ProcessRecording {
         ProcessRecording {
             slot,
+            sample_pid: ns_pid,
             target: Target {
                 pid: 0,
                 ns: PidNamespace::default(),

@@ -3,7 +3,11 @@
 //! the duration checked against one set of limits, the event and rate validated before anything
 //! is loaded.
 
-use std::time::Duration;
+use std::{
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use crate::{
     error::{Error, Result},
@@ -76,6 +80,151 @@ pub struct RecordingRequest {
     pub python: PythonMode,
     /// Most rows of a kernel program's unwind table array.
     pub table_rows_cap: u32,
+    /// Which processes are recorded: named targets, or every process on the machine.
+    pub scope: Scope,
+}
+
+/// Which processes a recording records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// The targets a driver adds (`--pid`, a launched command, a daemon run's pid).
+    #[default]
+    Targets,
+    /// Every process on the machine (`--all`), as [`SystemScope`] narrows it.
+    System(SystemScope),
+}
+
+/// What a system-wide recording keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SystemScope {
+    /// Whether kernel threads are recorded (`--no-kernel-threads` leaves them out).
+    pub kernel_threads: bool,
+    /// The cgroup v2 whose processes (and its descendant cgroups') alone are kept: an absolute
+    /// path, checked to be a directory of a cgroup2 mount when validated.
+    pub cgroup: Option<PathBuf>,
+}
+
+/// `statfs` type of a cgroup v2 file system (`CGROUP2_SUPER_MAGIC`).
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Root of the cgroup mounts: a relative `--cgroup` path is taken below the cgroup2 mount
+/// found here (`/sys/fs/cgroup` itself on a pure v2 system, `/sys/fs/cgroup/unified` on a
+/// hybrid one).
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// A cgroup v2 as the kernel program filters on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupFilter {
+    /// The cgroup's id: the inode of its directory.
+    pub id: u64,
+    /// Its depth below the hierarchy's root (the root is 0).
+    pub level: u32,
+}
+
+impl SystemScope {
+    /// Resolves `--cgroup PATH`: absolute, or relative to the cgroup2 mount under
+    /// [`CGROUP_ROOT`]; it must be a directory of a cgroup v2 file system.
+    pub fn resolve_cgroup(path: &Path) -> Result<PathBuf> {
+        let invalid = |reason: String| Error::InvalidTarget {
+            spec: path.display().to_string(),
+            reason,
+        };
+        let mounts = cgroup2_mounts();
+        let full = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            // Below the cgroup2 mount under /sys/fs/cgroup, else as given below /sys/fs/cgroup.
+            let mut candidates: Vec<PathBuf> = mounts
+                .iter()
+                .filter(|(m, _)| m.starts_with(CGROUP_ROOT))
+                .map(|(m, _)| m.join(path))
+                .collect();
+            candidates.push(Path::new(CGROUP_ROOT).join(path));
+            candidates
+                .iter()
+                .find(|c| c.exists())
+                .unwrap_or(&candidates[0])
+                .clone()
+        };
+        let full = full
+            .canonicalize()
+            .map_err(|e| invalid(format!("no such cgroup ({}): {e}", full.display())))?;
+        if !full.is_dir() {
+            return Err(invalid(format!("{} is not a directory", full.display())));
+        }
+        if !is_cgroup2(&full) {
+            return Err(invalid(format!(
+                "{} is not in a cgroup v2 hierarchy (cgroup2 is mounted at {})",
+                full.display(),
+                if mounts.is_empty() {
+                    "no place here".to_string()
+                } else {
+                    mounts
+                        .iter()
+                        .map(|(m, _)| m.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )));
+        }
+        Ok(full)
+    }
+
+    /// The id and depth of the cgroup at `path` (from [`Self::resolve_cgroup`]), read now.
+    pub fn cgroup_filter(path: &Path) -> Result<CgroupFilter> {
+        let invalid = |reason: String| Error::InvalidTarget {
+            spec: path.display().to_string(),
+            reason,
+        };
+        let (mount, root) = cgroup2_mounts()
+            .into_iter()
+            .filter(|(m, _)| path.starts_with(m))
+            .max_by_key(|(m, _)| m.components().count())
+            .ok_or_else(|| invalid("not below a cgroup2 mount".into()))?;
+        let below = path.strip_prefix(&mount).unwrap_or(path);
+        // A mount of a subtree (`root` other than "/") starts that many levels down; in a
+        // cgroup namespace the mount's root is the namespace's, not the hierarchy's, which the
+        // root cgroup's id (1) tells.
+        let root_depth = Path::new(&root).components().count().saturating_sub(1);
+        let meta = std::fs::metadata(&mount)
+            .map_err(|e| invalid(format!("reading {}: {e}", mount.display())))?;
+        if root == "/" && meta.ino() != 1 {
+            return Err(invalid(format!(
+                "{} is not the root of the cgroup hierarchy (a cgroup namespace?): --cgroup \
+                 needs the host's view",
+                mount.display()
+            )));
+        }
+        let level = root_depth + below.components().count();
+        let id = std::fs::metadata(path)
+            .map_err(|e| invalid(format!("no such cgroup: {e}")))?
+            .ino();
+        Ok(CgroupFilter {
+            id,
+            level: level as u32,
+        })
+    }
+}
+
+/// Whether `path` lies on a cgroup v2 file system.
+// `f_type`'s integer type differs between architectures.
+#[allow(clippy::unnecessary_cast)]
+fn is_cgroup2(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as i64 == CGROUP2_SUPER_MAGIC)
+}
+
+/// The cgroup2 mounts bpfprof sees: mount point and the hierarchy path mounted there.
+fn cgroup2_mounts() -> Vec<(PathBuf, String)> {
+    procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .map(|mounts| {
+            mounts
+                .into_iter()
+                .filter(|m| m.fs_type == "cgroup2")
+                .map(|m| (m.mount_point, m.root))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl RecordingRequest {
@@ -109,7 +258,26 @@ impl RecordingRequest {
             unwind: walks.unwind,
             python: walks.python,
             table_rows_cap,
+            scope: Scope::Targets,
         })
+    }
+
+    /// The request recording `scope`, whose cgroup (if any) is resolved and checked.
+    pub fn with_scope(mut self, scope: Scope) -> Result<RecordingRequest> {
+        self.scope = match scope {
+            Scope::System(SystemScope {
+                kernel_threads,
+                cgroup,
+            }) => Scope::System(SystemScope {
+                kernel_threads,
+                cgroup: cgroup
+                    .as_deref()
+                    .map(SystemScope::resolve_cgroup)
+                    .transpose()?,
+            }),
+            Scope::Targets => Scope::Targets,
+        };
+        Ok(self)
     }
 
     /// Validates a protocol request; a run without `duration_ms` lasts `max_duration`, and
