@@ -866,3 +866,61 @@ fn stripped_library_functions_are_one_row_each() {
         "hottest liblzma function {hottest} of {in_lzma}: {functions:?}"
     );
 }
+
+/// Python frames keep their names in pprof's own views: `<module>` (the script's top level)
+/// was shown with an empty name by `-top` and `-lines`, since pprof takes a name with `<...>`
+/// for a demangled C++ one and strips it (issue 27).
+#[test]
+fn pprof_shows_pythons_module_frame_by_name() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempdir();
+    let script = dir.path().join("toplevel.py");
+    std::fs::write(
+        &script,
+        "import time\nend = time.time() + 2\nx = 0\nwhile time.time() < end:\n    x += 1\n",
+    )
+    .unwrap();
+    let pprof = dir.path().join("m.pb.gz");
+    run_bpfprof(
+        [
+            "-F".as_ref(),
+            "499".as_ref(),
+            "-q".as_ref(),
+            "-o".as_ref(),
+            pprof.as_os_str(),
+            "--".as_ref(),
+            "/usr/bin/python3".as_ref(),
+            script.as_os_str(),
+        ],
+        Duration::from_secs(120),
+    )
+    .assert_code(exit::OK);
+    let Some(top) = go_pprof(&["-top", "-cum", pprof.to_str().unwrap()], dir.path()) else {
+        return;
+    };
+    // `flat flat% sum% cum cum% NAME`: the module frame holds nearly every sample.
+    let module = top
+        .lines()
+        .find(|l| l.split_whitespace().nth(5) == Some("<module>"))
+        .unwrap_or_else(|| panic!("no <module> row in pprof -top:\n{top}"));
+    let cum: f64 = module
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(cum >= 50.0, "{top}");
+    let Some(lines) = go_pprof(&["-lines", "-top", pprof.to_str().unwrap()], dir.path()) else {
+        return;
+    };
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("<module> ") && l.contains("toplevel.py")),
+        "{lines}"
+    );
+}

@@ -24,6 +24,7 @@ use prost::Message;
 use crate::{
     profile::{CodeAddress, FrameId, Profile, ProfileFrame, RunEnd},
     sampling::{Event, Rate, Sampling},
+    symbolize::FrameKind,
 };
 
 mod proto;
@@ -111,7 +112,23 @@ impl Strings {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum FunctionClass {
     Code,
+    /// A Python function, named by its code object (not a native symbol).
+    Python,
     Pseudo,
+}
+
+/// The name pprof keeps a function by (`system_name`). pprof re-demangles every function whose
+/// system name equals its name, and takes a name with `<`, `>`, `[` or `]` for a demangled C++
+/// one whose template arguments and parameters it strips: Python's `<module>` became an empty
+/// name in `-top` and `-lines`. Names bpfprof made (Python code objects, pseudo frames) get a
+/// system name of their own, so pprof shows them as written; native symbols keep theirs.
+fn system_name(class: FunctionClass, name: &str, file: Option<&str>) -> String {
+    match (class, file) {
+        (FunctionClass::Code, _) => name.to_string(),
+        (FunctionClass::Python, Some(file)) => format!("{file}:{name}"),
+        (FunctionClass::Python, None) => format!("python:{name}"),
+        (FunctionClass::Pseudo, _) => format!("bpfprof:{name}"),
+    }
 }
 
 /// Everything but the samples, interned as the samples are built.
@@ -219,6 +236,8 @@ impl Tables {
         file: Option<&str>,
         start_line: Option<u32>,
     ) -> u64 {
+        let system_name = system_name(class, name, file);
+        let system_name = self.strings.id(&system_name);
         let name = self.strings.id(name);
         let filename = file.map_or(0, |f| self.strings.id(f));
         let next = self.functions.len() as u64 + 1;
@@ -230,7 +249,7 @@ impl Tables {
             self.functions.push(proto::Function {
                 id,
                 name,
-                system_name: name,
+                system_name,
                 filename,
                 start_line: start_line.map_or(0, i64::from),
             });
@@ -262,12 +281,12 @@ impl Tables {
                     }
                     files |= f.file.is_some();
                     line_numbers |= f.line.is_some();
-                    let id = self.function(
-                        FunctionClass::Code,
-                        &f.name,
-                        f.file.as_deref(),
-                        f.start_line,
-                    );
+                    let class = if f.kind == FrameKind::Python {
+                        FunctionClass::Python
+                    } else {
+                        FunctionClass::Code
+                    };
+                    let id = self.function(class, &f.name, f.file.as_deref(), f.start_line);
                     (id, f.line.map_or(0, i64::from))
                 }
                 other => (
