@@ -21,11 +21,12 @@
 //! else 0, as cProfile keys a function by where it starts: a function is one entry whichever
 //! of its lines were sampled (pprof keeps the per-line detail). Frames mapping to one key merge.
 //!
-//! Every frame of every stack becomes an entry, the non-code ones as `("~", 0, name)` like
-//! cProfile's built-ins: tags (`[phase=train]`), the process, threads and `[truncated]`. So
-//! the tree is rooted as in the other formats, which snakeviz needs (it draws one root and
-//! hides the others), truncation is visible, and the run's tags show as the root entries.
-//! pstats has no other place for metadata. `total_tt` is the profile's sample time.
+//! Every frame of every stack but the run's tags becomes an entry, the non-code ones as
+//! `("~", 0, name)` like cProfile's built-ins: the process, threads and `[truncated]`. So the
+//! tree is rooted at the process as in the other formats, which snakeviz needs (it draws one
+//! root and hides the others), and truncation is visible. Tags stay out of the call tree: as
+//! root levels (one per tag) they pushed the program's functions below snakeviz's deepest view
+//! (20 levels); the other formats carry them. `total_tt` is the profile's sample time.
 //!
 //! An empty profile writes one zero entry, `[no samples]`: `pstats.Stats` refuses an empty
 //! table.
@@ -129,6 +130,9 @@ fn function_stats(profile: &Profile) -> Vec<FunctionStats> {
     for (stack_no, stack) in profile.stacks.iter().enumerate() {
         ids.clear();
         for &frame in &stack.frames {
+            if matches!(profile.frames[frame], ProfileFrame::Tag(_)) {
+                continue;
+            }
             let id = *of_frame[frame].get_or_insert_with(|| {
                 let key = key(&profile.frames[frame]);
                 *index.entry(key.clone()).or_insert_with(|| {
@@ -374,9 +378,10 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
             stacks,
             leaf,
         };
-        assert_eq!(get("[phase=train]").counts, counts(100, 100, 0));
-        assert!(get("[phase=train]").callers.is_empty());
+        // Tags stay out of the call tree: the process is the root.
+        assert!(functions.iter().all(|f| f.key.2 != "[phase=train]"));
         assert_eq!(get("app").counts, counts(100, 100, 0));
+        assert!(get("app").callers.is_empty());
         assert_eq!(get("main").counts, counts(98, 98, 0));
         assert_eq!(get("leaf_hot").counts, counts(70, 70, 70));
         assert_eq!(caller("leaf_hot", "parent_hot"), counts(60, 60, 60));
@@ -412,13 +417,13 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         };
 
         assert!(approx(&out["total_tt"], 100.0 * dt), "{}", out["total_tt"]);
-        // Tag, process, main, parent_hot, leaf_hot, parent_cold, leaf_cold, recurse (twice a
-        // stack), inlined_helper, sys_write, [truncated], deep.
+        // Process, main, parent_hot, leaf_hot, parent_cold, leaf_cold, recurse (twice a
+        // stack), inlined_helper, sys_write, [truncated], deep: no tag.
         assert_eq!(
             out["total_calls"],
-            100 + 100 + 98 + 68 + 70 + 20 + 20 + 20 + 8 + 8 + 2 + 2
+            100 + 98 + 68 + 70 + 20 + 20 + 20 + 8 + 8 + 2 + 2
         );
-        assert_eq!(out["prim_calls"], 516 - 10);
+        assert_eq!(out["prim_calls"], 416 - 10);
 
         let leaf_hot = stats("leaf_hot");
         assert_eq!(leaf_hot[..2], [70, 70]);
@@ -437,7 +442,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         assert_eq!(main[..2], [98, 98]);
         assert!(approx(&main[2], 0.0) && approx(&main[3], 98.0 * dt));
         assert_eq!(callers("main", "app")[..2], [98, 98]);
-        assert_eq!(callers("app", "[phase=train]")[..2], [100, 100]);
+        assert!(funcs.get("[phase=train]").is_none(), "{out}");
         assert_eq!(funcs["app"]["file"], "~");
 
         // Recursion: 20 appearances in 10 samples, cumulative time counted once.
