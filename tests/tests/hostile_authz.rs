@@ -12,31 +12,13 @@ use std::{
 
 use bpfprof::protocol::RunState;
 use bpfprof_tests::{
-    hostile::{cli, Bystander},
+    hostile::{cli, results_of, run_id_of, shared_dir, Bystander},
     *,
 };
 
 /// The function every sample of the `spinner` workload runs in: the name a run must not show
 /// once spinner runs as a program its user cannot read or as root.
 const SECRET_FUNCTION: &str = "other_spin";
-
-/// The run id an `--async` start printed.
-fn run_id_of(result: &RunResult) -> u64 {
-    result.assert_code(0);
-    result
-        .stdout
-        .trim()
-        .trim_start_matches("Run Id: ")
-        .parse()
-        .unwrap_or_else(|_| panic!("no run id in {:?}", result.stdout))
-}
-
-/// A folder every user can enter, for the programs the test users run.
-fn shared_dir() -> tempfile::TempDir {
-    let dir = tempdir();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
 
 /// A root-owned copy of workload `name` in `dir` with `mode` (0711: execute-only, unreadable
 /// to other users; 04755: setuid root).
@@ -55,23 +37,6 @@ fn shell_then(user: &TestUser, go: &Path, then: &str) -> Workload {
     let w = Workload::spawn_command(cmd);
     thread::sleep(Duration::from_millis(200));
     w
-}
-
-/// The folded stacks and summary of run `id`, read as root once it ended.
-fn results_of(daemon: &Daemon, id: u64) -> (RunState, Profile, Summary) {
-    let reply = daemon
-        .client()
-        .results(id, DAEMON_TIMEOUT)
-        .expect("results of the run");
-    let state = reply.state.expect("a state");
-    let files = reply.files.unwrap_or_default();
-    let folded = files.get("folded").expect("a folded profile");
-    let summary = files.get("summary-json").expect("a summary");
-    (
-        state,
-        Profile::read(Path::new(folded)),
-        Summary::read(Path::new(summary)),
-    )
 }
 
 /// Starts an async run as `user` on `pid` with `extra` arguments; returns its id.

@@ -263,7 +263,7 @@ fn row_limit<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> 
 }
 
 /// The CPU time this thread has used so far.
-fn thread_cpu_time() -> Duration {
+pub(crate) fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
