@@ -919,13 +919,7 @@ mod tests {
     #[test]
     fn vdso_image_from_memory_matches_readelf() {
         // The vDSO has no file: its image is read from memory, as the loader reads a target's.
-        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
-        let vdso = maps
-            .iter()
-            .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
-            .expect("a [vdso] mapping");
-        let (start, end) = vdso.address;
-        let image = crate::process::vdso::read_image(std::process::id(), start, end).unwrap();
+        let (_, image) = crate::process::vdso::own_image();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vdso.so");
         std::fs::write(&path, &image).unwrap();
