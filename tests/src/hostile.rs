@@ -78,7 +78,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
 /// bound on answers is about blocking: on a machine that other builds keep busy, the daemon's
 /// and the client's wake-ups must not wait for the CPU behind them. Nice changes no lock's
 /// behaviour.
-fn favor(pid: u32) {
+pub fn favor(pid: u32) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return;
     };
@@ -410,6 +410,32 @@ pub fn compile(dir: &Path, name: &str, ext: &str, source: &str, args: &[&str]) -
     );
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
     out
+}
+
+/// Starts an `--async` run as `user` on `pid` at 499 Hz for `duration_ms`, with `extra`
+/// arguments; the CLI's result (see [`run_id_of`]).
+pub fn start_as(
+    user: &TestUser,
+    bin: &Path,
+    daemon: &Daemon,
+    pid: u32,
+    duration_ms: u64,
+    extra: &[&str],
+) -> RunResult {
+    let pid = pid.to_string();
+    let duration = duration_ms.to_string();
+    let mut args = vec![
+        "run",
+        "--async",
+        "--pid",
+        &pid,
+        "-F",
+        "499",
+        "--duration-ms",
+        &duration,
+    ];
+    args.extend(extra);
+    cli(user, bin, daemon, &args)
 }
 
 /// The run id an `--async` start printed.

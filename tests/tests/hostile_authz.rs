@@ -12,7 +12,7 @@ use std::{
 
 use bpfprof::protocol::RunState;
 use bpfprof_tests::{
-    hostile::{cli, results_of, run_id_of, shared_dir, Bystander},
+    hostile::{cli, results_of, run_id_of, shared_dir, start_as, Bystander},
     *,
 };
 
@@ -37,33 +37,6 @@ fn shell_then(user: &TestUser, go: &Path, then: &str) -> Workload {
     let w = Workload::spawn_command(cmd);
     thread::sleep(Duration::from_millis(200));
     w
-}
-
-/// Starts an async run as `user` on `pid` with `extra` arguments; returns its id.
-fn start_as(
-    user: &TestUser,
-    bin: &Path,
-    daemon: &Daemon,
-    pid: u32,
-    duration_ms: u64,
-    extra: &[&str],
-) -> u64 {
-    let pid = pid.to_string();
-    let duration = duration_ms.to_string();
-    let mut args = vec![
-        "run",
-        "--async",
-        "--pid",
-        &pid,
-        "-F",
-        "499",
-        "--duration-ms",
-        &duration,
-        "--formats",
-        "folded",
-    ];
-    args.extend(extra);
-    run_id_of(&cli(user, bin, daemon, &args))
 }
 
 /// Item 11: a run on the attacker's own process, which then execs a program the attacker may
@@ -91,7 +64,14 @@ fn exec_into_an_unreadable_or_setuid_program_ends_the_runs_sampling() {
             program.file_name().unwrap().to_string_lossy()
         ));
         let shell = shell_then(&mallory, &go, &format!("exec {} 30", program.display()));
-        let id = start_as(&mallory, &bin, &daemon, shell.pid(), 20_000, &[]);
+        let id = run_id_of(&start_as(
+            &mallory,
+            &bin,
+            &daemon,
+            shell.pid(),
+            20_000,
+            &["--formats", "folded"],
+        ));
         let started = Instant::now();
         // The shell spins as mallory (samples the run may keep) for a while, then execs.
         thread::sleep(Duration::from_millis(700));
@@ -157,14 +137,14 @@ fn followed_children_that_exec_what_their_user_may_not_profile_are_left_out() {
             allowed.display()
         ),
     );
-    let id = start_as(
+    let id = run_id_of(&start_as(
         &mallory,
         &bin,
         &daemon,
         shell.pid(),
         4_000,
-        &["--follow-children"],
-    );
+        &["--follow-children", "--formats", "folded"],
+    ));
     thread::sleep(Duration::from_millis(300));
     std::fs::write(&go, "").unwrap();
     let (state, profile, _) = results_of(&daemon, id);

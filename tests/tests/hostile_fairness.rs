@@ -9,7 +9,9 @@
 use std::os::unix::fs::PermissionsExt;
 
 use bpfprof_tests::{
-    hostile::{cli, compile, folded_of, results_of, run_id_of, shared_dir, wait_for_mapping},
+    hostile::{
+        cli, compile, folded_of, results_of, run_id_of, shared_dir, start_as, wait_for_mapping,
+    },
     *,
 };
 
@@ -155,24 +157,13 @@ fn one_users_costly_objects_do_not_hold_up_another_users_tables() {
     wait_for_mapping(attack.pid(), &last);
 
     // The attacker's run queues its objects' tables; it lasts past the victim's.
-    let attack_pid = attack.pid().to_string();
-    let attack_ms = (VICTIM_RUN_MS + 6000).to_string();
-    let started = cli(
+    let started = start_as(
         &attacker,
         &bin,
         &daemon,
-        &[
-            "run",
-            "--async",
-            "--pid",
-            &attack_pid,
-            "-F",
-            "499",
-            "--duration-ms",
-            &attack_ms,
-            "--formats",
-            "folded",
-        ],
+        attack.pid(),
+        VICTIM_RUN_MS + 6000,
+        &["--formats", "folded"],
     );
     let attack_run = run_id_of(&started);
 
