@@ -17,13 +17,14 @@ use bpfprof_tests::{
 
 /// The attacker's objects: each this many FDEs, all sharing one CIE of this many initial
 /// instructions, which the builder evaluates again for every FDE (as gimli does): 900 million
-/// instructions, about the table builder's CPU budget per object, from a 1 MB file, so smaller
-/// than libc and served before it by size.
+/// instructions, 3.5 s of the build thread's CPU measured (45 s of a loaded machine's wall
+/// clock; the builder's budget per object is 5 s), from a 1 MB file, so smaller than libc and
+/// served before it by size.
 const COSTLY_FDES: usize = 30_000;
 const COSTLY_CIE_INSTRUCTIONS: usize = 30_000;
 
-/// How many such objects the attacker's process maps: each costs the build thread up to
-/// `BUILD_CPU_BUDGET` (5 s), far longer in all than the victim's run.
+/// How many such objects the attacker's process maps: seconds of the build thread's CPU each,
+/// far longer in all than the victim's run.
 const COSTLY_OBJECTS: usize = 6;
 
 /// The victim's run: a few seconds, started while the attacker's builds queue.
@@ -108,13 +109,13 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The attacker's process maps six 1 MB objects whose CFI costs the build thread its whole
-/// per-object CPU budget each (30 s in all); the victim's `nofp` (no frame pointers: its
-/// stacks unwind only by CFI) starts right after. Served in one queue, smallest first, the
-/// victim's libc table waited behind every one of the attacker's objects, and its stacks
-/// stopped at libc's frames for the whole run; served in turns, the victim's tables are built
-/// beside the attacker's builds, and its stacks reach `_start` while the attacker's objects
-/// still queue.
+/// The attacker's process maps six 1 MB objects whose CFI costs the build thread seconds of
+/// CPU each (about 20 s in all); the victim's `nofp` (no frame pointers: its stacks unwind only
+/// by CFI) starts right after. Served in one queue by one thread, the victim's executable
+/// waited for the attacker's build in progress and its libc behind every one of the
+/// attacker's objects: none of its stacks got past `burn` for the whole run. Served in turns,
+/// the victim's tables are built beside the attacker's builds, and its stacks reach `_start`
+/// while the attacker's objects still queue.
 #[test]
 fn one_users_costly_objects_do_not_hold_up_another_users_tables() {
     if !require_root() {
