@@ -340,10 +340,46 @@ def protocol_seeds():
     write("protocol", "hostile-unknown", '{"version":2,"op":"run","pid":1,"evil":1}\n{"version":1,"op":"results","run_id":1,"wait_ms":18446744073709551615}\n')
 
 
+# Offsets of the thread-state lists (profiler-user/src/python/layout.rs's tables, 3.10 to
+# 3.12): _PyRuntime.interpreters.head, interp.next, interp.threads.head, tstate.next,
+# tstate.thread_id.
+THREAD_LISTS = {
+    10: (32, 0, 8, 8, 176),
+    11: (40, 0, 16, 8, 152),
+    12: (40, 0, 72, 8, 136),
+}
+
+
+def python_thread_seeds():
+    """Images for python_threads: _PyRuntime at the image's start, two interpreters and two
+    thread states; a proper list, one that loops within and across interpreters (issue 23 item
+    8), and one whose next pointer is wild."""
+    for minor, (head, inext, threads, tnext, tid) in THREAD_LISTS.items():
+        def image(links, t2_next):
+            words = bytearray(0x600)
+            def put(at, value):
+                words[at:at + 8] = struct.pack("<Q", value)
+            interp_a, interp_b, t1, t2 = 0x200, 0x300, 0x400, 0x500
+            put(head, IMAGE_BASE + interp_a)
+            put(interp_a + threads, IMAGE_BASE + t1)
+            put(interp_a + inext, IMAGE_BASE + interp_b if links else 0)
+            put(interp_b + threads, IMAGE_BASE + t2)
+            put(interp_b + inext, IMAGE_BASE + interp_a if links else 0)
+            put(t1 + tnext, IMAGE_BASE + t2 if links else 0)
+            put(t2 + tnext, t2_next)
+            put(t1 + tid, 11)
+            put(t2 + tid, 22)
+            return bytes([minor - 10]) + bytes(words)
+        write("python_threads", f"cpython-3.{minor}-two", image(False, 0))
+        write("python_threads", f"cpython-3.{minor}-looping", image(True, IMAGE_BASE + 0x400))
+        write("python_threads", f"cpython-3.{minor}-wild", image(True, 0xdead_beef_0000))
+
+
 def main():
     with tempfile.TemporaryDirectory() as workdir:
         elf_seeds(workdir)
     python_seeds()
+    python_thread_seeds()
     perf_map_seeds()
     protocol_seeds()
     total = 0

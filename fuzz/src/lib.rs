@@ -1,5 +1,6 @@
 //! What bpfprof's fuzz targets share: the properties every unwind table must have, whatever
-//! bytes it was built from, and the wrapping of bare CFI sections into an ELF object.
+//! bytes it was built from, the wrapping of bare CFI sections into an ELF object, and the
+//! image of a CPython process's memory that the Python targets read.
 
 use bpfprof::unwind::table::UnwindTable;
 use object::write::elf::{FileHeader, SectionHeader, Writer};
@@ -165,5 +166,69 @@ impl<'a> CfiInput<'a> {
         }
         w.write_shstrtab_section_header();
         out
+    }
+}
+
+/// Where the Python targets map their image of a target's memory: a fixed address, so that
+/// the corpus's pointers stay valid, far from where Linux puts the fuzzer's own heap, stacks
+/// and libraries (`fuzz/seed.py`'s `IMAGE_BASE`).
+pub const IMAGE_BASE: usize = 0x2000_0000_0000;
+
+/// `_Py_DebugOffsets` of a real CPython 3.13.0 (the `python_layout` seed), for 3.13's layout.
+const DEBUG_OFFSETS_3_13: &[u8] = include_bytes!("../corpus/python_layout/cpython-3.13.0");
+
+/// An input of the Python targets: its first byte picks the CPython version whose layout is
+/// used (3.10 to 3.13, by `byte % 4`), the rest is the image mapped at [`IMAGE_BASE`] (kept
+/// while the returned [`Image`] lives), read through this process's memory; `None` for an
+/// empty input.
+pub fn python_image(
+    data: &[u8],
+) -> Option<(
+    bpfprof::python::layout::Layout,
+    Image,
+    bpfprof::python::memory::ProcessMemory,
+)> {
+    use bpfprof::python::layout;
+    let (&version, image) = data.split_first()?;
+    let layout = match version % 4 {
+        3 => layout::Layout::from_debug_offsets(DEBUG_OFFSETS_3_13).expect("a real 3.13"),
+        minor => layout::table(10 + minor).expect("3.10 to 3.12 are tabled"),
+    };
+    let memory = bpfprof::python::memory::ProcessMemory::new(std::process::id());
+    Some((layout, Image::map(image), memory))
+}
+
+/// Bytes mapped at [`IMAGE_BASE`] for one input, where the daemon's readers of a target's
+/// memory (`ProcessMemory` of this process) find them; unmapped when dropped.
+pub struct Image {
+    len: usize,
+}
+
+impl Image {
+    /// Maps `bytes` at [`IMAGE_BASE`].
+    pub fn map(bytes: &[u8]) -> Image {
+        let len = bytes.len().max(1).next_multiple_of(4096);
+        // SAFETY: a fresh private anonymous mapping at an address nothing else uses
+        // (MAP_FIXED_NOREPLACE fails rather than replace a mapping), written only here.
+        unsafe {
+            let at = libc::mmap(
+                IMAGE_BASE as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            assert_eq!(at as usize, IMAGE_BASE, "mapping the image");
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at.cast(), bytes.len());
+        }
+        Image { len }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map` mapped; no reference into it outlives `self`.
+        unsafe { libc::munmap(IMAGE_BASE as *mut libc::c_void, self.len) };
     }
 }

@@ -15,6 +15,7 @@
 
 use std::{
     io::{BufRead, BufReader},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -26,8 +27,9 @@ use std::{
 };
 
 use crate::{
-    copy_executable, poll_until, spawn_bpfprof_command, test_user, workload_path,
-    world_executable_bpfprof, Daemon, Profile, TestUser, Workload, DAEMON_TIMEOUT,
+    copy_executable, poll_until, spawn_bpfprof_command, tempdir, test_user, workload_path,
+    world_executable_bpfprof, Daemon, Profile, RunResult, Summary, TestUser, Workload,
+    DAEMON_TIMEOUT,
 };
 
 /// The bound on another user's `list` answer during an attack: about blocking (a
@@ -76,7 +78,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
 /// bound on answers is about blocking: on a machine that other builds keep busy, the daemon's
 /// and the client's wake-ups must not wait for the CPU behind them. Nice changes no lock's
 /// behaviour.
-fn favor(pid: u32) {
+pub fn favor(pid: u32) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return;
     };
@@ -380,4 +382,97 @@ pub fn wait_for_mapping(pid: u32, needle: &str) {
             .map(|_| ())
     })
     .unwrap_or_else(|| panic!("pid {pid} never mapped {needle}"));
+}
+
+/// A folder every user can enter, for the programs the test users run.
+pub fn shared_dir() -> tempfile::TempDir {
+    let dir = tempdir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// Compiles `source` (C or assembly, by `ext`) into `dir/name` with `args`, world-executable.
+pub fn compile(dir: &Path, name: &str, ext: &str, source: &str, args: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.{ext}"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let result = Command::new("gcc")
+        .args(args)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("running gcc");
+    assert!(
+        result.status.success(),
+        "gcc {name}: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    out
+}
+
+/// Starts an `--async` run as `user` on `pid` at 499 Hz for `duration_ms`, with `extra`
+/// arguments; the CLI's result (see [`run_id_of`]).
+pub fn start_as(
+    user: &TestUser,
+    bin: &Path,
+    daemon: &Daemon,
+    pid: u32,
+    duration_ms: u64,
+    extra: &[&str],
+) -> RunResult {
+    let pid = pid.to_string();
+    let duration = duration_ms.to_string();
+    let mut args = vec![
+        "run",
+        "--async",
+        "--pid",
+        &pid,
+        "-F",
+        "499",
+        "--duration-ms",
+        &duration,
+    ];
+    args.extend(extra);
+    cli(user, bin, daemon, &args)
+}
+
+/// The run id an `--async` start printed.
+#[track_caller]
+pub fn run_id_of(result: &RunResult) -> u64 {
+    result.assert_code(0);
+    result
+        .stdout
+        .trim()
+        .trim_start_matches("Run Id: ")
+        .parse()
+        .unwrap_or_else(|_| panic!("no run id in {:?}", result.stdout))
+}
+
+/// The state, folded stacks and summary of run `id`, read as root once it ended (the run
+/// asked for the `folded` format).
+pub fn results_of(daemon: &Daemon, id: u64) -> (bpfprof::protocol::RunState, Profile, Summary) {
+    let reply = daemon
+        .client()
+        .results(id, DAEMON_TIMEOUT)
+        .expect("results of the run");
+    let state = reply.state.expect("a state");
+    let files = reply.files.unwrap_or_default();
+    let folded = files.get("folded").expect("a folded profile");
+    let summary = files.get("summary-json").expect("a summary");
+    (
+        state,
+        Profile::read(Path::new(folded)),
+        Summary::read(Path::new(summary)),
+    )
+}
+
+/// The folded profile a CLI's `--json` reply names.
+#[track_caller]
+pub fn folded_of(reply: &serde_json::Value) -> Profile {
+    let path = reply["files"]["folded"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no folded profile in {reply}"));
+    Profile::read(Path::new(path))
 }

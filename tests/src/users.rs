@@ -85,3 +85,12 @@ pub fn workload_as(user: &TestUser, dir: &std::path::Path, name: &str, args: &[&
     std::thread::sleep(Duration::from_millis(200));
     w
 }
+
+/// Runs a shell script as `user`; returns whether it succeeded and its stderr.
+pub fn shell_as(user: &TestUser, script: &str) -> (bool, String) {
+    let out = user.command("sh").args(["-c", script]).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use bpfprof_tests::*;
+use bpfprof_tests::{
+    hostile::{cli, run_id_of, shared_dir, start_as},
+    *,
+};
 
 /// A root-owned file in a root-only folder, standing for `/etc/passwd`: the attack's target.
 struct Victim {
@@ -38,32 +41,6 @@ impl Victim {
     }
 }
 
-/// Runs a shell command as `user`; returns whether it succeeded and its stderr.
-fn shell_as(user: &TestUser, script: &str) -> (bool, String) {
-    let out = user.command("sh").args(["-c", script]).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The CLI as `user` against `daemon`.
-fn cli_as(user: &TestUser, bin: &Path, daemon: &Daemon, args: &[&str]) -> RunResult {
-    let mut cmd = user.command(bin);
-    cmd.args(args)
-        .args(["--socket", &daemon.socket().display().to_string()]);
-    spawn_bpfprof_command(cmd).wait_timeout(DAEMON_TIMEOUT)
-}
-
-fn run_id_of(result: &RunResult) -> String {
-    result.assert_code(0);
-    result
-        .stdout
-        .trim()
-        .trim_start_matches("Run Id: ")
-        .to_string()
-}
-
 /// The reported critical attack: a user plants links in its run's folder, and the root daemon
 /// writes its results (and its state) through them into a root-owned file and gives it away.
 #[test]
@@ -77,7 +54,7 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
     let (bin_dir, bin) = world_executable_bpfprof();
     let own = workload_as(&mallory, bin_dir.path(), "hotcold", &["60"]);
 
-    let started = cli_as(
+    let started = cli(
         &mallory,
         &bin,
         &daemon,
@@ -92,7 +69,7 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
             "60000",
         ],
     );
-    let id = run_id_of(&started);
+    let id = run_id_of(&started).to_string();
     let run_dir = daemon.state().join("runs").join(&id);
 
     // The attack: links named like the files the daemon will write, a FIFO, a new file.
@@ -125,9 +102,9 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
     );
     assert!(!ok, "a user listed the runs folder");
 
-    let stopped = cli_as(&mallory, &bin, &daemon, &["stop", "--run-id", &id]);
+    let stopped = cli(&mallory, &bin, &daemon, &["stop", "--run-id", &id]);
     stopped.assert_code(0);
-    let results = cli_as(
+    let results = cli(
         &mallory,
         &bin,
         &daemon,
@@ -146,7 +123,7 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
     assert!(ok, "the owner cannot read its own result: {err}");
     let copies = tempdir();
     std::fs::set_permissions(copies.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let copied = cli_as(
+    let copied = cli(
         &mallory,
         &bin,
         &daemon,
@@ -187,7 +164,7 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
     let eve = test_user("bpfprof-t2");
     let (ok, _) = shell_as(&eve, &format!("cat {svg} > /dev/null"));
     assert!(!ok, "another user read the results");
-    let stolen = cli_as(
+    let stolen = cli(
         &eve,
         &bin,
         &daemon,
@@ -264,10 +241,10 @@ fn planted_state_neither_stalls_the_daemon_nor_spoofs_runs() {
     // Alice sees no run she did not start; mallory's forged run kept its folder's id.
     let (bin_dir, bin) = world_executable_bpfprof();
     let _ = bin_dir;
-    let listed = cli_as(&alice, &bin, &daemon, &["list", "--json"]);
+    let listed = cli(&alice, &bin, &daemon, &["list", "--json"]);
     listed.assert_code(0);
     assert!(!listed.stdout.contains("forged_top"), "{}", listed.stdout);
-    let listed = cli_as(&mallory, &bin, &daemon, &["list", "--json"]);
+    let listed = cli(&mallory, &bin, &daemon, &["list", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
     let ids: Vec<u64> = listed["runs"]
         .as_array()
@@ -289,30 +266,6 @@ fn planted_state_neither_stalls_the_daemon_nor_spoofs_runs() {
     assert_eq!(reply.run_id, Some(7));
 }
 
-/// Starts a run as `user` on `pid`; returns the CLI's result.
-fn run_as(user: &TestUser, bin: &Path, daemon: &Daemon, pid: u32, extra: &[&str]) -> RunResult {
-    let pid = pid.to_string();
-    let mut args = vec![
-        "run",
-        "--async",
-        "--pid",
-        &pid,
-        "-F",
-        "499",
-        "--duration-ms",
-        "60000",
-    ];
-    args.extend(extra);
-    cli_as(user, bin, daemon, &args)
-}
-
-/// A folder every user can enter, for copies of programs the test users run.
-fn shared_bin_dir() -> tempfile::TempDir {
-    let dir = tempdir();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
 #[test]
 fn setuid_and_undumpable_processes_are_not_the_invokers_to_profile() {
     if !require_root() {
@@ -321,7 +274,7 @@ fn setuid_and_undumpable_processes_are_not_the_invokers_to_profile() {
     let alice = test_user("bpfprof-t1");
     let daemon = Daemon::start(&[]);
     let (bin_dir, bin) = world_executable_bpfprof();
-    let programs = shared_bin_dir();
+    let programs = shared_dir();
 
     // A setuid-root copy of a workload, started by alice: real uid alice, effective root.
     let setuid = programs.path().join("spinner-setuid");
@@ -336,7 +289,7 @@ fn setuid_and_undumpable_processes_are_not_the_invokers_to_profile() {
         status.contains(&format!("Uid:\t{}\t0\t0\t0", alice.uid)),
         "the workload runs setuid for alice:\n{status}"
     );
-    let refused = run_as(&alice, &bin, &daemon, elevated.pid(), &[]);
+    let refused = start_as(&alice, &bin, &daemon, elevated.pid(), 60_000, &[]);
     refused.assert_code(4);
     assert!(
         !refused.stderr.contains("uid 0") && !refused.stderr.contains("belongs to"),
@@ -352,11 +305,11 @@ fn setuid_and_undumpable_processes_are_not_the_invokers_to_profile() {
     ]);
     let undumpable = Workload::spawn_command(cmd);
     thread::sleep(Duration::from_millis(500));
-    run_as(&alice, &bin, &daemon, undumpable.pid(), &[]).assert_code(4);
+    start_as(&alice, &bin, &daemon, undumpable.pid(), 60_000, &[]).assert_code(4);
 
     // Her ordinary process is still hers to profile (the refusals are not blanket).
     let own = workload_as(&alice, bin_dir.path(), "spinner", &["60"]);
-    let ok = run_as(&alice, &bin, &daemon, own.pid(), &[]);
+    let ok = start_as(&alice, &bin, &daemon, own.pid(), 60_000, &[]);
     ok.assert_code(0);
 }
 
@@ -381,7 +334,7 @@ fn kernel_frames_follow_perf_event_paranoid_for_non_root_users() {
         assert!(profile.total() > 50, "{}", profile.top(5));
         profile.count_where(|frames| frames.iter().any(|f| is_kernel_frame(f)))
     };
-    let as_alice = cli_as(
+    let as_alice = cli(
         &alice,
         &bin,
         &daemon,
@@ -436,34 +389,34 @@ fn one_user_cannot_use_up_runs_ids_or_kept_results() {
     let his = workload_as(&bob, bin_dir.path(), "spinner", &["60"]);
 
     // Bob's one result, kept from before.
-    let bobs = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
-    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &bobs]).assert_code(0);
+    let bobs = run_id_of(&start_as(&bob, &bin, &daemon, his.pid(), 60_000, &[])).to_string();
+    cli(&bob, &bin, &daemon, &["stop", "--run-id", &bobs]).assert_code(0);
 
     // Alice: two runs at once, a third refused (and it reveals nothing of others).
-    let a1 = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
-    let _a2 = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
-    let third = run_as(&alice, &bin, &daemon, hers.pid(), &[]);
+    let a1 = run_id_of(&start_as(&alice, &bin, &daemon, hers.pid(), 60_000, &[])).to_string();
+    let _a2 = run_id_of(&start_as(&alice, &bin, &daemon, hers.pid(), 60_000, &[])).to_string();
+    let third = start_as(&alice, &bin, &daemon, hers.pid(), 60_000, &[]);
     third.assert_code(11);
     // Bob is not refused for her runs.
-    let b2 = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
+    let b2 = run_id_of(&start_as(&bob, &bin, &daemon, his.pid(), 60_000, &[])).to_string();
     // Refused requests (another user's process, too fast a rate) create no run, use no id.
     for _ in 0..20 {
-        run_as(&alice, &bin, &daemon, his.pid(), &[]).assert_code(4);
+        start_as(&alice, &bin, &daemon, his.pid(), 60_000, &[]).assert_code(4);
         let pid = hers.pid().to_string();
         let args = ["run", "--async", "--pid", &pid, "-F", "5000"];
-        cli_as(&alice, &bin, &daemon, &args).assert_code(5);
+        cli(&alice, &bin, &daemon, &args).assert_code(5);
     }
-    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &b2]).assert_code(0);
-    let b3 = run_id_of(&run_as(&bob, &bin, &daemon, his.pid(), &[]));
+    cli(&bob, &bin, &daemon, &["stop", "--run-id", &b2]).assert_code(0);
+    let b3 = run_id_of(&start_as(&bob, &bin, &daemon, his.pid(), 60_000, &[])).to_string();
     assert_eq!(
         b3.parse::<u64>().unwrap(),
         b2.parse::<u64>().unwrap() + 1,
         "refused requests consumed run ids"
     );
-    cli_as(&bob, &bin, &daemon, &["stop", "--run-id", &b3]).assert_code(0);
+    cli(&bob, &bin, &daemon, &["stop", "--run-id", &b3]).assert_code(0);
     // Alice runs and ends many more; her oldest go, Bob's stay.
-    cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &a1]).assert_code(0);
-    cli_as(
+    cli(&alice, &bin, &daemon, &["stop", "--run-id", &a1]).assert_code(0);
+    cli(
         &alice,
         &bin,
         &daemon,
@@ -471,9 +424,9 @@ fn one_user_cannot_use_up_runs_ids_or_kept_results() {
     )
     .assert_code(0);
     for _ in 0..3 {
-        let id = run_id_of(&run_as(&alice, &bin, &daemon, hers.pid(), &[]));
-        cli_as(&alice, &bin, &daemon, &["stop", "--run-id", &id]).assert_code(0);
-        cli_as(
+        let id = run_id_of(&start_as(&alice, &bin, &daemon, hers.pid(), 60_000, &[])).to_string();
+        cli(&alice, &bin, &daemon, &["stop", "--run-id", &id]).assert_code(0);
+        cli(
             &alice,
             &bin,
             &daemon,
@@ -481,7 +434,7 @@ fn one_user_cannot_use_up_runs_ids_or_kept_results() {
         )
         .assert_code(0);
     }
-    let listed = cli_as(&bob, &bin, &daemon, &["list", "--json"]);
+    let listed = cli(&bob, &bin, &daemon, &["list", "--json"]);
     listed.assert_code(0);
     let reply: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
     let ids: Vec<u64> = reply["runs"]
@@ -497,7 +450,7 @@ fn one_user_cannot_use_up_runs_ids_or_kept_results() {
     expected.sort_unstable();
     assert_eq!(ids, expected, "bob's kept results");
     let _ = bobs;
-    let hers = cli_as(&alice, &bin, &daemon, &["list", "--json"]);
+    let hers = cli(&alice, &bin, &daemon, &["list", "--json"]);
     let reply: serde_json::Value = serde_json::from_str(&hers.stdout).unwrap();
     let ended = reply["runs"]
         .as_array()
@@ -726,7 +679,8 @@ fn the_cli_ends_quietly_on_a_closed_pipe_and_says_when_the_daemon_dies() {
         "99",
         "--duration-ms",
         "60000",
-    ]));
+    ]))
+    .to_string();
     // A reader that is gone before bpfprof writes (as `| head -0`): no panic, no backtrace.
     let mut cmd = Command::new(bpfprof_bin());
     cmd.args(["list", "--socket"])
@@ -791,9 +745,9 @@ fn one_user_cannot_fill_the_kernel_programs_namespace_slots() {
     let (_a, first) = in_new_namespace();
     let (_b, second) = in_new_namespace();
     let (_c, third) = in_new_namespace();
-    run_as(&alice, &bin, &daemon, first, &[]).assert_code(0);
-    run_as(&alice, &bin, &daemon, second, &[]).assert_code(0);
-    let refused = run_as(&alice, &bin, &daemon, third, &[]);
+    start_as(&alice, &bin, &daemon, first, 60_000, &[]).assert_code(0);
+    start_as(&alice, &bin, &daemon, second, 60_000, &[]).assert_code(0);
+    let refused = start_as(&alice, &bin, &daemon, third, 60_000, &[]);
     refused.assert_code(11);
     refused.assert_stderr_mentions(&["pid namespaces"]);
     // Root is not bound by it.

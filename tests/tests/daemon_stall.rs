@@ -7,14 +7,17 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    path::Path,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use bpfprof::protocol::{RunRequest, RunState};
-use bpfprof_tests::{large_library::large_library, *};
+use bpfprof_tests::{
+    hostile::{favor, wait_for_mapping},
+    large_library::large_library,
+    *,
+};
 
 /// Bound on a client's round trip while a run starts: about lock waits, not scheduling.
 const ANSWER_BOUND: Duration = Duration::from_millis(50);
@@ -72,28 +75,6 @@ struct Answer {
     op: String,
 }
 
-/// Gives every thread of process `pid` (and so the threads they start) nice -10. The bound on
-/// answers is about lock waits: on a machine that other builds keep busy, the daemon's and the
-/// client's wake-ups must not wait for the CPU behind them. Nice changes no lock's behaviour.
-fn favor(pid: u32) {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let tid: libc::id_t = task.unwrap().file_name().to_string_lossy().parse().unwrap();
-        // SAFETY: plain syscall; a thread that ended meanwhile makes it fail harmlessly.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -10) };
-    }
-}
-
-fn wait_for_mapping(pid: u32, library: &Path) {
-    let name = library.file_name().unwrap().to_string_lossy().to_string();
-    poll_until(Duration::from_secs(30), || {
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .ok()
-            .filter(|maps| maps.contains(&name))
-            .map(|_| ())
-    })
-    .unwrap_or_else(|| panic!("pid {pid} never mapped {name}"));
-}
-
 #[test]
 fn a_run_starting_on_a_huge_library_stalls_neither_clients_nor_other_runs() {
     if !require_root() {
@@ -128,7 +109,7 @@ fn a_run_starting_on_a_huge_library_stalls_neither_clients_nor_other_runs() {
 
     // B's target maps the large library (and spins in it a second later).
     let big = Workload::spawn("nofp_dlopen", &[library.to_str().unwrap(), "300"]);
-    wait_for_mapping(big.pid(), &library);
+    wait_for_mapping(big.pid(), &library.file_name().unwrap().to_string_lossy());
 
     // Alice's client asks all along; run A's samples are read as root meanwhile.
     // Under `nice` (as root, before setpriv drops to alice), as the daemon: see [`favor`].

@@ -12,31 +12,13 @@ use std::{
 
 use bpfprof::protocol::RunState;
 use bpfprof_tests::{
-    hostile::{cli, Bystander},
+    hostile::{cli, results_of, run_id_of, shared_dir, start_as, Bystander},
     *,
 };
 
 /// The function every sample of the `spinner` workload runs in: the name a run must not show
 /// once spinner runs as a program its user cannot read or as root.
 const SECRET_FUNCTION: &str = "other_spin";
-
-/// The run id an `--async` start printed.
-fn run_id_of(result: &RunResult) -> u64 {
-    result.assert_code(0);
-    result
-        .stdout
-        .trim()
-        .trim_start_matches("Run Id: ")
-        .parse()
-        .unwrap_or_else(|_| panic!("no run id in {:?}", result.stdout))
-}
-
-/// A folder every user can enter, for the programs the test users run.
-fn shared_dir() -> tempfile::TempDir {
-    let dir = tempdir();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
 
 /// A root-owned copy of workload `name` in `dir` with `mode` (0711: execute-only, unreadable
 /// to other users; 04755: setuid root).
@@ -55,50 +37,6 @@ fn shell_then(user: &TestUser, go: &Path, then: &str) -> Workload {
     let w = Workload::spawn_command(cmd);
     thread::sleep(Duration::from_millis(200));
     w
-}
-
-/// The folded stacks and summary of run `id`, read as root once it ended.
-fn results_of(daemon: &Daemon, id: u64) -> (RunState, Profile, Summary) {
-    let reply = daemon
-        .client()
-        .results(id, DAEMON_TIMEOUT)
-        .expect("results of the run");
-    let state = reply.state.expect("a state");
-    let files = reply.files.unwrap_or_default();
-    let folded = files.get("folded").expect("a folded profile");
-    let summary = files.get("summary-json").expect("a summary");
-    (
-        state,
-        Profile::read(Path::new(folded)),
-        Summary::read(Path::new(summary)),
-    )
-}
-
-/// Starts an async run as `user` on `pid` with `extra` arguments; returns its id.
-fn start_as(
-    user: &TestUser,
-    bin: &Path,
-    daemon: &Daemon,
-    pid: u32,
-    duration_ms: u64,
-    extra: &[&str],
-) -> u64 {
-    let pid = pid.to_string();
-    let duration = duration_ms.to_string();
-    let mut args = vec![
-        "run",
-        "--async",
-        "--pid",
-        &pid,
-        "-F",
-        "499",
-        "--duration-ms",
-        &duration,
-        "--formats",
-        "folded",
-    ];
-    args.extend(extra);
-    run_id_of(&cli(user, bin, daemon, &args))
 }
 
 /// Item 11: a run on the attacker's own process, which then execs a program the attacker may
@@ -126,7 +64,14 @@ fn exec_into_an_unreadable_or_setuid_program_ends_the_runs_sampling() {
             program.file_name().unwrap().to_string_lossy()
         ));
         let shell = shell_then(&mallory, &go, &format!("exec {} 30", program.display()));
-        let id = start_as(&mallory, &bin, &daemon, shell.pid(), 20_000, &[]);
+        let id = run_id_of(&start_as(
+            &mallory,
+            &bin,
+            &daemon,
+            shell.pid(),
+            20_000,
+            &["--formats", "folded"],
+        ));
         let started = Instant::now();
         // The shell spins as mallory (samples the run may keep) for a while, then execs.
         thread::sleep(Duration::from_millis(700));
@@ -192,14 +137,14 @@ fn followed_children_that_exec_what_their_user_may_not_profile_are_left_out() {
             allowed.display()
         ),
     );
-    let id = start_as(
+    let id = run_id_of(&start_as(
         &mallory,
         &bin,
         &daemon,
         shell.pid(),
         4_000,
-        &["--follow-children"],
-    );
+        &["--follow-children", "--formats", "folded"],
+    ));
     thread::sleep(Duration::from_millis(300));
     std::fs::write(&go, "").unwrap();
     let (state, profile, _) = results_of(&daemon, id);

@@ -12,7 +12,7 @@ use std::{
 };
 
 use bpfprof_tests::{
-    hostile::{cli, wait_for_mapping, Bystander},
+    hostile::{cli, compile, folded_of, wait_for_mapping, Bystander},
     *,
 };
 
@@ -23,13 +23,9 @@ fn mallory() -> TestUser {
 
 /// Runs a shell script as `user`, asserting it succeeds.
 #[track_caller]
-fn shell_as(user: &TestUser, script: &str) {
-    let out = user.command("sh").args(["-c", script]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn shell_ok(user: &TestUser, script: &str) {
+    let (ok, stderr) = shell_as(user, script);
+    assert!(ok, "{script}: {stderr}");
 }
 
 /// A path planted by the attacker, removed (as root) when the test ends.
@@ -88,11 +84,6 @@ fn run_json(
     (reply, took)
 }
 
-/// The folded profile of a run's JSON reply.
-fn folded(reply: &serde_json::Value) -> Profile {
-    Profile::read(Path::new(reply["files"]["folded"].as_str().unwrap()))
-}
-
 /// Item 1: a FIFO at the target's `/tmp/perf-PID.map`. The daemon used to block in its open
 /// (every run and request behind it froze); now it opens perf maps non-blocking and reads only
 /// regular files. The attacker's own run ends on time, with its samples.
@@ -106,10 +97,10 @@ fn a_fifo_perf_map_freezes_neither_the_daemon_nor_the_other_users_run() {
     let bystander = Bystander::start(&daemon, Duration::from_secs(8));
     let own = workload_as(&mallory, bystander.bin_dir(), "spinner", &["60"]);
     let map = perf_map(own.pid());
-    shell_as(&mallory, &format!("mkfifo {}", map.0.display()));
+    shell_ok(&mallory, &format!("mkfifo {}", map.0.display()));
 
     let (reply, took) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 3000);
-    assert!(folded(&reply).total() > 100, "{reply:#}");
+    assert!(folded_of(&reply).total() > 100, "{reply:#}");
     assert!(took < Duration::from_secs(20), "the run took {took:?}");
     bystander.finish();
 }
@@ -127,7 +118,7 @@ fn a_fifo_perf_map_does_not_stall_the_cli() {
     for planted_mid_run in [false, true] {
         let own = workload_as(&mallory, dir.path(), "spinner", &["60"]);
         let map = perf_map(own.pid());
-        let plant = || shell_as(&mallory, &format!("mkfifo {}", map.0.display()));
+        let plant = || shell_ok(&mallory, &format!("mkfifo {}", map.0.display()));
         if !planted_mid_run {
             plant();
         }
@@ -165,23 +156,6 @@ fn a_fifo_perf_map_does_not_stall_the_cli() {
     }
 }
 
-/// Compiles C `source` into `dir/name` (mode 0755) with `flags`.
-fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let bin = dir.join(name);
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cc failed on {name}");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    bin
-}
-
 /// Item 2: a FIFO named `python3.99 (deleted)` where the attacker's deleted "interpreter"
 /// was. Python detection used to open `/proc/PID/root/<that path>` first and block on the
 /// FIFO; it now opens the mapped object itself through `map_files`, never blocking.
@@ -195,7 +169,7 @@ fn a_fifo_in_place_of_a_deleted_interpreter_freezes_nothing() {
     let bystander = Bystander::start(&daemon, Duration::from_secs(8));
     let dir = folder_of(&mallory);
     let python = dir.path().join("python3.99");
-    shell_as(
+    shell_ok(
         &mallory,
         &format!(
             "cp {} {}",
@@ -207,14 +181,14 @@ fn a_fifo_in_place_of_a_deleted_interpreter_freezes_nothing() {
     cmd.arg("60");
     let own = Workload::spawn_command(cmd);
     wait_for_mapping(own.pid(), "python3.99");
-    shell_as(
+    shell_ok(
         &mallory,
         &format!("rm {p} && mkfifo '{p} (deleted)'", p = python.display()),
     );
     wait_for_mapping(own.pid(), "python3.99 (deleted)");
 
     let (reply, took) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 3000);
-    assert!(folded(&reply).total() > 100, "{reply:#}");
+    assert!(folded_of(&reply).total() > 100, "{reply:#}");
     assert!(took < Duration::from_secs(20), "the run took {took:?}");
     bystander.finish();
 }
@@ -235,7 +209,7 @@ fn an_endless_or_huge_perf_map_does_not_bloat_the_daemon() {
     let huge = workload_as(&mallory, bystander.bin_dir(), "spinner", &["60"]);
     let endless_map = perf_map(endless.pid());
     let huge_map = perf_map(huge.pid());
-    shell_as(
+    shell_ok(
         &mallory,
         &format!(
             "ln -s /dev/zero {} && truncate -s 4G {}",
@@ -245,7 +219,7 @@ fn an_endless_or_huge_perf_map_does_not_bloat_the_daemon() {
     );
     for pid in [endless.pid(), huge.pid()] {
         let (reply, took) = run_json(&mallory, &bystander.bin, &daemon, pid, 2000);
-        assert!(folded(&reply).total() > 50, "{reply:#}");
+        assert!(folded_of(&reply).total() > 50, "{reply:#}");
         assert!(took < Duration::from_secs(20), "the run took {took:?}");
     }
     bystander.finish();
@@ -286,7 +260,7 @@ fn a_perf_map_cannot_show_a_file_its_user_cannot_read() {
     let mallory = mallory();
     // Built before the bystander starts watching: a compiler's CPU is no part of the attack.
     let dir = folder_of(&mallory);
-    let program = compile_c(dir.path(), "anon_code", ANON_CODE, &["-O0"]);
+    let program = compile(dir.path(), "anon_code", "c", ANON_CODE, &["-O0"]);
     let daemon = Daemon::start(&[]);
     let bystander = Bystander::start(&daemon, Duration::from_secs(10));
     // The secret: root's, in a folder only root enters.
@@ -303,12 +277,12 @@ fn a_perf_map_cannot_show_a_file_its_user_cannot_read() {
     let own = Workload::spawn_command(mallory.command(&program));
     thread::sleep(Duration::from_millis(300));
     let map = perf_map(own.pid());
-    shell_as(
+    shell_ok(
         &mallory,
         &format!("ln -s {} {}", secret.display(), map.0.display()),
     );
     let (reply, _) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 2000);
-    let profile = folded(&reply);
+    let profile = folded_of(&reply);
     assert!(profile.total() > 50, "{}", profile.top(5));
     assert!(
         !profile.has_frame("TOPSECRET_root_only"),
@@ -317,7 +291,7 @@ fn a_perf_map_cannot_show_a_file_its_user_cannot_read() {
     );
 
     // The attacker's own perf map is read.
-    shell_as(
+    shell_ok(
         &mallory,
         &format!(
             "rm {m} && echo '10000000 100 mallorys_own_jit' > {m}",
@@ -325,7 +299,7 @@ fn a_perf_map_cannot_show_a_file_its_user_cannot_read() {
         ),
     );
     let (reply, _) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 2000);
-    let profile = folded(&reply);
+    let profile = folded_of(&reply);
     assert!(
         profile.count_user_leaf("mallorys_own_jit") as f64 >= 0.9 * profile.total() as f64,
         "{}",
@@ -429,7 +403,13 @@ fn truncating_a_mapped_object_does_not_kill_the_daemon() {
         std::os::unix::fs::chown(f, Some(mallory.uid), Some(mallory.gid)).unwrap();
     }
     assert!(std::fs::metadata(&library).unwrap().len() > 4 * TRUNCATED_SIZE);
-    let truncator = compile_c(dir.path(), "truncator", TRUNCATOR, &["-O1", "-pthread"]);
+    let truncator = compile(
+        dir.path(),
+        "truncator",
+        "c",
+        TRUNCATOR,
+        &["-O1", "-pthread"],
+    );
     let daemon = Daemon::start(&[]);
     let bystander = Bystander::start(&daemon, Duration::from_secs(12));
     let mut cmd = mallory.command(&truncator);
@@ -442,7 +422,7 @@ fn truncating_a_mapped_object_does_not_kill_the_daemon() {
 
     for _ in 0..2 {
         let (reply, _) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 2500);
-        assert!(folded(&reply).total() > 50, "{reply:#}");
+        assert!(folded_of(&reply).total() > 50, "{reply:#}");
     }
     assert!(own.status().is_none(), "the attacker's own process died");
     bystander.finish();
@@ -470,9 +450,10 @@ fn a_binary_overwritten_in_place_gets_its_new_names() {
     // Built before the bystander starts watching: a compiler's CPU is no part of the attack.
     let dir = folder_of(&mallory);
     let build = |name: &str| {
-        compile_c(
+        compile(
             dir.path(),
             name,
+            "c",
             &NAMED.replace("NAME", name),
             &["-O0", "-fno-omit-frame-pointer"],
         )
@@ -483,7 +464,7 @@ fn a_binary_overwritten_in_place_gets_its_new_names() {
     let bystander = Bystander::start(&daemon, Duration::from_secs(12));
     let program = dir.path().join("program");
     let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
-    shell_as(
+    shell_ok(
         &mallory,
         &format!("cp {} {}", alpha.display(), program.display()),
     );
@@ -493,7 +474,7 @@ fn a_binary_overwritten_in_place_gets_its_new_names() {
         let own = Workload::spawn_command(mallory.command(&program));
         thread::sleep(Duration::from_millis(300));
         let (reply, _) = run_json(&mallory, &bystander.bin, &daemon, own.pid(), 2000);
-        let profile = folded(&reply);
+        let profile = folded_of(&reply);
         assert!(
             profile.count_user_leaf(expect) as f64 >= 0.9 * profile.total() as f64,
             "expected {expect}:\n{}",
@@ -504,7 +485,7 @@ fn a_binary_overwritten_in_place_gets_its_new_names() {
     };
     profile_of("alpha_work");
     // Overwritten in place: cp truncates and writes the same inode.
-    shell_as(
+    shell_ok(
         &mallory,
         &format!("cp {} {}", omega.display(), program.display()),
     );
@@ -542,7 +523,7 @@ fn the_daemon_keeps_no_target_file_open_after_its_runs() {
     let mut targets = Vec::new();
     for i in 0..3 {
         let copy = dir.path().join(format!("deleted{i}"));
-        shell_as(
+        shell_ok(
             &mallory,
             &format!(
                 "cp {} {c} && chmod 755 {c}",
@@ -561,7 +542,7 @@ fn the_daemon_keeps_no_target_file_open_after_its_runs() {
         for w in &targets {
             let (reply, _) = run_json(&mallory, &bystander.bin, &daemon, w.pid(), 1500);
             // Three targets and the bystander share the CPUs: few samples each.
-            assert!(folded(&reply).total() > 5, "round {round}: {reply:#}");
+            assert!(folded_of(&reply).total() > 5, "round {round}: {reply:#}");
         }
     }
     // The targets still run: their runs ended, so the daemon needs none of their files.

@@ -8,7 +8,6 @@
 //! stacks, and that the attacker gets a profile that says what was left out. Needs root.
 
 use std::{
-    os::unix::fs::PermissionsExt,
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     process::Command,
@@ -16,7 +15,10 @@ use std::{
     time::Duration,
 };
 
-use bpfprof_tests::{hostile::Bystander, *};
+use bpfprof_tests::{
+    hostile::{compile, folded_of, shared_dir, Bystander},
+    *,
+};
 
 /// The sampling rate of the attacker's runs: the bystander's (the harness's) too, so that
 /// both share the daemon's kernel program and its unwind tables, as the reported attacks did.
@@ -24,34 +26,6 @@ const RATE: &str = "499";
 
 /// How long the bystander's run lasts: it starts before the attack and covers it.
 const BYSTANDER_RUN: Duration = Duration::from_secs(8);
-
-/// A folder any user can read and execute from, for the attack's binaries.
-fn shared_dir() -> tempfile::TempDir {
-    let dir = tempdir();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-/// Compiles `source` (C or assembly, by `ext`) into `dir/name` with `args`, world-executable.
-fn compile(dir: &Path, name: &str, ext: &str, source: &str, args: &[&str]) -> PathBuf {
-    let src = dir.join(format!("{name}.{ext}"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(name);
-    let result = Command::new("gcc")
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("running gcc");
-    assert!(
-        result.status.success(),
-        "gcc {name}: {}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
-    out
-}
 
 /// Asks the daemon, as `user`, to profile `pid` for `ms` and waits: (exit code, the reply).
 fn run_as(
@@ -81,14 +55,6 @@ fn run_as(
         |_| serde_json::json!({ "stdout": result.stdout, "stderr": result.stderr }),
     );
     (result.code(), reply)
-}
-
-/// The folded profile a reply names.
-fn folded_of(reply: &serde_json::Value) -> Profile {
-    let path = reply["files"]["folded"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no folded profile in {reply}"));
-    Profile::read(Path::new(path))
 }
 
 /// A daemon, an attacker (`bpfprof-t1`) and the harness's bystander (`bpfprof-t2`), whose

@@ -70,19 +70,27 @@ impl VdsoSymbols {
     }
 }
 
+/// This process's own vDSO: its mapping's range and its image, read from memory as a
+/// target's is (for tests of what reads vDSO images).
+#[cfg(test)]
+pub(crate) fn own_image() -> ((u64, u64), Vec<u8>) {
+    let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
+    let vdso = maps
+        .iter()
+        .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
+        .expect("a [vdso] mapping");
+    let (start, end) = vdso.address;
+    let image = read_image(std::process::id(), start, end).unwrap();
+    ((start, end), image)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn this_process_vdso_names_clock_gettime() {
-        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
-        let vdso = maps
-            .iter()
-            .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
-            .expect("a [vdso] mapping");
-        let (start, end) = vdso.address;
-        let image = read_image(std::process::id(), start, end).unwrap();
+        let ((start, end), image) = own_image();
         let symbols = VdsoSymbols::parse(&image).unwrap();
         // The address libc calls for clock_gettime, as the dynamic linker resolved it.
         let name = std::ffi::CString::new("__vdso_clock_gettime").unwrap();

@@ -45,7 +45,7 @@ pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
 pub const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
 /// Most interpreters listed (the list is linked in the target's memory, which may change while
 /// it is read, so a walk of it must end even on a cycle).
-const MAX_INTERPRETERS: usize = 256;
+pub const MAX_INTERPRETERS: usize = 256;
 /// Most thread states listed over all interpreters: each costs a few reads of the target's
 /// memory on every refresh, under the lock that serves every user. A fake interpreter whose
 /// interpreters each had a thread list looping on itself made the daemon walk 4 million
@@ -107,6 +107,85 @@ pub struct ThreadListing {
     pub python: Vec<(u32, u64)>,
     /// Every task of the process: tid in its pid namespace -> host tid.
     pub tasks: HashMap<u32, u32>,
+}
+
+/// One thread state as its interpreter's list gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadState {
+    /// Its address in the target.
+    pub address: u64,
+    /// Its `thread_id` (the thread's `pthread_t`).
+    pub thread_id: u64,
+    /// Its `native_thread_id` (the tid in the process's pid namespace), where the layout has
+    /// one (3.11 and later).
+    pub native_id: Option<u32>,
+}
+
+/// The thread states of every interpreter of a CPython process, as read from its memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStates {
+    /// Each state once, in list order (interpreters newest first).
+    pub states: Vec<ThreadState>,
+    /// Whether a list met an interpreter or a thread state twice (a cycle), and ended there.
+    pub cycle: bool,
+    /// Whether the listing stopped at [`MAX_INTERPRETERS`] or [`MAX_THREAD_STATES`].
+    pub cut: bool,
+}
+
+/// Lists the thread states of every interpreter from `_PyRuntime` at `runtime` in `memory`,
+/// with `layout`'s offsets: what the target's memory says, which its user controls, so the
+/// listing ends on any cycle (each interpreter and thread state is read once, whichever list
+/// leads to it) and at [`MAX_INTERPRETERS`] and [`MAX_THREAD_STATES`]; a pointer that cannot be
+/// read is an error.
+pub fn list_thread_states(
+    memory: &ProcessMemory,
+    layout: &Layout,
+    runtime: u64,
+) -> Result<ThreadStates> {
+    let l = layout;
+    let mut out = ThreadStates::default();
+    let mut interp = memory
+        .read_u64(runtime.wrapping_add(l.runtime_interpreters_head as u64))
+        .context("read _PyRuntime.interpreters.head")?;
+    let mut seen = HashSet::new();
+    let mut listed = HashSet::new();
+    while interp != 0 {
+        if !seen.insert(interp) {
+            out.cycle = true;
+            break;
+        }
+        if seen.len() > MAX_INTERPRETERS {
+            out.cut = true;
+            break;
+        }
+        let mut tstate = memory.read_u64(interp.wrapping_add(l.interp_threads_head as u64))?;
+        while tstate != 0 {
+            if !listed.insert(tstate) {
+                out.cycle = true;
+                break;
+            }
+            if listed.len() > MAX_THREAD_STATES {
+                out.cut = true;
+                break;
+            }
+            let thread_id = memory.read_u64(tstate.wrapping_add(l.tstate_thread_id as u64))?;
+            let native_id = match l.tstate_native_thread_id {
+                Some(off) => Some(memory.read_u64(tstate.wrapping_add(off as u64))? as u32),
+                None => None,
+            };
+            out.states.push(ThreadState {
+                address: tstate,
+                thread_id,
+                native_id,
+            });
+            tstate = memory.read_u64(tstate.wrapping_add(l.tstate_next as u64))?;
+        }
+        if out.cut {
+            break;
+        }
+        interp = memory.read_u64(interp.wrapping_add(l.interp_next as u64))?;
+    }
+    Ok(out)
 }
 
 impl PythonTarget {
@@ -224,64 +303,14 @@ impl PythonTarget {
     /// [`PythonTarget::threads`], and every task of the process read for it: tid in its own
     /// pid namespace -> host tid (the threads that run Python and those that do not).
     pub fn thread_listing(&mut self) -> Result<ThreadListing> {
-        let l = self.layout.clone();
-        let mut states = Vec::new();
-        let mut interp = self
-            .memory
-            .read_u64(
-                self.interpreter
-                    .runtime
-                    .wrapping_add(l.runtime_interpreters_head as u64),
-            )
-            .context("read _PyRuntime.interpreters.head")?;
-        let mut seen = HashSet::new();
-        // Every thread state is listed once, whichever interpreter's list leads to it.
-        let mut listed = HashSet::new();
-        let (mut cycle, mut cut) = (false, false);
-        while interp != 0 {
-            if !seen.insert(interp) {
-                cycle = true;
-                break;
-            }
-            if seen.len() > MAX_INTERPRETERS {
-                cut = true;
-                break;
-            }
-            let mut tstate = self
-                .memory
-                .read_u64(interp.wrapping_add(l.interp_threads_head as u64))?;
-            while tstate != 0 {
-                if !listed.insert(tstate) {
-                    cycle = true;
-                    break;
-                }
-                if listed.len() > MAX_THREAD_STATES {
-                    cut = true;
-                    break;
-                }
-                let thread_id = self
-                    .memory
-                    .read_u64(tstate.wrapping_add(l.tstate_thread_id as u64))?;
-                let native = match l.tstate_native_thread_id {
-                    Some(off) => {
-                        Some(self.memory.read_u64(tstate.wrapping_add(off as u64))? as u32)
-                    }
-                    None => None,
-                };
-                states.push((tstate, thread_id, native));
-                tstate = self
-                    .memory
-                    .read_u64(tstate.wrapping_add(l.tstate_next as u64))?;
-            }
-            if cut {
-                break;
-            }
-            interp = self
-                .memory
-                .read_u64(interp.wrapping_add(l.interp_next as u64))?;
-        }
-        self.limits.cycles += u64::from(cycle);
-        self.limits.threads_cut += u64::from(cut);
+        let listed = list_thread_states(&self.memory, &self.layout, self.interpreter.runtime)?;
+        self.limits.cycles += u64::from(listed.cycle);
+        self.limits.threads_cut += u64::from(listed.cut);
+        let states: Vec<(u64, u64, Option<u32>)> = listed
+            .states
+            .iter()
+            .map(|t| (t.address, t.thread_id, t.native_id))
+            .collect();
         let to_host = self.namespace_tids()?;
         let ns_tids: Vec<u32> = if states.iter().all(|s| s.2.is_some()) {
             states.iter().map(|s| s.2.unwrap_or(0)).collect()
@@ -592,6 +621,57 @@ impl PythonTarget {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A memory image in this process: `words` 8-byte words, written by `(word, value)`, with
+    /// `at(word)` the address of a word.
+    struct Image(Vec<u64>);
+
+    impl Image {
+        fn at(&self, word: usize) -> u64 {
+            self.0.as_ptr() as u64 + 8 * word as u64
+        }
+
+        fn set(&mut self, field_at: u64, value: u64) {
+            let word = (field_at - self.at(0)) as usize / 8;
+            self.0[word] = value;
+        }
+    }
+
+    #[test]
+    fn thread_lists_that_loop_are_read_once_per_state_and_wild_pointers_are_errors() {
+        let layout = layout::table(12).expect("3.12 is tabled");
+        let mut image = Image(vec![0; 4096]);
+        // _PyRuntime at word 0; interpreters at words 1000 and 2000; thread states at 3000
+        // and 3500. Interpreter A's list: t1 -> t2 -> t1 (a loop); its next is B, whose list
+        // leads to t2 again, and whose next is A (another loop).
+        let (runtime, a, b, t1, t2) = (
+            image.at(0),
+            image.at(1000),
+            image.at(2000),
+            image.at(3000),
+            image.at(3500),
+        );
+        image.set(runtime + u64::from(layout.runtime_interpreters_head), a);
+        image.set(a + u64::from(layout.interp_threads_head), t1);
+        image.set(a + u64::from(layout.interp_next), b);
+        image.set(b + u64::from(layout.interp_threads_head), t2);
+        image.set(b + u64::from(layout.interp_next), a);
+        image.set(t1 + u64::from(layout.tstate_next), t2);
+        image.set(t2 + u64::from(layout.tstate_next), t1);
+        image.set(t1 + u64::from(layout.tstate_thread_id), 11);
+        image.set(t2 + u64::from(layout.tstate_thread_id), 22);
+        let memory = ProcessMemory::new(std::process::id());
+        let listed = list_thread_states(&memory, &layout, runtime).unwrap();
+        let addresses: Vec<u64> = listed.states.iter().map(|t| t.address).collect();
+        assert_eq!(addresses, [t1, t2]);
+        assert_eq!(listed.states[1].thread_id, 22);
+        assert!(listed.cycle && !listed.cut);
+        // A next pointer into unmapped memory ends the listing with an error.
+        image.set(t2 + u64::from(layout.tstate_next), 0x10);
+        assert!(list_thread_states(&memory, &layout, runtime).is_err());
+    }
+
     /// The recording pipeline keeps targets in tokio tasks: they must move between threads.
     #[test]
     fn a_target_is_send_and_sync() {

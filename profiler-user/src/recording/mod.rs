@@ -217,6 +217,12 @@ impl Recording {
         self.owner = Some(owner);
     }
 
+    /// Whom the run's unwind tables are built for: its owner's uid, 0 for root and the
+    /// command line.
+    fn owner_uid(&self) -> u32 {
+        self.owner.map_or(0, |o| o.uid)
+    }
+
     /// Sends the addresses sampled since the previous tick to `sink` at every tick, to be
     /// symbolized while the run goes on: a 430 MB libtorch_cpu.so's symbols took the end of
     /// a run 0.5 s (4 s in a debug build) to load when nothing was loaded before.
@@ -317,16 +323,13 @@ impl Recording {
             crate::unwind::UnwindMode::Fp => 1,
             _ => crate::unwind::table_rows_for(Some(target.pid), self.table_rows_cap),
         };
+        let owner_uid = self.owner_uid();
         let slot = pool.with_pool(|pool| -> Result<_> {
             let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
                 Some((slot, _)) => *slot,
                 None => {
-                    let (slot, sampling) = pool.acquire(
-                        &self.request,
-                        self.unwind,
-                        table_rows,
-                        self.owner.map_or(0, |o| o.uid),
-                    )?;
+                    let (slot, sampling) =
+                        pool.acquire(&self.request, self.unwind, table_rows, owner_uid)?;
                     if self.owner.is_some() {
                         // Before any process of the run is registered: none of them is
                         // sampled past an exec its owner has not been checked against.
@@ -350,9 +353,10 @@ impl Recording {
             };
             // The target's tables are queued now, to build on the table thread while the
             // walker verifies; no sample of the target is taken before it is registered.
-            let tracked = pool
-                .program(slot)
-                .and_then(|p| p.unwind.track_maps(target.pid, Some(maps.last_read())));
+            let tracked = pool.program(slot).and_then(|p| {
+                p.unwind
+                    .track_maps(target.pid, owner_uid, Some(maps.last_read()))
+            });
             if let Err(e) = tracked {
                 self.release_unused(pool, slot);
                 return Err(e);
@@ -477,6 +481,7 @@ impl Recording {
     /// Re-reads the memory maps and unwind tables of `pid` now (a launched command that just
     /// exec'd: before, they were bpfprof's own).
     pub fn refresh_maps(&mut self, pool: &mut ProgramPool, pid: u32) {
+        let owner_uid = self.owner_uid();
         for p in self.processes.values_mut() {
             if p.target.pid == pid {
                 p.young_until = Some(Instant::now() + YOUNG_PROCESS);
@@ -484,7 +489,9 @@ impl Recording {
                     log::debug!("maps of pid {pid}: {e}");
                 }
                 if let Ok(program) = pool.program(p.slot) {
-                    let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+                    let _ = program
+                        .unwind
+                        .track_maps(pid, owner_uid, Some(p.maps.last_read()));
                     p.cfi_walked |= program.unwind.is_tracked(pid);
                     program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
@@ -537,6 +544,7 @@ impl Recording {
         let mut python_ids = std::collections::HashMap::new();
         let now = Instant::now();
         let system = self.is_system();
+        let owner_uid = self.owner_uid();
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t);
             let refresh = refresh || young;
@@ -554,9 +562,10 @@ impl Recording {
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
             // same read of the maps as symbolization.
             if refresh && !p.exited {
-                let _ = program
-                    .unwind
-                    .track_maps(p.target.pid, Some(p.maps.last_read()));
+                let _ =
+                    program
+                        .unwind
+                        .track_maps(p.target.pid, owner_uid, Some(p.maps.last_read()));
                 p.untabled = program.unwind.untabled(p.target.pid);
                 p.cfi_walked |= program.unwind.is_tracked(p.target.pid);
             }
@@ -684,7 +693,9 @@ impl Recording {
         log::debug!("pid {pid} exec'd a program its run's owner may profile");
         p.maps = fresh;
         p.young_until = Some(Instant::now() + YOUNG_PROCESS);
-        let _ = program.unwind.track_maps(pid, Some(p.maps.last_read()));
+        let _ = program
+            .unwind
+            .track_maps(pid, owner.uid, Some(p.maps.last_read()));
     }
 
     /// Takes in a child the kernel followed for `slot` (or, `system`, a process a system-wide
@@ -745,7 +756,11 @@ impl Recording {
         match adopted {
             Ok((target, maps)) => {
                 log::debug!("taking in pid {pid} ({})", target.comm);
-                if let Err(e) = program.unwind.track_maps(pid, Some(maps.last_read())) {
+                let tracked =
+                    program
+                        .unwind
+                        .track_maps(pid, self.owner_uid(), Some(maps.last_read()));
+                if let Err(e) = tracked {
                     log::debug!("unwind tables of pid {pid}: {e}");
                 }
                 let cfi_walked = program.unwind.is_tracked(pid);

@@ -41,17 +41,8 @@ impl PltStubs {
     /// Reads the PLT stubs of the ELF file at `path`; `None` when it is not a 64-bit ELF
     /// file or has no stub that names a function.
     pub fn read(path: &Path) -> Option<PltStubs> {
-        let file = std::fs::File::open(path)
-            .map_err(|e| log::debug!("opening {}: {e}", path.display()))
-            .ok()?;
-        // SAFETY: a read-only private mapping; only the headers, the PLT and the dynamic
-        // symbols are touched. `path` is a `MappedFile::open_path`: a root-owned read-only
-        // file or a sealed copy (see `crate::process::target_file::stable`), which no target's user
-        // can truncate under it.
-        let data = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| log::debug!("mapping {}: {e}", path.display()))
-            .ok()?;
-        Self::parse(&data)
+        // Only the headers, the PLT and the dynamic symbols are touched.
+        Self::parse(&crate::process::target_file::map_stable(path)?)
     }
 
     /// The stubs of the ELF image `data`.

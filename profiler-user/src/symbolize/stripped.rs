@@ -27,19 +27,8 @@ impl FunctionStarts {
     /// Reads the unwind table, exports and segments of the ELF file at `path`; `None` when
     /// it is not an ELF file or has no unwind table.
     pub fn read(path: &Path) -> Option<FunctionStarts> {
-        let file = std::fs::File::open(path)
-            .map_err(|e| log::debug!("opening {}: {e}", path.display()))
-            .ok()?;
-        // Mapped, not read: only the headers, `.eh_frame_hdr` and the dynamic symbols are
-        // touched, and reading a 430 MB libtorch_cpu.so whole took a run's end 0.3 s and as
-        // much memory.
-        // SAFETY: a read-only private mapping, dropped before this returns, of a file no
-        // target's user can truncate: `path` is a `MappedFile::open_path`, a root-owned
-        // read-only file or a sealed copy (see `crate::process::target_file::stable`).
-        let data = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| log::debug!("mapping {}: {e}", path.display()))
-            .ok()?;
-        Self::parse(&data)
+        // Only the headers, `.eh_frame_hdr` and the dynamic symbols are touched.
+        Self::parse(&crate::process::target_file::map_stable(path)?)
     }
 
     fn parse(data: &[u8]) -> Option<FunctionStarts> {

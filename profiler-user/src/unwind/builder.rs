@@ -1,10 +1,20 @@
-//! Builds unwind tables on a thread of their own, so that no caller waits for one: a 430 MB
+//! Builds unwind tables on threads of their own, so that no caller waits for one: a 430 MB
 //! library (PyTorch's `libtorch_cpu.so`, 2.6 million rows) takes about half a second, and a
-//! process like PyTorch maps seventy objects. The caller submits jobs, asks for the sampled
-//! ones first, and installs finished tables when it next looks (see [`super::UnwindMaps`]).
+//! process like PyTorch maps seventy objects. The caller submits jobs for an owner (the user a
+//! run is for), asks for the sampled ones first, and installs finished tables when it next
+//! looks (see [`super::UnwindMaps`]).
+//!
+//! The build threads are shared by every run of a kernel program, so they are shared fairly:
+//! each owner has a queue of its own (sampled objects first, then the smallest), the owner
+//! whose builds have cost the least CPU goes next (owners that used as much, in turn), and an
+//! owner runs one build at a time. A user whose process maps many large or costly objects
+//! (up to [`super::table::BUILD_CPU_BUDGET`] each) then delays another user's tables by at
+//! most the build in progress on one thread, while the other thread serves the other user:
+//! served in one queue smallest first, a user's 1 MB objects that each cost the 5 s budget
+//! kept another user's libc table waiting behind all of them.
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::{
         mpsc::{self, Receiver, Sender},
         Arc, Condvar, Mutex,
@@ -13,6 +23,15 @@ use std::{
 };
 
 use super::{loader::FileKey, table::UnwindTable};
+
+/// Whom a build is for: the uid of the run's owner (0 for root and the command line, which
+/// count as one owner).
+pub(crate) type Owner = u32;
+
+/// Threads that build tables: two, so that one owner's build in progress (up to
+/// [`super::table::BUILD_CPU_BUDGET`] of CPU) never holds up every other owner, and no more,
+/// since an owner runs one build at a time and each build thread costs a core while it works.
+const BUILD_THREADS: usize = 2;
 
 /// Where a job's ELF image is: an open file (opened when the job was made, so the target may
 /// exit meanwhile) or bytes already read (the vDSO, which has no file).
@@ -44,13 +63,144 @@ pub(crate) struct Built {
     pub took: Duration,
 }
 
-/// The jobs not started yet: urgent ones (sampled objects) first, then the rest by size.
+/// One owner's jobs not started yet, by key (the jobs themselves are in [`Queue::jobs`]: two
+/// owners whose processes map one file wait for one build, in both their queues).
+#[derive(Default)]
+struct OwnerQueue {
+    /// Objects its processes were seen running, the most recently sampled first.
+    urgent: VecDeque<FileKey>,
+    /// The rest, by size (smallest first).
+    rest: Vec<(u64, FileKey)>,
+    /// Whether one of its builds is in progress.
+    running: bool,
+    /// The CPU its builds have cost while it had builds to wait for.
+    cpu: Duration,
+}
+
+impl OwnerQueue {
+    fn is_idle(&self) -> bool {
+        !self.running && self.urgent.is_empty() && self.rest.is_empty()
+    }
+
+    fn remove(&mut self, key: &FileKey) {
+        self.urgent.retain(|k| k != key);
+        self.rest.retain(|(_, k)| k != key);
+    }
+
+    /// Its next job: urgent ones first, then the smallest.
+    fn pop(&mut self) -> Option<FileKey> {
+        self.urgent
+            .pop_front()
+            .or_else(|| (!self.rest.is_empty()).then(|| self.rest.remove(0).1))
+    }
+}
+
+/// The jobs not started yet, per owner.
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
-    /// Jobs at the front that were asked for urgently.
-    urgent: usize,
+    jobs: HashMap<FileKey, Job>,
+    owners: BTreeMap<Owner, OwnerQueue>,
+    /// The owner served last: among owners that used as much CPU, the next one after it goes.
+    last_served: Option<Owner>,
     closed: bool,
+}
+
+impl Queue {
+    /// The queue of `owner`, made when it had none: a new owner starts with the CPU of the
+    /// least served owner waiting, so it goes before any owner that used more, and cannot
+    /// claim the time it was away to starve the others later.
+    fn owner(&mut self, owner: Owner) -> &mut OwnerQueue {
+        if !self.owners.contains_key(&owner) {
+            let cpu = self
+                .owners
+                .values()
+                .map(|q| q.cpu)
+                .min()
+                .unwrap_or_default();
+            self.owners.insert(
+                owner,
+                OwnerQueue {
+                    cpu,
+                    ..OwnerQueue::default()
+                },
+            );
+        }
+        self.owners.get_mut(&owner).expect("just made")
+    }
+
+    /// Queues `job` for `owner` (see [`Builder::submit`]).
+    fn submit(&mut self, job: Job, owner: Owner, urgent: bool) {
+        let key = job.key.clone();
+        self.jobs.entry(key.clone()).or_insert(job);
+        if urgent {
+            self.promote(&key, owner);
+        } else {
+            self.want(&key, owner);
+        }
+    }
+
+    /// Adds the queued job of `key` to `owner`'s queue, by its size; false when it is not
+    /// queued (running or done).
+    fn want(&mut self, key: &FileKey, owner: Owner) -> bool {
+        let Some(size) = self.jobs.get(key).map(|j| j.size) else {
+            return false;
+        };
+        let queue = self.owner(owner);
+        if !queue.urgent.contains(key) && !queue.rest.iter().any(|(_, k)| k == key) {
+            let at = queue.rest.partition_point(|(s, _)| *s <= size);
+            queue.rest.insert(at, (size, key.clone()));
+        }
+        true
+    }
+
+    /// Puts the queued job of `key` at the front of `owner`'s queue; false when it is not
+    /// queued (running or done).
+    fn promote(&mut self, key: &FileKey, owner: Owner) -> bool {
+        if !self.jobs.contains_key(key) {
+            return false;
+        }
+        let queue = self.owner(owner);
+        if queue.urgent.front() != Some(key) {
+            queue.remove(key);
+            queue.urgent.push_front(key.clone());
+        }
+        true
+    }
+
+    /// The next job to build and whom it is charged to: the next job of the owner, among
+    /// those with no build in progress, whose builds cost the least CPU (ties in turn after
+    /// the owner served last). It leaves every owner's queue.
+    fn take(&mut self) -> Option<(Owner, Job)> {
+        let after = self.last_served;
+        let owner = self
+            .owners
+            .iter()
+            .filter(|(_, q)| !q.running && (!q.urgent.is_empty() || !q.rest.is_empty()))
+            // Least CPU first; among equals, the owners after the last served, in order.
+            .min_by_key(|(o, q)| (q.cpu, after.is_some_and(|a| **o <= a), **o))
+            .map(|(o, _)| *o)?;
+        let key = self.owners.get_mut(&owner)?.pop()?;
+        for queue in self.owners.values_mut() {
+            queue.remove(&key);
+        }
+        let job = self.jobs.remove(&key)?;
+        if let Some(queue) = self.owners.get_mut(&owner) {
+            queue.running = true;
+        }
+        self.last_served = Some(owner);
+        self.owners.retain(|_, q| !q.is_idle());
+        Some((owner, job))
+    }
+
+    /// Notes that a build of `owner`'s ended after costing `cpu`.
+    fn done(&mut self, owner: Owner, cpu: Duration) {
+        if let Some(queue) = self.owners.get_mut(&owner) {
+            queue.running = false;
+            queue.cpu += cpu;
+        }
+        // An owner with nothing left to wait for is forgotten with its CPU (see `owner`).
+        self.owners.retain(|_, q| !q.is_idle());
+    }
 }
 
 struct Shared {
@@ -64,61 +214,52 @@ impl Shared {
     }
 }
 
-/// The build thread and its queues; dropping it ends the thread after its current build.
+/// The build threads and their queues; dropping it ends the threads after their current builds.
 pub(crate) struct Builder {
     shared: Arc<Shared>,
     finished: Receiver<Built>,
 }
 
 impl Builder {
-    /// Starts the build thread.
+    /// Starts the build threads.
     pub fn spawn() -> std::io::Result<Builder> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
         });
         let (tx, finished) = mpsc::channel();
-        let worker = shared.clone();
-        std::thread::Builder::new()
-            .name("unwind-tables".into())
-            .spawn(move || build_loop(&worker, &tx))?;
+        for i in 0..BUILD_THREADS {
+            let (worker, tx) = (shared.clone(), tx.clone());
+            std::thread::Builder::new()
+                .name(format!("unwind-tables-{i}"))
+                .spawn(move || build_loop(&worker, &tx))?;
+        }
         Ok(Builder { shared, finished })
     }
 
-    /// Queues `job`: at the front when `urgent` (an object the target was seen running),
-    /// else among the others by size.
-    pub fn submit(&self, job: Job, urgent: bool) {
-        let mut queue = self.shared.lock();
-        if urgent {
-            queue.jobs.push_front(job);
-            queue.urgent += 1;
-        } else {
-            let skip = queue.urgent;
-            let at = skip
-                + queue
-                    .jobs
-                    .iter()
-                    .skip(skip)
-                    .take_while(|j| j.size <= job.size)
-                    .count();
-            queue.jobs.insert(at, job);
-        }
-        drop(queue);
+    /// Queues `job` for `owner`: at the front of its queue when `urgent` (an object its
+    /// process was seen running), else among its others by size. A job already queued for
+    /// another owner is not built twice: it joins this owner's queue too, and goes with
+    /// whichever owner's turn comes first.
+    pub fn submit(&self, job: Job, owner: Owner, urgent: bool) {
+        self.shared.lock().submit(job, owner, urgent);
         self.shared.wake.notify_one();
     }
 
-    /// Moves the queued job of `key` to the front; false when it is not queued (running or done).
-    pub fn promote(&self, key: &FileKey) -> bool {
-        let mut queue = self.shared.lock();
-        let Some(at) = queue.jobs.iter().position(|j| j.key == *key) else {
-            return false;
-        };
-        if at >= queue.urgent {
-            let job = queue.jobs.remove(at).expect("the position was just found");
-            queue.jobs.push_front(job);
-            queue.urgent += 1;
-        }
-        true
+    /// Adds the queued job of `key` to `owner`'s queue too (its processes map the object as
+    /// well); false when it is not queued (running or done).
+    pub fn want(&self, key: &FileKey, owner: Owner) -> bool {
+        let wanted = self.shared.lock().want(key, owner);
+        self.shared.wake.notify_one();
+        wanted
+    }
+
+    /// Moves the queued job of `key` to the front of `owner`'s queue; false when it is not
+    /// queued (running or done).
+    pub fn promote(&self, key: &FileKey, owner: Owner) -> bool {
+        let promoted = self.shared.lock().promote(key, owner);
+        self.shared.wake.notify_one();
+        promoted
     }
 
     /// The builds finished since the last call, without waiting.
@@ -138,6 +279,7 @@ impl Drop for Builder {
         let mut queue = self.shared.lock();
         queue.closed = true;
         queue.jobs.clear();
+        queue.owners.clear();
         drop(queue);
         self.shared.wake.notify_all();
     }
@@ -145,21 +287,24 @@ impl Drop for Builder {
 
 fn build_loop(shared: &Shared, finished: &Sender<Built>) {
     loop {
-        let job = {
+        let (owner, job) = {
             let mut queue = shared.lock();
             loop {
                 if queue.closed {
                     return;
                 }
-                if let Some(job) = queue.jobs.pop_front() {
-                    queue.urgent = queue.urgent.saturating_sub(1);
-                    break job;
+                if let Some(next) = queue.take() {
+                    break next;
                 }
                 queue = shared.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let started = Instant::now();
+        let (started, cpu_before) = (Instant::now(), super::table::thread_cpu_time());
         let table = build(&job.image);
+        let cpu = super::table::thread_cpu_time().saturating_sub(cpu_before);
+        shared.lock().done(owner, cpu);
+        // The owner may have more jobs, which only it held back: another thread may take one.
+        shared.wake.notify_one();
         let built = Built {
             key: job.key,
             table,
@@ -204,30 +349,106 @@ mod tests {
         }
     }
 
+    /// Takes every job in turn, each finished at once at a cost of `cpu(size)`: the sizes
+    /// in the order built, with their owners.
+    fn drain(queue: &mut Queue, cpu: impl Fn(u64) -> Duration) -> Vec<(Owner, u64)> {
+        let mut order = Vec::new();
+        while let Some((owner, job)) = queue.take() {
+            queue.done(owner, cpu(job.size));
+            order.push((owner, job.size));
+        }
+        order
+    }
+
     #[test]
     fn urgent_jobs_go_first_and_the_rest_by_size() {
-        let builder = Builder {
-            shared: Arc::new(Shared {
-                queue: Mutex::new(Queue::default()),
-                wake: Condvar::new(),
-            }),
-            finished: mpsc::channel().1,
-        };
-        builder.submit(job("big", 300), false);
-        builder.submit(job("small", 100), false);
-        builder.submit(job("mid", 200), false);
-        builder.submit(job("hot", 400), true);
-        assert!(builder.promote(&job("", 200).key));
-        assert!(!builder.promote(&job("", 999).key));
-        let order: Vec<u64> = builder.shared.lock().jobs.iter().map(|j| j.size).collect();
+        let mut queue = Queue::default();
+        queue.submit(job("big", 300), 0, false);
+        queue.submit(job("small", 100), 0, false);
+        queue.submit(job("mid", 200), 0, false);
+        queue.submit(job("hot", 400), 0, true);
+        assert!(queue.promote(&job("", 200).key, 0));
+        assert!(!queue.promote(&job("", 999).key, 0));
+        let order: Vec<u64> = drain(&mut queue, |_| Duration::ZERO)
+            .into_iter()
+            .map(|(_, size)| size)
+            .collect();
         assert_eq!(order, [200, 400, 100, 300]);
-        assert_eq!(builder.shared.lock().urgent, 2);
+    }
+
+    #[test]
+    fn an_owner_with_many_costly_jobs_delays_another_by_one_build_at_most() {
+        let mut queue = Queue::default();
+        // Owner 1000 queued twenty objects, each smaller than owner 2000's one, and sampled
+        // in all of them; each build costs a second per 100 bytes.
+        for size in 1..=20 {
+            queue.submit(job("a", size), 1000, true);
+        }
+        let (owner, first) = queue.take().unwrap();
+        assert_eq!(owner, 1000);
+        queue.submit(job("b", 500), 2000, false);
+        queue.submit(job("b2", 600), 2000, false);
+        // While owner 1000's build runs, the other thread takes owner 2000's job, never a
+        // second one of owner 1000's.
+        let (owner, second) = queue.take().unwrap();
+        assert_eq!((owner, second.size), (2000, 500));
+        assert!(
+            queue.take().is_none(),
+            "each owner runs one build at a time"
+        );
+        queue.done(1000, Duration::from_secs(first.size));
+        queue.done(2000, Duration::from_secs(5));
+        let order = drain(&mut queue, |size| Duration::from_secs(size / 100));
+        // Owner 2000 used 5 s, owner 1000 20 s: 2000 goes on until it used as much.
+        assert_eq!(order[0], (2000, 600));
+        assert!(order[1..].iter().all(|(o, _)| *o == 1000), "{order:?}");
+        assert_eq!(order.len(), 20);
+    }
+
+    #[test]
+    fn owners_that_used_as_much_take_turns_and_a_shared_job_is_built_once() {
+        let mut queue = Queue::default();
+        for size in [10, 20, 30] {
+            queue.submit(job("a", size), 1000, false);
+            queue.submit(job("b", size + 1), 2000, false);
+        }
+        // One file both owners' processes map: built once, for whichever turn comes first.
+        queue.submit(job("libc", 25), 1000, false);
+        queue.submit(job("libc", 25), 2000, false);
+        let order = drain(&mut queue, |_| Duration::from_millis(1));
+        assert_eq!(
+            order,
+            [
+                (1000, 10),
+                (2000, 11),
+                (1000, 20),
+                (2000, 21),
+                (1000, 25),
+                (2000, 31),
+                (1000, 30)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_owner_starts_level_with_the_least_served() {
+        let mut queue = Queue::default();
+        queue.submit(job("a", 1), 1000, false);
+        let (owner, _) = queue.take().unwrap();
+        queue.submit(job("a", 2), 1000, false);
+        queue.done(owner, Duration::from_secs(100));
+        // Owner 1000 used 100 s alone; owner 2000 arrives and does not get 100 s of turns.
+        for size in [3, 4] {
+            queue.submit(job("b", size), 2000, false);
+        }
+        let order = drain(&mut queue, |_| Duration::from_secs(1));
+        assert_eq!(order, [(2000, 3), (1000, 2), (2000, 4)]);
     }
 
     #[test]
     fn a_broken_image_is_an_error_not_a_panic() {
         let builder = Builder::spawn().unwrap();
-        builder.submit(job("not an ELF file", 10), false);
+        builder.submit(job("not an ELF file", 10), 0, false);
         let built = builder
             .wait_finished(Instant::now() + Duration::from_secs(10))
             .expect("the build finishes");

@@ -17,7 +17,7 @@ use profiler_common::{
 };
 
 use super::{
-    builder::{Builder, Built, Image, Job},
+    builder::{Builder, Built, Image, Job, Owner},
     table::{load_bias, UnwindTable},
     UnwindMode,
 };
@@ -194,6 +194,8 @@ type MappingSignature = (u64, u64, u64, (i32, i32), u64);
 /// A process whose stacks the kernel walks by CFI.
 #[derive(Default)]
 struct Tracked {
+    /// Whom its tables are built for (see [`UnwindMaps::track_maps`]).
+    owner: Owner,
     /// What its executable mappings were at the last read (address range, file offset,
     /// device, inode): an unchanged read costs nothing more.
     signature: Vec<MappingSignature>,
@@ -218,9 +220,10 @@ pub struct Untabled {
 
 /// The kernel's CFI maps, the tables resident in them, and the thread that builds tables.
 ///
-/// Tables are built on the build thread, never on the caller's: every object a tracked
-/// process maps is queued (smallest first), an object its samples run in goes to the front of
-/// the queue, and finished tables are installed by [`Self::poll`]. The row array (8-byte rows,
+/// Tables are built on the build threads, never on the caller's: every object a tracked
+/// process maps is queued for the process's owner (smallest first), an object its samples run
+/// in goes to the front of that owner's queue, owners are served fairly (see the builder), and
+/// finished tables are installed by [`Self::poll`]. The row array (8-byte rows,
 /// `--unwind-table-mib`) is the memory bound: when a sampled object's table does not fit, the
 /// tables sampled least recently (never-sampled ones first) are evicted for it. Userspace keeps
 /// no copy of the rows. What cannot be loaded is decided once per file and never rebuilt on a
@@ -281,7 +284,14 @@ impl UnwindMaps {
     /// maps new code (dlopen, exec); an unchanged memory map costs a comparison. `maps` is a
     /// read of `/proc/PID/maps` the caller already made
     /// ([`crate::process::maps::ProcessMaps::last_read`]); `None` or an empty list reads it here.
-    pub fn track_maps(&mut self, pid: u32, maps: Option<&[MemoryMap]>) -> crate::error::Result<()> {
+    /// `owner` is the uid of the run's owner (0 for root and the command line): the tables
+    /// its processes need are built in its turn, beside other owners' (see the builder).
+    pub fn track_maps(
+        &mut self,
+        pid: u32,
+        owner: u32,
+        maps: Option<&[MemoryMap]>,
+    ) -> crate::error::Result<()> {
         if self.mode == UnwindMode::Fp || is_unexeced_child(pid) {
             return Ok(());
         }
@@ -299,7 +309,7 @@ impl UnwindMaps {
             }
         };
         self.poll();
-        match self.load_maps(pid, maps) {
+        match self.load_maps(pid, owner, maps) {
             Ok(()) => Ok(()),
             Err(e) => self.refused(pid, e),
         }
@@ -365,7 +375,7 @@ impl UnwindMaps {
     /// without a table are built first, and resident tables are kept over unsampled ones.
     pub fn note_sampled(&mut self, ips: impl IntoIterator<Item = u64>) {
         let now = Instant::now();
-        let mut hit: Vec<FileKey> = Vec::new();
+        let mut hit: Vec<(FileKey, Owner)> = Vec::new();
         for ip in ips {
             if ip == 0 || ip >= USER_ADDRESS_LIMIT {
                 continue;
@@ -377,31 +387,29 @@ impl UnwindMaps {
                 };
                 if ip < m.end {
                     if let Some(key) = &m.key {
-                        if !hit.contains(key) {
-                            hit.push(key.clone());
+                        let hit_by = (key.clone(), tracked.owner);
+                        if !hit.contains(&hit_by) {
+                            hit.push(hit_by);
                         }
                     }
                 }
             }
         }
-        for key in hit {
-            self.sampled(key, now);
+        for (key, owner) in hit {
+            self.sampled(key, owner, now);
         }
     }
 
-    /// An object `key` was sampled at `now`.
-    fn sampled(&mut self, key: FileKey, now: Instant) {
+    /// An object `key` was sampled at `now` in a process of `owner`.
+    fn sampled(&mut self, key: FileKey, owner: Owner, now: Instant) {
         let Some(table) = self.tables.get_mut(&key) else {
             return;
         };
-        let first = table.last_sampled.is_none();
         table.last_sampled = Some(now);
         let rows = match table.state {
             TableState::Queued => {
-                if first {
-                    if let Some(builder) = &self.builder {
-                        builder.promote(&key);
-                    }
+                if let Some(builder) = &self.builder {
+                    builder.promote(&key, owner);
                 }
                 return;
             }
@@ -437,7 +445,7 @@ impl UnwindMaps {
         else {
             return;
         };
-        self.submit(key, Image::File(image), 0, true);
+        self.submit(key, Image::File(image), 0, owner, true);
     }
 
     /// Stops walking `pid` by CFI; its tables stay resident for other processes and runs.
@@ -498,7 +506,7 @@ impl UnwindMaps {
 
     /// Reads `pid`'s executable mappings and gives them to the kernel, queueing the tables of
     /// objects not seen before.
-    fn load_maps(&mut self, pid: u32, maps: &[MemoryMap]) -> anyhow::Result<()> {
+    fn load_maps(&mut self, pid: u32, owner: Owner, maps: &[MemoryMap]) -> anyhow::Result<()> {
         let mut executable: Vec<&MemoryMap> = maps
             .iter()
             // `[vsyscall]` lies in the kernel's half of the address space: it is no user code
@@ -521,7 +529,7 @@ impl UnwindMaps {
         if self
             .tracked
             .get(&pid)
-            .is_some_and(|t| t.signature == signature)
+            .is_some_and(|t| t.signature == signature && t.owner == owner)
         {
             return Ok(());
         }
@@ -540,7 +548,7 @@ impl UnwindMaps {
                     })
                 }
                 MMapPath::Vdso => self
-                    .vdso(pid, start, end)
+                    .vdso(pid, owner, start, end)
                     .with_context(|| format!("pid {pid}'s vDSO")),
                 MMapPath::Path(path) => {
                     // map_files reaches the file whatever the target's mount namespace.
@@ -550,6 +558,7 @@ impl UnwindMaps {
                         (start, end),
                         map.offset,
                         &path.display().to_string(),
+                        owner,
                     )
                     .with_context(|| path.display().to_string())
                 }
@@ -574,6 +583,7 @@ impl UnwindMaps {
             );
         }
         let tracked = self.tracked.entry(pid).or_default();
+        tracked.owner = owner;
         tracked.signature = signature;
         tracked.mappings = mappings;
         // A new process is registered even with no table yet: its walk then takes frame
@@ -641,13 +651,15 @@ impl UnwindMaps {
         }
     }
 
-    /// The mapping of an object file, its table queued when the file is new.
+    /// The mapping of an object file, its table queued for `owner` when the file is new or
+    /// still queued (for another owner, maybe).
     fn object(
         &mut self,
         source: &std::path::Path,
         (start, end): (u64, u64),
         offset: u64,
         name: &str,
+        owner: Owner,
     ) -> anyhow::Result<TrackedMapping> {
         // A FIFO, a device or a directory mapped executable is nothing to read.
         let (handle, _) = crate::process::target_file::open_proc_link(source)
@@ -667,11 +679,15 @@ impl UnwindMaps {
                 .free_range(estimate.min(u64::from(u32::MAX)) as u32)
                 .is_some();
             if estimate <= EAGER_MAX_ROWS && fits {
-                self.submit(key.clone(), Image::File(handle), meta.len(), false);
+                self.submit(key.clone(), Image::File(handle), meta.len(), owner, false);
             } else {
                 let estimated_rows = estimate.min(u64::from(u32::MAX)) as u32;
                 self.decide(&key, TableState::OnDemand { estimated_rows });
             }
+        } else if let Some(builder) = &self.builder {
+            // Queued for another process, maybe another owner's: this owner waits for it in
+            // its own turn, not behind that owner's queue.
+            builder.want(&key, owner);
         }
         Ok(TrackedMapping {
             start,
@@ -684,7 +700,13 @@ impl UnwindMaps {
 
     /// The vDSO's mapping. The vDSO has no file: its ELF image is read from the process's
     /// memory, and its table is built once per kernel (by the image's build id).
-    fn vdso(&mut self, pid: u32, start: u64, end: u64) -> anyhow::Result<TrackedMapping> {
+    fn vdso(
+        &mut self,
+        pid: u32,
+        owner: Owner,
+        start: u64,
+        end: u64,
+    ) -> anyhow::Result<TrackedMapping> {
         let image = crate::process::vdso::read_image(pid, start, end)?;
         let bias = load_bias(image.as_slice(), start, 0)?;
         let key = {
@@ -702,7 +724,13 @@ impl UnwindMaps {
         if !self.tables.contains_key(&key) {
             self.new_table(key.clone(), crate::process::maps::VDSO);
             let size = image.len() as u64;
-            self.submit(key.clone(), Image::Memory(image.to_vec()), size, false);
+            self.submit(
+                key.clone(),
+                Image::Memory(image.to_vec()),
+                size,
+                owner,
+                false,
+            );
         }
         Ok(TrackedMapping {
             start,
@@ -742,8 +770,8 @@ impl UnwindMaps {
         );
     }
 
-    /// Hands a table to the build thread (started on first use).
-    fn submit(&mut self, key: FileKey, image: Image, size: u64, urgent: bool) {
+    /// Hands a table to the build threads (started on first use), in `owner`'s queue.
+    fn submit(&mut self, key: FileKey, image: Image, size: u64, owner: Owner, urgent: bool) {
         if self.builder.is_none() {
             match Builder::spawn() {
                 Ok(builder) => self.builder = Some(builder),
@@ -762,7 +790,7 @@ impl UnwindMaps {
             table.state = TableState::Queued;
         }
         if let Some(builder) = &self.builder {
-            builder.submit(Job { key, image, size }, urgent);
+            builder.submit(Job { key, image, size }, owner, urgent);
         }
     }
 

@@ -263,7 +263,7 @@ fn row_limit<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> 
 }
 
 /// The CPU time this thread has used so far.
-fn thread_cpu_time() -> Duration {
+pub(crate) fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -919,13 +919,7 @@ mod tests {
     #[test]
     fn vdso_image_from_memory_matches_readelf() {
         // The vDSO has no file: its image is read from memory, as the loader reads a target's.
-        let maps = procfs::process::Process::myself().unwrap().maps().unwrap();
-        let vdso = maps
-            .iter()
-            .find(|m| matches!(m.pathname, procfs::process::MMapPath::Vdso))
-            .expect("a [vdso] mapping");
-        let (start, end) = vdso.address;
-        let image = crate::process::vdso::read_image(std::process::id(), start, end).unwrap();
+        let (_, image) = crate::process::vdso::own_image();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vdso.so");
         std::fs::write(&path, &image).unwrap();
