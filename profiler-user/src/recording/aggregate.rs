@@ -25,6 +25,9 @@ pub struct AggregateOptions {
     pub tags: Vec<Tag>,
     /// How Python frames are shown (`--python-glue`, `--python-gil`).
     pub python: crate::python::stacks::MergeOptions,
+    /// Name each process's root frame `name (pid N)`: set by the recording for runs that can
+    /// have more than one process, so that two processes of one name stay apart.
+    pub pid_roots: bool,
 }
 
 impl Default for AggregateOptions {
@@ -35,6 +38,7 @@ impl Default for AggregateOptions {
             line_numbers: false,
             tags: Vec::new(),
             python: Default::default(),
+            pid_roots: false,
         }
     }
 }
@@ -45,6 +49,8 @@ pub struct TargetSamples<'a> {
     pub target: &'a Target,
     /// Its memory layout, captured while it lived.
     pub maps: &'a ProcessMaps,
+    /// The pid its samples carry.
+    pub sample_pid: u32,
     /// Its samples.
     pub samples: &'a [Sample],
     /// Names of its Python frames, when the kernel read them.
@@ -112,9 +118,19 @@ pub fn aggregate(
             .iter()
             .map(|t| interner.intern(ProfileFrame::Tag(t.clone())))
             .collect();
+        let pid = input.target.pid;
         root.push(interner.intern(ProfileFrame::Process {
-            name: comm,
-            pid: input.target.pid,
+            name: if options.pid_roots {
+                // A process known only by its samples has no host pid: its samples' pid.
+                format!(
+                    "{comm} (pid {})",
+                    if pid == 0 { input.sample_pid } else { pid }
+                )
+            } else {
+                comm.clone()
+            },
+            pid,
+            comm,
         }));
         let mut threads: HashMap<u32, FrameId> = HashMap::new();
         for sample in input.samples {
