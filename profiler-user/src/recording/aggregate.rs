@@ -136,9 +136,9 @@ pub fn aggregate(
         for sample in input.samples {
             let mut frames = root.clone();
             if options.per_thread {
-                let id = *threads.entry(sample.tid).or_insert_with(|| {
-                    interner.intern(thread_frame(input.target, input.maps, sample.tid))
-                });
+                let id = *threads
+                    .entry(sample.tid)
+                    .or_insert_with(|| interner.intern(thread_frame(input, sample.tid)));
                 frames.push(id);
             }
             // The limit keeps the leaf-most frames: kernel frames first, then user frames.
@@ -311,12 +311,13 @@ impl Mappings {
     }
 }
 
-/// A thread's frame, named by its `comm`. Sample tids are as seen in the target's namespace,
-/// so the name is read only when that namespace's pids are ours (the target's pid is its ns
-/// pid).
-fn thread_frame(target: &Target, maps: &ProcessMaps, tid: u32) -> ProfileFrame {
-    let comm = if target.pid == target.ns_pid {
-        maps.thread_name(tid).unwrap_or_default().to_string()
+/// A thread's frame, named by its `comm`. Sample tids are as seen in the namespace of the
+/// sample's pid, so the name is read only when that namespace's pids are ours (the pid its
+/// samples carry is its pid here: a target in bpfprof's namespace, any process of a
+/// system-wide run).
+fn thread_frame(input: &TargetSamples<'_>, tid: u32) -> ProfileFrame {
+    let comm = if input.target.pid == input.sample_pid {
+        input.maps.thread_name(tid).unwrap_or_default().to_string()
     } else {
         String::new()
     };

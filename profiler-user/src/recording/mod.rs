@@ -289,6 +289,10 @@ impl Recording {
         {
             std::thread::sleep(Duration::from_millis(2));
         }
+        // The processes running now are taken in at the first tick, not half a second later.
+        self.last_refresh = Instant::now()
+            .checked_sub(MAPS_REFRESH)
+            .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
             self.started = Instant::now();
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
@@ -841,6 +845,14 @@ impl Recording {
                 if program.unwind.is_tracked(p.target.pid) {
                     p.untabled = program.unwind.untabled(p.target.pid);
                     p.cfi_walked = true;
+                }
+            }
+        }
+        if self.is_system() {
+            // Sampling stops before the counts are taken, as removing targets does.
+            for (slot, _) in &self.slots {
+                if let Ok(program) = pool.program(*slot) {
+                    program.end_system(slot.run);
                 }
             }
         }
