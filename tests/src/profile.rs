@@ -16,6 +16,21 @@ pub fn is_kernel_frame(frame: &str) -> bool {
     frame.ends_with("_[k]")
 }
 
+/// The process name of a root frame: `name`, or `name (pid N)` in runs that can have more than
+/// one process.
+pub fn process_name(root: &str) -> &str {
+    match root_pid(root) {
+        Some(_) => &root[..root.rfind(" (pid ").unwrap_or(root.len())],
+        None => root,
+    }
+}
+
+/// The pid a root frame `name (pid N)` carries.
+pub fn root_pid(root: &str) -> Option<u32> {
+    let (_, tail) = root.rsplit_once(" (pid ")?;
+    tail.strip_suffix(')')?.parse().ok()
+}
+
 /// The user frames of a folded stack (root first, without the process name).
 pub fn user_frames(frames: &[String]) -> Vec<&str> {
     frames
@@ -132,6 +147,15 @@ impl Profile {
 
     /// Samples grouped by the first frame (the process name).
     pub fn by_comm(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for (frames, n) in &self.stacks {
+            *m.entry(process_name(&frames[0]).to_string()).or_insert(0) += n;
+        }
+        m
+    }
+
+    /// Samples per root frame (`name (pid N)` in multi-process runs).
+    pub fn by_root(&self) -> BTreeMap<String, u64> {
         let mut m = BTreeMap::new();
         for (frames, n) in &self.stacks {
             *m.entry(frames[0].clone()).or_insert(0) += n;

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use bpfprof_tests::{
-    bpf_prog_exists, ci, exit, find_tool, parse_program_id, poll_until, require_root, run_bpfprof,
-    spawn_bpfprof, tempdir, workload_path, Profile, Summary, Workload,
+    bpf_prog_exists, ci, exit, find_tool, parse_program_id, poll_until, process_name, require_root,
+    run_bpfprof, spawn_bpfprof, tempdir, workload_path, Profile, Summary, Workload,
 };
 
 #[test]
@@ -41,7 +41,9 @@ fn launch_mode_profiles_command_until_it_exits() {
         "only {n} short_work samples for ~1 CPU-s at 999 Hz\n{ctx}"
     );
     assert!(
-        profile.count_where(|f| f[0] == "shortlived" && f.iter().any(|x| x == "short_work")) == n,
+        profile.count_where(
+            |f| process_name(&f[0]) == "shortlived" && f.iter().any(|x| x == "short_work")
+        ) == n,
         "short_work samples not under comm shortlived\n{ctx}"
     );
 }

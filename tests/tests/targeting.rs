@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bpfprof_tests::{
     all_pids, exit, is_descendant_of, is_kernel_frame, pid_ns_inode, poll_until, proc_status,
-    require_root, run_bpfprof, tempdir, Profile, Summary, Workload,
+    process_name, require_root, run_bpfprof, tempdir, Profile, Summary, Workload,
 };
 
 fn settle() {
@@ -93,7 +93,7 @@ fn repeated_pid_samples_each_target() {
     assert!(profile.has_frame("other_spin"), "{ctx}");
     // Each stack's functions belong to its own process.
     for frames in profile.stacks.keys() {
-        let bad = match frames[0].as_str() {
+        let bad = match process_name(&frames[0]) {
             "hotcold" => frames.iter().any(|f| f == "other_spin"),
             "spinner" => frames
                 .iter()

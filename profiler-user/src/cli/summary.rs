@@ -6,6 +6,9 @@ use crate::{
     profile::{CostScope, Profile, ShortfallCause},
 };
 
+/// Most processes the summary's first line names one by one; more are counted.
+const SUMMARY_PROCESSES: usize = 8;
+
 /// A kernel sysctl's value, `?` when unreadable.
 fn read_sysctl(name: &str) -> String {
     std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
@@ -21,11 +24,17 @@ pub fn summary(profile: &Profile) -> String {
         .iter()
         .map(|t| format!("pid {} ({})", t.pid, t.comm))
         .collect();
+    // A system-wide run's processes are in the profile's roots, not on one line.
+    let from = if targets.len() > SUMMARY_PROCESSES {
+        format!("{} processes", targets.len())
+    } else {
+        targets.join(", ")
+    };
     let mut out = format!(
         "bpfprof: {} samples in {:.2}s from {} with {}\n  effective rate: {:.1} samples/s\n",
         profile.total_samples(),
         meta.duration.as_secs_f64(),
-        targets.join(", "),
+        from,
         meta.sampling.describe(),
         effective_hz(profile),
     );

@@ -307,6 +307,7 @@ pub(crate) mod fixture {
             ProfileFrame::Process {
                 name: "app".into(),
                 pid: 1234,
+                comm: "app".into(),
             }, // 1
             code("main", user, false, Some(10)), // 2
             code("parent_hot", user, false, Some(20)), // 3

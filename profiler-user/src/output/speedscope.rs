@@ -506,6 +506,7 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
         profile.frames.push(ProfileFrame::Process {
             name: "db".into(),
             pid: 99,
+            comm: "db".into(),
         });
         let db = profile.frames.len() - 1;
         profile.stacks.push(StackCount {

@@ -134,8 +134,8 @@ fn threads(profile: &Profile) -> Vec<(String, Vec<&StackCount>)> {
         let key = (process.unwrap_or(usize::MAX), thread);
         let i = *index.entry(key).or_insert_with(|| {
             let name = match process.map(|p| &profile.frames[p]) {
-                Some(ProfileFrame::Process { name, pid }) => {
-                    format!("{name} (pid {pid}) / {}", profile.frames[thread].name())
+                Some(ProfileFrame::Process { comm, pid, .. }) => {
+                    format!("{comm} (pid {pid}) / {}", profile.frames[thread].name())
                 }
                 _ => profile.frames[thread].name().to_string(),
             };

@@ -313,7 +313,12 @@ impl ProcessMaps {
 
     /// Maps of a process that exited before they could be read: every address is unknown.
     pub fn gone(ns_pid: u32) -> ProcessMaps {
-        ProcessMaps::empty(0, ns_pid, "[exited child]".into())
+        ProcessMaps::gone_as(ns_pid, "[exited child]")
+    }
+
+    /// Like [`Self::gone`], shown as `name`.
+    pub fn gone_as(ns_pid: u32, name: &str) -> ProcessMaps {
+        ProcessMaps::empty(0, ns_pid, name.into())
     }
 
     fn empty(pid: u32, ns_pid: u32, comm: String) -> ProcessMaps {

@@ -22,10 +22,13 @@ pub type FrameId = usize;
 pub enum ProfileFrame {
     /// The root of every stack of one process.
     Process {
-        /// The process name.
+        /// How the frame shows: its name, with `(pid N)` in runs that can have more than one
+        /// process (so that two of one name stay apart in every format).
         name: String,
         /// Its pid in bpfprof's namespace, so writers need not guess it back from the name.
         pid: u32,
+        /// The process's own name (`comm`).
+        comm: String,
     },
     /// A thread, below its process (only with per-thread profiles).
     Thread {

@@ -25,6 +25,9 @@ pub struct AggregateOptions {
     pub tags: Vec<Tag>,
     /// How Python frames are shown (`--python-glue`, `--python-gil`).
     pub python: crate::python::stacks::MergeOptions,
+    /// Name each process's root frame `name (pid N)`: set by the recording for runs that can
+    /// have more than one process, so that two processes of one name stay apart.
+    pub pid_roots: bool,
 }
 
 impl Default for AggregateOptions {
@@ -35,6 +38,7 @@ impl Default for AggregateOptions {
             line_numbers: false,
             tags: Vec::new(),
             python: Default::default(),
+            pid_roots: false,
         }
     }
 }
@@ -45,6 +49,8 @@ pub struct TargetSamples<'a> {
     pub target: &'a Target,
     /// Its memory layout, captured while it lived.
     pub maps: &'a ProcessMaps,
+    /// The pid its samples carry.
+    pub sample_pid: u32,
     /// Its samples.
     pub samples: &'a [Sample],
     /// Names of its Python frames, when the kernel read them.
@@ -112,17 +118,27 @@ pub fn aggregate(
             .iter()
             .map(|t| interner.intern(ProfileFrame::Tag(t.clone())))
             .collect();
+        let pid = input.target.pid;
         root.push(interner.intern(ProfileFrame::Process {
-            name: comm,
-            pid: input.target.pid,
+            name: if options.pid_roots {
+                // A process known only by its samples has no host pid: its samples' pid.
+                format!(
+                    "{comm} (pid {})",
+                    if pid == 0 { input.sample_pid } else { pid }
+                )
+            } else {
+                comm.clone()
+            },
+            pid,
+            comm,
         }));
         let mut threads: HashMap<u32, FrameId> = HashMap::new();
         for sample in input.samples {
             let mut frames = root.clone();
             if options.per_thread {
-                let id = *threads.entry(sample.tid).or_insert_with(|| {
-                    interner.intern(thread_frame(input.target, input.maps, sample.tid))
-                });
+                let id = *threads
+                    .entry(sample.tid)
+                    .or_insert_with(|| interner.intern(thread_frame(input, sample.tid)));
                 frames.push(id);
             }
             // The limit keeps the leaf-most frames: kernel frames first, then user frames.
@@ -295,12 +311,13 @@ impl Mappings {
     }
 }
 
-/// A thread's frame, named by its `comm`. Sample tids are as seen in the target's namespace,
-/// so the name is read only when that namespace's pids are ours (the target's pid is its ns
-/// pid).
-fn thread_frame(target: &Target, maps: &ProcessMaps, tid: u32) -> ProfileFrame {
-    let comm = if target.pid == target.ns_pid {
-        maps.thread_name(tid).unwrap_or_default().to_string()
+/// A thread's frame, named by its `comm`. Sample tids are as seen in the namespace of the
+/// sample's pid, so the name is read only when that namespace's pids are ours (the pid its
+/// samples carry is its pid here: a target in bpfprof's namespace, any process of a
+/// system-wide run).
+fn thread_frame(input: &TargetSamples<'_>, tid: u32) -> ProfileFrame {
+    let comm = if input.target.pid == input.sample_pid {
+        input.maps.thread_name(tid).unwrap_or_default().to_string()
     } else {
         String::new()
     };

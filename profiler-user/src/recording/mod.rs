@@ -51,6 +51,9 @@ pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 /// and Python state. Samples of processes past the cap are counted, never named.
 pub const MAX_SYSTEM_PROCESSES: usize = 4096;
 
+/// How a system-wide run shows a process that exited before it was taken in.
+const EXITED_PROCESS: &str = "[exited process]";
+
 /// Where a recording reaches its kernel programs: the command line owns its pool; the daemon
 /// shares one between its runs behind a lock.
 pub trait PoolAccess {
@@ -292,6 +295,10 @@ impl Recording {
         {
             std::thread::sleep(Duration::from_millis(2));
         }
+        // The processes running now are taken in at the first tick, not half a second later.
+        self.last_refresh = Instant::now()
+            .checked_sub(MAPS_REFRESH)
+            .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
             self.started = Instant::now();
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
@@ -856,6 +863,17 @@ impl Recording {
                 }
             }
         }
+        if self.is_system() {
+            // Sampling stops before the counts are taken, as removing targets does.
+            for (slot, _) in &self.slots {
+                if let Ok(program) = pool.program(*slot) {
+                    program.end_system(slot.run);
+                }
+            }
+        }
+        let multi_process = self.is_system()
+            || self.follow_children
+            || self.processes.values().filter(|p| p.direct).count() > 1;
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut bpf_run = None;
@@ -894,6 +912,9 @@ impl Recording {
             bpf_run,
             throttled,
             tables,
+            multi_process,
+            system: self.is_system(),
+            over_cap: self.over_cap.len(),
         })
     }
 
@@ -940,6 +961,13 @@ pub struct Collected {
     bpf_run: Option<(u64, u64)>,
     throttled: Option<Throttled>,
     tables: TableCost,
+    /// Whether the run could have more than one process (more than one target, children
+    /// followed, system-wide): its processes' root frames carry their pids.
+    multi_process: bool,
+    /// Whether it recorded every process.
+    system: bool,
+    /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
+    over_cap: usize,
 }
 
 /// What the unwind tables of a recording's program cost, for the summary.
@@ -995,7 +1023,13 @@ impl Collected {
             bpf_run,
             throttled,
             tables,
+            multi_process,
+            system,
+            over_cap,
         } = self;
+        let mut options = options.clone();
+        options.pid_roots |= multi_process;
+        let options = &options;
         // Samples of processes that came and went between two ticks: counted, not symbolized.
         let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
         let mut not_profilable = 0;
@@ -1011,7 +1045,13 @@ impl Collected {
                     program_id,
                     run: sample.run,
                 };
-                ProcessRecording::gone(slot, sample.pid)
+                let mut gone = ProcessRecording::gone(slot, sample.pid);
+                if system {
+                    // Not a child: a process that came and went between two looks.
+                    gone.target.comm = EXITED_PROCESS.into();
+                    gone.maps = ProcessMaps::gone_as(sample.pid, EXITED_PROCESS);
+                }
+                gone
             });
             by_process.entry(key).or_default().push(sample);
         }
@@ -1021,6 +1061,7 @@ impl Collected {
             .map(|(key, p)| TargetSamples {
                 target: &p.target,
                 maps: &p.maps,
+                sample_pid: p.sample_pid,
                 samples: by_process.get(key).unwrap_or(&empty),
                 cfi_walked: p.cfi_walked,
                 python: p.python.as_ref().map(|t| t.symbols()),
@@ -1101,9 +1142,16 @@ impl Collected {
                 stacks_through_untabled,
             },
             untabled,
-            limits_hit: processes
-                .values()
-                .filter_map(|p| {
+            limits_hit: (over_cap > 0)
+                .then(|| {
+                    format!(
+                        "{over_cap} processes not taken in: a system-wide run takes in at most \
+                         {MAX_SYSTEM_PROCESSES}; their samples are counted under \
+                         [exited process]"
+                    )
+                })
+                .into_iter()
+                .chain(processes.values().filter_map(|p| {
                     let said: Vec<String> = p
                         .maps
                         .limits_hit()
@@ -1118,7 +1166,7 @@ impl Collected {
                             said.join("; ")
                         )
                     })
-                })
+                }))
                 .collect(),
         };
         let mut profile = aggregate(&inputs, symbolizer, options, meta);

@@ -254,6 +254,8 @@ impl RecordingRequest {
                 line_numbers: stacks.line_numbers,
                 tags,
                 python: stacks.python,
+                // The recording sets it from what it records.
+                pid_roots: false,
             },
             unwind: walks.unwind,
             python: walks.python,
@@ -501,6 +503,60 @@ mod tests {
             err.to_string().contains("expected auto, fp or cfi"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_system_scope_needs_a_cgroup_v2_directory() {
+        let base = || {
+            RecordingRequest::validate(
+                SamplingRequest::default(),
+                false,
+                None,
+                Duration::from_secs(60),
+                TagsAndStacks::default(),
+                Walks::default(),
+            )
+            .unwrap()
+        };
+        assert_eq!(base().scope, Scope::Targets);
+        let system = |cgroup: Option<&str>| {
+            base().with_scope(Scope::System(SystemScope {
+                kernel_threads: false,
+                cgroup: cgroup.map(PathBuf::from),
+            }))
+        };
+        let whole = system(None).unwrap();
+        assert_eq!(
+            whole.scope,
+            Scope::System(SystemScope {
+                kernel_threads: false,
+                cgroup: None
+            })
+        );
+        let err = system(Some("no-such-cgroup-anywhere")).unwrap_err();
+        assert!(err.to_string().contains("no such cgroup"), "{err}");
+        assert_eq!(err.exit_code(), crate::error::exit_code::USAGE);
+        // A directory, but of no cgroup v2.
+        let err = system(Some("/tmp")).unwrap_err();
+        assert!(err.to_string().contains("not in a cgroup v2"), "{err}");
+        // Where cgroup2 is mounted, its root resolves (relative "." and absolute alike) to
+        // the root cgroup: id 1 at level 0.
+        if let Some((mount, root)) = cgroup2_mounts().into_iter().next() {
+            let resolved = system(Some(mount.to_str().unwrap())).unwrap();
+            let Scope::System(SystemScope {
+                cgroup: Some(path), ..
+            }) = resolved.scope
+            else {
+                panic!("no cgroup kept");
+            };
+            assert_eq!(path, mount.canonicalize().unwrap());
+            if root == "/" {
+                assert_eq!(
+                    SystemScope::cgroup_filter(&path).unwrap(),
+                    CgroupFilter { id: 1, level: 0 }
+                );
+            }
+        }
     }
 
     #[test]

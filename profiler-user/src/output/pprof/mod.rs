@@ -391,8 +391,8 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
         let mut process = None;
         for &id in &stack.frames {
             match &profile.frames[id] {
-                ProfileFrame::Process { name, pid } => {
-                    process = Some(name.as_str());
+                ProfileFrame::Process { comm, pid, .. } => {
+                    process = Some(comm.as_str());
                     label.push(proto::Label {
                         key: pid_key,
                         num: i64::from(*pid),
