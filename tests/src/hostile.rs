@@ -74,18 +74,28 @@ while not select.select([sys.stdin], [], [], 0)[0]:
     time.sleep(0.005)
 "#;
 
-/// Gives every thread of process `pid` nice -10 (threads it starts later inherit it). The
-/// bound on answers is about blocking: on a machine that other builds keep busy, the daemon's
-/// and the client's wake-ups must not wait for the CPU behind them. Nice changes no lock's
-/// behaviour.
+/// Makes every thread of process `pid` 10 nicer-values more favoured (threads it starts
+/// later inherit the process's), keeping the process's own differences between its threads
+/// (its table builds run nicer than the threads that answer clients). The bound on answers is
+/// about blocking: on a machine that other builds keep busy, the daemon's and the client's
+/// wake-ups must not wait for the CPU behind them. Nice changes no lock's behaviour.
 pub fn favor(pid: u32) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return;
     };
     for task in tasks.flatten() {
         if let Ok(tid) = task.file_name().to_string_lossy().parse::<libc::id_t>() {
+            // The 19th field of /proc/PID/task/TID/stat (after the name's closing paren) is
+            // the thread's nice value.
+            let nice = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(16)?.parse::<i32>().ok()
+                })
+                .unwrap_or(0);
             // SAFETY: plain syscall; a thread that ended meanwhile makes it fail harmlessly.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -10) };
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice - 10) };
         }
     }
 }
