@@ -184,11 +184,16 @@ pub enum Counter {
     /// program was loaded (it verifies in the background while sampling starts): their user
     /// stacks come from frame pointers and they have no Python frames.
     CfiNotReady = 11,
+    /// Frames of CFI walks found by scanning the stack: the frame below had no CFI and no
+    /// usable frame pointer (JIT code, hand-written assembly), and the walk took the nearest
+    /// word above its stack pointer that returns, right after a call instruction, into code
+    /// with CFI.
+    ScannedFrames = 12,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 13;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -203,6 +208,7 @@ impl Counter {
         Counter::PythonStacks,
         Counter::PythonStackMissing,
         Counter::CfiNotReady,
+        Counter::ScannedFrames,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -231,6 +237,78 @@ pub const MAX_UNWIND_MAPPINGS: usize = 256;
 pub const UNWIND_TABLE_SEARCH_STEPS: u32 = 22;
 /// Bisection steps over one process's mappings: enough for [`MAX_UNWIND_MAPPINGS`].
 pub const UNWIND_MAPPING_SEARCH_STEPS: u32 = 9;
+/// Stack words the CFI walk scans above a frame that has neither CFI nor a usable frame
+/// pointer, looking for its return address: oneDNN's JIT kernels keep up to a few hundred
+/// bytes of locals and saved registers below theirs (Breakpad scans 40 words, 160 for the
+/// innermost frame).
+pub const STACK_SCAN_WORDS: u32 = 160;
+/// Scans one walk may make (each up to [`STACK_SCAN_WORDS`] words): a JIT kernel that calls
+/// another, or assembly called from JIT code.
+pub const STACK_SCANS: u32 = 2;
+
+/// Whether the 8 bytes before a return address (`bytes`, read as a little-endian u64: the
+/// byte just before the address is the top byte) end with an x86-64 call instruction: `call
+/// rel32`, or `call r/m64` (`FF /2`, any REX prefix) through a register, a memory operand with
+/// or without SIB, an 8- or 32-bit displacement, or rip-relative. The stack scan takes a word
+/// as a return address only if it follows a call, as a real one always does.
+pub const fn follows_call(bytes: u64) -> bool {
+    // The byte `k` bytes before the return address.
+    const fn before(bytes: u64, k: u32) -> u8 {
+        (bytes >> (64 - 8 * k)) as u8
+    }
+    // A ModRM byte of `FF /2` (reg field 2), split into mod and rm.
+    const fn call_modrm(m: u8) -> Option<(u8, u8)> {
+        if m & 0x38 == 0x10 {
+            Some((m >> 6, m & 7))
+        } else {
+            None
+        }
+    }
+    if before(bytes, 5) == 0xe8 {
+        return true;
+    }
+    // FF modrm: a register (mod 3) or [reg] (mod 0, rm neither SIB nor rip-relative).
+    if before(bytes, 2) == 0xff {
+        if let Some((md, rm)) = call_modrm(before(bytes, 1)) {
+            if md == 3 || (md == 0 && rm != 4 && rm != 5) {
+                return true;
+            }
+        }
+    }
+    // FF modrm disp8 (mod 1, no SIB), or FF modrm sib (mod 0, SIB without a disp32 base).
+    if before(bytes, 3) == 0xff {
+        if let Some((md, rm)) = call_modrm(before(bytes, 2)) {
+            if (md == 1 && rm != 4) || (md == 0 && rm == 4 && before(bytes, 1) & 7 != 5) {
+                return true;
+            }
+        }
+    }
+    // FF modrm sib disp8.
+    if before(bytes, 4) == 0xff {
+        if let Some((md, rm)) = call_modrm(before(bytes, 3)) {
+            if md == 1 && rm == 4 {
+                return true;
+            }
+        }
+    }
+    // FF modrm disp32 (mod 2, no SIB), or rip-relative (mod 0, rm 5).
+    if before(bytes, 6) == 0xff {
+        if let Some((md, rm)) = call_modrm(before(bytes, 5)) {
+            if (md == 2 && rm != 4) || (md == 0 && rm == 5) {
+                return true;
+            }
+        }
+    }
+    // FF modrm sib disp32 (mod 2), or SIB with a disp32 and no base (mod 0, base 5).
+    if before(bytes, 7) == 0xff {
+        if let Some((md, rm)) = call_modrm(before(bytes, 6)) {
+            if rm == 4 && (md == 2 || (md == 0 && before(bytes, 5) & 7 == 5)) {
+                return true;
+            }
+        }
+    }
+    false
+}
 
 /// How a row computes the canonical frame address (CFA, the caller's stack pointer).
 #[repr(u8)]
@@ -512,7 +590,45 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
-    use super::PythonFrame;
+    use super::{follows_call, PythonFrame};
+
+    /// The 8 bytes before a return address that follows `call`, padded in front with `pad`.
+    fn before_return(call: &[u8], pad: u8) -> u64 {
+        let mut bytes = [pad; 8];
+        bytes[8 - call.len()..].copy_from_slice(call);
+        u64::from_le_bytes(bytes)
+    }
+
+    #[test]
+    fn call_instructions_are_recognised_before_a_return_address() {
+        // Encodings as gcc and as(1) emit them.
+        let calls: &[&[u8]] = &[
+            &[0xe8, 0x10, 0x20, 0x30, 0x40],             // call rel32
+            &[0xff, 0xd0],                               // call *%rax
+            &[0x41, 0xff, 0xd3],                         // call *%r11
+            &[0xff, 0x10],                               // call *(%rax)
+            &[0xff, 0x50, 0x18],                         // call *0x18(%rax)
+            &[0x41, 0xff, 0x54, 0x24, 0x08],             // call *0x8(%r12)
+            &[0xff, 0x14, 0xc1],                         // call *(%rcx,%rax,8)
+            &[0xff, 0x15, 0x00, 0x10, 0x00, 0x00],       // call *0x1000(%rip)
+            &[0xff, 0x90, 0x00, 0x01, 0x00, 0x00],       // call *0x100(%rax)
+            &[0xff, 0x94, 0x24, 0x00, 0x01, 0x00, 0x00], // call *0x100(%rsp)
+        ];
+        for call in calls {
+            // Padding that is no call itself (nop).
+            assert!(follows_call(before_return(call, 0x90)), "{call:x?}");
+        }
+        let not_calls: &[&[u8]] = &[
+            &[0x90, 0x90],                   // nops
+            &[0xff, 0xe0],                   // jmp *%rax (FF /4)
+            &[0xff, 0xc0],                   // inc %eax (FF /0)
+            &[0x48, 0x89, 0xe5],             // mov %rsp,%rbp
+            &[0xe9, 0x10, 0x20, 0x30, 0x40], // jmp rel32
+        ];
+        for bytes in not_calls {
+            assert!(!follows_call(before_return(bytes, 0x90)), "{bytes:x?}");
+        }
+    }
 
     #[test]
     fn python_frames_round_trip_and_saturate() {

@@ -6,6 +6,13 @@
 //! a bisection over the object's rows (array lookups the verifier inlines) and two user reads.
 //! The frame loop runs under `bpf_loop`, so the verifier checks one frame's code once instead
 //! of 127 unrolled copies: that is what lets the walk reach the full depth.
+//!
+//! A frame in code with no CFI (JIT code in anonymous memory, hand-written assembly, an
+//! object whose table is not loaded yet) is unwound by its frame pointer when that leads to
+//! code; else the walk scans the stack above it, as Breakpad does, for the first word that
+//! returns right after a call instruction into code with CFI, and goes on from there. One
+//! `bpf_loop` iteration scans one word, so a scan costs no verifier work per word either.
+//! Frames with CFI are never guessed.
 
 use aya_ebpf::{
     bindings::{bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE},
@@ -19,10 +26,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    CfaRule, Counter, ProcessMappings, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
+    follows_call, CfaRule, Counter, ProcessMappings, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
     MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, RETURN_ADDRESS_OFFSET,
-    SIGNAL_FRAME_RBP, SIGNAL_FRAME_RIP, SIGNAL_FRAME_RSP, UNWIND_MAPPING_SEARCH_STEPS,
-    UNWIND_TABLE_SEARCH_STEPS,
+    SIGNAL_FRAME_RBP, SIGNAL_FRAME_RIP, SIGNAL_FRAME_RSP, STACK_SCANS, STACK_SCAN_WORDS,
+    UNWIND_MAPPING_SEARCH_STEPS, UNWIND_TABLE_SEARCH_STEPS,
 };
 
 /// Every loaded table's rows, end to end; a table is a range of this array. Mmapable, so
@@ -64,7 +71,12 @@ struct Walk {
     /// Non-zero when `ip` is the exact instruction of its frame rather than a return address:
     /// the interrupted frame below a signal handler.
     exact_ip: u32,
-    reserved: u32,
+    /// Scans the walk may still make.
+    scans_left: u32,
+    /// Frames found by scanning.
+    scanned: u32,
+    /// Non-zero once the current scan found the frame's return address.
+    scan_found: u32,
     /// The mapping of the previous frame: most callers sit in the same object as their
     /// callee, and this skips the process lookup and the mapping bisection for them.
     mapping: UnwindMapping,
@@ -109,7 +121,9 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         len: 0,
         fp_frames: 0,
         exact_ip: 0,
-        reserved: 0,
+        scans_left: STACK_SCANS,
+        scanned: 0,
+        scan_found: 0,
         mapping,
     };
     // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the call.
@@ -134,12 +148,8 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     if walk.end == WalkEnd::Early as u32 {
         crate::count(run, Counter::StackEndedEarly);
     }
-    if walk.fp_frames > 0 {
-        if let Some(value) = crate::COUNTERS.get_ptr_mut(Counter::FramePointerFrames.index(run)) {
-            // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
-            unsafe { *value += walk.fp_frames as u64 };
-        }
-    }
+    add_count(run, Counter::FramePointerFrames, walk.fp_frames);
+    add_count(run, Counter::ScannedFrames, walk.scanned);
     if len == 0 {
         return NOT_UNWOUND;
     }
@@ -148,6 +158,17 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         Err(counter) => {
             crate::count(run, counter);
             0
+        }
+    }
+}
+
+/// Adds `n` to `run`'s `counter`.
+#[inline(always)]
+fn add_count(run: u32, counter: Counter, n: u32) {
+    if n > 0 {
+        if let Some(value) = crate::COUNTERS.get_ptr_mut(counter.index(run)) {
+            // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
+            unsafe { *value += n as u64 };
         }
     }
 }
@@ -185,6 +206,7 @@ extern "C" fn step(index: u64, walk: *mut core::ffi::c_void) -> i64 {
     };
     // SAFETY: this CPU's scratch slot.
     let frames = unsafe { &mut *frames };
+    // One iteration per frame: a scan runs in a loop of its own (`start_scan`).
     let i = index as usize;
     if i >= MAX_STACK_DEPTH {
         return 1;
@@ -260,18 +282,9 @@ fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
                 .map(|off| cfa.wrapping_add(off as i64 as u64));
             (cfa, cfa.wrapping_add(RETURN_ADDRESS_OFFSET as u64), rbp_at)
         }
-        // No CFI for this pc (JIT code, objects without .eh_frame): frame pointer.
-        _ => {
-            if walk.bp == 0 {
-                return WalkEnd::Complete;
-            }
-            walk.fp_frames += 1;
-            (
-                walk.bp.wrapping_add(16),
-                walk.bp.wrapping_add(8),
-                Some(walk.bp),
-            )
-        }
+        // No CFI for this pc (JIT code, objects without .eh_frame or whose table is not
+        // loaded yet): frame pointer, else a scan.
+        _ => return no_cfi_frame(walk),
     };
     // The stack grows down: a caller's frame lies above. Anything else is a loop or garbage.
     if cfa <= walk.sp {
@@ -294,6 +307,158 @@ fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
     walk.ip = ra;
     walk.sp = cfa;
     WalkEnd::Running
+}
+
+/// Unwinds a frame that no CFI covers. By its frame pointer when that leads above the frame
+/// into executable code (code built with frame pointers and no CFI); else, since JIT code and
+/// hand-written assembly use rbp as they please, by scanning the stack above it.
+#[inline(always)]
+fn no_cfi_frame(walk: &mut Walk) -> WalkEnd {
+    let bp = walk.bp;
+    if bp == 0 {
+        // The outermost frame by the ABI's convention, unless a scan finds a caller.
+        return start_scan(walk, WalkEnd::Complete);
+    }
+    // A frame pointer equal to sp is a frame that just set it up.
+    if bp >= walk.sp {
+        // SAFETY: user memory read through the checked helper.
+        let read = unsafe {
+            (
+                bpf_probe_read_user(bp.wrapping_add(8) as *const u64),
+                bpf_probe_read_user(bp as *const u64),
+            )
+        };
+        if let (Ok(ra), Ok(next_bp)) = read {
+            if ra == 0 {
+                return WalkEnd::Complete;
+            }
+            if find_mapping(walk.tgid, ra - 1).is_some() {
+                walk.fp_frames += 1;
+                walk.ip = ra;
+                walk.sp = bp.wrapping_add(16);
+                walk.bp = next_bp;
+                return WalkEnd::Running;
+            }
+        }
+    }
+    start_scan(walk, WalkEnd::Early)
+}
+
+/// Scans the stack from `walk.sp` for the frame's return address (a nested `bpf_loop`, one
+/// word an iteration, verified apart from the frame loop); the walk ends with `fails` if no
+/// scan is left or the scan finds nothing.
+#[inline(always)]
+fn start_scan(walk: &mut Walk, fails: WalkEnd) -> WalkEnd {
+    if walk.scans_left == 0 {
+        return fails;
+    }
+    walk.scans_left -= 1;
+    walk.scan_found = 0;
+    // SAFETY: `scan_word` has the callback signature bpf_loop expects and `walk` outlives
+    // the call.
+    unsafe {
+        bpf_loop(
+            STACK_SCAN_WORDS,
+            scan_word as *mut _,
+            (walk as *mut Walk).cast(),
+            0,
+        )
+    };
+    if walk.scan_found != 0 {
+        WalkEnd::Running
+    } else {
+        fails
+    }
+}
+
+/// Lowest address a return address can have: below it are small integers, never code.
+const MIN_CODE_ADDRESS: u64 = 0x1000;
+/// One past the highest user address on x86-64 with 4-level paging: stack words above it
+/// are kernel addresses or garbage, never user code.
+const USER_CODE_LIMIT: u64 = 1 << 47;
+
+/// Reads stack word `index` above `walk.sp`: when it is a return address into code with CFI,
+/// right after a call, it becomes the next frame (its stack pointer the word's address plus
+/// 8) and the scan stops. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn scan_word(index: u64, walk: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `start_scan` gave it.
+    let walk = unsafe { &mut *(walk as *mut Walk) };
+    let at = walk.sp.wrapping_add(index.wrapping_mul(8));
+    // SAFETY: user memory read through the checked helper.
+    let Ok(word) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {
+        // Past the top of the stack.
+        return 1;
+    };
+    if let Some((mapping, row)) = return_address_with_cfi(walk.tgid, word) {
+        walk.ip = word;
+        walk.sp = at.wrapping_add(8);
+        walk.mapping = mapping;
+        walk.scan_found = 1;
+        walk.scanned += 1;
+        if row.cfa_rule() == CfaRule::Rbp as u8 || row.cfa_rule() == CfaRule::RbpDeref as u8 {
+            walk.bp = caller_frame_pointer(walk);
+        }
+        return 1;
+    }
+    0
+}
+
+/// How far above the stack pointer a frame pointer may point: a frame of up to 1 MiB.
+const FRAME_POINTER_REACH: u64 = 1 << 20;
+
+/// The frame pointer of a frame found by scanning whose CFA is rbp-based (oneDNN's C++
+/// functions, which call its JIT kernels, keep frame pointers): rbp if the code without CFI
+/// left it pointing into the stack above, else the first of the words just below the
+/// return address that does: code that follows the ABI pushes the callee-saved registers it
+/// uses there (oneDNN's JIT kernels push rbx, then rbp; a compiler's prologue pushes rbp
+/// first). A wrong pick ends the walk early, as it would have ended without one. Branch-free:
+/// with branches and reads per candidate the verifier went past its instruction limit.
+#[inline(always)]
+fn caller_frame_pointer(walk: &Walk) -> u64 {
+    let sp = walk.sp;
+    // 1 when `bp` points at most FRAME_POINTER_REACH above sp.
+    let plausible = |bp: u64| {
+        let above = bp.wrapping_sub(sp);
+        (above.wrapping_sub(FRAME_POINTER_REACH) >> 63) & !(above >> 63)
+    };
+    // The two words below the return address (at sp - 8): [rbp-or-r12, rbx-or-rbp].
+    // SAFETY: user memory read through the checked helper.
+    let [lower, upper] =
+        unsafe { bpf_probe_read_user(sp.wrapping_sub(24) as *const [u64; 2]) }.unwrap_or([0; 2]);
+    let k0 = plausible(walk.bp);
+    let k1 = plausible(lower) & (1 - k0);
+    let k2 = plausible(upper) & (1 - k0) & (1 - k1);
+    let none = 1 - k0 - k1 - k2;
+    k0.wrapping_mul(walk.bp)
+        | k1.wrapping_mul(lower)
+        | k2.wrapping_mul(upper)
+        | none.wrapping_mul(walk.bp)
+}
+
+/// The mapping of `word` and the row of its pc when it is a return address into code with
+/// CFI: inside an executable mapping with a table, right after a call instruction, at a pc
+/// that a row covers.
+#[inline(always)]
+fn return_address_with_cfi(tgid: u32, word: u64) -> Option<(UnwindMapping, UnwindRow)> {
+    if !(MIN_CODE_ADDRESS..USER_CODE_LIMIT).contains(&word) {
+        return None;
+    }
+    let pc = word - 1;
+    let mapping = find_mapping(tgid, pc)?;
+    if mapping.rows == 0 {
+        return None;
+    }
+    // SAFETY: user memory read through the checked helper.
+    let code = unsafe { bpf_probe_read_user((word - 8) as *const u64) }.ok()?;
+    if !follows_call(code) {
+        return None;
+    }
+    let row = find_row(&mapping, pc.wrapping_sub(mapping.bias))?;
+    if row.cfa_rule() == CfaRule::NoInfo as u8 {
+        return None;
+    }
+    Some((mapping, row))
 }
 
 /// Unwinds a signal trampoline: the interrupted frame's registers are in the ucontext at rsp.

@@ -115,6 +115,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "nofp_ibt" => env!("WORKLOAD_NOFP_IBT"),
         "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
         "nofp_realign" => env!("WORKLOAD_NOFP_REALIGN"),
+        "nofp_jit" => env!("WORKLOAD_NOFP_JIT"),
         "libhot" => env!("WORKLOAD_LIBHOT"),
         "rustwork_nofp" => env!("WORKLOAD_RUSTWORK_NOFP"),
         "rustwork_fp" => env!("WORKLOAD_RUSTWORK_FP"),

@@ -79,10 +79,11 @@ pub fn summary(profile: &Profile) -> String {
     let unwound = meta.unwound;
     if unwound.cfi_stacks > 0 {
         out.push_str(&format!(
-            "  user stacks: {} walked by the CFI walker ({} frames of them by frame pointer, where \
-             no table covered the code), {} by frame pointers alone\n",
+            "  user stacks: {} walked by the CFI walker ({} frames of them by frame pointer and \
+             {} by stack scanning, where no table covered the code), {} by frame pointers alone\n",
             unwound.cfi_stacks,
             unwound.frame_pointer_frames_in_cfi_stacks,
+            unwound.scanned_frames_in_cfi_stacks,
             unwound.frame_pointer_stacks
         ));
     }

@@ -331,6 +331,10 @@ pub struct Unwound {
     /// Frames inside CFI walks that had no table and were taken by frame pointer (JIT code,
     /// objects without CFI).
     pub frame_pointer_frames_in_cfi_stacks: u64,
+    /// Frames inside CFI walks found by scanning the stack above a frame with neither CFI nor
+    /// a usable frame pointer (JIT code, hand-written assembly): a return address right after
+    /// a call into code with CFI, so frames between may be missing.
+    pub scanned_frames_in_cfi_stacks: u64,
     /// Stacks of processes with CFI tables (or Python frames) taken by frame pointers because
     /// the walker program was still verifying (the first ~0.2 s of a launched command).
     pub before_walker_ready: u64,

@@ -1134,6 +1134,7 @@ impl Collected {
                     .get(Counter::Samples)
                     .saturating_sub(counters.get(Counter::CfiStacks)),
                 frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
+                scanned_frames_in_cfi_stacks: counters.get(Counter::ScannedFrames),
                 before_walker_ready: counters.get(Counter::CfiNotReady),
                 python_stacks: counters.get(Counter::PythonStacks),
                 python_stacks_missing: counters
