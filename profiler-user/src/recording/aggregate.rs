@@ -229,6 +229,7 @@ pub fn aggregate(
         frames: interner.frames,
         stacks,
         mappings: mappings.finish(),
+        process_labels: Default::default(),
     }
 }
 
