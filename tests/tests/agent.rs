@@ -1,0 +1,387 @@
+//! `bpfprof agent`: the always-on agent, read as its users read it: `go tool pprof` on its
+//! `/debug/pprof/profile` URL, the Prometheus project's own parser on its `/metrics`, and its
+//! memory while processes come and go.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use bpfprof_tests::{
+    ci, poll_until, proc_status, require_root, spawn_bpfprof, tempdir, BpfprofProcess, Daemon,
+    Workload,
+};
+
+/// A free TCP port on loopback (the agent binds it right after).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The agent's metrics, parsed by `prometheus_client`'s OpenMetrics parser (the format the
+/// agent serves): every sample as `name{labels}` -> value. Panics when the text does not parse.
+fn metrics(port: u16) -> BTreeMap<String, f64> {
+    let script = r#"
+import sys, json, urllib.request
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode()
+out = {}
+for family in text_string_to_metric_families(text):
+    for s in family.samples:
+        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
+        out[s.name + ("{" + labels + "}" if labels else "")] = s.value
+print(json.dumps(out))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "/metrics did not parse as OpenMetrics text: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the parser's JSON")
+}
+
+/// A sample of `go tool pprof -raw`: its count, the function of its leaf location, its labels.
+#[derive(Debug)]
+struct RawSample {
+    count: u64,
+    leaf: String,
+    labels: BTreeMap<String, String>,
+}
+
+/// `go tool pprof -raw URL`, Go's own pprof fetching the profile over HTTP as it would from
+/// any `net/http/pprof` server; `None` (outside CI) where Go is missing.
+fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
+    let out = match Command::new("go")
+        .args(["tool", "pprof", "-raw", url])
+        .env("HOME", home)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(!ci(), "go is needed under CI (cargo xtask setup): {e}");
+            eprintln!("skipping: go is missing: {e}");
+            return None;
+        }
+    };
+    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {url} failed: {}\n{raw}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(parse_raw(&raw))
+}
+
+/// The samples of pprof's `-raw` text, leaf functions named from its `Locations`.
+fn parse_raw(raw: &str) -> Vec<RawSample> {
+    let location = regex::Regex::new(r"^\s+(\d+): (?:0x[0-9a-f]+ )?(?:M=\d+ )?(\S+)").unwrap();
+    let sample = regex::Regex::new(r"^\s+(\d+)\s+\d+: ([\d ]+)$").unwrap();
+    let label = regex::Regex::new(r"(\w+):\[([^\]]*)\]").unwrap();
+    let mut functions = BTreeMap::new();
+    for line in raw
+        .lines()
+        .skip_while(|l| *l != "Locations")
+        .take_while(|l| *l != "Mappings")
+    {
+        if let Some(c) = location.captures(line) {
+            functions.insert(c[1].to_string(), c[2].to_string());
+        }
+    }
+    let mut samples: Vec<RawSample> = Vec::new();
+    for line in raw
+        .lines()
+        .skip_while(|l| *l != "Samples:")
+        .take_while(|l| *l != "Locations")
+    {
+        if let Some(c) = sample.captures(line) {
+            let leaf_id = c[2].split_whitespace().next().unwrap_or_default();
+            samples.push(RawSample {
+                count: c[1].parse().unwrap(),
+                leaf: functions.get(leaf_id).cloned().unwrap_or_default(),
+                labels: BTreeMap::new(),
+            });
+        } else if let Some(last) = samples.last_mut() {
+            for c in label.captures_iter(line) {
+                last.labels.insert(c[1].to_string(), c[2].to_string());
+            }
+        }
+    }
+    samples
+}
+
+/// Starts the agent on `port` with `args`, and waits until it has cut `windows` windows.
+fn start_agent(port: u16, args: &[&str], windows: f64) -> BpfprofProcess {
+    let listen = format!("127.0.0.1:{port}");
+    let mut all = vec!["agent", "--listen", &listen];
+    all.extend(args);
+    let agent = spawn_bpfprof(&all);
+    poll_until(Duration::from_secs(60), || {
+        let up = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        (up && metrics(port)["bpfprof_agent_windows_total"] >= windows).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the agent cut no window:\n{}", agent.stderr_so_far()));
+    agent
+}
+
+/// A process's resident memory in KiB, from `/proc/PID/status`.
+fn vm_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("it runs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Samples of `pid`, by leaf function.
+fn leaves(samples: &[RawSample], pid: u32) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.labels.get("pid") == Some(&pid.to_string()))
+    {
+        *out.entry(s.leaf.clone()).or_default() += s.count;
+    }
+    out
+}
+
+/// The labels every sample of `pid` carries (they must agree).
+fn labels_of(samples: &[RawSample], pid: u32) -> BTreeMap<String, String> {
+    let mut of_pid = samples
+        .iter()
+        .filter(|s| s.labels.get("pid") == Some(&pid.to_string()));
+    let first = of_pid
+        .next()
+        .unwrap_or_else(|| panic!("no sample of pid {pid}: {samples:?}"));
+    for s in of_pid {
+        assert_eq!(s.labels, first.labels, "pid {pid}'s samples disagree");
+    }
+    first.labels.clone()
+}
+
+#[test]
+fn agent_serves_each_process_with_its_labels_and_split_over_pprof() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let hotcold = Workload::spawn("hotcold", &["120"]);
+    let spinner = Workload::spawn("spinner", &["120"]);
+    // A daemon run on spinner, with tags: the agent asks the daemon for them.
+    let daemon = Daemon::start(&[]);
+    let run = daemon.cli(&[
+        "run",
+        "--async",
+        "--pid",
+        &spinner.pid().to_string(),
+        "--tag",
+        "phase=step7",
+        "--sample-tags",
+        "fwd",
+        "--duration-ms",
+        "120000",
+    ]);
+    run.assert_code(0);
+    let rules = dir.path().join("services.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nservice = \"checkout\"\ncomm = \"^hotcold$\"\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let socket = daemon.socket().display().to_string();
+    let (hc, sp) = (hotcold.pid().to_string(), spinner.pid().to_string());
+    let agent = start_agent(
+        port,
+        &[
+            "--pid",
+            &hc,
+            "--pid",
+            &sp,
+            "-F",
+            "99",
+            "--window",
+            "1s",
+            "--service-rules",
+            rules.to_str().unwrap(),
+            "--socket",
+            &socket,
+        ],
+        3.0,
+    );
+
+    // Judged by samples taken: a loaded machine gives hotcold fewer, so the request covers
+    // more windows until there are enough.
+    let mut seconds = 3;
+    let samples = loop {
+        let url = format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}");
+        let Some(samples) = go_pprof_url(&url, dir.path()) else {
+            return;
+        };
+        let hot = leaves(&samples, hotcold.pid());
+        let judged = hot.get("leaf_hot").unwrap_or(&0) + hot.get("leaf_cold").unwrap_or(&0);
+        if judged >= 200 || seconds >= 20 {
+            break samples;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        seconds += 4;
+    };
+
+    // The known split: leaf_hot does three units of work for each of leaf_cold's.
+    let hot = leaves(&samples, hotcold.pid());
+    let (h, c) = (
+        *hot.get("leaf_hot").unwrap_or(&0) as f64,
+        *hot.get("leaf_cold").unwrap_or(&0) as f64,
+    );
+    assert!(h + c >= 100.0, "too few hotcold samples: {hot:?}");
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
+    );
+    let spin = leaves(&samples, spinner.pid());
+    let spin_total: u64 = spin.values().sum();
+    let other_spin = *spin.get("other_spin").unwrap_or(&0);
+    assert!(
+        spin_total >= 50 && other_spin as f64 >= 0.8 * spin_total as f64,
+        "spinner's time is in other_spin: {spin:?}"
+    );
+
+    // The labels: the rule names hotcold's service; spinner's is its unit or executable;
+    // executable, host, comm and pid from the process; the daemon run's tags on spinner only.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let exe = |pid: u32| {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    let h_labels = labels_of(&samples, hotcold.pid());
+    assert_eq!(h_labels["service_name"], "checkout", "{h_labels:?}");
+    assert_eq!(h_labels["comm"], "hotcold");
+    assert_eq!(h_labels["executable"], exe(hotcold.pid()));
+    assert_eq!(h_labels["host"], host.trim());
+    assert!(!h_labels.contains_key("phase"), "{h_labels:?}");
+    let s_labels = labels_of(&samples, spinner.pid());
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", spinner.pid())).unwrap();
+    let unit = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|path| {
+            path.rsplit('/')
+                .find(|c| c.ends_with(".service") && !c.starts_with("user@"))
+        });
+    assert_eq!(
+        s_labels["service_name"],
+        unit.unwrap_or("spinner"),
+        "{s_labels:?}"
+    );
+    assert_eq!(s_labels["executable"], exe(spinner.pid()));
+    assert_eq!(s_labels["phase"], "step7", "{s_labels:?}");
+    assert_eq!(s_labels["tag"], "fwd", "{s_labels:?}");
+    // container_id where the cgroup path holds one, never otherwise.
+    let container = regex::Regex::new(r"[0-9a-f]{64}").unwrap();
+    for (pid, labels) in [(hotcold.pid(), &h_labels), (spinner.pid(), &s_labels)] {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert_eq!(
+            labels.get("container_id").map(String::as_str),
+            container.find(&cgroup).map(|m| m.as_str()),
+            "{cgroup}"
+        );
+    }
+
+    // The filters keep only what they name.
+    let url =
+        format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds=3&service_name=checkout");
+    let only = go_pprof_url(&url, dir.path()).unwrap();
+    assert!(!only.is_empty());
+    assert!(only.iter().all(|s| s.labels["pid"] == hc), "{only:?}");
+    let url = format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds=3&pid={sp}");
+    let only = go_pprof_url(&url, dir.path()).unwrap();
+    assert!(!only.is_empty());
+    assert!(only.iter().all(|s| s.labels["pid"] == sp), "{only:?}");
+
+    // /metrics parses as OpenMetrics text and counts what the agent did.
+    let m = metrics(port);
+    assert!(m["bpfprof_agent_windows_total"] >= 3.0, "{m:?}");
+    assert!(m["bpfprof_agent_samples_total"] >= 150.0, "{m:?}");
+    assert_eq!(m["bpfprof_agent_processes_tracked"], 2.0, "{m:?}");
+    assert!(m["bpfprof_agent_cpu_seconds_total"] > 0.0, "{m:?}");
+    assert!(m["bpfprof_agent_resident_memory_bytes"] > 1e6, "{m:?}");
+    assert!(
+        m["bpfprof_agent_unwind_table_resident_bytes"] > 0.0,
+        "{m:?}"
+    );
+    assert_eq!(m["bpfprof_agent_daemon_unreachable_total"], 0.0, "{m:?}");
+    for cap in ["window_ring", "symbol_cache", "unwind_tables"] {
+        assert!(m.contains_key(&format!("bpfprof_agent_cap_hits_total{{cap={cap}}}")));
+    }
+    assert!(m.contains_key("bpfprof_agent_samples_lost_total{reason=lost_in_transfer}"));
+
+    // SIGTERM stops it cleanly.
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
+}
+
+#[test]
+fn agent_memory_stays_bounded_while_300_processes_come_and_go() {
+    if !require_root() {
+        return;
+    }
+    // A shell starting 300 short-lived processes over two minutes; the agent follows its
+    // children (each a `shortlived` that burns 0.1 s of CPU, and a `sleep`).
+    let shortlived = bpfprof_tests::workload_path("shortlived");
+    let script = format!(
+        "for i in $(seq 300); do {} 0.1 & sleep 0.4; done; wait; sleep 60",
+        shortlived.display()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script]);
+    let shell = Workload::spawn_command(cmd);
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &["--pid", &shell.pid().to_string(), "--window", "2s"],
+        1.0,
+    );
+    let rss = || vm_rss_kb(agent.pid());
+    std::thread::sleep(Duration::from_secs(10));
+    let rss_early = rss();
+    let started = Instant::now();
+    // The loop ends when the shell's last child exits and it sleeps; a window later its
+    // children are forgotten.
+    poll_until(Duration::from_secs(300), || {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", shell.pid()))
+            .unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", shell.pid())).unwrap();
+        (started.elapsed() > Duration::from_secs(100)
+            && comm.trim() == "sh"
+            && children.split_whitespace().count() <= 1
+            && !children.is_empty()
+            && proc_status(children.trim().parse().unwrap_or(0)).is_some_and(|s| s.name == "sleep"))
+        .then_some(())
+    })
+    .expect("the shell's loop ended");
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_end = rss();
+    let m = metrics(port);
+    // The shell and its last sleep.
+    assert!(m["bpfprof_agent_processes_tracked"] <= 2.0, "{m:?}");
+    assert!(m["bpfprof_agent_processes_labelled"] <= 2.0, "{m:?}");
+    // The children were profiled: short_work's samples were taken.
+    assert!(m["bpfprof_agent_samples_total"] >= 30.0, "{m:?}");
+    assert!(
+        rss_end <= rss_early + 10 * 1024,
+        "the agent's RSS grew from {rss_early} KiB after 10 s to {rss_end} KiB"
+    );
+    drop(agent);
+}
