@@ -63,7 +63,8 @@ pub const MAX_SYMBOL_FILES: usize = 256;
 pub struct AgentConfig {
     /// The recording: event and rate, unwinding, Python, the unwind-table cap.
     pub request: RecordingRequest,
-    /// Processes to record instead of the whole machine; empty for the whole machine.
+    /// Processes to record instead of the whole machine (the request's scope is then
+    /// [`crate::recording::request::Scope::Targets`]).
     pub targets: Vec<TargetSpec>,
     /// Length of a window.
     pub window: Duration,
@@ -218,11 +219,8 @@ fn record(
 
 /// Starts sampling what `config` names.
 fn start(config: &AgentConfig, pool: &mut ProgramPool, recording: &mut Recording) -> Result<()> {
-    if config.targets.is_empty() {
-        return Err(Error::InvalidTarget {
-            spec: String::new(),
-            reason: "system-wide recording is not available in this build: give --pid".into(),
-        });
+    if recording.is_system() {
+        return recording.start_system(pool);
     }
     for spec in &config.targets {
         recording.add_target(pool, Target::resolve(spec)?)?;

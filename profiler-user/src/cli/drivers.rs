@@ -66,12 +66,27 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
             table_mib: args.unwind_table_mib,
             ..Walks::default()
         },
-    )?;
+    )?
+    .with_scope(if targets.is_empty() {
+        Scope::System(SystemScope {
+            kernel_threads: !args.no_kernel_threads,
+            cgroup: args.cgroup,
+        })
+    } else {
+        if args.cgroup.is_some() || args.no_kernel_threads {
+            return Err(Error::InvalidTarget {
+                spec: String::new(),
+                reason: "--cgroup and --no-kernel-threads apply to the whole machine, not to \
+                         --pid targets"
+                    .into(),
+            });
+        }
+        Scope::Targets
+    })?;
     let rules = match &args.service_rules {
         Some(path) => crate::agent::rules::ServiceRules::load(path)?,
         None => Default::default(),
     };
-    let _ = (args.cgroup, args.no_kernel_threads);
     crate::agent::serve(crate::agent::AgentConfig {
         request,
         targets,
