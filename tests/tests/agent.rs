@@ -188,9 +188,15 @@ fn agent_serves_each_process_with_its_labels_and_split_over_pprof() {
     ]);
     run.assert_code(0);
     let rules = dir.path().join("services.toml");
+    // The agent sees the whole machine, other hotcolds included: the rule names this one by
+    // its executable's path as well as its name.
+    let hotcold_exe = std::fs::read_link(format!("/proc/{}/exe", hotcold.pid())).unwrap();
     std::fs::write(
         &rules,
-        "[[rule]]\nservice = \"checkout\"\ncomm = \"^hotcold$\"\n",
+        format!(
+            "[[rule]]\nservice = \"checkout\"\ncomm = \"^hotcold$\"\nexecutable = '^{}$'\n",
+            regex::escape(&hotcold_exe.display().to_string())
+        ),
     )
     .unwrap();
     let port = free_port();
