@@ -3,8 +3,9 @@
 //! The tree reads from the drivers down to what they stand on; a module uses only the modules
 //! listed after it (and the shared [`error`] and [`sampling`] settings), checked by
 //! the `layers` test:
-//! - [`cli`] and [`daemon`]: the drivers (command line, client commands, `strobeclient`,
-//!   `doctor`; the root daemon serving tagged runs);
+//! - [`cli`], [`daemon`] and [`agent`]: the drivers (command line, client commands,
+//!   `strobeclient`, `doctor`; the root daemon serving tagged runs; the always-on agent
+//!   serving windows of the whole machine over HTTP);
 //! - [`recording`]: the one pipeline from a validated request to a profile, shared by every
 //!   driver (targets, run loop, ticks, collection, aggregation);
 //! - [`python`]: CPython processes (detection, layouts, thread tracking, naming, merging
@@ -19,6 +20,9 @@
 
 pub mod cli;
 pub mod daemon;
+
+pub mod agent;
+
 pub mod recording;
 
 pub mod python;

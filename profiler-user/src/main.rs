@@ -34,6 +34,8 @@ fn main() -> ExitCode {
         .format_target(false)
         .init();
     let daemon = matches!(cli.command, Some(Command::Daemon(_)));
+    // The agent serves HTTP clients: like the daemon, a client hanging up must not kill it.
+    let serves = daemon || matches!(cli.command, Some(Command::Agent(_)));
     // The daemon answers many clients: two workers, so that a client's request never waits
     // behind another task's moment on a thread (its slow work runs on blocking threads).
     // A recording needs one thread.
@@ -54,7 +56,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::FAILURE as u8);
         }
     };
-    if !daemon {
+    if !serves {
         // A reader that goes away (`bpfprof list | head -2`) ends the command quietly, as for
         // any Unix filter, instead of a panic on the failed write. The daemon keeps ignoring
         // SIGPIPE: a client hanging up must not kill it.
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => runtime.block_on(drivers::record(cli.record)),
         Some(Command::Daemon(args)) => runtime.block_on(drivers::daemon(args)),
+        Some(Command::Agent(args)) => runtime.block_on(drivers::agent(args)),
         Some(Command::Doctor(args)) => drivers::doctor(args),
         Some(command) => client::client_command(command),
     };

@@ -8,6 +8,7 @@ use std::{collections::BTreeSet, fs, path::Path};
 const LAYERS: &[&str] = &[
     "cli",
     "daemon",
+    "agent",
     "recording",
     "python",
     "kernel",

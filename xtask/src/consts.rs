@@ -70,8 +70,14 @@ pub const NPM_VALIDATORS: &[(&str, &str)] = &[
 /// Where the npm validators are installed, under the workspace's target directory.
 pub const VALIDATORS_DIR: &str = "target/validators";
 
-/// Python modules the Python client's tests need, with the pip package providing each.
-pub const PYTHON_MODULES: &[(&str, &str)] = &[("pytest", "pytest"), ("numpy", "numpy")];
+/// Python modules the tests need, with the pip package providing each: the Python client's
+/// (pytest, numpy), and the Prometheus project's own parser, which the agent's test reads
+/// `/metrics` with (Debian's promtool comes only with the whole Prometheus server).
+pub const PYTHON_MODULES: &[(&str, &str)] = &[
+    ("pytest", "pytest"),
+    ("numpy", "numpy"),
+    ("prometheus_client", "prometheus-client"),
+];
 
 /// Programs from PyPI the tests run: py-spy, the peer the Python-walk tests compare shares with.
 pub const PYTHON_TOOLS: &[&str] = &["py-spy"];

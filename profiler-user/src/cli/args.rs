@@ -47,6 +47,50 @@ pub enum Command {
     /// Check this machine: kernel settings, capabilities, PMU, program load and attach,
     /// helpers, daemon; says what to do about each problem (exit 12 when a check fails).
     Doctor(DoctorArgs),
+    /// Profile the whole machine (or one cgroup) all the time at a low rate, in windows,
+    /// served as pprof and Prometheus metrics over HTTP (run as root).
+    Agent(AgentArgs),
+}
+
+/// Options of `bpfprof agent`.
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Samples per second per CPU.
+    #[arg(short = 'F', long, default_value_t = crate::agent::DEFAULT_HZ, allow_negative_numbers = true)]
+    pub frequency: i64,
+    /// Length of a window: the samples of each are aggregated per process and kept in a
+    /// ring of the most recent ones (1s to 10m).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+    /// Serve `GET /debug/pprof/profile?seconds=N` and `GET /metrics` on this address
+    /// (127.0.0.1:6060; a loopback or private address: it shows what root may see). Off
+    /// unless given.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Only the processes of this cgroup v2 (a path under /sys/fs/cgroup, or relative to it:
+    /// a container, a systemd unit, a k8s pod).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Leave kernel threads out.
+    #[arg(long)]
+    pub no_kernel_threads: bool,
+    /// Only these processes (PID or NS:PID, repeatable) and the children they fork, instead
+    /// of the whole machine.
+    #[arg(short, long = "pid", value_name = "PID|NS:PID")]
+    pub pids: Vec<String>,
+    /// Most kernel memory for CFI unwind tables, in MiB; past it the tables sampled least
+    /// recently are evicted.
+    #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
+    pub unwind_table_mib: u32,
+    /// A TOML file of rules naming services: `[[rule]]` tables with `service` and any of
+    /// `comm`, `executable`, `cgroup` (regular expressions); the first rule whose patterns
+    /// all match names the process.
+    #[arg(long, value_name = "FILE")]
+    pub service_rules: Option<PathBuf>,
+    /// The daemon's socket, asked for the tags of runs overlapping each window
+    /// [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
 }
 
 /// Options of `bpfprof doctor`.

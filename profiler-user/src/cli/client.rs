@@ -19,7 +19,9 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
         Command::Status(a) | Command::Stop(a) => &a.client,
         Command::Results(a) => &a.client,
         Command::List(a) => a,
-        Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
+        Command::Daemon(_) | Command::Doctor(_) | Command::Agent(_) => {
+            unreachable!("handled by main")
+        }
     };
     let socket = protocol::socket_path(client_args.socket.as_deref());
     let mut client = Client::connect(Some(&socket)).map_err(Error::from)?;
@@ -80,7 +82,9 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
             runs: Some(client.list().map_err(Error::from)?),
             ..Reply::ok()
         },
-        Command::Daemon(_) | Command::Doctor(_) => unreachable!("handled by main"),
+        Command::Daemon(_) | Command::Doctor(_) | Command::Agent(_) => {
+            unreachable!("handled by main")
+        }
     };
     if client_args.json {
         println!(

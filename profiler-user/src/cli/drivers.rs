@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
     cli::{
-        args::{DaemonArgs, DoctorArgs, RecordArgs},
+        args::{AgentArgs, DaemonArgs, DoctorArgs, RecordArgs},
         record::{CommandOutcome, Progress, Recorder, StopConditions},
     },
     daemon::DaemonConfig,
@@ -41,6 +41,61 @@ pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
     };
     crate::daemon::serve(config).await?;
     Ok(exit_code::OK)
+}
+
+/// Runs the always-on agent (`bpfprof agent`) until SIGINT or SIGTERM.
+pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
+    let window = crate::agent::AgentConfig::check_window(args.window)?;
+    let targets = args
+        .pids
+        .iter()
+        .map(|p| p.parse::<TargetSpec>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let request = RecordingRequest::validate(
+        SamplingRequest {
+            frequency: Some(args.frequency),
+            ..SamplingRequest::default()
+        },
+        // Named processes are followed into their children, as the machine's would be.
+        true,
+        None,
+        // The agent runs until stopped: no run length applies.
+        Duration::MAX,
+        TagsAndStacks::default(),
+        Walks {
+            table_mib: args.unwind_table_mib,
+            ..Walks::default()
+        },
+    )?
+    .with_scope(if targets.is_empty() {
+        Scope::System(SystemScope {
+            kernel_threads: !args.no_kernel_threads,
+            cgroup: args.cgroup,
+        })
+    } else {
+        if args.cgroup.is_some() || args.no_kernel_threads {
+            return Err(Error::InvalidTarget {
+                spec: String::new(),
+                reason: "--cgroup and --no-kernel-threads apply to the whole machine, not to \
+                         --pid targets"
+                    .into(),
+            });
+        }
+        Scope::Targets
+    })?;
+    let rules = match &args.service_rules {
+        Some(path) => crate::agent::rules::ServiceRules::load(path)?,
+        None => Default::default(),
+    };
+    crate::agent::serve(crate::agent::AgentConfig {
+        request,
+        targets,
+        window,
+        listen: args.listen,
+        rules,
+        socket: protocol::socket_path(args.socket.as_deref()),
+    })
+    .await
 }
 
 /// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.

@@ -702,6 +702,30 @@ impl KernelProgram {
         self.fresh_frames = std::collections::HashSet::new();
     }
 
+    /// Forgets the stacks moved to userspace that no sample count still refers to (in the
+    /// kernel map or moved out): for a recording that takes its samples out in windows while
+    /// it runs, so that the stacks of windows already taken do not pile up. A stack that
+    /// recurs is stored again by the kernel (its map no longer has it since the move).
+    pub fn forget_taken_stacks(&mut self) -> usize {
+        let mut wanted: std::collections::HashSet<StackId> = self
+            .samples
+            .keys()
+            .filter_map(|k| k.ok())
+            .chain(self.offloaded_samples.keys().copied())
+            .flat_map(|k| [k.user_stack, k.kernel_stack, k.python_stack])
+            .collect();
+        wanted.remove(&0);
+        let before = self.offloaded_stacks.len();
+        self.offloaded_stacks.retain(|id, _| wanted.contains(id));
+        self.offloaded_stacks.shrink_to_fit();
+        before - self.offloaded_stacks.len()
+    }
+
+    /// Stacks moved to userspace and kept there.
+    pub fn offloaded_stack_count(&self) -> usize {
+        self.offloaded_stacks.len()
+    }
+
     /// Takes the addresses of the stacks moved to userspace since the last call (symbolizing
     /// them while the run goes on leaves less to do when it ends).
     pub fn take_fresh_frames(&mut self) -> Vec<u64> {

@@ -381,6 +381,7 @@ pub(crate) mod fixture {
             frames,
             stacks,
             mappings: Vec::new(),
+            process_labels: Default::default(),
         }
     }
 }

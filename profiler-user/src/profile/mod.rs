@@ -5,7 +5,10 @@
 
 pub mod sample;
 
-use std::time::Duration;
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use serde::Serialize;
 
@@ -479,11 +482,148 @@ pub struct Profile {
     pub stacks: Vec<StackCount>,
     /// Mappings that [`CodeAddress`]es point into.
     pub mappings: Vec<Mapping>,
+    /// Labels of each process's samples beyond its pid and name, by pid (the agent's
+    /// `service_name`, `executable`, `container_id`, `host`, daemon-run tags); pprof writes
+    /// them as sample labels. Empty for a recording.
+    pub process_labels: BTreeMap<u32, Vec<(String, String)>>,
 }
 
 impl Profile {
     /// Samples in the profile.
     pub fn total_samples(&self) -> u64 {
         self.stacks.iter().map(|s| s.count).sum()
+    }
+
+    /// The pid of the process a stack belongs to (its process frame), if it has one.
+    pub fn stack_pid(&self, stack: &StackCount) -> Option<u32> {
+        stack.frames.iter().find_map(|&id| match &self.frames[id] {
+            ProfileFrame::Process { pid, .. } => Some(*pid),
+            _ => None,
+        })
+    }
+
+    /// One profile of the stacks of `parts` (consecutive windows of one recording, oldest
+    /// first) whose process `keep` accepts: frames and mappings interned anew, the counts of
+    /// equal stacks added, and so are durations, samples seen and losses; the sampling, tags
+    /// and cost are the newest part's. `None` when there are no parts.
+    pub fn merge(parts: &[&Profile], keep: impl Fn(u32) -> bool) -> Option<Profile> {
+        let newest = *parts.last()?;
+        let mut frames: Vec<ProfileFrame> = Vec::new();
+        let mut frame_ids: HashMap<&ProfileFrame, FrameId> = HashMap::new();
+        let mut mappings: Vec<Mapping> = Vec::new();
+        let mut mapping_ids: HashMap<&Mapping, MappingId> = HashMap::new();
+        let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
+        let mut meta = newest.meta.clone();
+        meta.duration = Duration::ZERO;
+        meta.samples_seen = 0;
+        meta.losses = Losses::default();
+        meta.unwound = Unwound::default();
+        meta.targets = Vec::new();
+        meta.limits_hit = Vec::new();
+        let mut process_labels = BTreeMap::new();
+        for part in parts {
+            meta.duration += part.meta.duration;
+            meta.samples_seen += part.meta.samples_seen;
+            meta.losses.add(&part.meta.losses);
+            meta.unwound.add(&part.meta.unwound);
+            for target in &part.meta.targets {
+                if keep(target.pid) && !meta.targets.iter().any(|t| t.pid == target.pid) {
+                    meta.targets.push(target.clone());
+                }
+            }
+            for said in &part.meta.limits_hit {
+                if !meta.limits_hit.contains(said) {
+                    meta.limits_hit.push(said.clone());
+                }
+            }
+            for (pid, labels) in &part.process_labels {
+                if keep(*pid) {
+                    process_labels.insert(*pid, labels.clone());
+                }
+            }
+            for stack in &part.stacks {
+                if !part.stack_pid(stack).is_some_and(&keep) {
+                    continue;
+                }
+                let ids = stack
+                    .frames
+                    .iter()
+                    .map(|&id| {
+                        let frame = &part.frames[id];
+                        *frame_ids.entry(frame).or_insert_with(|| {
+                            frames.push(frame.clone());
+                            frames.len() - 1
+                        })
+                    })
+                    .collect();
+                let addresses = stack
+                    .addresses
+                    .iter()
+                    .map(|a| {
+                        a.map(|a| {
+                            let mapping = &part.mappings[a.mapping];
+                            let id = *mapping_ids.entry(mapping).or_insert_with(|| {
+                                mappings.push(mapping.clone());
+                                mappings.len() - 1
+                            });
+                            CodeAddress {
+                                address: a.address,
+                                mapping: id,
+                            }
+                        })
+                    })
+                    .collect();
+                *stacks.entry((ids, addresses)).or_default() += stack.count;
+            }
+        }
+        let mut stacks: Vec<StackCount> = stacks
+            .into_iter()
+            .map(|((frames, addresses), count)| StackCount {
+                frames,
+                count,
+                addresses,
+            })
+            .collect();
+        stacks.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.frames.cmp(&b.frames))
+                .then_with(|| a.addresses.cmp(&b.addresses))
+        });
+        Some(Profile {
+            meta,
+            frames,
+            stacks,
+            mappings,
+            process_labels,
+        })
+    }
+}
+
+impl Losses {
+    /// Adds `other`'s losses to these, reason by reason.
+    pub fn add(&mut self, other: &Losses) {
+        self.sample_map_full += other.sample_map_full;
+        self.user_stack_map_full += other.user_stack_map_full;
+        self.user_stack_error += other.user_stack_error;
+        self.kernel_stack_map_full += other.kernel_stack_map_full;
+        self.kernel_stack_error += other.kernel_stack_error;
+        self.lost_in_transfer += other.lost_in_transfer;
+        self.truncated += other.truncated;
+        self.stack_ended_early += other.stack_ended_early;
+        self.not_profilable += other.not_profilable;
+    }
+}
+
+impl Unwound {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Unwound) {
+        self.cfi_stacks += other.cfi_stacks;
+        self.frame_pointer_stacks += other.frame_pointer_stacks;
+        self.frame_pointer_frames_in_cfi_stacks += other.frame_pointer_frames_in_cfi_stacks;
+        self.before_walker_ready += other.before_walker_ready;
+        self.python_stacks += other.python_stacks;
+        self.python_stacks_missing += other.python_stacks_missing;
+        self.stacks_through_untabled += other.stacks_through_untabled;
     }
 }

@@ -245,6 +245,7 @@ pub fn aggregate(
         frames: interner.frames,
         stacks,
         mappings: mappings.finish(),
+        process_labels: Default::default(),
     }
 }
 

@@ -176,6 +176,10 @@ pub struct Recording {
     scope: Scope,
     /// Processes of a system-wide run not taken in: past [`MAX_SYSTEM_PROCESSES`].
     over_cap: HashSet<u32>,
+    /// When the current window began (see [`Self::take_window`]), and the kernel's counters
+    /// then.
+    window_started: Instant,
+    counters_at_window: Counters,
 }
 
 /// Where a recording stands after a tick.
@@ -209,6 +213,8 @@ impl Recording {
             owner: None,
             scope: request.scope.clone(),
             over_cap: HashSet::new(),
+            window_started: Instant::now(),
+            counters_at_window: Counters::default(),
         }
     }
 
@@ -301,6 +307,7 @@ impl Recording {
             .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
             self.started = Instant::now();
+            self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
             self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
         });
@@ -350,6 +357,7 @@ impl Recording {
                     }
                     if self.slots.is_empty() {
                         self.started = Instant::now();
+                        self.window_started = self.started;
                         self.delivery_at_start = pool.program(slot)?.delivery();
                         self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
                     }
@@ -457,6 +465,7 @@ impl Recording {
             // The throttling check counts from the same moment: samples the kernel cut while
             // the walker verified are not the run's.
             self.started = Instant::now();
+            self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
         let python = match registered {
@@ -871,9 +880,7 @@ impl Recording {
                 }
             }
         }
-        let multi_process = self.is_system()
-            || self.follow_children
-            || self.processes.values().filter(|p| p.direct).count() > 1;
+        let multi_process = self.is_multi_process();
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut bpf_run = None;
@@ -941,6 +948,149 @@ impl Recording {
         // Too few samples to tell a shortfall from the randomized periods' spread.
         (throttled.expected_samples >= 200 && throttled.taken_share() < Throttled::THRESHOLD)
             .then_some(throttled)
+    }
+
+    /// Cuts a window from the running recording, without stopping it: takes the samples
+    /// recorded since the last window (or the start) out of the kernel, and symbolizes and
+    /// aggregates them with the processes as they are now into a profile of that window
+    /// (the same [`aggregate`] as a whole recording's, so writers see the same model).
+    /// Processes seen to exit are dropped after it (their last samples are in it), with what
+    /// the kernel program and the unwinder kept of them, and so are the stacks the window
+    /// took: a recording that runs for days keeps only what its living processes need.
+    pub fn take_window(
+        &mut self,
+        pool: &mut ProgramPool,
+        symbolizer: &mut Symbolizer,
+        options: &AggregateOptions,
+    ) -> Result<Profile> {
+        let mut python_ids = std::collections::HashMap::new();
+        for p in self.processes.values_mut() {
+            if p.exited {
+                continue;
+            }
+            // Python stacks are named while their process may still live.
+            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
+                let ids = python_ids
+                    .entry(p.slot.program_id)
+                    .or_insert_with(|| program.python_stack_ids());
+                python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
+            }
+        }
+        let mut counters = Counters::default();
+        let mut samples = Vec::new();
+        let mut tables = TableCost::default();
+        let mut result = Ok(());
+        for (slot, _) in &self.slots {
+            let Ok(program) = pool.program(*slot) else {
+                continue;
+            };
+            let drained = program.counters(slot.run).and_then(|c| {
+                for (total, value) in counters.0.iter_mut().zip(c.0) {
+                    *total += value;
+                }
+                drain(program, slot.run)
+            });
+            match drained {
+                Ok(s) => samples.extend(s.into_iter().map(|s| (slot.program_id, s))),
+                Err(e) => result = Err(e),
+            }
+            tables = TableCost::of(&program.unwind);
+        }
+        for (slot, _) in &self.slots {
+            if let Ok(program) = pool.program(*slot) {
+                program.forget_taken_stacks();
+            }
+        }
+        result?;
+        // The kernel's counters run on from the recording's start: a window's are the
+        // difference.
+        let total = counters;
+        for (now, before) in counters.0.iter_mut().zip(self.counters_at_window.0) {
+            *now = now.saturating_sub(before);
+        }
+        self.counters_at_window = total;
+        let head = Head {
+            sampling: self.sampling,
+            program_id: self.program_id().unwrap_or(0),
+            duration: self.window_started.elapsed(),
+            counters,
+            bpf_run: None,
+            throttled: None,
+            tables,
+            multi_process: self.is_multi_process(),
+            system: self.is_system(),
+            over_cap: self.over_cap.len(),
+        };
+        self.window_started = Instant::now();
+        let profile = assemble_samples(
+            &mut self.processes,
+            samples,
+            head,
+            RunEnd::Completed,
+            symbolizer,
+            options,
+        );
+        self.drop_exited(pool);
+        Ok(profile)
+    }
+
+    /// Whether the run could have more than one process (more than one target, children
+    /// followed, system-wide): its processes' root frames carry their pids.
+    fn is_multi_process(&self) -> bool {
+        self.is_system()
+            || self.follow_children
+            || self.processes.values().filter(|p| p.direct).count() > 1
+    }
+
+    /// Forgets every process seen to exit (or known only by its samples), and what the kernel
+    /// program, the unwinder and the Python walk kept of it.
+    fn drop_exited(&mut self, pool: &mut ProgramPool) {
+        let gone: Vec<(u32, u32, u32)> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.exited)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in gone {
+            let Some(mut p) = self.processes.remove(&key) else {
+                continue;
+            };
+            let Ok(program) = pool.program(p.slot) else {
+                continue;
+            };
+            if let Some(mut python) = p.python.take() {
+                python.stop(program);
+            }
+            if p.target.pid != 0 {
+                if p.direct {
+                    let _ = program.remove_target(p.slot.run, &p.target);
+                } else {
+                    program.forget_followed(p.target.pid);
+                }
+                program.unwind.unload_process(p.target.pid);
+            }
+        }
+        // Pids seen as threads, or past the system-wide cap, are looked at again once a
+        // window: pids are reused, and the cap counts living processes.
+        self.ignored = HashSet::new();
+        self.over_cap = HashSet::new();
+    }
+
+    /// Unwind tables evicted so far by the recording's programs to make room for sampled
+    /// ones, and the stacks kept in userspace between windows.
+    pub fn kept_state(&self, pool: &mut ProgramPool) -> (u64, usize) {
+        let mut seen = HashSet::new();
+        let (mut evicted, mut stacks) = (0, 0);
+        for (slot, _) in &self.slots {
+            if !seen.insert(slot.program_id) {
+                continue;
+            }
+            if let Ok(program) = pool.program(*slot) {
+                evicted += program.unwind.evictions();
+                stacks += program.offloaded_stack_count();
+            }
+        }
+        (evicted, stacks)
     }
 
     /// The processes recorded so far.
@@ -1027,169 +1177,221 @@ impl Collected {
             system,
             over_cap,
         } = self;
-        let mut options = options.clone();
-        options.pid_roots |= multi_process;
-        let options = &options;
-        // Samples of processes that came and went between two ticks: counted, not symbolized.
-        let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
-        let mut not_profilable = 0;
-        for (program_id, sample) in samples {
-            let key = (program_id, sample.run, sample.pid);
-            if processes.get(&key).is_some_and(|p| p.revoked) {
-                // Never named, not even by address: its owner may not profile it.
-                not_profilable += sample.count;
-                continue;
-            }
-            processes.entry(key).or_insert_with(|| {
-                let slot = Slot {
-                    program_id,
-                    run: sample.run,
-                };
-                let mut gone = ProcessRecording::gone(slot, sample.pid);
-                if system {
-                    // Not a child: a process that came and went between two looks.
-                    gone.target.comm = EXITED_PROCESS.into();
-                    gone.maps = ProcessMaps::gone_as(sample.pid, EXITED_PROCESS);
-                }
-                gone
-            });
-            by_process.entry(key).or_default().push(sample);
+        let head = Head {
+            sampling,
+            program_id,
+            duration,
+            counters,
+            bpf_run,
+            throttled,
+            tables,
+            multi_process,
+            system,
+            over_cap,
+        };
+        assemble_samples(&mut processes, samples, head, end, symbolizer, options)
+    }
+}
+
+/// What a profile says besides its processes' samples: of a whole recording, or of a window.
+struct Head {
+    sampling: Option<Sampling>,
+    program_id: u32,
+    duration: Duration,
+    counters: Counters,
+    bpf_run: Option<(u64, u64)>,
+    throttled: Option<Throttled>,
+    tables: TableCost,
+    /// Whether the run could have more than one process: roots carry their pids.
+    multi_process: bool,
+    /// Whether it recorded every process.
+    system: bool,
+    /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
+    over_cap: usize,
+}
+
+/// Symbolizes and aggregates `samples` of `processes` (processes known only by their samples'
+/// pids are added to it, as gone) into a profile that ended as `end`.
+fn assemble_samples(
+    processes: &mut BTreeMap<(u32, u32, u32), ProcessRecording>,
+    samples: Vec<(u32, Sample)>,
+    head: Head,
+    end: RunEnd,
+    symbolizer: &mut Symbolizer,
+    options: &AggregateOptions,
+) -> Profile {
+    let Head {
+        sampling,
+        program_id,
+        duration,
+        counters,
+        bpf_run,
+        throttled,
+        tables,
+        multi_process,
+        system,
+        over_cap,
+    } = head;
+    let mut options = options.clone();
+    options.pid_roots |= multi_process;
+    let options = &options;
+    // Samples of processes that came and went between two ticks: counted, not symbolized.
+    let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
+    let mut not_profilable = 0;
+    for (program_id, sample) in samples {
+        let key = (program_id, sample.run, sample.pid);
+        if processes.get(&key).is_some_and(|p| p.revoked) {
+            // Never named, not even by address: its owner may not profile it.
+            not_profilable += sample.count;
+            continue;
         }
-        let empty = Vec::new();
-        let inputs: Vec<TargetSamples<'_>> = processes
-            .iter()
-            .map(|(key, p)| TargetSamples {
-                target: &p.target,
-                maps: &p.maps,
-                sample_pid: p.sample_pid,
-                samples: by_process.get(key).unwrap_or(&empty),
-                cfi_walked: p.cfi_walked,
-                python: p.python.as_ref().map(|t| t.symbols()),
-            })
-            .collect();
-        let drained: u64 =
-            by_process.values().flatten().map(|s| s.count).sum::<u64>() + not_profilable;
-        let (stacks_through_untabled, untabled) = untabled_objects(&processes, &by_process);
-        // The kernel counted every sample of a CPython thread it had no thread state for as
-        // missing its Python frames; those of threads that never run Python (OpenMP and other
-        // native workers) miss nothing. (Samples taken before the walker program or the
-        // interpreter's layout was loaded were not counted, hence the saturation.)
-        let no_python: u64 = processes
-            .iter()
-            .filter_map(|(key, p)| {
-                let python = p.python.as_ref()?;
-                let samples = by_process.get(key)?;
-                Some(
-                    samples
-                        .iter()
-                        .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
-                        .map(|s| s.count)
-                        .sum::<u64>(),
+        processes.entry(key).or_insert_with(|| {
+            let slot = Slot {
+                program_id,
+                run: sample.run,
+            };
+            let mut gone = ProcessRecording::gone(slot, sample.pid);
+            if system {
+                // Not a child: a process that came and went between two looks.
+                gone.target.comm = EXITED_PROCESS.into();
+                gone.maps = ProcessMaps::gone_as(sample.pid, EXITED_PROCESS);
+            }
+            gone
+        });
+        by_process.entry(key).or_default().push(sample);
+    }
+    let empty = Vec::new();
+    let inputs: Vec<TargetSamples<'_>> = processes
+        .iter()
+        .map(|(key, p)| TargetSamples {
+            target: &p.target,
+            maps: &p.maps,
+            sample_pid: p.sample_pid,
+            samples: by_process.get(key).unwrap_or(&empty),
+            cfi_walked: p.cfi_walked,
+            python: p.python.as_ref().map(|t| t.symbols()),
+        })
+        .collect();
+    let drained: u64 = by_process.values().flatten().map(|s| s.count).sum::<u64>() + not_profilable;
+    let (stacks_through_untabled, untabled) = untabled_objects(processes, &by_process);
+    // The kernel counted every sample of a CPython thread it had no thread state for as
+    // missing its Python frames; those of threads that never run Python (OpenMP and other
+    // native workers) miss nothing. (Samples taken before the walker program or the
+    // interpreter's layout was loaded were not counted, hence the saturation.)
+    let no_python: u64 = processes
+        .iter()
+        .filter_map(|(key, p)| {
+            let python = p.python.as_ref()?;
+            let samples = by_process.get(key)?;
+            Some(
+                samples
+                    .iter()
+                    .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
+                    .map(|s| s.count)
+                    .sum::<u64>(),
+            )
+        })
+        .sum();
+    let losses = Losses {
+        lost_in_transfer: counters
+            .get(Counter::Samples)
+            .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
+        sample_map_full: counters.get(Counter::SampleMapFull),
+        user_stack_map_full: counters.get(Counter::UserStackMapFull),
+        user_stack_error: counters.get(Counter::UserStackError),
+        kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
+        kernel_stack_error: counters.get(Counter::KernelStackError),
+        // Counted by aggregation, which cuts the stacks.
+        truncated: 0,
+        stack_ended_early: counters.get(Counter::StackEndedEarly),
+        not_profilable,
+    };
+    let targets = processes
+        .values()
+        .filter(|p| p.direct || by_process.keys().any(|k| k.2 == p.sample_pid))
+        .map(|p| ProfiledTarget {
+            pid: p.target.pid,
+            ns_pid: p.target.ns_pid,
+            pid_ns: p.target.ns.ino,
+            comm: if p.maps.comm().is_empty() {
+                p.target.comm.clone()
+            } else {
+                p.maps.comm().to_string()
+            },
+        })
+        .collect();
+    let meta = ProfileMeta {
+        targets,
+        sampling: sampling.unwrap_or_else(placeholder_sampling),
+        duration,
+        samples_seen: counters.get(Counter::Samples),
+        losses,
+        end,
+        program_id,
+        tags: options.tags.clone(),
+        max_stack_length: options.max_stack_length,
+        cost: RunCost::default(),
+        throttled,
+        unwound: Unwound {
+            cfi_stacks: counters.get(Counter::CfiStacks),
+            frame_pointer_stacks: counters
+                .get(Counter::Samples)
+                .saturating_sub(counters.get(Counter::CfiStacks)),
+            frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
+            scanned_frames_in_cfi_stacks: counters.get(Counter::ScannedFrames),
+            before_walker_ready: counters.get(Counter::CfiNotReady),
+            python_stacks: counters.get(Counter::PythonStacks),
+            python_stacks_missing: counters
+                .get(Counter::PythonStackMissing)
+                .saturating_sub(no_python),
+            stacks_through_untabled,
+        },
+        untabled,
+        limits_hit: (over_cap > 0)
+            .then(|| {
+                format!(
+                    "{over_cap} processes not taken in: a system-wide run takes in at most \
+                     {MAX_SYSTEM_PROCESSES}; their samples are counted under [exited process]"
                 )
             })
-            .sum();
-        let losses = Losses {
-            lost_in_transfer: counters
-                .get(Counter::Samples)
-                .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
-            sample_map_full: counters.get(Counter::SampleMapFull),
-            user_stack_map_full: counters.get(Counter::UserStackMapFull),
-            user_stack_error: counters.get(Counter::UserStackError),
-            kernel_stack_map_full: counters.get(Counter::KernelStackMapFull),
-            kernel_stack_error: counters.get(Counter::KernelStackError),
-            // Counted by aggregation, which cuts the stacks.
-            truncated: 0,
-            stack_ended_early: counters.get(Counter::StackEndedEarly),
-            not_profilable,
-        };
-        let targets = processes
-            .values()
-            .filter(|p| p.direct || by_process.keys().any(|k| k.2 == p.sample_pid))
-            .map(|p| ProfiledTarget {
-                pid: p.target.pid,
-                ns_pid: p.target.ns_pid,
-                pid_ns: p.target.ns.ino,
-                comm: if p.maps.comm().is_empty() {
-                    p.target.comm.clone()
-                } else {
-                    p.maps.comm().to_string()
-                },
-            })
-            .collect();
-        let meta = ProfileMeta {
-            targets,
-            sampling: sampling.unwrap_or_else(placeholder_sampling),
-            duration,
-            samples_seen: counters.get(Counter::Samples),
-            losses,
-            end,
-            program_id,
-            tags: options.tags.clone(),
-            max_stack_length: options.max_stack_length,
-            cost: RunCost::default(),
-            throttled,
-            unwound: Unwound {
-                cfi_stacks: counters.get(Counter::CfiStacks),
-                frame_pointer_stacks: counters
-                    .get(Counter::Samples)
-                    .saturating_sub(counters.get(Counter::CfiStacks)),
-                frame_pointer_frames_in_cfi_stacks: counters.get(Counter::FramePointerFrames),
-                scanned_frames_in_cfi_stacks: counters.get(Counter::ScannedFrames),
-                before_walker_ready: counters.get(Counter::CfiNotReady),
-                python_stacks: counters.get(Counter::PythonStacks),
-                python_stacks_missing: counters
-                    .get(Counter::PythonStackMissing)
-                    .saturating_sub(no_python),
-                stacks_through_untabled,
-            },
-            untabled,
-            limits_hit: (over_cap > 0)
-                .then(|| {
+            .into_iter()
+            .chain(processes.values().filter_map(|p| {
+                let said: Vec<String> = p
+                    .maps
+                    .limits_hit()
+                    .into_iter()
+                    .chain(p.python.as_ref().and_then(|t| t.limits_hit()))
+                    .collect();
+                (!said.is_empty()).then(|| {
                     format!(
-                        "{over_cap} processes not taken in: a system-wide run takes in at most \
-                         {MAX_SYSTEM_PROCESSES}; their samples are counted under \
-                         [exited process]"
+                        "pid {} ({}): {}",
+                        p.target.pid,
+                        p.target.comm,
+                        said.join("; ")
                     )
                 })
-                .into_iter()
-                .chain(processes.values().filter_map(|p| {
-                    let said: Vec<String> = p
-                        .maps
-                        .limits_hit()
-                        .into_iter()
-                        .chain(p.python.as_ref().and_then(|t| t.limits_hit()))
-                        .collect();
-                    (!said.is_empty()).then(|| {
-                        format!(
-                            "pid {} ({}): {}",
-                            p.target.pid,
-                            p.target.comm,
-                            said.join("; ")
-                        )
-                    })
-                }))
-                .collect(),
-        };
-        let mut profile = aggregate(&inputs, symbolizer, options, meta);
-        // Measured after symbolization, which is most of bpfprof's own work.
-        let mut cost = own_cost();
-        cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
-        cost.bpf_run_count = bpf_run.map(|(_, n)| n);
-        cost.unwind_tables_built = tables.built as u64;
-        cost.unwind_rows_built = tables.rows;
-        cost.unwind_build_secs = tables.build_secs;
-        cost.unwind_resident_bytes = tables.resident_bytes;
-        cost.unwind_array_bytes = tables.array_bytes;
-        for (codes, naming) in processes
-            .values()
-            .filter_map(|p| p.python.as_ref().map(|t| t.naming_cost()))
-        {
-            cost.python_code_objects += codes as u64;
-            cost.python_naming_secs += naming.as_secs_f64();
-        }
-        profile.meta.cost = cost;
-        profile
+            }))
+            .collect(),
+    };
+    let mut profile = aggregate(&inputs, symbolizer, options, meta);
+    // Measured after symbolization, which is most of bpfprof's own work.
+    let mut cost = own_cost();
+    cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
+    cost.bpf_run_count = bpf_run.map(|(_, n)| n);
+    cost.unwind_tables_built = tables.built as u64;
+    cost.unwind_rows_built = tables.rows;
+    cost.unwind_build_secs = tables.build_secs;
+    cost.unwind_resident_bytes = tables.resident_bytes;
+    cost.unwind_array_bytes = tables.array_bytes;
+    for (codes, naming) in processes
+        .values()
+        .filter_map(|p| p.python.as_ref().map(|t| t.naming_cost()))
+    {
+        cost.python_code_objects += codes as u64;
+        cost.python_naming_secs += naming.as_secs_f64();
     }
+    profile.meta.cost = cost;
+    profile
 }
 
 impl ProcessRecording {

@@ -143,6 +143,19 @@ impl Symbolizer {
         self.function_starts.clear();
     }
 
+    /// Addresses whose names are cached, and files held open.
+    pub fn cache_sizes(&self) -> (usize, usize) {
+        (self.user.len() + self.kernel.len(), self.opened.len())
+    }
+
+    /// Forgets every resolved name as well as every open file ([`Self::release`]): bounds the
+    /// memory of a symbolizer that lives for days (the agent's).
+    pub fn forget(&mut self) {
+        self.release();
+        self.user = HashMap::new();
+        self.kernel = HashMap::new();
+    }
+
     /// Whether user frames get [`Frame::start_line`] (for `--line-numbers`); turning it on
     /// forgets the frames resolved without it.
     pub fn set_start_lines(&mut self, on: bool) {

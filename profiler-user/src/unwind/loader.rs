@@ -242,6 +242,8 @@ pub struct UnwindMaps {
     mode: UnwindMode,
     /// What the tables cost so far: (tables built, rows built, build time).
     built: (usize, u64, Duration),
+    /// Tables evicted so far to make room for sampled ones (the array's cap hit).
+    evictions: u64,
 }
 
 impl UnwindMaps {
@@ -265,6 +267,7 @@ impl UnwindMaps {
             builder: None,
             mode,
             built: (0, 0, Duration::ZERO),
+            evictions: 0,
         })
     }
 
@@ -453,6 +456,11 @@ impl UnwindMaps {
         if self.tracked.remove(&pid).is_some() {
             let _ = self.processes.remove(&pid);
         }
+    }
+
+    /// Tables evicted so far to make room for sampled ones.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     /// Whether the kernel walks `pid` by CFI (its mappings are loaded).
@@ -958,6 +966,7 @@ impl UnwindMaps {
             );
             // The kernel forgets the rows before they are reused.
             self.decide(&victim, TableState::Evicted { rows: victim_rows });
+            self.evictions += 1;
         }
     }
 

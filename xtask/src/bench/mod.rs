@@ -26,6 +26,7 @@
 //! (what runs leave), `stats.rs` and `report.rs` (figures, tables and the plot).
 
 mod accuracy;
+mod agent;
 mod big;
 mod dwarf_overhead;
 mod end_of_run;
@@ -199,6 +200,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("    section {n} failed: {e:#}");
                 writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
             }
+        }
+    }
+    // Issue 24: the always-on agent.
+    if want(12) {
+        if let Err(e) = bench.agent_cost(&plan, &mut sections) {
+            println!("    section 12 failed: {e:#}");
+            writeln!(sections, "\n## 12. (failed in this run: {e:#})\n")?;
         }
     }
     let mut md = md.replace(

@@ -38,6 +38,12 @@ pub(super) const SPLIT_CHUNKS: &str = "20000";
 pub(super) const ALIAS_PERIODS: &str = "300";
 /// How long the attached runs (sections 4 to 6) sample.
 pub(super) const ATTACH_SECS: f64 = 3.0;
+/// Section 12: the agent's rates: its default (19 Hz, the always-on rate of Parca Agent and the
+/// OpenTelemetry profiler) and the 99 Hz a team may ask for.
+pub(super) const AGENT_HZ: [u64; 2] = [19, 99];
+/// Section 12: seconds a profiler starts up (program load, the walker's verification, the first
+/// tables) before its always-on cost is measured.
+pub(super) const AGENT_SETTLE_SECS: f64 = 5.0;
 /// Extra frames of `burn` for the deep-stack overhead runs.
 pub(super) const DEEP_DEPTH: usize = 120;
 /// Levels of the call tree of the generated large binary.

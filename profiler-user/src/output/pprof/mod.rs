@@ -8,7 +8,8 @@
 //! and build id, so that `pprof -disasm` and `-addresses` work where the binary is.
 //! Tags are sample labels instead of frames, because pprof filters and groups by labels
 //! (`-tagfocus`, `-tagroot`); so are the process (`pid`, `comm`) and, in per-thread profiles,
-//! the thread (`tid`, `thread_comm`, the names perf's own pprof converter uses). The profile's
+//! the thread (`tid`, `thread_comm`, the names perf's own pprof converter uses), and each
+//! process's own labels where the profile has them (the agent's `service_name`, ...). The profile's
 //! comments state its cost and completeness, because a pprof file is often read far from the
 //! run that made it.
 
@@ -393,6 +394,14 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
             match &profile.frames[id] {
                 ProfileFrame::Process { comm, pid, .. } => {
                     process = Some(comm.as_str());
+                    // The process's own labels (the agent's service_name, executable, ...).
+                    for (key, value) in profile.process_labels.get(pid).into_iter().flatten() {
+                        label.push(proto::Label {
+                            key: t.strings.id(key),
+                            str: t.strings.id(value),
+                            ..Default::default()
+                        });
+                    }
                     label.push(proto::Label {
                         key: pid_key,
                         num: i64::from(*pid),

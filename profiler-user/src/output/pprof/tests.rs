@@ -158,6 +158,40 @@ fn the_pid_comes_from_the_stack_not_the_targets() {
 }
 
 #[test]
+fn a_process_s_own_labels_are_string_labels_of_its_samples() {
+    let mut profile = fixture::profile();
+    profile.meta.tags.clear();
+    profile.process_labels.insert(
+        1234,
+        vec![
+            ("service_name".into(), "checkout".into()),
+            ("host".into(), "web-1".into()),
+        ],
+    );
+    // Another pid's labels go to its samples only.
+    profile
+        .process_labels
+        .insert(77, vec![("service_name".into(), "other".into())]);
+    let p = decode(&encode(&profile));
+    for sample in &p.sample {
+        let labels: Vec<(&str, &str, i64)> = sample
+            .label
+            .iter()
+            .map(|l| (s(&p, l.key), s(&p, l.str), l.num))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("service_name", "checkout", 0),
+                ("host", "web-1", 0),
+                ("pid", "", 1234),
+                ("comm", "app", 0)
+            ]
+        );
+    }
+}
+
+#[test]
 fn per_thread_samples_get_tid_and_thread_name_labels() {
     let mut profile = fixture::profile();
     profile.frames.push(ProfileFrame::Thread {

@@ -1,0 +1,287 @@
+//! The agent's own metrics, served as `GET /metrics` in the OpenMetrics text format that
+//! Prometheus scrapes: samples, losses by reason, windows, processes tracked, table and cache
+//! sizes, every cap hit, and the agent's own CPU time and memory.
+//!
+//! Every metric is an atomic: the recording thread updates them, the HTTP server encodes
+//! them, and neither waits for the other.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::profile::Losses;
+
+/// A metric's labels: one `reason` or `cap` label.
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// The caps whose hits are counted (the `cap` label of `bpfprof_agent_cap_hits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cap {
+    /// The window ring was full: its oldest window was dropped.
+    WindowRing,
+    /// The symbolizer's caches passed their cap and were emptied.
+    SymbolCache,
+    /// The unwind-table array was full: tables sampled least recently were evicted.
+    UnwindTables,
+}
+
+impl Cap {
+    fn name(self) -> &'static str {
+        match self {
+            Cap::WindowRing => "window_ring",
+            Cap::SymbolCache => "symbol_cache",
+            Cap::UnwindTables => "unwind_tables",
+        }
+    }
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Samples taken into windows.
+    pub samples: Counter,
+    /// Samples lost or incomplete, by reason.
+    pub lost: Family<Labels, Counter>,
+    /// Windows cut.
+    pub windows: Counter,
+    /// Windows in the ring now.
+    pub windows_kept: Gauge,
+    /// Processes the recording tracks now.
+    pub processes: Gauge,
+    /// Processes the agent holds labels for now.
+    pub labelled_processes: Gauge,
+    /// Bytes of unwind tables resident in the kernel's row array.
+    pub unwind_resident_bytes: Gauge,
+    /// Bytes of the kernel's row array.
+    pub unwind_array_bytes: Gauge,
+    /// Addresses the symbolizer holds names for.
+    pub symbol_cache_entries: Gauge,
+    /// Files the symbolizer holds open.
+    pub symbol_files: Gauge,
+    /// Python code objects named, in the processes tracked now.
+    pub python_code_objects: Gauge,
+    /// Stacks kept in userspace between windows.
+    pub stacks_kept: Gauge,
+    /// Cap hits, by cap.
+    pub cap_hits: Family<Labels, Counter>,
+    /// Windows whose daemon-run tags could not be asked for (no daemon answered).
+    pub daemon_unreachable: Counter,
+    /// The agent's own CPU time (user and system).
+    pub cpu_seconds: Counter<f64, AtomicU64>,
+    /// The agent's resident memory.
+    pub resident_bytes: Gauge,
+    /// Seconds the last window took to symbolize and aggregate.
+    pub window_build_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `bpfprof_agent` prefix.
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("bpfprof_agent"),
+            samples: Counter::default(),
+            lost: Family::default(),
+            windows: Counter::default(),
+            windows_kept: Gauge::default(),
+            processes: Gauge::default(),
+            labelled_processes: Gauge::default(),
+            unwind_resident_bytes: Gauge::default(),
+            unwind_array_bytes: Gauge::default(),
+            symbol_cache_entries: Gauge::default(),
+            symbol_files: Gauge::default(),
+            python_code_objects: Gauge::default(),
+            stacks_kept: Gauge::default(),
+            cap_hits: Family::default(),
+            daemon_unreachable: Counter::default(),
+            cpu_seconds: Counter::default(),
+            resident_bytes: Gauge::default(),
+            window_build_seconds: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register("samples", "Samples taken into windows", m.samples.clone());
+        r.register(
+            "samples_lost",
+            "Samples lost or incomplete, by reason",
+            m.lost.clone(),
+        );
+        r.register("windows", "Windows cut", m.windows.clone());
+        r.register(
+            "windows_kept",
+            "Windows in the ring",
+            m.windows_kept.clone(),
+        );
+        r.register(
+            "processes_tracked",
+            "Processes the recording tracks",
+            m.processes.clone(),
+        );
+        r.register(
+            "processes_labelled",
+            "Processes the agent holds labels for",
+            m.labelled_processes.clone(),
+        );
+        r.register(
+            "unwind_table_resident_bytes",
+            "Bytes of unwind tables in the kernel's row array",
+            m.unwind_resident_bytes.clone(),
+        );
+        r.register(
+            "unwind_table_array_bytes",
+            "Bytes of the kernel's unwind row array (--unwind-table-mib caps it)",
+            m.unwind_array_bytes.clone(),
+        );
+        r.register(
+            "symbol_cache_entries",
+            "Addresses the symbolizer holds names for",
+            m.symbol_cache_entries.clone(),
+        );
+        r.register(
+            "symbol_files_open",
+            "Files the symbolizer holds open",
+            m.symbol_files.clone(),
+        );
+        r.register(
+            "python_code_objects",
+            "Python code objects named in the processes tracked",
+            m.python_code_objects.clone(),
+        );
+        r.register(
+            "stacks_kept",
+            "Stacks kept in userspace between windows",
+            m.stacks_kept.clone(),
+        );
+        r.register(
+            "cap_hits",
+            "Times a cap on the agent's memory was hit, by cap",
+            m.cap_hits.clone(),
+        );
+        r.register(
+            "daemon_unreachable",
+            "Windows whose daemon-run tags were skipped: no daemon answered",
+            m.daemon_unreachable.clone(),
+        );
+        r.register(
+            "cpu_seconds",
+            "The agent's own CPU time, user and system",
+            m.cpu_seconds.clone(),
+        );
+        r.register(
+            "resident_memory_bytes",
+            "The agent's resident memory",
+            m.resident_bytes.clone(),
+        );
+        r.register(
+            "window_build_seconds",
+            "Seconds the last window took to symbolize and aggregate",
+            m.window_build_seconds.clone(),
+        );
+        // Every cap and reason is exported from the start, at 0: a cap never hit is said so.
+        for cap in [Cap::WindowRing, Cap::SymbolCache, Cap::UnwindTables] {
+            let _ = m.cap_hits.get_or_create(&vec![("cap", cap.name())]);
+        }
+        for (reason, _) in loss_reasons(&Losses::default()) {
+            let _ = m.lost.get_or_create(&vec![("reason", reason)]);
+        }
+        m
+    }
+
+    /// Counts a hit of `cap`.
+    pub fn cap_hit(&self, cap: Cap, times: u64) {
+        self.cap_hits
+            .get_or_create(&vec![("cap", cap.name())])
+            .inc_by(times);
+    }
+
+    /// Adds a window's losses.
+    pub fn add_losses(&self, losses: &Losses) {
+        for (reason, n) in loss_reasons(losses) {
+            if n > 0 {
+                self.lost.get_or_create(&vec![("reason", reason)]).inc_by(n);
+            }
+        }
+    }
+
+    /// Updates the agent's own CPU time and memory from the kernel's accounts.
+    pub fn update_own_cost(&self) {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+            usage
+        };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        let cpu = secs(usage.ru_utime) + secs(usage.ru_stime);
+        let before = self.cpu_seconds.get();
+        if cpu > before {
+            self.cpu_seconds.inc_by(cpu - before);
+        }
+        if let Some(rss) = resident_bytes() {
+            self.resident_bytes.set(rss as i64);
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Each loss by its metric label.
+fn loss_reasons(l: &Losses) -> [(&'static str, u64); 9] {
+    [
+        ("sample_map_full", l.sample_map_full),
+        ("user_stack_map_full", l.user_stack_map_full),
+        ("user_stack_unreadable", l.user_stack_error),
+        ("kernel_stack_map_full", l.kernel_stack_map_full),
+        ("kernel_stack_unreadable", l.kernel_stack_error),
+        ("lost_in_transfer", l.lost_in_transfer),
+        ("truncated", l.truncated),
+        ("user_stack_ended_early", l.stack_ended_early),
+        ("not_profilable", l.not_profilable),
+    ]
+}
+
+/// The agent's resident memory now, from `/proc/self/statm`.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported_with_caps_and_reasons_at_zero() {
+        let m = Metrics::new();
+        m.samples.inc_by(5);
+        m.cap_hit(Cap::SymbolCache, 1);
+        m.update_own_cost();
+        let text = m.encode();
+        for line in [
+            "bpfprof_agent_samples_total 5",
+            "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
+            "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
+            "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",
+            "# TYPE bpfprof_agent_cpu_seconds counter",
+            "# EOF",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(m.resident_bytes.get() > 0);
+    }
+}

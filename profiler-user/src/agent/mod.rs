@@ -1,0 +1,353 @@
+//! `bpfprof agent`: the always-on driver. It records the whole machine (or one cgroup, or
+//! named processes) at a low rate without stopping, cuts the recording into windows of
+//! `--window` ([`crate::recording::Recording::take_window`]: the same aggregation as any
+//! recording, so every writer reads the same profile), labels each process's samples
+//! ([`labels`], [`rules`]), keeps the recent windows in a ring ([`windows`]) and serves them
+//! as pprof with its own metrics over HTTP ([`http`], [`metrics`]).
+//!
+//! The recording runs on a thread of its own (ticks, windows, symbolization); the HTTP server
+//! on the async runtime, reading only the ring and atomics. Memory stays bounded however many
+//! processes come and go: exited processes are dropped at the window after their exit (with
+//! their labels, unwind tracking and Python state), the stacks a window took are forgotten,
+//! the symbolizer's caches are emptied past [`MAX_SYMBOL_CACHE`], unwind tables are evicted
+//! least recently sampled first within `--unwind-table-mib`, and the ring holds at most
+//! [`windows::RING_WINDOWS`]; each cap hit is counted in `/metrics`.
+
+pub mod http;
+pub mod labels;
+pub mod metrics;
+pub mod rules;
+pub mod windows;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use crate::{
+    agent::{
+        http::Shared,
+        labels::ProcessLabels,
+        metrics::{Cap, Metrics},
+        rules::ServiceRules,
+        windows::{Ring, Window},
+    },
+    error::{exit_code, Error, Result},
+    kernel::pool::ProgramPool,
+    process::target::{Target, TargetSpec},
+    recording::{request::RecordingRequest, run_loop::TICK, Recording},
+    symbolize::Symbolizer,
+};
+
+/// Samples per second per CPU by default: 19 Hz, the always-on rate of Parca Agent and the
+/// OpenTelemetry profiler (a prime, so it cannot lock step with periodic work).
+pub const DEFAULT_HZ: i64 = 19;
+/// Shortest window: a window's symbolization should not run more often than this.
+pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+/// Longest window: the ring then holds hours, and a scraper waits long for its first.
+pub const MAX_WINDOW: Duration = Duration::from_secs(600);
+/// Most addresses the symbolizer keeps names for before it is emptied (a cap hit): about
+/// 100k frames take 20-30 MB, within the agent's 100 MiB budget.
+pub const MAX_SYMBOL_CACHE: usize = 100_000;
+/// Most files the symbolizer keeps open (and parsed) before it is emptied: each holds a
+/// parsed symbol table, and a deleted file's blocks stay allocated while it is open.
+pub const MAX_SYMBOL_FILES: usize = 256;
+
+/// What the agent records and serves, validated.
+pub struct AgentConfig {
+    /// The recording: event and rate, unwinding, Python, the unwind-table cap.
+    pub request: RecordingRequest,
+    /// Processes to record instead of the whole machine (the request's scope is then
+    /// [`crate::recording::request::Scope::Targets`]).
+    pub targets: Vec<TargetSpec>,
+    /// Length of a window.
+    pub window: Duration,
+    /// Where to serve HTTP, if anywhere.
+    pub listen: Option<SocketAddr>,
+    /// The service rules.
+    pub rules: ServiceRules,
+    /// The daemon's socket, asked for the tags of its runs.
+    pub socket: PathBuf,
+}
+
+impl AgentConfig {
+    /// Checks the window's length.
+    pub fn check_window(window: Duration) -> Result<Duration> {
+        if (MIN_WINDOW..=MAX_WINDOW).contains(&window) {
+            Ok(window)
+        } else {
+            Err(Error::InvalidTarget {
+                spec: String::new(),
+                reason: format!(
+                    "--window must be between {} and {}",
+                    humantime::format_duration(MIN_WINDOW),
+                    humantime::format_duration(MAX_WINDOW)
+                ),
+            })
+        }
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM (or its recording fails); returns the exit code.
+pub async fn serve(config: AgentConfig) -> Result<i32> {
+    use tokio::signal::unix::{signal, SignalKind};
+    crate::kernel::check_privileges()?;
+    let listener = match config.listen {
+        Some(addr) => Some(http::bind(addr).await?),
+        None => None,
+    };
+    let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
+    let shared = Arc::new(Shared {
+        ring: Ring::default(),
+        metrics: Metrics::new(),
+        window: config.window,
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    let listen = config.listen;
+    let thread = {
+        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("agent-recording".into())
+            .spawn(move || {
+                let result = record(config, &shared, &stop, started_tx);
+                let _ = done_tx.send(result);
+            })
+            .map_err(anyhow::Error::from)?
+    };
+    match started_rx.await {
+        Ok(Ok(sampling)) => eprintln!(
+            "bpfprof agent: sampling {sampling}{}",
+            listen.map_or(String::new(), |a| format!(
+                "; serving http://{a}/debug/pprof/profile and /metrics"
+            ))
+        ),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            return Err(e);
+        }
+        Err(_) => {
+            let _ = thread.join();
+            return Err(Error::Other(anyhow::anyhow!("the recording thread ended")));
+        }
+    }
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = listener.map(|listener| {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(http::serve(listener, shared, async {
+            let _ = server_stopped.await;
+        }))
+    });
+    let ended = tokio::select! {
+        _ = sigint.recv() => None,
+        _ = sigterm.recv() => None,
+        result = &mut done_rx => Some(result),
+    };
+    stop.store(true, Ordering::Relaxed);
+    let _ = stop_server.send(());
+    if let Some(server) = server {
+        let _ = server.await;
+    }
+    let result = match ended {
+        Some(result) => result,
+        None => done_rx.await,
+    };
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    match result {
+        Ok(Ok(())) => Ok(exit_code::OK),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::Other(anyhow::anyhow!(
+            "the recording thread panicked"
+        ))),
+    }
+}
+
+/// The recording thread: starts sampling (saying how through `started`), then ticks and cuts
+/// windows until `stop`.
+fn record(
+    config: AgentConfig,
+    shared: &Shared,
+    stop: &AtomicBool,
+    started: tokio::sync::oneshot::Sender<Result<String>>,
+) -> Result<()> {
+    let mut pool = ProgramPool::new(false);
+    let mut recording = Recording::new(&config.request);
+    let start = start(&config, &mut pool, &mut recording);
+    let start = start.map(|()| {
+        recording
+            .sampling()
+            .map_or_else(|| "nothing".to_string(), |s| s.describe())
+    });
+    let failed = start.as_ref().err().map(|e| e.to_string());
+    let _ = started.send(start);
+    if let Some(e) = failed {
+        return Err(Error::Other(anyhow::anyhow!(e)));
+    }
+    let mut agent = Agent {
+        config,
+        shared,
+        symbolizer: Symbolizer::new(),
+        labels: HashMap::new(),
+        host: labels::host_name(),
+        window_start: SystemTime::now(),
+        evictions: 0,
+    };
+    let mut next_cut = Instant::now() + agent.config.window;
+    while !stop.load(Ordering::Relaxed) {
+        recording.tick(&mut pool);
+        agent.observe(&recording);
+        if Instant::now() >= next_cut {
+            agent.cut(&mut recording, &mut pool)?;
+            next_cut += agent.config.window;
+            // Behind by more than a window (a very slow symbolization): start afresh.
+            if next_cut < Instant::now() {
+                next_cut = Instant::now() + agent.config.window;
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+    Ok(())
+}
+
+/// Starts sampling what `config` names.
+fn start(config: &AgentConfig, pool: &mut ProgramPool, recording: &mut Recording) -> Result<()> {
+    if recording.is_system() {
+        return recording.start_system(pool);
+    }
+    for spec in &config.targets {
+        recording.add_target(pool, Target::resolve(spec)?)?;
+    }
+    Ok(())
+}
+
+/// The recording thread's state besides the recording.
+struct Agent<'a> {
+    config: AgentConfig,
+    shared: &'a Shared,
+    symbolizer: Symbolizer,
+    /// Each living process's labels, read when it was first seen.
+    labels: HashMap<u32, ProcessLabels>,
+    host: String,
+    window_start: SystemTime,
+    /// Unwind tables evicted as of the last window.
+    evictions: u64,
+}
+
+impl Agent<'_> {
+    /// Reads the labels of the processes seen for the first time (while they live: a
+    /// process's cgroup and executable cannot be read after its exit).
+    fn observe(&mut self, recording: &Recording) {
+        for p in recording.processes() {
+            if p.exited || p.target.pid == 0 {
+                continue;
+            }
+            let known = self
+                .labels
+                .get(&p.target.pid)
+                .is_some_and(|l| l.start_time == p.target.start_time);
+            if !known {
+                let comm = if p.maps.comm().is_empty() {
+                    &p.target.comm
+                } else {
+                    p.maps.comm()
+                };
+                let read = labels::read(
+                    p.target.pid,
+                    comm,
+                    p.target.start_time,
+                    &self.config.rules,
+                    &self.host,
+                );
+                self.labels.insert(p.target.pid, read);
+            }
+        }
+    }
+
+    /// Cuts a window from the recording, labels it and puts it in the ring.
+    fn cut(&mut self, recording: &mut Recording, pool: &mut ProgramPool) -> Result<()> {
+        let building = Instant::now();
+        let mut profile =
+            recording.take_window(pool, &mut self.symbolizer, &self.config.request.options)?;
+        let end = SystemTime::now();
+        let metrics = &self.shared.metrics;
+        let mut tags = labels::daemon_run_tags(&self.config.socket, self.window_start, end);
+        if tags.is_none() {
+            metrics.daemon_unreachable.inc();
+        }
+        let pids: HashSet<u32> = profile
+            .stacks
+            .iter()
+            .filter_map(|s| profile.stack_pid(s))
+            .collect();
+        let mut process_labels = BTreeMap::new();
+        for pid in pids {
+            let mut labels = self
+                .labels
+                .get(&pid)
+                .map(|l| l.labels.clone())
+                .unwrap_or_default();
+            if let Some(run_tags) = tags.as_mut().and_then(|t| t.remove(&pid)) {
+                labels.extend(run_tags);
+            }
+            if !labels.is_empty() {
+                process_labels.insert(pid, labels);
+            }
+        }
+        profile.process_labels = process_labels;
+        // Exited processes were dropped by the window: so are their labels.
+        let living: HashSet<u32> = recording.processes().map(|p| p.target.pid).collect();
+        self.labels.retain(|pid, _| living.contains(pid));
+
+        metrics.samples.inc_by(profile.total_samples());
+        metrics.add_losses(&profile.meta.losses);
+        metrics.windows.inc();
+        metrics.processes.set(living.len() as i64);
+        metrics.labelled_processes.set(self.labels.len() as i64);
+        let cost = &profile.meta.cost;
+        metrics
+            .unwind_resident_bytes
+            .set(cost.unwind_resident_bytes as i64);
+        metrics
+            .unwind_array_bytes
+            .set(cost.unwind_array_bytes as i64);
+        metrics
+            .python_code_objects
+            .set(cost.python_code_objects as i64);
+        let (evictions, stacks) = recording.kept_state(pool);
+        metrics.cap_hit(Cap::UnwindTables, evictions.saturating_sub(self.evictions));
+        self.evictions = evictions;
+        metrics.stacks_kept.set(stacks as i64);
+        let (entries, files) = self.symbolizer.cache_sizes();
+        if entries > MAX_SYMBOL_CACHE || files > MAX_SYMBOL_FILES {
+            log::info!("symbol caches at {entries} names and {files} files: emptied");
+            self.symbolizer.forget();
+            metrics.cap_hit(Cap::SymbolCache, 1);
+        }
+        let (entries, files) = self.symbolizer.cache_sizes();
+        metrics.symbol_cache_entries.set(entries as i64);
+        metrics.symbol_files.set(files as i64);
+        metrics
+            .window_build_seconds
+            .set(building.elapsed().as_secs_f64());
+        metrics.update_own_cost();
+        let window = Window {
+            start: self.window_start,
+            end,
+            profile,
+        };
+        self.window_start = end;
+        if self.shared.ring.push(window) {
+            metrics.cap_hit(Cap::WindowRing, 1);
+        }
+        metrics.windows_kept.set(self.shared.ring.len() as i64);
+        Ok(())
+    }
+}
