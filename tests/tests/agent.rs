@@ -80,7 +80,7 @@ fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
 fn parse_raw(raw: &str) -> Vec<RawSample> {
     let location = regex::Regex::new(r"^\s+(\d+): (?:0x[0-9a-f]+ )?(?:M=\d+ )?(\S+)").unwrap();
     let sample = regex::Regex::new(r"^\s+(\d+)\s+\d+: ([\d ]+)$").unwrap();
-    // A value may hold `]` itself (`[exited child]`): it ends at `]` before a space or the end.
+    // A value may hold `]` itself (`[exited process]`): it ends at `]` before a space or the end.
     let label = regex::Regex::new(r"(\w+):\[(.*?)\](?:\s|$)").unwrap();
     let mut functions = BTreeMap::new();
     for line in raw
@@ -436,13 +436,13 @@ fn agent_memory_stays_bounded_while_300_processes_come_and_go() {
             // A process that exited before the agent took it in keeps its samples, unnamed.
             let comm = s.labels["comm"].as_str();
             assert!(
-                ["sh", "shortlived", "sleep", "[exited child]"].contains(&comm),
+                ["sh", "shortlived", "sleep", "[exited process]"].contains(&comm),
                 "a sample from outside the cgroup: {s:?}"
             );
             if s.leaf == "short_work" {
                 pids.insert(s.labels["pid"].clone());
             }
-            if comm == "[exited child]" {
+            if comm == "[exited process]" {
                 unattributed += s.count;
             }
         }
