@@ -159,7 +159,11 @@ fn interrupt_ends_a_command_that_traps_sigint() {
     run.assert_code(exit::INTERRUPTED);
     let profile = Profile::read(&out);
     assert!(
-        profile.total() > 0 && profile.stacks.keys().all(|f| f[0] == "bash"),
+        profile.total() > 0
+            && profile
+                .stacks
+                .keys()
+                .all(|f| f[0].starts_with("bash (pid ")),
         "the command's samples should be written under bash\n{}",
         profile.top(10)
     );
