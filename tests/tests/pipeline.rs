@@ -618,9 +618,13 @@ fn short_lived_children_never_give_unmapped_frames() {
     let unread = "[user code: exited before its maps were read]";
     // A launched command's processes are rooted `NAME (pid N)`.
     let exited = |f: &[String]| f[0].starts_with("[exited child] (pid ");
+    // Under the root: the one user frame, and kernel frames (a sample taken in the kernel as
+    // the child exited may have no user stack at all).
     assert_eq!(
-        profile.count_where(exited),
-        profile.count_where(|f| exited(f) && f.get(1).is_some_and(|x| x == unread)),
+        profile.count_where(
+            |f| exited(f) && !f[1..].iter().all(|x| x == unread || x.ends_with("_[k]"))
+        ),
+        0,
         "{ctx}"
     );
 }
