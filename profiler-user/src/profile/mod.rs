@@ -181,6 +181,30 @@ pub struct StackCount {
     pub addresses: Vec<Option<CodeAddress>>,
 }
 
+impl StackCount {
+    /// The distinct stacks of `counts` (frames and addresses to samples), most samples first,
+    /// ties by frames then addresses so that every writer's output is stable.
+    pub fn sorted(
+        counts: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64>,
+    ) -> Vec<StackCount> {
+        let mut stacks: Vec<StackCount> = counts
+            .into_iter()
+            .map(|((frames, addresses), count)| StackCount {
+                frames,
+                count,
+                addresses,
+            })
+            .collect();
+        stacks.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.frames.cmp(&b.frames))
+                .then_with(|| a.addresses.cmp(&b.addresses))
+        });
+        stacks
+    }
+}
+
 /// Index of a mapping in [`Profile::mappings`].
 pub type MappingId = usize;
 
@@ -576,20 +600,7 @@ impl Profile {
                 *stacks.entry((ids, addresses)).or_default() += stack.count;
             }
         }
-        let mut stacks: Vec<StackCount> = stacks
-            .into_iter()
-            .map(|((frames, addresses), count)| StackCount {
-                frames,
-                count,
-                addresses,
-            })
-            .collect();
-        stacks.sort_by(|a, b| {
-            b.count
-                .cmp(&a.count)
-                .then_with(|| a.frames.cmp(&b.frames))
-                .then_with(|| a.addresses.cmp(&b.addresses))
-        });
+        let stacks = StackCount::sorted(stacks);
         Some(Profile {
             meta,
             frames,

@@ -224,20 +224,7 @@ pub fn aggregate(
             *stacks.entry((frames, addresses)).or_default() += sample.count;
         }
     }
-    let mut stacks: Vec<StackCount> = stacks
-        .into_iter()
-        .map(|((frames, addresses), count)| StackCount {
-            frames,
-            count,
-            addresses,
-        })
-        .collect();
-    stacks.sort_by(|a, b| {
-        b.count
-            .cmp(&a.count)
-            .then_with(|| a.frames.cmp(&b.frames))
-            .then_with(|| a.addresses.cmp(&b.addresses))
-    });
+    let stacks = StackCount::sorted(stacks);
     meta.losses.truncated = truncated;
     meta.losses.stack_ended_early += ended_early;
     Profile {
