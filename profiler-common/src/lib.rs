@@ -36,6 +36,13 @@ pub const MAX_FOLLOWED: u32 = 8192;
 /// How many exec'd processes the kernel program can report at once: every target and every
 /// followed child may exec before userspace looks.
 pub const MAX_EXECED: u32 = MAX_TARGETS + MAX_FOLLOWED;
+/// How many processes a system-wide run remembers having reported as new
+/// ([`MAX_SYSTEM_SEEN`] in an LRU map): one forgotten is reported again, and userspace, which
+/// knows it, ignores the report.
+pub const MAX_SYSTEM_SEEN: u32 = 8192;
+/// Bytes of the ring buffer that reports a system-wide run's new processes (16 bytes a
+/// report): room for 4,096 new processes between two of userspace's reads.
+pub const NEW_PROCESS_RING_BYTES: u32 = 64 * 1024;
 /// Deepest stack the kernel collects: user stacks walked with CFI tables and Python stacks.
 /// Kernel stacks and frame-pointer user stacks (`bpf_get_stack`) stop at
 /// [`KERNEL_STACK_DEPTH`].

@@ -17,7 +17,7 @@ use aya_ebpf::{
         bpf_get_stack, generated::bpf_loop,
     },
     macros::{map, perf_event, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
     EbpfContext,
 };
@@ -25,7 +25,8 @@ use profiler_common::{
     Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
     ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS, INVOCATIONS_INDEX,
     KERNEL_STACK_DEPTH, MAX_EXECED, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
-    MAX_TARGETS, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_SLOT,
+    MAX_SYSTEM_SEEN, MAX_TARGETS, NEW_PROCESS_RING_BYTES, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    WALKER_SLOT,
 };
 
 mod python;
@@ -52,6 +53,17 @@ static FOLLOWED: HashMap<u32, TargetInfo> = HashMap::with_max_entries(MAX_FOLLOW
 /// owner against the new program and resumes or drops the process, then clears its bit.
 #[map]
 static EXECED: HashMap<u32, u64> = HashMap::with_max_entries(MAX_EXECED, 0);
+
+/// Processes a system-wide run has reported in [`NEW_PROCESSES`], by global tgid. Userspace
+/// removes a process when it sees it exit, so that a reused pid is reported again.
+#[map]
+static SYSTEM_SEEN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_SYSTEM_SEEN, 0);
+
+/// Global tgids of processes a system-wide run sampled for the first time: userspace reads
+/// their maps at its next tick (0.1 s) instead of finding them in the sample map at its next
+/// refresh (0.5 s), which a process that lives 0.2 s may not outlive.
+#[map]
+static NEW_PROCESSES: RingBuf = RingBuf::with_byte_size(NEW_PROCESS_RING_BYTES, 0);
 
 /// Settings userspace writes before attaching (`Config`).
 #[map]
@@ -93,6 +105,9 @@ pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
             return 0;
         }
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if target.system {
+            report_new_process(tgid);
+        }
         let wants_walker = unwind::is_unwound(tgid) || python::is_python(tgid);
         if wants_walker {
             // SAFETY: the context is this program's own; the call does not return when the
@@ -257,6 +272,8 @@ struct CurrentTarget {
     task: bpf_pidns_info,
     /// Whether it is recorded by a system-wide run that leaves out kernel threads.
     skip_kernel_threads: bool,
+    /// Whether it is recorded by a system-wide run, which learns of processes from the kernel.
+    system: bool,
 }
 
 /// Returns the current task as a target, if its process is one or a followed child, or a
@@ -300,7 +317,26 @@ fn system_target(runs: u64) -> Option<CurrentTarget> {
             tgid,
         },
         skip_kernel_threads: config(Config::SystemNoKernelThreads) != 0,
+        system: true,
     })
+}
+
+/// Reports `tgid` to userspace if this system-wide run has not yet: one map lookup for a
+/// process already reported. A report that does not fit the ring is forgotten, so that the
+/// process's next sample tries again.
+#[inline(always)]
+fn report_new_process(tgid: u32) {
+    // SAFETY: only tested for presence.
+    if unsafe { SYSTEM_SEEN.get(tgid) }.is_some() {
+        return;
+    }
+    if SYSTEM_SEEN.insert(tgid, 0u8, BPF_NOEXIST as u64).is_err() {
+        // Another CPU reported it meanwhile.
+        return;
+    }
+    if NEW_PROCESSES.output::<u32>(tgid, 0).is_err() {
+        let _ = SYSTEM_SEEN.remove(tgid);
+    }
 }
 
 /// Whether the current task is a kernel thread: it has no user stack (the kernel gives no
@@ -344,6 +380,7 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
             follow: t.follow,
             task,
             skip_kernel_threads: false,
+            system: false,
         });
     }
     if config(Config::Following) == 0 {
@@ -360,6 +397,7 @@ fn lookup(ns: &PidNamespace, task: bpf_pidns_info) -> Option<CurrentTarget> {
             follow: t.follow,
             task,
             skip_kernel_threads: false,
+            system: false,
         }),
         None => None,
     }

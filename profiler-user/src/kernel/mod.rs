@@ -90,6 +90,10 @@ pub struct KernelProgram {
     stop_at_exec_runs: u64,
     /// Processes that exec'd while runs that stop at exec sampled them, by global tgid.
     execed: HashMap<MapData, u32, u64>,
+    /// Processes a system-wide run sampled for the first time, by global tgid.
+    new_processes: aya::maps::RingBuf<MapData>,
+    /// Those processes as the kernel remembers them (an entry removed is reported again).
+    system_seen: HashMap<MapData, u32, u8>,
     walker: Walker,
     events: Option<AttachedEvents>,
     /// The event and rate attached.
@@ -198,6 +202,9 @@ impl KernelProgram {
         let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
         let execed = HashMap::try_from(take("EXECED")?).map_err(kernel_err)?;
         let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
+        let new_processes =
+            aya::maps::RingBuf::try_from(take("NEW_PROCESSES")?).map_err(kernel_err)?;
+        let system_seen = HashMap::try_from(take("SYSTEM_SEEN")?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
@@ -219,6 +226,8 @@ impl KernelProgram {
             exec_tracepoint: None,
             stop_at_exec_runs: 0,
             execed,
+            new_processes,
+            system_seen,
             walker,
             events: None,
             sampling: None,
@@ -678,6 +687,24 @@ impl KernelProgram {
         Ok(())
     }
 
+    /// Global tgids of the processes the system-wide run sampled for the first time since the
+    /// last call, each reported once (until [`Self::forget_system_process`]).
+    pub fn take_new_processes(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        while let Some(item) = self.new_processes.next() {
+            if let Ok(bytes) = <[u8; 4]>::try_from(&*item) {
+                pids.push(u32::from_ne_bytes(bytes));
+            }
+        }
+        pids
+    }
+
+    /// Makes the system-wide run report `pid` again when it next samples it: the process
+    /// exited, and a new process may get its pid.
+    pub fn forget_system_process(&mut self, pid: u32) {
+        let _ = self.system_seen.remove(&pid);
+    }
+
     /// Stops recording every task for `run` (a no-op for a run that did not).
     pub fn end_system(&mut self, run: u32) {
         let runs = self
@@ -836,18 +863,6 @@ impl KernelProgram {
 
     /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
-    /// The pids the samples of `run` carry, in the kernel map and moved out of it: how a
-    /// system-wide run learns of the processes it records.
-    pub fn sampled_pids(&self, run: u32) -> std::collections::BTreeSet<u32> {
-        let kernel = self.samples.keys().filter_map(|k| k.ok());
-        let moved = self.offloaded_samples.keys().copied();
-        kernel
-            .chain(moved)
-            .filter(|k| k.runs & (1 << run) != 0)
-            .map(|k| k.pid)
-            .collect()
-    }
-
     /// still lives. A pid alone could be another namespace's process in another run.
     pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());

@@ -126,17 +126,21 @@ impl ProcessRecording {
         self.exited = true;
     }
 
-    /// Notes whether the process still lives, re-reading its maps when `refresh`.
-    fn poll(&mut self, refresh: bool) {
+    /// Notes whether the process still lives, re-reading its maps when `refresh`; true when
+    /// it is found to have exited now.
+    fn poll(&mut self, refresh: bool) -> bool {
         if self.exited {
-            return;
+            return false;
         }
         if !self.target.is_alive() {
             log::debug!("pid {} ({}) exited", self.target.pid, self.target.comm);
             self.exited = true;
-        } else if refresh {
+            return true;
+        }
+        if refresh {
             let _ = self.maps.refresh();
         }
+        false
     }
 }
 
@@ -256,7 +260,7 @@ impl Recording {
 
     /// Starts recording every process on the machine (a request of [`Scope::System`]):
     /// bpfprof's own process left out, kernel threads and a cgroup as the scope says. Each
-    /// process is taken in as its first samples arrive ([`Self::tick`]): its maps read, its
+    /// process is taken in at the tick after its first sample ([`Self::tick`]): its maps read, its
     /// unwind tables queued and its interpreter looked for; until its tables are built its
     /// stacks are walked by frame pointer (counted). The run has a kernel program of its own.
     pub fn start_system(&mut self, pool: &mut impl PoolAccess) -> Result<()> {
@@ -550,8 +554,11 @@ impl Recording {
                     self.adopt(program, slot, pid, false);
                 }
             }
-            if refresh && self.is_system() {
-                for pid in program.sampled_pids(slot.run) {
+            if self.is_system() {
+                // The kernel reports each process as it first samples it (again when the
+                // report found the ring full), so that a process living a fraction of a second
+                // is taken in while it lives.
+                for pid in program.take_new_processes() {
                     self.adopt(program, slot, pid, true);
                 }
             }
@@ -574,7 +581,9 @@ impl Recording {
                     p.revoke(program);
                 }
             }
-            p.poll(refresh);
+            if p.poll(refresh) && system {
+                program.forget_system_process(p.target.pid);
+            }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
             // same read of the maps as symbolization.
             if refresh && !p.exited {
