@@ -83,11 +83,9 @@ impl MappedFile {
     pub fn build_id(&self) -> Option<&str> {
         self.build_id
             .get_or_init(|| {
-                use object::Object;
                 let reader =
                     crate::process::target_file::ElfReader::new(self.file.try_clone().ok()?);
-                let elf = object::File::parse(&reader).ok()?;
-                let id = elf.build_id().ok()??;
+                let id = crate::process::target_file::gnu_build_id(&reader)?;
                 Some(id.iter().map(|b| format!("{b:02x}")).collect())
             })
             .as_deref()

@@ -218,6 +218,38 @@ impl<'a> object::ReadRef<'a> for &'a ElfReader {
     }
 }
 
+/// The GNU build id of the ELF file `reader` reads, from its note segments alone (a full
+/// `object::File::parse` would also read the whole symbol table, megabytes for a large
+/// library, for each process mapping it).
+pub fn gnu_build_id(reader: &ElfReader) -> Option<Vec<u8>> {
+    match object::FileKind::parse(reader).ok()? {
+        object::FileKind::Elf64 => build_id_of::<object::elf::FileHeader64<_>>(reader),
+        object::FileKind::Elf32 => build_id_of::<object::elf::FileHeader32<_>>(reader),
+        _ => None,
+    }
+}
+
+fn build_id_of<Elf: object::read::elf::FileHeader<Endian = object::Endianness>>(
+    reader: &ElfReader,
+) -> Option<Vec<u8>> {
+    use object::read::elf::ProgramHeader as _;
+    let header = Elf::parse(reader).ok()?;
+    let endian = header.endian().ok()?;
+    for segment in header.program_headers(endian, reader).ok()? {
+        let Ok(Some(mut notes)) = segment.notes(endian, reader) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == object::elf::ELF_NOTE_GNU
+                && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
+            {
+                return Some(note.desc().to_vec());
+            }
+        }
+    }
+    None
+}
+
 /// Whether the target's user could change or truncate the file `stat` describes: anyone but
 /// root owning it, or a group or other write bit (an ACL granting write shows in the group
 /// bits). Root's read-only system files cannot be.

@@ -46,6 +46,13 @@ pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// or Python frames.
 pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 
+/// How often a system-wide run re-reads the maps of a process past its youth that runs no
+/// CPython (whose thread list the Python walk needs every [`MAPS_REFRESH`]). Re-reading the
+/// maps of every process on the machine twice a second was a sixth of the agent's CPU; a
+/// library such a process loads later gets its unwind table up to this much later, and its
+/// samples are named all the same (maps are re-read before each window is named).
+pub const SYSTEM_MAPS_REFRESH: Duration = Duration::from_secs(5);
+
 /// Most processes a system-wide recording takes in, live and exited (an exited one's maps are
 /// kept to name its samples): each costs its memory maps, and while it lives its unwind tables
 /// and Python state. Samples of processes past the cap are counted, never named.
@@ -93,6 +100,8 @@ pub struct ProcessRecording {
     pub python: Option<PythonTracking>,
     /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
     pub young_until: Option<Instant>,
+    /// When its maps were last re-read (see [`SYSTEM_MAPS_REFRESH`]).
+    pub refreshed_at: Instant,
     /// The objects it maps whose code had no unwind table when last looked at.
     pub untabled: Vec<crate::unwind::Untabled>,
     /// Whether the kernel's CFI walker walked its stacks: the unwinder tracked it at some
@@ -139,6 +148,7 @@ impl ProcessRecording {
         }
         if refresh {
             let _ = self.maps.refresh();
+            self.refreshed_at = Instant::now();
         }
         false
     }
@@ -490,6 +500,7 @@ impl Recording {
                 exited: false,
                 python,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
+                refreshed_at: Instant::now(),
                 untabled: Vec::new(),
                 cfi_walked: waited,
                 revoked: false,
@@ -570,7 +581,12 @@ impl Recording {
         let owner_uid = self.owner_uid();
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t);
-            let refresh = refresh || young;
+            let due = if system && p.python.is_none() {
+                now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
+            } else {
+                refresh
+            };
+            let refresh = due || young;
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
@@ -805,6 +821,7 @@ impl Recording {
                             PythonMode::Off => None,
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
+                        refreshed_at: Instant::now(),
                         untabled: Vec::new(),
                         cfi_walked,
                         revoked: false,
@@ -973,8 +990,18 @@ impl Recording {
         options: &AggregateOptions,
     ) -> Result<Profile> {
         let mut python_ids = std::collections::HashMap::new();
+        let system = self.is_system();
         for p in self.processes.values_mut() {
             if p.exited {
+                continue;
+            }
+            // A system-wide run re-reads an established process's maps only every
+            // SYSTEM_MAPS_REFRESH: libraries it loaded since are found before it is named.
+            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true) {
+                // It exited: a new process may get its pid (the next tick unloads the rest).
+                if let Ok(program) = pool.program(p.slot) {
+                    program.forget_system_process(p.target.pid);
+                }
                 continue;
             }
             // Python stacks are named while their process may still live.
@@ -1421,6 +1448,7 @@ impl ProcessRecording {
             exited: true,
             python: None,
             young_until: None,
+            refreshed_at: Instant::now(),
             untabled: Vec::new(),
             cfi_walked: false,
             revoked: false,

@@ -122,23 +122,42 @@ const CFI_BYTES_PER_ROW: u64 = 5;
 /// The rows the table of the ELF image `data` will have, estimated from the size of its
 /// call frame information without evaluating it (microseconds instead of a build).
 pub fn estimate_rows<'data>(data: impl object::ReadRef<'data>) -> u64 {
-    let Ok(elf) = object::File::parse(data) else {
+    // The section headers alone: `object::File::parse` would also read the whole symbol
+    // table, megabytes for a large library, for each new object a system-wide run meets.
+    let sections = match object::FileKind::parse(data) {
+        Ok(object::FileKind::Elf64) => section_sizes::<object::elf::FileHeader64<_>>(data),
+        Ok(object::FileKind::Elf32) => section_sizes::<object::elf::FileHeader32<_>>(data),
+        _ => None,
+    };
+    let Some(size) = sections else {
         return 0;
     };
-    let file_len = data.len().unwrap_or(0);
-    // The bytes the section has in the file: a header claiming more (4 GiB of `.eh_frame` in
-    // a 4 KiB file) sized the kernel's row array at its cap.
-    let size = |name: &str| {
-        elf.section_by_name(name)
-            .and_then(|s| s.file_range())
-            .filter(|&(offset, size)| offset.saturating_add(size) <= file_len)
-            .map_or(0, |(_, size)| size)
-    };
-    let cfi = match size(".eh_frame") {
-        0 => size(".debug_frame"),
+    let cfi = match size[0] {
+        0 => size[1],
         n => n,
     };
     cfi / CFI_BYTES_PER_ROW
+}
+
+/// The bytes `.eh_frame` and `.debug_frame` have in the file `data` (0 for one it lacks).
+fn section_sizes<'data, Elf: object::read::elf::FileHeader<Endian = object::Endianness>>(
+    data: impl object::ReadRef<'data>,
+) -> Option<[u64; 2]> {
+    use object::read::elf::SectionHeader as _;
+    let header = Elf::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, data).ok()?;
+    let file_len = data.len().unwrap_or(0);
+    // The bytes the section has in the file: a header claiming more (4 GiB of `.eh_frame` in
+    // a 4 KiB file) sized the kernel's row array at its cap.
+    let size = |name: &[u8]| {
+        sections
+            .section_by_name(endian, name)
+            .and_then(|(_, s)| s.file_range(endian))
+            .filter(|&(offset, size)| offset.saturating_add(size) <= file_len)
+            .map_or(0, |(_, size)| size)
+    };
+    Some([size(b".eh_frame"), size(b".debug_frame")])
 }
 
 /// The rows the tables of every object process `pid` maps executable will have, estimated;
@@ -175,7 +194,15 @@ pub fn load_bias<'data>(
     start: u64,
     offset: u64,
 ) -> anyhow::Result<u64> {
-    let elf = object::File::parse(data).context("parsing the ELF headers")?;
+    // The program headers alone: `object::File::parse` would also read the whole symbol
+    // table (a third of a system-wide agent's CPU went there, for each object of each new
+    // process).
+    let segments = match object::FileKind::parse(data).context("parsing the ELF headers")? {
+        object::FileKind::Elf64 => load_segments::<object::elf::FileHeader64<_>>(data),
+        object::FileKind::Elf32 => load_segments::<object::elf::FileHeader32<_>>(data),
+        kind => return Err(anyhow!("not an ELF file ({kind:?})")),
+    }
+    .context("parsing the ELF headers")?;
     let bias = |file_start: u64, vaddr: u64| {
         // runtime = start + (file position - offset); vaddr = p_vaddr + (file position - p_offset)
         start
@@ -188,23 +215,49 @@ pub fn load_bias<'data>(
     // it (Rust and lld binaries put .text right after read-only data, with p_vaddr - p_offset
     // differing between the two): the segment that starts in that page is the one mapped.
     let page = |x: u64| x & !(PAGE_SIZE - 1);
-    let executable = |s: &object::Segment<'data, '_, _>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
     // Two segments may start in one page (read-only data, then writable data): the executable
     // one is the one the unwinder asks about.
-    if let Some(segment) = elf
-        .segments()
-        .filter(|s| page(s.file_range().0) == page(offset))
-        .max_by_key(|s| executable(s))
+    if let Some(segment) = segments
+        .iter()
+        .filter(|s| page(s.file_start) == page(offset))
+        .max_by_key(|s| s.executable)
     {
-        return Ok(bias(segment.file_range().0, segment.address()));
+        return Ok(bias(segment.file_start, segment.vaddr));
     }
-    for segment in elf.segments() {
-        let (file_start, file_size) = segment.file_range();
-        if offset >= file_start && offset < file_start + file_size.max(1) {
-            return Ok(bias(file_start, segment.address()));
+    for segment in &segments {
+        if offset >= segment.file_start && offset < segment.file_start + segment.file_size.max(1) {
+            return Ok(bias(segment.file_start, segment.vaddr));
         }
     }
     Err(anyhow!("no PT_LOAD segment holds file offset {offset:#x}"))
+}
+
+/// A `PT_LOAD` segment, as [`load_bias`] needs it.
+struct LoadSegment {
+    file_start: u64,
+    file_size: u64,
+    vaddr: u64,
+    executable: bool,
+}
+
+/// The `PT_LOAD` segments of the ELF file `data`, from its program headers.
+fn load_segments<'data, Elf: object::read::elf::FileHeader<Endian = object::Endianness>>(
+    data: impl object::ReadRef<'data>,
+) -> object::read::Result<Vec<LoadSegment>> {
+    use object::read::elf::ProgramHeader as _;
+    let header = Elf::parse(data)?;
+    let endian = header.endian()?;
+    Ok(header
+        .program_headers(endian, data)?
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| LoadSegment {
+            file_start: p.p_offset(endian).into(),
+            file_size: p.p_filesz(endian).into(),
+            vaddr: p.p_vaddr(endian).into(),
+            executable: p.p_flags(endian) & object::elf::PF_X != 0,
+        })
+        .collect())
 }
 
 /// The page size of x86-64, the unit in which segments are mapped.
