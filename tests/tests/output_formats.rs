@@ -890,7 +890,9 @@ fn pprof_shows_pythons_module_frame_by_name() {
     let script = dir.path().join("toplevel.py");
     std::fs::write(
         &script,
-        "import time\nend = time.time() + 2\nx = 0\nwhile time.time() < end:\n    x += 1\n",
+        // It idles first: Python frames come from the kernel's walker, whose verification
+        // took 3-3.7 s on a loaded machine, and an idle process takes no CPU samples.
+        "import time\ntime.sleep(4)\nend = time.time() + 2\nx = 0\nwhile time.time() < end:\n    x += 1\n",
     )
     .unwrap();
     let pprof = dir.path().join("m.pb.gz");
