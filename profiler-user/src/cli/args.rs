@@ -343,6 +343,22 @@ pub struct RecordArgs {
     #[arg(long)]
     pub python_gil: bool,
 
+    /// The Python view: each sample attributed to its innermost Python function, the
+    /// interpreter's own C frames below it (eval loop, pymalloc, the C runtime it calls)
+    /// folded into it; extension code (numpy, zlib, libtorch) stays below its Python caller.
+    /// `--python-view` alone: every output; pstats (the default): the .prof output only; off:
+    /// none.
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        default_value_t = crate::python::stacks::PythonView::Pstats,
+        default_missing_value = "all",
+        require_equals = true,
+        value_name = "WHICH"
+    )]
+    pub python_view: crate::python::stacks::PythonView,
+
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]
     pub quiet: bool,
