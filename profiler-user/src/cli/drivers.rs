@@ -200,7 +200,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     let recorder = if launch {
-        Recorder::launch(&validated, &cli.command, cli.bpf_stats)
+        Recorder::launch(&validated, &cli.command, cli.bpf_stats, false)
     } else if cli.all {
         Recorder::system(&validated, cli.bpf_stats)
     } else {
