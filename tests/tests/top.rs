@@ -302,3 +302,80 @@ fn top_ends_on_ctrl_c_and_when_the_command_exits() {
         "no word of the command's exit on the restored screen:\n{screen}"
     );
 }
+
+/// The self share since the start of `function` among `rows`, 0 when it has no row.
+fn self_share(rows: &[(f64, String)], function: &str) -> f64 {
+    rows.iter()
+        .find(|(_, f)| f == function)
+        .map_or(0.0, |(share, _)| *share)
+}
+
+/// `bpfprof top --python-view -- python3.12 pyview.py`: Python functions in the live view.
+/// In the Python view the hot function, which spends its time in the interpreter's own C
+/// code (allocating and freeing objects), leads with its samples; `p` switches to the native
+/// view, where those samples belong to the interpreter's functions and the hot function's own
+/// share is less than half of what it was.
+#[test]
+fn top_shows_python_functions_and_switches_the_python_view() {
+    if !require_root() {
+        return;
+    }
+    let Some(tmux) = tmux() else {
+        return;
+    };
+    let pyenv = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()))
+        .join(".pyenv/versions/3.12.1/bin/python3");
+    if !pyenv.exists() {
+        assert!(!ci(), "pyenv's CPython 3.12.1 is needed under CI");
+        eprintln!("skipping: no {}", pyenv.display());
+        return;
+    }
+    let dir = tempdir();
+    let after = dir.path().join("after");
+    let script = workspace_root().join("tests/workloads/pyview.py");
+    let session = Session::start(
+        &tmux,
+        "py",
+        &command_line(
+            &format!(
+                "--python-view -- {} {} 600",
+                pyenv.display(),
+                script.display()
+            ),
+            &after,
+        ),
+    );
+    let (samples, rows) = wait_for_samples(&session);
+    let screen = session.screen().join("\n");
+    assert!(screen.contains("[Python view]"), "{screen}");
+    assert_eq!(
+        rows.first().map(|r| r.1.as_str()),
+        Some("alloc_hot"),
+        "alloc_hot should lead the Python view after {samples} samples:\n{screen}"
+    );
+    let in_view = self_share(&rows, "alloc_hot");
+    session.keys("p");
+    let native = poll_until(EXIT_TIMEOUT, || {
+        let screen = session.screen();
+        (!screen.join("\n").contains("[Python view]"))
+            .then(|| parse_view(&screen))
+            .flatten()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "p did not switch the view:\n{}",
+            session.screen().join("\n")
+        )
+    });
+    let native_share = self_share(&native.1, "alloc_hot");
+    assert!(
+        native_share < in_view / 2.0,
+        "without the Python view alloc_hot's own share should be a fraction of its {in_view} \
+         (its samples end in the interpreter's code); it is {native_share}:\n{}",
+        session.screen().join("\n")
+    );
+    session.keys("q");
+    let (code, stty) = wait_for_exit(&session, &after);
+    assert_eq!(code, 0, "bpfprof top exited {code} on q");
+    assert_restored(&session, &stty);
+}
