@@ -223,6 +223,11 @@ fn top_leads_with_the_hot_function_and_quits_on_q() {
         session.screen().iter().all(|l| l.chars().count() <= 80),
         "the view is wider than 80 columns"
     );
+    // The header: the event at the default rate, the samples' rate and the losses.
+    assert!(
+        screen.contains(" 99 Hz") && screen.contains("/s), ") && screen.contains("; lost "),
+        "the header lacks the rate or the losses:\n{screen}"
+    );
     session.keys("i");
     session.keys("p");
     let shown = poll_until(EXIT_TIMEOUT, || {
