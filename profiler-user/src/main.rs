@@ -23,7 +23,11 @@ fn main() -> ExitCode {
         return ExitCode::from(cli::strobeclient::main(args) as u8);
     }
     let cli = Cli::parse_from(argv);
+    // The live view owns the terminal: a log line would tear it (RUST_LOG still applies);
+    // its errors are printed once the terminal is restored.
+    let top = matches!(cli.command, Some(Command::Top(_)));
     let level = match (cli.record.quiet, cli.record.verbose) {
+        _ if top => "off",
         (true, _) => "error",
         (false, 0) => "warn",
         (false, 1) => "info",
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Some(Command::Daemon(args)) => runtime.block_on(drivers::daemon(args)),
         Some(Command::Agent(args)) => runtime.block_on(drivers::agent(args)),
         Some(Command::Doctor(args)) => drivers::doctor(args),
+        Some(Command::Top(args)) => runtime.block_on(cli::top::run(args)),
         Some(command) => client::client_command(command),
     };
     let code = match result {

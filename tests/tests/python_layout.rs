@@ -748,6 +748,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
     let options = MergeOptions {
         keep_glue: true,
         show_gil: false,
+        view: bpfprof::python::stacks::PythonView::Off,
     };
     let merged = merge(native, &packed, &symbols, options, ());
     // Leaf first again, as gdb lists frames.

@@ -55,6 +55,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "binutils",
     "xz-utils",
     "chromium",
+    // The `bpfprof top` test drives the live view in a detached 80x24 terminal.
+    "tmux",
 ];
 
 /// Where `setup` builds upstream pprof, with a directory of the GNU binutils it must use.

@@ -50,6 +50,32 @@ pub enum Command {
     /// Profile the whole machine (or one cgroup) all the time at a low rate, in windows,
     /// served as pprof and Prometheus metrics over HTTP (run as root).
     Agent(AgentArgs),
+    /// A live view of the functions using the CPU, refreshed every second (as py-spy top
+    /// and perf top): keys s/t sort by self/total, i by the last interval or since the start,
+    /// p the Python view, q quits.
+    Top(TopArgs),
+}
+
+/// Options of `bpfprof top`.
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Process to watch: PID or NS:PID. Repeatable.
+    #[arg(short, long = "pid", value_name = "PID|NS:PID")]
+    pub pids: Vec<String>,
+    /// Every process on the machine.
+    #[arg(short = 'a', long = "all", conflicts_with = "pids")]
+    pub all: bool,
+    /// Samples per second per CPU.
+    #[arg(short = 'F', long, default_value_t = crate::cli::top::DEFAULT_HZ, allow_negative_numbers = true)]
+    pub frequency: i64,
+    /// Start in the Python view (the interpreter's own C frames folded into the innermost
+    /// Python function; `p` switches).
+    #[arg(long)]
+    pub python_view: bool,
+    /// Command to launch and watch until it exits (its output goes to /dev/null: the view
+    /// owns the terminal).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 /// Options of `bpfprof agent`.
@@ -342,6 +368,22 @@ pub struct RecordArgs {
     /// sampled thread held CPython's global interpreter lock.
     #[arg(long)]
     pub python_gil: bool,
+
+    /// The Python view: each sample attributed to its innermost Python function, the
+    /// interpreter's own C frames below it (eval loop, pymalloc, the C runtime it calls)
+    /// folded into it; extension code (numpy, zlib, libtorch) stays below its Python caller.
+    /// `--python-view` alone: every output; pstats (the default): the .prof output only; off:
+    /// none.
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        default_value_t = crate::python::stacks::PythonView::Pstats,
+        default_missing_value = "all",
+        require_equals = true,
+        value_name = "WHICH"
+    )]
+    pub python_view: crate::python::stacks::PythonView,
 
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]

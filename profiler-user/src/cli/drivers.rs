@@ -20,6 +20,7 @@ use crate::{
     process::target::TargetSpec,
     profile::RunEnd,
     protocol,
+    recording::aggregate::pstats_view,
     recording::request::{split_tag, RecordingRequest, Scope, SystemScope, TagsAndStacks, Walks},
     sampling::{EventChoice, IntervalArg, SamplingRequest},
     symbolize::SymbolizerThread,
@@ -177,6 +178,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
             python: crate::python::stacks::MergeOptions {
                 keep_glue: cli.python_glue,
                 show_gil: cli.python_gil,
+                view: cli.python_view,
             },
         },
         Walks {
@@ -198,7 +200,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
     let recorder = if launch {
-        Recorder::launch(&validated, &cli.command, cli.bpf_stats)
+        Recorder::launch(&validated, &cli.command, cli.bpf_stats, false)
     } else if cli.all {
         Recorder::system(&validated, cli.bpf_stats)
     } else {
@@ -251,11 +253,21 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .run(move |s| collected.assemble(end, s, &options))
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
-    crate::output::write_all(&profile, outputs.drain(..).map(Ok), |format, path| {
-        if let (false, Some(path)) = (cli.quiet, path) {
-            eprintln!("bpfprof: wrote {format} to {}", path.display());
-        }
-    })?;
+    let view = outputs
+        .iter()
+        .any(|o| o.format() == Format::Pstats)
+        .then(|| pstats_view(&profile, &validated.options))
+        .flatten();
+    crate::output::write_all(
+        &profile,
+        view.as_ref(),
+        outputs.drain(..).map(Ok),
+        |format, path| {
+            if let (false, Some(path)) = (cli.quiet, path) {
+                eprintln!("bpfprof: wrote {format} to {}", path.display());
+            }
+        },
+    )?;
     if !cli.quiet {
         eprint!("{}", crate::cli::summary::summary(&profile));
     }

@@ -1,7 +1,7 @@
 //! The command line: its flags ([`args`]), its drivers ([`drivers`]: a direct recording over
 //! [`record`]'s recorder, the daemon, `doctor`), the client commands ([`client`], with
 //! [`results`] copying a run's files), the `strobeclient` front end ([`strobeclient`]), the
-//! checks of `bpfprof doctor` ([`doctor`]) and a recording's text summary ([`summary`]).
+//! checks of `bpfprof doctor` ([`doctor`]) a recording's text summary ([`summary`]) and the live view ([`top`]).
 
 pub mod args;
 pub mod client;
@@ -11,3 +11,4 @@ pub mod record;
 pub mod results;
 pub mod strobeclient;
 pub mod summary;
+pub mod top;

@@ -8,7 +8,7 @@ use std::{
         fd::RawFd,
         unix::process::{CommandExt, ExitStatusExt},
     },
-    process::{Child, Command, ExitStatus},
+    process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -112,10 +112,13 @@ impl Recorder {
 
     /// Runs `command` with sampling on from its first instruction (and, when the request
     /// follows children, in every process it forks).
+    /// With `detach_stdio` the command's standard input, output and error are `/dev/null`
+    /// (for a view that owns the terminal).
     pub fn launch(
         request: &RecordingRequest,
         command: &[OsString],
         bpf_stats: bool,
+        detach_stdio: bool,
     ) -> Result<Recorder> {
         let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
             spec: String::new(),
@@ -129,6 +132,11 @@ impl Recorder {
         let gate = Pipe::new()?;
         let mut cmd = Command::new(program_name);
         cmd.args(args);
+        if detach_stdio {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+        }
         let (pid_write, pid_read) = (pid_pipe.write, pid_pipe.read);
         let (gate_read, gate_write) = (gate.read, gate.write);
         // SAFETY: only async-signal-safe calls (close, getpid, write, read) run between fork
@@ -239,6 +247,28 @@ impl Recorder {
             );
         }
         Ok(end)
+    }
+
+    /// One tick of the recording for a driver with a loop of its own (`bpfprof top`):
+    /// `Some(end)` once the run is over (a launched command, or every target, exited).
+    pub fn tick(&mut self) -> Option<RunEnd> {
+        let status = self.recording.tick(&mut self.pool);
+        if self.child.is_some() {
+            self.command_exited().then_some(RunEnd::Completed)
+        } else {
+            status.all_exited.then_some(RunEnd::TargetExited)
+        }
+    }
+
+    /// The profile of the samples since the last window (or the start), the recording going
+    /// on ([`Recording::take_window`]).
+    pub fn take_window(
+        &mut self,
+        symbolizer: &mut crate::symbolize::Symbolizer,
+        options: &crate::recording::aggregate::AggregateOptions,
+    ) -> Result<crate::profile::Profile> {
+        self.recording
+            .take_window(&mut self.pool, symbolizer, options)
     }
 
     /// The launched command's exit, once it exited (recorded as the run's outcome).

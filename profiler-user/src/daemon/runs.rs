@@ -19,6 +19,7 @@ use crate::{
     profile::CostScope,
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
+    recording::aggregate::pstats_view,
     recording::request::RecordingRequest,
     recording::{
         run_loop::{self, RunDriver},
@@ -522,7 +523,11 @@ impl Runs {
                         .map_err(Error::Other)?;
                     Ok(Output::to_file(file, path, format))
                 });
-                let wrote = write_all(&profile, outputs, |format, path| {
+                let view = formats
+                    .contains(&Format::Pstats)
+                    .then(|| pstats_view(&profile, &validated.recording.options))
+                    .flatten();
+                let wrote = write_all(&profile, view.as_ref(), outputs, |format, path| {
                     let path = path.map(|p| p.display().to_string()).unwrap_or_default();
                     files.insert(format.to_string(), path);
                 });

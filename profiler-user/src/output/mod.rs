@@ -222,18 +222,24 @@ impl Output {
 }
 
 /// Writes `profile` to each output in turn: the one place a profile's outputs are written, for
-/// the command line and the daemon alike. Each output written is reported to `written` (its
-/// format and path); the first that cannot be opened or written stops the rest and is
-/// returned, so that the caller can say so or remove what was written.
+/// the command line and the daemon alike; pstats outputs get `pstats_view` instead where
+/// given (the Python view, which pstats shows by default). Each output written is reported
+/// to `written` (its format and path); the first that cannot be opened or written stops the
+/// rest and is returned, so that the caller can say so or remove what was written.
 pub fn write_all(
     profile: &Profile,
+    pstats_view: Option<&Profile>,
     outputs: impl IntoIterator<Item = Result<Output>>,
     mut written: impl FnMut(Format, Option<&Path>),
 ) -> Result<()> {
     for output in outputs {
         let output = output?;
         let (format, path) = (output.format(), output.path().map(Path::to_path_buf));
-        output.write(profile)?;
+        let shown = match (format, pstats_view) {
+            (Format::Pstats, Some(view)) => view,
+            _ => profile,
+        };
+        output.write(shown)?;
         written(format, path.as_deref());
     }
     Ok(())
@@ -399,6 +405,7 @@ mod tests {
         let mut reported = Vec::new();
         write_all(
             &profile,
+            None,
             [
                 Output::create(&folded, Format::Folded),
                 Output::create(&summary, Format::SummaryJson),
@@ -420,6 +427,7 @@ mod tests {
         let svg = dir.path().join("p.svg");
         let err = write_all(
             &profile,
+            None,
             [
                 Output::create(&folded, Format::Folded),
                 Output::create(&dir.path().join("missing/p.pb.gz"), Format::Pprof),

@@ -372,12 +372,99 @@ pub struct MergeOptions {
     /// Put `[GIL held]` or `[GIL not held]` at the root of each Python thread's stack
     /// (`--python-gil`).
     pub show_gil: bool,
+    /// Which outputs show the Python view (`--python-view`).
+    pub view: PythonView,
 }
+
+/// The root frame of a sample whose thread held the GIL (`--python-gil`).
+const GIL_HELD_FRAME: &str = "[GIL held]";
+/// The root frame of a sample whose thread did not hold the GIL (`--python-gil`).
+const GIL_NOT_HELD_FRAME: &str = "[GIL not held]";
 
 /// The root frame that says whether a sample's thread held the GIL.
 fn gil_frame(held: bool) -> Frame {
-    let name = if held { "[GIL held]" } else { "[GIL not held]" };
+    let name = if held {
+        GIL_HELD_FRAME
+    } else {
+        GIL_NOT_HELD_FRAME
+    };
     Frame::named(name, None, FrameKind::Python)
+}
+
+/// Which outputs show the Python view (`--python-view`): each sample attributed to its
+/// innermost Python function, the interpreter's own C frames below it folded into it
+/// ([`python_view_keep`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PythonView {
+    /// pstats only (snakeviz and `pstats` list Python functions); every other output keeps
+    /// the interpreter's frames.
+    #[default]
+    Pstats,
+    /// Every output.
+    All,
+    /// None: pstats too keeps the interpreter's frames.
+    Off,
+}
+
+/// Whether `frame` is one of the C runtime's libraries, which the interpreter calls for its
+/// own work (`malloc`, `memcpy`, `__tls_get_addr` in the dynamic loader): below the
+/// interpreter's frames it is the interpreter's cost, below an extension's the extension's.
+fn is_c_runtime(frame: &Frame) -> bool {
+    /// File name prefixes of glibc's libraries, the dynamic loader and the vDSO.
+    const RUNTIME: [&str; 8] = [
+        "libc.so",
+        "libc-",
+        "ld-linux",
+        "libm.so",
+        "libpthread",
+        "libdl",
+        "librt",
+        "[vdso]",
+    ];
+    frame.kind == FrameKind::User
+        && frame.module.as_deref().is_some_and(|m| {
+            let name = std::path::Path::new(m)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            RUNTIME.iter().any(|p| name.starts_with(p))
+        })
+}
+
+/// Which frames of a stack (root first) the Python view keeps: below the innermost Python
+/// function, the interpreter's C frames (libpython or the python executable: the eval loop,
+/// pymalloc, ...), the C runtime it calls and the kernel work they do are folded into that
+/// function, up to the first frame of other native code (an extension: numpy, zlib,
+/// libtorch), which stays with everything below it; between Python functions the
+/// interpreter's frames go as they do without `--python-glue`. A stack without Python
+/// frames is kept whole.
+pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
+    let is_python = |f: &Option<&Frame>| {
+        f.is_some_and(|f| {
+            f.kind == FrameKind::Python && f.name != GIL_HELD_FRAME && f.name != GIL_NOT_HELD_FRAME
+        })
+    };
+    let mut keep = vec![true; frames.len()];
+    let (Some(first), Some(last)) = (
+        frames.iter().position(is_python),
+        frames.iter().rposition(is_python),
+    ) else {
+        return keep;
+    };
+    for (i, frame) in frames.iter().enumerate().take(last).skip(first + 1) {
+        if let Some(frame) = frame {
+            keep[i] = !(is_interpreter(frame) || is_perf_trampoline(frame));
+        }
+    }
+    for (i, frame) in frames.iter().enumerate().skip(last + 1) {
+        match frame {
+            Some(f) if is_interpreter(f) || is_c_runtime(f) || f.kind == FrameKind::Kernel => {
+                keep[i] = false
+            }
+            _ => break,
+        }
+    }
+    keep
 }
 
 /// Whether `frame` is C code of the interpreter itself (libpython or a static python
@@ -564,6 +651,7 @@ mod tests {
         let glue = MergeOptions {
             keep_glue: true,
             show_gil: false,
+            view: PythonView::Off,
         };
         let kept = merge(stack, &python, &symbols, glue, 0);
         assert_eq!(
@@ -610,6 +698,7 @@ mod tests {
         let glue = MergeOptions {
             keep_glue: true,
             show_gil: false,
+            view: PythonView::Off,
         };
         let kept = merge(stack, &python, &symbols, glue, 0);
         assert_eq!(kept.len(), 8);
@@ -649,6 +738,70 @@ mod tests {
         assert_eq!(merged[0].0.name, "[unknown Python code]");
     }
 
+    /// Below the innermost Python function the interpreter's frames, the C runtime they call
+    /// and the kernel work they do fold into it; an extension's frames stay with what is
+    /// below them; native callers at the root stay.
+    #[test]
+    fn the_python_view_folds_the_interpreter_below_the_innermost_python_function() {
+        let py = |name: &str| Frame::named(name, Some("/app/work.py".into()), FrameKind::Python);
+        let c = |name: &str, module: &str| Frame::named(name, Some(module.into()), FrameKind::User);
+        let kernel = Frame::named("asm_exc_page_fault", None, FrameKind::Kernel);
+        let keep = |frames: &[Frame]| {
+            let refs: Vec<Option<&Frame>> = frames.iter().map(Some).collect();
+            frames
+                .iter()
+                .zip(python_view_keep(&refs))
+                .filter(|(_, k)| *k)
+                .map(|(f, _)| f.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let alloc = [
+            c("main", "/usr/bin/python3.12"),
+            c("Py_RunMain", PY),
+            py("<module>"),
+            c("_PyFunction_Vectorcall", PY),
+            py("alloc_hot"),
+            c("PyList_Append", PY),
+            c("pymalloc_alloc", PY),
+            c("__tls_get_addr", "/lib64/ld-linux-x86-64.so.2"),
+            c("malloc", "/lib/x86_64-linux-gnu/libc.so.6"),
+            kernel.clone(),
+        ];
+        assert_eq!(
+            keep(&alloc),
+            ["main", "Py_RunMain", "<module>", "alloc_hot"]
+        );
+        let zlib = [
+            py("<module>"),
+            py("compress_leaf"),
+            c("cfunction_vectorcall_O", PY),
+            c(
+                "zlib_compress",
+                "/lib/python3.12/lib-dynload/zlib.cpython-312.so",
+            ),
+            c("deflate", "/lib/x86_64-linux-gnu/libz.so.1"),
+            c("memcpy", "/lib/x86_64-linux-gnu/libc.so.6"),
+            kernel,
+        ];
+        assert_eq!(
+            keep(&zlib),
+            [
+                "<module>",
+                "compress_leaf",
+                "zlib_compress",
+                "deflate",
+                "memcpy",
+                "asm_exc_page_fault"
+            ]
+        );
+        // No Python frame: a native thread of the interpreter stays whole.
+        let native = [c("start_thread", "/lib/libc.so.6"), c("pymalloc_alloc", PY)];
+        assert_eq!(keep(&native), ["start_thread", "pymalloc_alloc"]);
+        // The GIL's root frame is no Python function.
+        let gil = [gil_frame(true), c("pymalloc_alloc", PY)];
+        assert_eq!(keep(&gil), ["[GIL held]", "pymalloc_alloc"]);
+    }
+
     #[test]
     fn only_threads_never_seen_with_a_thread_state_run_no_python() {
         let mut kinds = ThreadKinds::default();
@@ -671,6 +824,7 @@ mod tests {
             let options = MergeOptions {
                 keep_glue: false,
                 show_gil,
+                view: PythonView::Off,
             };
             merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
                 .into_iter()

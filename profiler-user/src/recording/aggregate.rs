@@ -8,6 +8,7 @@ use crate::{
     process::maps::ProcessMaps,
     process::target::Target,
     profile::sample::Sample,
+    python::stacks::PythonView,
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
 };
 
@@ -227,13 +228,62 @@ pub fn aggregate(
     let stacks = StackCount::sorted(stacks);
     meta.losses.truncated = truncated;
     meta.losses.stack_ended_early += ended_early;
-    Profile {
+    let profile = Profile {
         meta,
         frames: interner.frames,
         stacks,
         mappings: mappings.finish(),
         process_labels: Default::default(),
+    };
+    if options.python.view == PythonView::All {
+        python_view(&profile)
+    } else {
+        profile
     }
+}
+
+/// The Python view of `profile`: each stack's frames below its innermost Python function
+/// that are the interpreter's own C code folded into that function
+/// ([`crate::python::stacks::python_view_keep`]), stacks that become equal merged. The one
+/// place the view is made, for every output that shows it.
+pub fn python_view(profile: &Profile) -> Profile {
+    let mut interner = Interner::default();
+    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
+    for stack in &profile.stacks {
+        let code: Vec<Option<&Frame>> = stack
+            .frames
+            .iter()
+            .map(|id| match &profile.frames[*id] {
+                ProfileFrame::Code(f) => Some(f),
+                _ => None,
+            })
+            .collect();
+        let keep = crate::python::stacks::python_view_keep(&code);
+        let mut frames = Vec::with_capacity(stack.frames.len());
+        let mut addresses = Vec::with_capacity(stack.addresses.len());
+        for (i, id) in stack.frames.iter().enumerate() {
+            if keep[i] {
+                frames.push(interner.intern(profile.frames[*id].clone()));
+                if let Some(address) = stack.addresses.get(i) {
+                    addresses.push(*address);
+                }
+            }
+        }
+        *stacks.entry((frames, addresses)).or_default() += stack.count;
+    }
+    Profile {
+        meta: profile.meta.clone(),
+        frames: interner.frames,
+        stacks: StackCount::sorted(stacks),
+        mappings: profile.mappings.clone(),
+        process_labels: profile.process_labels.clone(),
+    }
+}
+
+/// The profile that pstats outputs show when the run left the Python view to them (the
+/// default): `None` when every output shows the same profile.
+pub fn pstats_view(profile: &Profile, options: &AggregateOptions) -> Option<Profile> {
+    (options.python.view == PythonView::Pstats).then(|| python_view(profile))
 }
 
 /// The mappings that addresses fall in, interned as stacks are built: one per executable
