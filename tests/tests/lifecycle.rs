@@ -99,7 +99,9 @@ fn target_exiting_without_a_duration_is_a_normal_end() {
     let dir = tempdir();
     let out = dir.path().join("until-exit.folded");
     let summary_path = dir.path().join("summary.json");
-    let target = Workload::spawn("shortlived", &["1"]);
+    // Long enough to outlive bpfprof's start on a loaded machine: with 1 s of work the target
+    // was gone before the first sample once (0 samples at load 10).
+    let target = Workload::spawn("shortlived", &["3"]);
     let run = run_bpfprof(
         [
             "--pid",
