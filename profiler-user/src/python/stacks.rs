@@ -421,13 +421,18 @@ fn is_c_runtime(frame: &Frame) -> bool {
         "librt",
         "[vdso]",
     ];
+    module_name_starts_with(frame, &RUNTIME)
+}
+
+/// Whether `frame` is user code of a module whose file name starts with one of `prefixes`.
+fn module_name_starts_with(frame: &Frame, prefixes: &[&str]) -> bool {
     frame.kind == FrameKind::User
         && frame.module.as_deref().is_some_and(|m| {
             let name = std::path::Path::new(m)
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            RUNTIME.iter().any(|p| name.starts_with(p))
+            prefixes.iter().any(|p| name.starts_with(p))
         })
 }
 
@@ -470,14 +475,7 @@ pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
 /// Whether `frame` is C code of the interpreter itself (libpython or a static python
 /// binary): the glue between Python frames.
 fn is_interpreter(frame: &Frame) -> bool {
-    frame.kind == FrameKind::User
-        && frame.module.as_deref().is_some_and(|m| {
-            let name = std::path::Path::new(m)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            name.starts_with("libpython3") || name.starts_with("python3")
-        })
+    module_name_starts_with(frame, &["libpython3", "python3"])
 }
 
 /// Whether `frame` is one of CPython 3.12+'s perf trampolines (`-X perf`): a `py::NAME:FILE`
