@@ -76,7 +76,23 @@ pub struct Metrics {
     pub resident_bytes: Gauge,
     /// Seconds the last window took to symbolize and aggregate.
     pub window_build_seconds: Gauge<f64, AtomicU64>,
+    /// Windows handed to the exporter, by outcome ([`EXPORT_OUTCOMES`]).
+    pub exports: Family<Labels, Counter>,
+    /// Bytes of the windows exported (the encoded request, before compression).
+    pub export_bytes: Counter,
+    /// Windows in the export spool now.
+    pub spooled_windows: Gauge,
+    /// Bytes of the windows in the export spool now.
+    pub spooled_bytes: Gauge,
 }
+
+/// The outcomes of exporting windows (the `outcome` label of `bpfprof_agent_export_windows`):
+/// sent; retried (an attempt failed: the backend was unreachable, timed out or answered an
+/// error worth retrying; the window stays spooled); rejected (the backend refused it for
+/// good: set aside); dropped (the spool was full: its oldest window was deleted, or a window
+/// could not be written or read); queue_full (the exporter was behind by
+/// [`crate::agent::export::QUEUE_WINDOWS`] windows: the window was never spooled).
+pub const EXPORT_OUTCOMES: &[&str] = &["sent", "retried", "rejected", "dropped", "queue_full"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -106,6 +122,10 @@ impl Metrics {
             cpu_seconds: Counter::default(),
             resident_bytes: Gauge::default(),
             window_build_seconds: Gauge::default(),
+            exports: Family::default(),
+            export_bytes: Counter::default(),
+            spooled_windows: Gauge::default(),
+            spooled_bytes: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register("samples", "Samples taken into windows", m.samples.clone());
@@ -185,6 +205,29 @@ impl Metrics {
             "Seconds the last window took to symbolize and aggregate",
             m.window_build_seconds.clone(),
         );
+        r.register(
+            "export_windows",
+            "Windows handed to the exporter, by outcome",
+            m.exports.clone(),
+        );
+        r.register(
+            "export_bytes",
+            "Bytes of the windows exported, encoded, before compression",
+            m.export_bytes.clone(),
+        );
+        r.register(
+            "spooled_windows",
+            "Windows in the export spool, waiting to be sent",
+            m.spooled_windows.clone(),
+        );
+        r.register(
+            "spooled_bytes",
+            "Bytes of the windows in the export spool",
+            m.spooled_bytes.clone(),
+        );
+        for outcome in EXPORT_OUTCOMES {
+            let _ = m.exports.get_or_create(&vec![("outcome", *outcome)]);
+        }
         // Every cap and reason is exported from the start, at 0: a cap never hit is said so.
         for cap in [Cap::WindowRing, Cap::SymbolCache, Cap::UnwindTables] {
             let _ = m.cap_hits.get_or_create(&vec![("cap", cap.name())]);
@@ -200,6 +243,27 @@ impl Metrics {
         self.cap_hits
             .get_or_create(&vec![("cap", cap.name())])
             .inc_by(times);
+    }
+
+    /// Counts a window handed to the exporter, by its outcome (one of [`EXPORT_OUTCOMES`]).
+    pub fn export(&self, outcome: &'static str) {
+        self.export_n(outcome, 1);
+    }
+
+    /// Counts `n` windows of one outcome (one of [`EXPORT_OUTCOMES`]).
+    pub fn export_n(&self, outcome: &'static str, n: u64) {
+        debug_assert!(EXPORT_OUTCOMES.contains(&outcome));
+        if n > 0 {
+            self.exports
+                .get_or_create(&vec![("outcome", outcome)])
+                .inc_by(n);
+        }
+    }
+
+    /// Sets the spool's size: windows and bytes.
+    pub fn spool_size(&self, (windows, bytes): (usize, u64)) {
+        self.spooled_windows.set(windows as i64);
+        self.spooled_bytes.set(bytes as i64);
     }
 
     /// Adds a window's losses.
@@ -277,6 +341,7 @@ mod tests {
             "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
             "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
             "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",
+            "bpfprof_agent_export_windows_total{outcome=\"queue_full\"} 0",
             "# TYPE bpfprof_agent_cpu_seconds counter",
             "# EOF",
         ] {

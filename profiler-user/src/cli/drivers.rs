@@ -88,6 +88,26 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         Some(path) => crate::agent::rules::ServiceRules::load(path)?,
         None => Default::default(),
     };
+    if args.spool_mib == 0 {
+        return Err(Error::Usage("--spool-mib must be at least 1".into()));
+    }
+    let export = match &args.otlp_endpoint {
+        Some(endpoint) => Some(crate::agent::export::ExportConfig {
+            otlp: crate::agent::export::OtlpConfig::new(
+                endpoint,
+                args.otlp_protocol,
+                &args.otlp_headers,
+            )?,
+            spool_dir: args.state_dir.join("spool"),
+            spool_limit: args.spool_mib.saturating_mul(1 << 20),
+        }),
+        None if !args.otlp_headers.is_empty() => {
+            return Err(Error::Usage(
+                "--otlp-header needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)".into(),
+            ))
+        }
+        None => None,
+    };
     crate::agent::serve(crate::agent::AgentConfig {
         request,
         targets,
@@ -95,6 +115,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         listen: args.listen,
         rules,
         socket: protocol::socket_path(args.socket.as_deref()),
+        export,
     })
     .await
 }
