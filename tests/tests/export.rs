@@ -285,19 +285,19 @@ fn otlp_export_reaches_a_receiver(protocol: &str, flag: &str) {
     }
     let m = metrics(port);
     assert!(
-        m["bpfprof_agent_export_windows_total{outcome=sent}"] >= cut as f64,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"] >= cut as f64,
         "{m:?}"
     );
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=retried}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"], 0.0,
         "{m:?}"
     );
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=dropped}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}"], 0.0,
         "{m:?}"
     );
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=queue_full}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=queue_full}"], 0.0,
         "{m:?}"
     );
     agent.signal(libc::SIGTERM);
@@ -381,15 +381,15 @@ fn windows_spooled_through_an_outage_and_a_kill_arrive_once_and_in_order() {
     drop(receiver);
     poll_until(Duration::from_secs(60), || {
         let m = metrics(port);
-        (m["bpfprof_agent_spooled_windows"] >= 3.0
-            && m["bpfprof_agent_export_windows_total{outcome=retried}"] >= 1.0)
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] >= 3.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"] >= 1.0)
             .then_some(())
     })
     .unwrap_or_else(|| panic!("no window spooled: {:?}", metrics(port)));
     // The agent is killed with windows spooled; they are files.
     agent.signal(libc::SIGKILL);
     let _ = agent.wait_timeout(Duration::from_secs(30));
-    let spooled_by_first = std::fs::read_dir(state.join("spool"))
+    let spooled_by_first = std::fs::read_dir(state.join("spool/otlp"))
         .unwrap()
         .filter(|e| {
             e.as_ref()
@@ -403,7 +403,8 @@ fn windows_spooled_through_an_outage_and_a_kill_arrive_once_and_in_order() {
     let port = free_port();
     let agent = start_agent(port, &args, 1.0);
     poll_until(Duration::from_secs(60), || {
-        (metric(port, "bpfprof_agent_spooled_windows") >= spooled_by_first as f64 + 2.0)
+        (metric(port, "bpfprof_agent_spooled_windows{backend=otlp}")
+            >= spooled_by_first as f64 + 2.0)
             .then_some(())
     })
     .unwrap_or_else(|| panic!("the restarted agent spools: {:?}", metrics(port)));
@@ -412,8 +413,9 @@ fn windows_spooled_through_an_outage_and_a_kill_arrive_once_and_in_order() {
     let receiver = Receiver::start("http", dir.path(), receiver_port, 200);
     poll_until(Duration::from_secs(120), || {
         let m = metrics(port);
-        (m["bpfprof_agent_spooled_windows"] == 0.0
-            && m["bpfprof_agent_export_windows_total{outcome=sent}"] > spooled_by_first as f64)
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] == 0.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"]
+                > spooled_by_first as f64)
             .then_some(())
     })
     .unwrap_or_else(|| {
@@ -425,11 +427,11 @@ fn windows_spooled_through_an_outage_and_a_kill_arrive_once_and_in_order() {
     });
     let m = metrics(port);
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=dropped}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}"], 0.0,
         "{m:?}"
     );
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=rejected}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=rejected}"], 0.0,
         "{m:?}"
     );
     agent.signal(libc::SIGTERM);
@@ -497,19 +499,19 @@ fn windows_the_backend_refuses_are_set_aside_and_counted() {
     );
     let m = poll_until(Duration::from_secs(60), || {
         let m = metrics(port);
-        (m["bpfprof_agent_export_windows_total{outcome=rejected}"] >= 3.0).then_some(m)
+        (m["bpfprof_agent_export_windows_total{backend=otlp,outcome=rejected}"] >= 3.0).then_some(m)
     })
     .unwrap_or_else(|| panic!("no window refused: {:?}", metrics(port)));
     // Each refused window reached the receiver once, was set aside, and the agent went on.
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=sent}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"], 0.0,
         "{m:?}"
     );
     assert_eq!(
-        m["bpfprof_agent_export_windows_total{outcome=retried}"], 0.0,
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"], 0.0,
         "{m:?}"
     );
-    let set_aside = std::fs::read_dir(state.join("spool/rejected"))
+    let set_aside = std::fs::read_dir(state.join("spool/otlp/rejected"))
         .unwrap()
         .count();
     assert!(set_aside >= 3, "{set_aside} windows in rejected/");
@@ -530,4 +532,166 @@ fn windows_the_backend_refuses_are_set_aside_and_counted() {
         "{} refused windows reached the receiver",
         received.len()
     );
+}
+
+/// A Pyroscope ingest endpoint (`tests/receivers/pyroscope_receiver.py`), killed on drop.
+struct IngestReceiver {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl IngestReceiver {
+    fn start(dir: &Path) -> IngestReceiver {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("receivers/pyroscope_receiver.py");
+        let port_file = dir.join("pyroscope.port");
+        let out = dir.join("ingested");
+        std::fs::create_dir_all(&out).unwrap();
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .args([port_file.to_str().unwrap(), out.to_str().unwrap()])
+            .spawn()
+            .expect("python3");
+        let port = poll_until(Duration::from_secs(30), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the receiver exited: {status}");
+            }
+            std::fs::read_to_string(&port_file)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("the receiver listens");
+        IngestReceiver {
+            child,
+            port,
+            dir: out,
+        }
+    }
+
+    /// The requests received so far, in order: each one's metadata and body's path.
+    fn requests(&self) -> Vec<(Value, PathBuf)> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|n| {
+                let meta = std::fs::read_to_string(self.dir.join(&n)).unwrap();
+                let body = self.dir.join(n.replace(".json", ".pb"));
+                (serde_json::from_str(&meta).unwrap(), body)
+            })
+            .collect()
+    }
+}
+
+impl Drop for IngestReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn pyroscope_ingest_gets_each_services_pprof_with_its_name_and_labels() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = IngestReceiver::start(dir.path());
+    let (cgroup, id) = container("pyroscope");
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let url = format!("http://127.0.0.1:{}/", receiver.port);
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "-F",
+            "99",
+            "--window",
+            "2s",
+            "--pyroscope-url",
+            &url,
+            "--pyroscope-tenant",
+            "t1",
+            "--pyroscope-user",
+            "u:pw",
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ],
+        1.0,
+    );
+    let pid = hotcold.pid().to_string();
+    // Judged by samples taken: windows are waited for until hotcold has enough, each body
+    // read by Go's pprof.
+    let (requests, hot) = poll_until(Duration::from_secs(120), || {
+        let requests = receiver.requests();
+        let mut hot = BTreeMap::new();
+        for (_, body) in &requests {
+            let samples = go_pprof_url(body.to_str().unwrap(), dir.path()).unwrap();
+            assert!(
+                samples.iter().all(|s| s.labels.get("pid") == Some(&pid)),
+                "only hotcold is in the cgroup: {samples:?}"
+            );
+            for (leaf, n) in leaves(&samples, hotcold.pid()) {
+                *hot.entry(leaf).or_insert(0) += n;
+            }
+            let labels = &samples[0].labels;
+            assert_eq!(labels["service_name"], format!("container/{}", &id[..12]));
+            assert_eq!(labels["container_id"], id);
+            assert_eq!(labels["comm"], "hotcold");
+        }
+        let judged = hot.get("leaf_hot").unwrap_or(&0) + hot.get("leaf_cold").unwrap_or(&0);
+        (judged >= 300).then_some((requests, hot))
+    })
+    .unwrap_or_else(|| panic!("too few samples arrived\n{}", agent.stderr_so_far()));
+    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
+    );
+    assert_eq!(
+        hot.iter().max_by_key(|(_, n)| **n).map(|(f, _)| f.as_str()),
+        Some("leaf_hot"),
+        "{hot:?}"
+    );
+
+    // The query names the service and the window; the headers carry the tenant and auth.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mut last_from = 0;
+    for (meta, _) in &requests {
+        assert_eq!(meta["path"], "/ingest", "{meta}");
+        let q = &meta["query"];
+        assert_eq!(
+            q["name"],
+            format!("container/{}.cpu{{host={}}}", &id[..12], host.trim()),
+            "{meta}"
+        );
+        assert_eq!(q["format"], "pprof", "{meta}");
+        assert_eq!(q["sampleRate"], "99", "{meta}");
+        let from: u64 = q["from"].as_str().unwrap().parse().unwrap();
+        let until: u64 = q["until"].as_str().unwrap().parse().unwrap();
+        assert!(from < until && until - from <= 10, "{meta}");
+        assert!(from >= last_from, "windows in order: {meta}");
+        last_from = from;
+        assert_eq!(meta["headers"]["x-scope-orgid"], "t1", "{meta}");
+        // "u:pw" in base64.
+        assert_eq!(meta["headers"]["authorization"], "Basic dTpwdw==", "{meta}");
+    }
+    let m = metrics(port);
+    assert!(
+        m["bpfprof_agent_export_windows_total{backend=pyroscope,outcome=sent}"]
+            >= requests.len() as f64,
+        "{m:?}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
 }

@@ -1,8 +1,9 @@
 //! Export of each window to an OpenTelemetry backend: OTLP profiles over gRPC (tonic) or
-//! HTTP/protobuf (reqwest), `--otlp-endpoint`, `--otlp-protocol`, `--otlp-header`.
+//! HTTP/protobuf (reqwest), `--otlp-endpoint`, `--otlp-protocol`, `--otlp-header`; and to
+//! Grafana Pyroscope's ingest API ([`crate::agent::pyroscope`], `--pyroscope-url`).
 //!
-//! The recording thread never waits on the network: it hands each window to a bounded queue
-//! ([`QUEUE_WINDOWS`]) and goes on; a full queue drops the window, counted. The exporter
+//! The recording thread never waits on the network: it hands each window to each backend's
+//! bounded queue ([`QUEUE_WINDOWS`]) and goes on; a full queue drops the window, counted. The exporter
 //! encodes each window ([`crate::agent::otlp`]) into the on-disk spool
 //! ([`crate::agent::spool`]) and sends the spool's windows oldest first, each attempt bounded
 //! by [`REQUEST_TIMEOUT`]: a window the backend could not take (unreachable, timed out, 5xx)
@@ -16,7 +17,13 @@ use prost::Message;
 use reqwest::header::{HeaderName, HeaderValue};
 
 use crate::{
-    agent::{http::Shared, otlp, spool::Spool, windows::Window},
+    agent::{
+        http::Shared,
+        otlp,
+        pyroscope::{self, PyroscopeConfig},
+        spool::Spool,
+        windows::Window,
+    },
     error::{Error, Result},
 };
 
@@ -209,7 +216,7 @@ impl Transport {
 }
 
 /// An error with its causes (reqwest's own message says little: "error sending request").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -260,25 +267,66 @@ pub fn grpc_outcome(status: &tonic::Status) -> Outcome {
 /// Where and how windows are exported, and the spool that keeps them until they are.
 #[derive(Clone, Debug)]
 pub struct ExportConfig {
-    /// The OTLP backend.
-    pub otlp: OtlpConfig,
-    /// The spool's directory (`STATE_DIR/spool`).
+    /// The OTLP backend, if any.
+    pub otlp: Option<OtlpConfig>,
+    /// The Pyroscope server, if any.
+    pub pyroscope: Option<PyroscopeConfig>,
+    /// The spools' directory (`STATE_DIR/spool`): one folder per backend.
     pub spool_dir: std::path::PathBuf,
-    /// The spool's size limit in bytes.
+    /// Each backend's spool's size limit in bytes.
     pub spool_limit: u64,
 }
 
-/// The recording thread's end of the queue.
+/// One backend's client.
+enum Backend {
+    Otlp(Transport),
+    Pyroscope(pyroscope::Client),
+}
+
+impl Backend {
+    /// Its name: its spool's folder and its metrics' `backend` label.
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Otlp(_) => "otlp",
+            Backend::Pyroscope(_) => "pyroscope",
+        }
+    }
+
+    /// What a window becomes in its spool: one OTLP request; one Pyroscope request per
+    /// service.
+    fn entries(&self, window: &Window, host: &str) -> std::io::Result<Vec<Vec<u8>>> {
+        match self {
+            Backend::Otlp(_) => Ok(vec![otlp::request(window, host).encode_to_vec()]),
+            Backend::Pyroscope(_) => Ok(pyroscope::requests(window, host)?
+                .iter()
+                .map(pyroscope::to_entry)
+                .collect()),
+        }
+    }
+
+    async fn send(&self, entry: &[u8]) -> Outcome {
+        match self {
+            Backend::Otlp(transport) => transport.send(entry).await,
+            Backend::Pyroscope(client) => client.send(entry).await,
+        }
+    }
+}
+
+/// The recording thread's end of the exporter: one queue per backend.
 #[derive(Clone)]
 pub struct Queue {
-    tx: tokio::sync::mpsc::Sender<Arc<Window>>,
+    backends: Vec<(&'static str, tokio::sync::mpsc::Sender<Arc<Window>>)>,
 }
 
 impl Queue {
-    /// Hands a window to the exporter without waiting; returns false when the queue was
-    /// full (the window is then not exported).
-    pub fn offer(&self, window: Arc<Window>) -> bool {
-        self.tx.try_send(window).is_ok()
+    /// Hands a window to each backend's exporter without waiting; returns the backends
+    /// whose queue was full (the window is not exported there).
+    pub fn offer(&self, window: &Arc<Window>) -> Vec<&'static str> {
+        self.backends
+            .iter()
+            .filter(|(_, tx)| tx.try_send(Arc::clone(window)).is_err())
+            .map(|(name, _)| *name)
+            .collect()
     }
 }
 
@@ -297,46 +345,65 @@ pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// The longest delay between retries (before jitter): a backend back is found within it.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// Opens the spool and starts the exporter on the current runtime: a writer task that
-/// encodes each queued window into the spool, and a sender task that sends the spool's
-/// windows oldest first, retrying with [`backoff`]. It ends once every [`Queue`] is dropped
-/// and the spool is empty or the backend failed once more (what is left stays spooled for
-/// the next start).
+/// Opens each backend's spool and starts its exporter on the current runtime: a writer
+/// task that encodes each queued window into the spool, and a sender task that sends the
+/// spool's entries oldest first, retrying with [`backoff`]. The task returned ends once the
+/// [`Queue`] is dropped and each spool is empty or its backend failed once more (what is left
+/// stays spooled for the next start).
 pub fn start(
     config: &ExportConfig,
     host: String,
     shared: Arc<Shared>,
 ) -> Result<(Queue, tokio::task::JoinHandle<()>)> {
-    let transport = Transport::new(&config.otlp)?;
-    let spool =
-        Spool::open(&config.spool_dir, config.spool_limit).map_err(|source| Error::Output {
-            path: config.spool_dir.clone(),
-            source,
-        })?;
-    let (windows, bytes) = spool.size();
-    if windows > 0 {
-        log::info!(
-            "{windows} windows ({bytes} bytes) spooled by an earlier run: sending them first"
-        );
+    let mut backends = Vec::new();
+    if let Some(otlp) = &config.otlp {
+        backends.push(Backend::Otlp(Transport::new(otlp)?));
     }
-    let spool = Arc::new(spool);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Arc<Window>>(QUEUE_WINDOWS);
-    let (closed_tx, closed_rx) = tokio::sync::watch::channel(false);
-    let added = Arc::new(tokio::sync::Notify::new());
-    shared.metrics.spool_size(spool.size());
-    let writer = write_spool(
-        rx,
-        host,
-        Arc::clone(&spool),
-        Arc::clone(&shared),
-        Arc::clone(&added),
-        closed_tx,
-    );
-    let sender = send_spool(transport, spool, shared, added, closed_rx);
+    if let Some(pyroscope) = &config.pyroscope {
+        backends.push(Backend::Pyroscope(pyroscope::Client::new(pyroscope)?));
+    }
+    let mut queue = Queue {
+        backends: Vec::new(),
+    };
+    let mut tasks = Vec::new();
+    for backend in backends {
+        let name = backend.name();
+        let dir = config.spool_dir.join(name);
+        let spool = Spool::open(&dir, config.spool_limit)
+            .map_err(|source| Error::Output { path: dir, source })?;
+        let (entries, bytes) = spool.size();
+        if entries > 0 {
+            log::info!(
+                "{name}: {entries} entries ({bytes} bytes) spooled by an earlier run: sending them first"
+            );
+        }
+        shared.metrics.spool_size(name, spool.size());
+        let spool = Arc::new(spool);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Arc<Window>>(QUEUE_WINDOWS);
+        let (closed_tx, closed_rx) = tokio::sync::watch::channel(false);
+        let added = Arc::new(tokio::sync::Notify::new());
+        let backend = Arc::new(backend);
+        let writer = write_spool(
+            rx,
+            host.clone(),
+            Arc::clone(&backend),
+            Arc::clone(&spool),
+            Arc::clone(&shared),
+            Arc::clone(&added),
+            closed_tx,
+        );
+        let sender = send_spool(backend, spool, Arc::clone(&shared), added, closed_rx);
+        tasks.push(tokio::spawn(async move {
+            tokio::join!(writer, sender);
+        }));
+        queue.backends.push((name, tx));
+    }
     let task = tokio::spawn(async move {
-        tokio::join!(writer, sender);
+        for task in tasks {
+            let _ = task.await;
+        }
     });
-    Ok((Queue { tx }, task))
+    Ok((queue, task))
 }
 
 /// Encodes each window from the queue into the spool (on a blocking thread: encoding and a
@@ -344,47 +411,53 @@ pub fn start(
 async fn write_spool(
     mut rx: tokio::sync::mpsc::Receiver<Arc<Window>>,
     host: String,
+    backend: Arc<Backend>,
     spool: Arc<Spool>,
     shared: Arc<Shared>,
     added: Arc<tokio::sync::Notify>,
     closed: tokio::sync::watch::Sender<bool>,
 ) {
+    let name = backend.name();
     while let Some(window) = rx.recv().await {
-        let (host, into) = (host.clone(), Arc::clone(&spool));
+        let (host, into, backend) = (host.clone(), Arc::clone(&spool), Arc::clone(&backend));
         let written = tokio::task::spawn_blocking(move || {
-            let body = otlp::request(&window, &host).encode_to_vec();
-            into.add(&body)
+            let mut dropped = 0;
+            for entry in backend.entries(&window, &host)? {
+                dropped += into.add(&entry)?.dropped;
+            }
+            Ok::<u64, std::io::Error>(dropped)
         })
         .await;
         let metrics = &shared.metrics;
         match written {
-            Ok(Ok(added)) => metrics.export_n("dropped", added.dropped),
+            Ok(Ok(dropped)) => metrics.export_n(name, "dropped", dropped),
             Ok(Err(e)) => {
-                log::warn!("spooling a window failed: {e}");
-                metrics.export("dropped");
+                log::warn!("{name}: spooling a window failed: {e}");
+                metrics.export(name, "dropped");
             }
             Err(e) => {
-                log::error!("encoding a window failed: {e}");
-                metrics.export("dropped");
+                log::error!("{name}: encoding a window failed: {e}");
+                metrics.export(name, "dropped");
             }
         }
-        metrics.spool_size(spool.size());
+        metrics.spool_size(name, spool.size());
         added.notify_one();
     }
     let _ = closed.send(true);
     added.notify_one();
 }
 
-/// Sends the spool's windows oldest first until the writer closed and the spool is empty,
+/// Sends the spool's entries oldest first until the writer closed and the spool is empty,
 /// or, once closed, an attempt fails.
 async fn send_spool(
-    transport: Transport,
+    backend: Arc<Backend>,
     spool: Arc<Spool>,
     shared: Arc<Shared>,
     added: Arc<tokio::sync::Notify>,
     mut closed: tokio::sync::watch::Receiver<bool>,
 ) {
     let metrics = &shared.metrics;
+    let name = backend.name();
     let mut failures = 0u32;
     loop {
         let reading = Arc::clone(&spool);
@@ -401,40 +474,43 @@ async fn send_spool(
         let body = match body {
             Ok(body) => body,
             Err(e) => {
-                log::warn!("a spooled window is unreadable, dropped: {e}");
+                log::warn!("{name}: a spooled window is unreadable, dropped: {e}");
                 spool.remove(&entry);
-                metrics.export("dropped");
+                metrics.export(name, "dropped");
                 continue;
             }
         };
-        match transport.send(&body).await {
+        match backend.send(&body).await {
             Outcome::Sent => {
                 spool.remove(&entry);
                 failures = 0;
-                metrics.export("sent");
-                metrics.export_bytes.inc_by(body.len() as u64);
+                metrics.export(name, "sent");
+                metrics
+                    .export_bytes
+                    .get_or_create(&vec![("backend", name)])
+                    .inc_by(body.len() as u64);
             }
             Outcome::Rejected(why) => {
-                log::warn!("the backend refused a window ({why}): set aside");
+                log::warn!("{name}: the backend refused a window ({why}): set aside");
                 spool.reject(&entry);
-                metrics.export("rejected");
+                metrics.export(name, "rejected");
             }
             Outcome::Retry(why) => {
                 failures = failures.saturating_add(1);
-                metrics.export("retried");
+                metrics.export(name, "retried");
                 if *closed.borrow() {
                     log::warn!(
-                        "OTLP export failed ({why}); the spooled windows wait for the next start"
+                        "{name}: export failed ({why}); the spooled windows wait for the next start"
                     );
                     return;
                 }
                 let delay = backoff(failures);
-                log::warn!("OTLP export failed ({why}); retrying in {delay:.1?}");
+                log::warn!("{name}: export failed ({why}); retrying in {delay:.1?}");
                 // Woken early only to end (the windows stay spooled).
                 let _ = tokio::time::timeout(delay, closed.wait_for(|c| *c)).await;
             }
         }
-        metrics.spool_size(spool.size());
+        metrics.spool_size(name, spool.size());
     }
 }
 

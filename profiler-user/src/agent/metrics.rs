@@ -78,12 +78,12 @@ pub struct Metrics {
     pub window_build_seconds: Gauge<f64, AtomicU64>,
     /// Windows handed to the exporter, by outcome ([`EXPORT_OUTCOMES`]).
     pub exports: Family<Labels, Counter>,
-    /// Bytes of the windows exported (the encoded request, before compression).
-    pub export_bytes: Counter,
-    /// Windows in the export spool now.
-    pub spooled_windows: Gauge,
-    /// Bytes of the windows in the export spool now.
-    pub spooled_bytes: Gauge,
+    /// Bytes of the windows exported (the request as spooled), by backend.
+    pub export_bytes: Family<Labels, Counter>,
+    /// Entries in each backend's export spool now.
+    pub spooled_windows: Family<Labels, Gauge>,
+    /// Bytes of the entries in each backend's export spool now.
+    pub spooled_bytes: Family<Labels, Gauge>,
 }
 
 /// The outcomes of exporting windows (the `outcome` label of `bpfprof_agent_export_windows`):
@@ -93,6 +93,9 @@ pub struct Metrics {
 /// could not be written or read); queue_full (the exporter was behind by
 /// [`crate::agent::export::QUEUE_WINDOWS`] windows: the window was never spooled).
 pub const EXPORT_OUTCOMES: &[&str] = &["sent", "retried", "rejected", "dropped", "queue_full"];
+/// The export backends (the `backend` label): OTLP and Pyroscope (whose unit is one
+/// service's window).
+pub const EXPORT_BACKENDS: &[&str] = &["otlp", "pyroscope"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -123,9 +126,9 @@ impl Metrics {
             resident_bytes: Gauge::default(),
             window_build_seconds: Gauge::default(),
             exports: Family::default(),
-            export_bytes: Counter::default(),
-            spooled_windows: Gauge::default(),
-            spooled_bytes: Gauge::default(),
+            export_bytes: Family::default(),
+            spooled_windows: Family::default(),
+            spooled_bytes: Family::default(),
         };
         let r = &mut m.registry;
         r.register("samples", "Samples taken into windows", m.samples.clone());
@@ -212,21 +215,25 @@ impl Metrics {
         );
         r.register(
             "export_bytes",
-            "Bytes of the windows exported, encoded, before compression",
+            "Bytes of the windows exported, as spooled (before gzip), by backend",
             m.export_bytes.clone(),
         );
         r.register(
             "spooled_windows",
-            "Windows in the export spool, waiting to be sent",
+            "Windows in each backend's export spool, waiting to be sent (Pyroscope: per service)",
             m.spooled_windows.clone(),
         );
         r.register(
             "spooled_bytes",
-            "Bytes of the windows in the export spool",
+            "Bytes of the windows in each backend's export spool",
             m.spooled_bytes.clone(),
         );
-        for outcome in EXPORT_OUTCOMES {
-            let _ = m.exports.get_or_create(&vec![("outcome", *outcome)]);
+        for backend in EXPORT_BACKENDS {
+            for outcome in EXPORT_OUTCOMES {
+                let _ = m
+                    .exports
+                    .get_or_create(&vec![("backend", *backend), ("outcome", *outcome)]);
+            }
         }
         // Every cap and reason is exported from the start, at 0: a cap never hit is said so.
         for cap in [Cap::WindowRing, Cap::SymbolCache, Cap::UnwindTables] {
@@ -246,24 +253,27 @@ impl Metrics {
     }
 
     /// Counts a window handed to the exporter, by its outcome (one of [`EXPORT_OUTCOMES`]).
-    pub fn export(&self, outcome: &'static str) {
-        self.export_n(outcome, 1);
+    pub fn export(&self, backend: &'static str, outcome: &'static str) {
+        self.export_n(backend, outcome, 1);
     }
 
-    /// Counts `n` windows of one outcome (one of [`EXPORT_OUTCOMES`]).
-    pub fn export_n(&self, outcome: &'static str, n: u64) {
+    /// Counts `n` windows of one backend and outcome (one of [`EXPORT_OUTCOMES`]).
+    pub fn export_n(&self, backend: &'static str, outcome: &'static str, n: u64) {
         debug_assert!(EXPORT_OUTCOMES.contains(&outcome));
         if n > 0 {
             self.exports
-                .get_or_create(&vec![("outcome", outcome)])
+                .get_or_create(&vec![("backend", backend), ("outcome", outcome)])
                 .inc_by(n);
         }
     }
 
-    /// Sets the spool's size: windows and bytes.
-    pub fn spool_size(&self, (windows, bytes): (usize, u64)) {
-        self.spooled_windows.set(windows as i64);
-        self.spooled_bytes.set(bytes as i64);
+    /// Sets a backend's spool's size: entries and bytes.
+    pub fn spool_size(&self, backend: &'static str, (entries, bytes): (usize, u64)) {
+        let label = vec![("backend", backend)];
+        self.spooled_windows
+            .get_or_create(&label)
+            .set(entries as i64);
+        self.spooled_bytes.get_or_create(&label).set(bytes as i64);
     }
 
     /// Adds a window's losses.
@@ -341,7 +351,7 @@ mod tests {
             "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
             "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
             "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",
-            "bpfprof_agent_export_windows_total{outcome=\"queue_full\"} 0",
+            "bpfprof_agent_export_windows_total{backend=\"otlp\",outcome=\"queue_full\"} 0",
             "# TYPE bpfprof_agent_cpu_seconds counter",
             "# EOF",
         ] {

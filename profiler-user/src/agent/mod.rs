@@ -4,7 +4,8 @@
 //! recording, so every writer reads the same profile), labels each process's samples
 //! ([`labels`], [`rules`]), keeps the recent windows in a ring ([`windows`]) and serves them
 //! as pprof with its own metrics over HTTP ([`http`], [`metrics`]), and sends each window to
-//! an OpenTelemetry backend as OTLP profiles where asked ([`export`], [`otlp`]).
+//! an OpenTelemetry backend as OTLP profiles or to Pyroscope where asked ([`export`],
+//! [`otlp`], [`pyroscope`], [`spool`]).
 //!
 //! The recording runs on a thread of its own (ticks, windows, symbolization); the HTTP server
 //! and the exporter on the async runtime, reading only the ring, the export queue and
@@ -19,6 +20,7 @@ pub mod http;
 pub mod labels;
 pub mod metrics;
 pub mod otlp;
+pub mod pyroscope;
 pub mod rules;
 pub mod spool;
 pub mod windows;
@@ -85,7 +87,7 @@ pub struct AgentConfig {
     pub rules: ServiceRules,
     /// The daemon's socket, asked for the tags of its runs.
     pub socket: PathBuf,
-    /// Where to export each window as OTLP profiles, if anywhere, and its spool.
+    /// Where to export each window (OTLP profiles, Pyroscope), if anywhere, and the spool.
     pub export: Option<export::ExportConfig>,
 }
 
@@ -379,8 +381,8 @@ impl Agent<'_> {
         });
         self.window_start = end;
         if let Some(queue) = &self.export {
-            if !queue.offer(Arc::clone(&window)) {
-                metrics.export("queue_full");
+            for backend in queue.offer(&window) {
+                metrics.export(backend, "queue_full");
             }
         }
         if self.shared.ring.push(window) {

@@ -133,11 +133,28 @@ pub struct AgentArgs {
     /// A header sent with every OTLP request (auth, tenant), repeatable.
     #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
     pub otlp_headers: Vec<String>,
-    /// Where the agent keeps its state: the export spool (`spool/`), windows not yet taken
-    /// by the backend, kept across restarts.
+    /// Push each window to this Grafana Pyroscope server's ingest API, one pprof per
+    /// service (`POST URL/ingest?name=SERVICE.cpu{host=...}&format=pprof...`). Off unless
+    /// given.
+    #[arg(long, value_name = "URL")]
+    pub pyroscope_url: Option<String>,
+    /// The Pyroscope tenant, sent as `X-Scope-OrgID`.
+    #[arg(long, value_name = "ID", requires = "pyroscope_url")]
+    pub pyroscope_tenant: Option<String>,
+    /// Basic auth for Pyroscope (Grafana Cloud: the instance id and an API token)
+    /// [env: BPFPROF_PYROSCOPE_USER].
+    #[arg(
+        long,
+        env = "BPFPROF_PYROSCOPE_USER",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
+    pub pyroscope_user: Option<String>,
+    /// Where the agent keeps its state: the export spools (`spool/otlp`, `spool/pyroscope`),
+    /// windows not yet taken by the backend, kept across restarts.
     #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Most MiB of windows the export spool keeps while the backend is away; past it the
+    /// Most MiB of windows each backend's export spool keeps while it is away; past it the
     /// oldest are dropped, counted.
     #[arg(long, default_value_t = crate::agent::DEFAULT_SPOOL_MIB)]
     pub spool_mib: u64,
