@@ -695,3 +695,71 @@ fn pyroscope_ingest_gets_each_services_pprof_with_its_name_and_labels() {
     agent.signal(libc::SIGTERM);
     agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
 }
+
+#[test]
+fn a_full_spool_drops_its_oldest_windows_counted_and_keeps_the_newest() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    // An endpoint nothing listens on: every window stays spooled, until the 1 MiB spool is
+    // full. The whole machine at 499 Hz makes windows large enough to fill it in seconds.
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "-F",
+            "499",
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            &down,
+            "--spool-mib",
+            "1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        1.0,
+    );
+    let dropped = "bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}";
+    poll_until(Duration::from_secs(180), || {
+        (metric(port, dropped) >= 3.0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the spool never filled: {:?}", metrics(port)));
+    // Every window cut is spooled or dropped, counted exactly; the spool holds the newest
+    // (a window's file is named by its number, from 0 in a fresh spool), within its limit.
+    let (cut, spooled, files) = poll_until(Duration::from_secs(60), || {
+        let m = metrics(port);
+        let cut = m["bpfprof_agent_windows_total"] as u64;
+        let spooled = m["bpfprof_agent_spooled_windows{backend=otlp}"] as u64;
+        let mut files: Vec<(u64, u64)> = std::fs::read_dir(state.join("spool/otlp"))
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let seq = e.file_name().to_str()?.strip_suffix(".pb")?.parse().ok()?;
+                Some((seq, e.metadata().ok()?.len()))
+            })
+            .collect();
+        files.sort();
+        let settled = cut == spooled + m[dropped] as u64
+            && files.len() as u64 == spooled
+            && metrics(port)["bpfprof_agent_windows_total"] as u64 == cut;
+        settled.then_some((cut, spooled, files))
+    })
+    .unwrap_or_else(|| panic!("the spool's counts never agreed: {:?}", metrics(port)));
+    let seqs: Vec<u64> = files.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(
+        seqs,
+        (cut - spooled..cut).collect::<Vec<u64>>(),
+        "the newest {spooled} of {cut} windows are kept"
+    );
+    let bytes: u64 = files.iter().map(|(_, len)| len).sum();
+    assert!(
+        bytes <= 1 << 20,
+        "{bytes} bytes spooled past the 1 MiB limit"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
