@@ -168,18 +168,33 @@ impl Transport {
         }
     }
 
-    /// Sends one encoded `ExportProfilesServiceRequest`.
-    async fn send(&self, body: &[u8]) -> Outcome {
+    /// Makes an encoded `ExportProfilesServiceRequest` ready to send (gzipped for HTTP,
+    /// decoded for gRPC's codec): work for a blocking thread, not the runtime's.
+    fn prepare(&self, body: &[u8]) -> Prepared {
+        use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
         match self {
-            Transport::Http {
-                client,
-                url,
-                headers,
-            } => {
-                let gzipped = match gzip(body) {
-                    Ok(g) => g,
-                    Err(e) => return Outcome::Rejected(format!("gzip: {e}")),
-                };
+            Transport::Http { .. } => match gzip(body) {
+                Ok(gzipped) => Prepared::Otlp(gzipped),
+                Err(e) => Prepared::Broken(format!("gzip: {e}")),
+            },
+            Transport::Grpc { .. } => match ExportProfilesServiceRequest::decode(body) {
+                Ok(message) => Prepared::OtlpMessage(Box::new(message)),
+                Err(e) => Prepared::Broken(format!("undecodable window: {e}")),
+            },
+        }
+    }
+
+    /// Sends one prepared request.
+    async fn send(&self, prepared: Prepared) -> Outcome {
+        match (self, prepared) {
+            (
+                Transport::Http {
+                    client,
+                    url,
+                    headers,
+                },
+                Prepared::Otlp(gzipped),
+            ) => {
                 let response = client
                     .post(url.clone())
                     .headers(headers.clone())
@@ -193,17 +208,11 @@ impl Transport {
                     Ok(r) => http_outcome(r.status()),
                 }
             }
-            Transport::Grpc { channel, headers } => {
-                use opentelemetry_proto::tonic::collector::profiles::v1development::{
-                    profiles_service_client::ProfilesServiceClient, ExportProfilesServiceRequest,
-                };
-                let message = match ExportProfilesServiceRequest::decode(body) {
-                    Ok(m) => m,
-                    Err(e) => return Outcome::Rejected(format!("undecodable window: {e}")),
-                };
+            (Transport::Grpc { channel, headers }, Prepared::OtlpMessage(message)) => {
+                use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
                 let mut client = ProfilesServiceClient::new(channel.clone())
                     .send_compressed(tonic::codec::CompressionEncoding::Gzip);
-                let mut request = tonic::Request::new(message);
+                let mut request = tonic::Request::new(*message);
                 *request.metadata_mut() = headers.clone();
                 request.set_timeout(REQUEST_TIMEOUT);
                 match client.export(request).await {
@@ -211,8 +220,22 @@ impl Transport {
                     Err(status) => grpc_outcome(&status),
                 }
             }
+            (_, Prepared::Broken(why)) => Outcome::Rejected(why),
+            (_, _) => Outcome::Rejected("a request prepared for another transport".into()),
         }
     }
+}
+
+/// A spooled entry made ready to send, on a blocking thread.
+pub enum Prepared {
+    /// An OTLP/HTTP body, gzipped.
+    Otlp(Vec<u8>),
+    /// An OTLP request for gRPC's codec.
+    OtlpMessage(Box<opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest>),
+    /// A Pyroscope ingest request.
+    Pyroscope(pyroscope::Request),
+    /// An entry that cannot be sent (unreadable): refused for good.
+    Broken(String),
 }
 
 /// An error with its causes (reqwest's own message says little: "error sending request").
@@ -304,10 +327,24 @@ impl Backend {
         }
     }
 
-    async fn send(&self, entry: &[u8]) -> Outcome {
+    /// Makes a spooled entry ready to send (decoding, compressing): on a blocking thread.
+    fn prepare(&self, entry: &[u8]) -> Prepared {
         match self {
-            Backend::Otlp(transport) => transport.send(entry).await,
-            Backend::Pyroscope(client) => client.send(entry).await,
+            Backend::Otlp(transport) => transport.prepare(entry),
+            Backend::Pyroscope(_) => pyroscope::prepare(entry),
+        }
+    }
+
+    async fn send(&self, prepared: Prepared) -> Outcome {
+        match (self, prepared) {
+            (_, Prepared::Broken(why)) => Outcome::Rejected(why),
+            (Backend::Otlp(transport), prepared) => transport.send(prepared).await,
+            (Backend::Pyroscope(client), Prepared::Pyroscope(request)) => {
+                client.send(request).await
+            }
+            (Backend::Pyroscope(_), _) => {
+                Outcome::Rejected("a request prepared for another backend".into())
+            }
         }
     }
 }
@@ -447,6 +484,19 @@ async fn write_spool(
     added.notify_one();
 }
 
+/// Removes a spooled entry, or sets it aside (`reject`), on a blocking thread (file I/O).
+async fn forget(spool: &Arc<Spool>, entry: crate::agent::spool::Entry, reject: bool) {
+    let spool = Arc::clone(spool);
+    let _ = tokio::task::spawn_blocking(move || {
+        if reject {
+            spool.reject(&entry);
+        } else {
+            spool.remove(&entry);
+        }
+    })
+    .await;
+}
+
 /// Sends the spool's entries oldest first until the writer closed and the spool is empty,
 /// or, once closed, an attempt fails.
 async fn send_spool(
@@ -460,8 +510,13 @@ async fn send_spool(
     let name = backend.name();
     let mut failures = 0u32;
     loop {
-        let reading = Arc::clone(&spool);
-        let Ok(oldest) = tokio::task::spawn_blocking(move || reading.oldest()).await else {
+        let (reading, preparing) = (Arc::clone(&spool), Arc::clone(&backend));
+        let oldest = tokio::task::spawn_blocking(move || {
+            let (entry, body) = reading.oldest()?;
+            Some((entry, body.map(|b| (b.len(), preparing.prepare(&b)))))
+        })
+        .await;
+        let Ok(oldest) = oldest else {
             return;
         };
         let Some((entry, body)) = oldest else {
@@ -471,28 +526,28 @@ async fn send_spool(
             added.notified().await;
             continue;
         };
-        let body = match body {
+        let (bytes, prepared) = match body {
             Ok(body) => body,
             Err(e) => {
                 log::warn!("{name}: a spooled window is unreadable, dropped: {e}");
-                spool.remove(&entry);
+                forget(&spool, entry, false).await;
                 metrics.export(name, "dropped");
                 continue;
             }
         };
-        match backend.send(&body).await {
+        match backend.send(prepared).await {
             Outcome::Sent => {
-                spool.remove(&entry);
+                forget(&spool, entry, false).await;
                 failures = 0;
                 metrics.export(name, "sent");
                 metrics
                     .export_bytes
                     .get_or_create(&vec![("backend", name)])
-                    .inc_by(body.len() as u64);
+                    .inc_by(bytes as u64);
             }
             Outcome::Rejected(why) => {
                 log::warn!("{name}: the backend refused a window ({why}): set aside");
-                spool.reject(&entry);
+                forget(&spool, entry, true).await;
                 metrics.export(name, "rejected");
             }
             Outcome::Retry(why) => {

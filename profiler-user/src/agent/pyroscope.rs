@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     agent::{
-        export::{error_chain, http_outcome, Outcome, REQUEST_TIMEOUT},
+        export::{error_chain, http_outcome, Outcome, Prepared, REQUEST_TIMEOUT},
         windows::Window,
     },
     error::{Error, Result},
@@ -178,12 +178,8 @@ impl Client {
         })
     }
 
-    /// Sends one spooled request (its JSON).
-    pub async fn send(&self, entry: &[u8]) -> Outcome {
-        let request: Request = match serde_json::from_slice(entry) {
-            Ok(r) => r,
-            Err(e) => return Outcome::Rejected(format!("unreadable spooled request: {e}")),
-        };
+    /// Sends one request.
+    pub async fn send(&self, request: Request) -> Outcome {
         let mut url = self.config.url.clone();
         let base = url.path().trim_end_matches('/').to_string();
         url.set_path(&format!("{base}/ingest"));
@@ -203,6 +199,14 @@ impl Client {
             Err(e) => Outcome::Retry(error_chain(&e)),
             Ok(r) => http_outcome(r.status()),
         }
+    }
+}
+
+/// A spooled request read back (its JSON), ready to send.
+pub fn prepare(entry: &[u8]) -> Prepared {
+    match serde_json::from_slice(entry) {
+        Ok(request) => Prepared::Pyroscope(request),
+        Err(e) => Prepared::Broken(format!("unreadable spooled request: {e}")),
     }
 }
 
