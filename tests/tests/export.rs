@@ -12,7 +12,7 @@ use std::{
 
 use bpfprof_tests::{
     agent::{free_port, go_pprof_url, leaves, metrics, start_agent, TestCgroup},
-    poll_until, require_root, tempdir, Workload,
+    poll_until, require_root, run_bpfprof, tempdir, Workload,
 };
 use serde_json::Value;
 
@@ -762,4 +762,78 @@ fn a_full_spool_drops_its_oldest_windows_counted_and_keeps_the_newest() {
     );
     agent.signal(libc::SIGTERM);
     agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
+
+#[test]
+fn bad_export_settings_are_refused_with_a_clear_error() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let state = state.to_str().unwrap();
+    for (args, code, says) in [
+        (
+            vec!["--otlp-endpoint", "collector:4318"],
+            2,
+            "--otlp-endpoint",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--otlp-header",
+                "novalue",
+            ],
+            2,
+            "--otlp-header",
+        ),
+        (vec!["--otlp-header", "k=v"], 2, "--otlp-endpoint"),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--otlp-protocol",
+                "http/json",
+            ],
+            2,
+            "http/json",
+        ),
+        (vec!["--pyroscope-url", "ftp://p"], 2, "--pyroscope-url"),
+        (
+            vec![
+                "--pyroscope-url",
+                "http://p:4040",
+                "--pyroscope-user",
+                "nopassword",
+            ],
+            2,
+            "USER:PASSWORD",
+        ),
+        (
+            vec!["--otlp-endpoint", "http://c:4318", "--spool-mib", "0"],
+            2,
+            "--spool-mib",
+        ),
+        // A spool that cannot be made: the output-not-writable code.
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--state-dir",
+                "/proc/bpfprof-spool",
+            ],
+            6,
+            "/proc/bpfprof-spool",
+        ),
+    ] {
+        let mut all = vec!["agent"];
+        all.extend(&args);
+        if !args.contains(&"--state-dir") {
+            all.extend(["--state-dir", state]);
+        }
+        let run = run_bpfprof(&all, Duration::from_secs(60));
+        run.assert_code(code);
+        run.assert_stderr_mentions(&[says]);
+    }
 }

@@ -20,6 +20,11 @@ use std::{
 
 /// Refused windows kept in `rejected/`, newest: enough to see why, bounded.
 pub const REJECTED_KEPT: usize = 16;
+/// The spool folders' mode: what the windows show is root's to see (as the agent's HTTP
+/// server, which serves the same, should listen on loopback).
+const SPOOL_DIR_MODE: u32 = 0o700;
+/// A spooled window's file's mode.
+const SPOOL_FILE_MODE: u32 = 0o600;
 /// A spooled window's file extension.
 const EXTENSION: &str = "pb";
 /// The prefix of a file being written (removed at start if a crash left it).
@@ -62,7 +67,12 @@ impl Spool {
     /// Opens (creating) the spool in `dir`, taking in the windows a previous run left there,
     /// removing half-written files.
     pub fn open(dir: &Path, limit: u64) -> std::io::Result<Spool> {
+        use std::os::unix::fs::PermissionsExt;
         fs::create_dir_all(dir.join("rejected"))?;
+        // Windows hold every process's stacks, names and paths: root's to read only.
+        for d in [dir.to_path_buf(), dir.join("rejected")] {
+            fs::set_permissions(d, fs::Permissions::from_mode(SPOOL_DIR_MODE))?;
+        }
         let mut entries = Vec::new();
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
@@ -122,7 +132,15 @@ impl Spool {
             return Ok(Added { dropped: 1 });
         }
         let temp = self.dir.join(format!("{TEMP_PREFIX}{seq}"));
-        let mut file = fs::File::create(&temp)?;
+        let mut file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(SPOOL_FILE_MODE)
+                .open(&temp)?
+        };
         file.write_all(body)?;
         file.sync_all()?;
         fs::rename(&temp, self.path(seq))?;
@@ -237,6 +255,13 @@ mod tests {
         assert_eq!(spool.oldest().unwrap().1.unwrap(), vec![5; 10]);
         // Too large for the limit: dropped at once.
         assert_eq!(spool.add(&[0; 101]).unwrap(), Added { dropped: 1 });
+        // Root's alone to read.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(dir.path()), SPOOL_DIR_MODE);
+        assert_eq!(mode(&dir.path().join("rejected")), SPOOL_DIR_MODE);
+        let (entry, _) = spool.oldest().unwrap();
+        assert_eq!(mode(&spool.path(entry.seq)), SPOOL_FILE_MODE);
     }
 
     #[test]
