@@ -17,8 +17,10 @@
 //! everything: `env` (root/CI, the binary, workloads, tools), `process` (workload processes
 //! and `/proc`), `runner` (running bpfprof), `profile` (folded profiles), `summary` (the
 //! summary JSON), `files` (temp dirs and executable copies), `checks`, `daemon`, `users`,
-//! `python` (the installed Python package), `exit` (exit codes) and `large_library`.
+//! `python` (the installed Python package), `exit` (exit codes), `large_library` and `agent`
+//! (the agent's tests' helpers).
 
+pub mod agent;
 pub mod checks;
 pub mod daemon;
 pub mod env;

@@ -2,131 +2,12 @@
 //! `/debug/pprof/profile` URL, the Prometheus project's own parser on its `/metrics`, and its
 //! memory while processes come and go.
 
-use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+use std::{collections::BTreeMap, process::Command, time::Duration};
 
 use bpfprof_tests::{
-    ci, poll_until, proc_status, require_root, spawn_bpfprof, tempdir, BpfprofProcess, Daemon,
-    Workload,
+    agent::{free_port, go_pprof_url, leaves, metrics, start_agent, RawSample, TestCgroup},
+    poll_until, proc_status, require_root, tempdir, Daemon, Workload,
 };
-
-/// A free TCP port on loopback (the agent binds it right after).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The agent's metrics, parsed by `prometheus_client`'s OpenMetrics parser (the format the
-/// agent serves): every sample as `name{labels}` -> value. Panics when the text does not parse.
-fn metrics(port: u16) -> BTreeMap<String, f64> {
-    let script = r#"
-import sys, json, urllib.request
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
-text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode()
-out = {}
-for family in text_string_to_metric_families(text):
-    for s in family.samples:
-        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
-        out[s.name + ("{" + labels + "}" if labels else "")] = s.value
-print(json.dumps(out))
-"#;
-    let out = Command::new("python3")
-        .args(["-c", script, &port.to_string()])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "/metrics did not parse as OpenMetrics text: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the parser's JSON")
-}
-
-/// A sample of `go tool pprof -raw`: its count, the function of its leaf location, its labels.
-#[derive(Debug)]
-struct RawSample {
-    count: u64,
-    leaf: String,
-    labels: BTreeMap<String, String>,
-}
-
-/// `go tool pprof -raw URL`, Go's own pprof fetching the profile over HTTP as it would from
-/// any `net/http/pprof` server; `None` (outside CI) where Go is missing.
-fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
-    let out = match Command::new("go")
-        .args(["tool", "pprof", "-raw", url])
-        .env("HOME", home)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            assert!(!ci(), "go is needed under CI (cargo xtask setup): {e}");
-            eprintln!("skipping: go is missing: {e}");
-            return None;
-        }
-    };
-    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof {url} failed: {}\n{raw}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(parse_raw(&raw))
-}
-
-/// The samples of pprof's `-raw` text, leaf functions named from its `Locations`.
-fn parse_raw(raw: &str) -> Vec<RawSample> {
-    let location = regex::Regex::new(r"^\s+(\d+): (?:0x[0-9a-f]+ )?(?:M=\d+ )?(\S+)").unwrap();
-    let sample = regex::Regex::new(r"^\s+(\d+)\s+\d+: ([\d ]+)$").unwrap();
-    // A value may hold `]` itself (`[exited process]`): it ends at `]` before a space or the end.
-    let label = regex::Regex::new(r"(\w+):\[(.*?)\](?:\s|$)").unwrap();
-    let mut functions = BTreeMap::new();
-    for line in raw
-        .lines()
-        .skip_while(|l| *l != "Locations")
-        .take_while(|l| *l != "Mappings")
-    {
-        if let Some(c) = location.captures(line) {
-            functions.insert(c[1].to_string(), c[2].to_string());
-        }
-    }
-    let mut samples: Vec<RawSample> = Vec::new();
-    for line in raw
-        .lines()
-        .skip_while(|l| *l != "Samples:")
-        .take_while(|l| *l != "Locations")
-    {
-        if let Some(c) = sample.captures(line) {
-            let leaf_id = c[2].split_whitespace().next().unwrap_or_default();
-            samples.push(RawSample {
-                count: c[1].parse().unwrap(),
-                leaf: functions.get(leaf_id).cloned().unwrap_or_default(),
-                labels: BTreeMap::new(),
-            });
-        } else if let Some(last) = samples.last_mut() {
-            for c in label.captures_iter(line) {
-                last.labels.insert(c[1].to_string(), c[2].to_string());
-            }
-        }
-    }
-    samples
-}
-
-/// Starts the agent on `port` with `args`, and waits until it has cut `windows` windows.
-fn start_agent(port: u16, args: &[&str], windows: f64) -> BpfprofProcess {
-    let listen = format!("127.0.0.1:{port}");
-    let mut all = vec!["agent", "--listen", &listen];
-    all.extend(args);
-    let agent = spawn_bpfprof(&all);
-    poll_until(Duration::from_secs(60), || {
-        let up = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        (up && metrics(port)["bpfprof_agent_windows_total"] >= windows).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the agent cut no window:\n{}", agent.stderr_so_far()));
-    agent
-}
 
 /// A process's resident memory in KiB, from `/proc/PID/status`.
 fn vm_rss_kb(pid: u32) -> u64 {
@@ -136,18 +17,6 @@ fn vm_rss_kb(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
-}
-
-/// Samples of `pid`, by leaf function.
-fn leaves(samples: &[RawSample], pid: u32) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for s in samples
-        .iter()
-        .filter(|s| s.labels.get("pid") == Some(&pid.to_string()))
-    {
-        *out.entry(s.leaf.clone()).or_default() += s.count;
-    }
-    out
 }
 
 /// The labels every sample of `pid` carries (they must agree).
@@ -331,50 +200,6 @@ fn agent_serves_each_process_with_its_labels_and_split_over_pprof() {
     agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
 }
 
-/// A cgroup v2 of its own, removed on drop (its processes killed first).
-struct TestCgroup {
-    path: std::path::PathBuf,
-    /// The path `--cgroup` takes: relative to the cgroup2 mount.
-    relative: String,
-}
-
-impl TestCgroup {
-    fn new() -> TestCgroup {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-        let root = mounts
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
-            })
-            .expect("a cgroup2 mount");
-        let relative = format!("bpfprof-agent-test-{}", std::process::id());
-        let path = Path::new(&root).join(&relative);
-        std::fs::create_dir_all(&path).unwrap();
-        TestCgroup { path, relative }
-    }
-
-    fn add(&self, pid: u32) {
-        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
-            // SAFETY: kill(2) of the test's own processes, in its own cgroup.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = poll_until(Duration::from_secs(10), || {
-            std::fs::remove_dir(&self.path).ok()
-        });
-    }
-}
-
 /// Whether the shell `pid` of the loop below became its final `sleep`: the loop has ended.
 fn loop_ended(pid: u32) -> bool {
     proc_status(pid).is_some_and(|s| s.name == "sleep")
@@ -387,7 +212,7 @@ fn agent_memory_stays_bounded_while_300_processes_come_and_go() {
     }
     // A shell starting 300 short-lived processes over two minutes (each a `shortlived` that
     // burns 0.1 s of CPU, and a `sleep`), in a cgroup of its own that the agent records.
-    let cgroup = TestCgroup::new();
+    let cgroup = TestCgroup::named(&format!("bpfprof-agent-test-{}", std::process::id()));
     let shortlived = bpfprof_tests::workload_path("shortlived");
     let script = format!(
         "read go; for i in $(seq 300); do {} 0.1 & sleep 0.4; done; wait; exec sleep 60",

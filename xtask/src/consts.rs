@@ -79,6 +79,14 @@ pub const PYTHON_MODULES: &[(&str, &str)] = &[
     ("pytest", "pytest"),
     ("numpy", "numpy"),
     ("prometheus_client", "prometheus-client"),
+    // The OTLP profiles receiver of tests/tests/export.rs: the official generated stubs, at
+    // the version whose protos (OTLP 1.10's v1development profiles) are those of the Rust
+    // `opentelemetry-proto` crate the agent exports with, and gRPC.
+    (
+        "opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc",
+        "opentelemetry-proto==1.45.2",
+    ),
+    ("grpc", "grpcio"),
 ];
 
 /// Programs from PyPI the tests run: py-spy, the peer the Python-walk tests compare shares with.

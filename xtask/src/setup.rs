@@ -97,8 +97,14 @@ fn setup_validators() -> Result<()> {
 fn setup_python() -> Result<()> {
     println!("==> python modules");
     for (module, package) in PYTHON_MODULES {
-        let present =
-            probe(Command::new("python3").args(["-c", &format!("import {module}")])).is_some();
+        // A pinned package must be at its version, not only import.
+        let check = match package.split_once("==") {
+            Some((name, version)) => format!(
+                "import {module}, importlib.metadata as m; assert m.version('{name}') == '{version}'"
+            ),
+            None => format!("import {module}"),
+        };
+        let present = probe(Command::new("python3").args(["-c", &check])).is_some();
         if present {
             println!("    {module}: already installed");
             continue;

@@ -76,7 +76,26 @@ pub struct Metrics {
     pub resident_bytes: Gauge,
     /// Seconds the last window took to symbolize and aggregate.
     pub window_build_seconds: Gauge<f64, AtomicU64>,
+    /// Windows handed to the exporter, by outcome ([`EXPORT_OUTCOMES`]).
+    pub exports: Family<Labels, Counter>,
+    /// Bytes of the windows exported (the request as spooled), by backend.
+    pub export_bytes: Family<Labels, Counter>,
+    /// Entries in each backend's export spool now.
+    pub spooled_windows: Family<Labels, Gauge>,
+    /// Bytes of the entries in each backend's export spool now.
+    pub spooled_bytes: Family<Labels, Gauge>,
 }
+
+/// The outcomes of exporting windows (the `outcome` label of `bpfprof_agent_export_windows`):
+/// sent; retried (an attempt failed: the backend was unreachable, timed out or answered an
+/// error worth retrying; the window stays spooled); rejected (the backend refused it for
+/// good: set aside); dropped (the spool was full: its oldest window was deleted, or a window
+/// could not be written or read); queue_full (the exporter was behind by
+/// [`crate::agent::export::QUEUE_WINDOWS`] windows: the window was never spooled).
+pub const EXPORT_OUTCOMES: &[&str] = &["sent", "retried", "rejected", "dropped", "queue_full"];
+/// The export backends (the `backend` label): OTLP and Pyroscope (whose unit is one
+/// service's window).
+pub const EXPORT_BACKENDS: &[&str] = &["otlp", "pyroscope"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -106,6 +125,10 @@ impl Metrics {
             cpu_seconds: Counter::default(),
             resident_bytes: Gauge::default(),
             window_build_seconds: Gauge::default(),
+            exports: Family::default(),
+            export_bytes: Family::default(),
+            spooled_windows: Family::default(),
+            spooled_bytes: Family::default(),
         };
         let r = &mut m.registry;
         r.register("samples", "Samples taken into windows", m.samples.clone());
@@ -185,6 +208,33 @@ impl Metrics {
             "Seconds the last window took to symbolize and aggregate",
             m.window_build_seconds.clone(),
         );
+        r.register(
+            "export_windows",
+            "Windows handed to the exporter, by outcome",
+            m.exports.clone(),
+        );
+        r.register(
+            "export_bytes",
+            "Bytes of the windows exported, as spooled (before gzip), by backend",
+            m.export_bytes.clone(),
+        );
+        r.register(
+            "spooled_windows",
+            "Windows in each backend's export spool, waiting to be sent (Pyroscope: per service)",
+            m.spooled_windows.clone(),
+        );
+        r.register(
+            "spooled_bytes",
+            "Bytes of the windows in each backend's export spool",
+            m.spooled_bytes.clone(),
+        );
+        for backend in EXPORT_BACKENDS {
+            for outcome in EXPORT_OUTCOMES {
+                let _ = m
+                    .exports
+                    .get_or_create(&vec![("backend", *backend), ("outcome", *outcome)]);
+            }
+        }
         // Every cap and reason is exported from the start, at 0: a cap never hit is said so.
         for cap in [Cap::WindowRing, Cap::SymbolCache, Cap::UnwindTables] {
             let _ = m.cap_hits.get_or_create(&vec![("cap", cap.name())]);
@@ -200,6 +250,30 @@ impl Metrics {
         self.cap_hits
             .get_or_create(&vec![("cap", cap.name())])
             .inc_by(times);
+    }
+
+    /// Counts a window handed to the exporter, by its outcome (one of [`EXPORT_OUTCOMES`]).
+    pub fn export(&self, backend: &'static str, outcome: &'static str) {
+        self.export_n(backend, outcome, 1);
+    }
+
+    /// Counts `n` windows of one backend and outcome (one of [`EXPORT_OUTCOMES`]).
+    pub fn export_n(&self, backend: &'static str, outcome: &'static str, n: u64) {
+        debug_assert!(EXPORT_OUTCOMES.contains(&outcome));
+        if n > 0 {
+            self.exports
+                .get_or_create(&vec![("backend", backend), ("outcome", outcome)])
+                .inc_by(n);
+        }
+    }
+
+    /// Sets a backend's spool's size: entries and bytes.
+    pub fn spool_size(&self, backend: &'static str, (entries, bytes): (usize, u64)) {
+        let label = vec![("backend", backend)];
+        self.spooled_windows
+            .get_or_create(&label)
+            .set(entries as i64);
+        self.spooled_bytes.get_or_create(&label).set(bytes as i64);
     }
 
     /// Adds a window's losses.
@@ -277,6 +351,7 @@ mod tests {
             "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
             "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
             "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",
+            "bpfprof_agent_export_windows_total{backend=\"otlp\",outcome=\"queue_full\"} 0",
             "# TYPE bpfprof_agent_cpu_seconds counter",
             "# EOF",
         ] {

@@ -3,20 +3,26 @@
 //! `--window` ([`crate::recording::Recording::take_window`]: the same aggregation as any
 //! recording, so every writer reads the same profile), labels each process's samples
 //! ([`labels`], [`rules`]), keeps the recent windows in a ring ([`windows`]) and serves them
-//! as pprof with its own metrics over HTTP ([`http`], [`metrics`]).
+//! as pprof with its own metrics over HTTP ([`http`], [`metrics`]), and sends each window to
+//! an OpenTelemetry backend as OTLP profiles or to Pyroscope where asked ([`export`],
+//! [`otlp`], [`pyroscope`], [`spool`]).
 //!
 //! The recording runs on a thread of its own (ticks, windows, symbolization); the HTTP server
-//! on the async runtime, reading only the ring and atomics. Memory stays bounded however many
-//! processes come and go: exited processes are dropped at the window after their exit (with
+//! and the exporter on the async runtime, reading only the ring, the export queue and
+//! atomics. Memory stays bounded however many processes come and go: exited processes are dropped at the window after their exit (with
 //! their labels, unwind tracking and Python state), the stacks a window took are forgotten,
 //! the symbolizer's caches are emptied past [`MAX_SYMBOL_CACHE`], unwind tables are evicted
 //! least recently sampled first within `--unwind-table-mib`, and the ring holds at most
 //! [`windows::RING_WINDOWS`]; each cap hit is counted in `/metrics`.
 
+pub mod export;
 pub mod http;
 pub mod labels;
 pub mod metrics;
+pub mod otlp;
+pub mod pyroscope;
 pub mod rules;
+pub mod spool;
 pub mod windows;
 
 use std::{
@@ -59,6 +65,13 @@ pub const MAX_SYMBOL_CACHE: usize = 100_000;
 /// parsed symbol table, and a deleted file's blocks stay allocated while it is open.
 pub const MAX_SYMBOL_FILES: usize = 256;
 
+/// Where the agent keeps its state (the export spool) by default: beside the daemon's
+/// `/var/lib/bpfprof`, not inside it (the daemon owns what is there).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/bpfprof-agent";
+/// The export spool's default limit, in MiB: at 19 Hz an hour or more of a busy machine's
+/// windows while the backend is away.
+pub const DEFAULT_SPOOL_MIB: u64 = 256;
+
 /// What the agent records and serves, validated.
 pub struct AgentConfig {
     /// The recording: event and rate, unwinding, Python, the unwind-table cap.
@@ -74,6 +87,8 @@ pub struct AgentConfig {
     pub rules: ServiceRules,
     /// The daemon's socket, asked for the tags of its runs.
     pub socket: PathBuf,
+    /// Where to export each window (OTLP profiles, Pyroscope), if anywhere, and the spool.
+    pub export: Option<export::ExportConfig>,
 }
 
 impl AgentConfig {
@@ -109,6 +124,14 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
         metrics: Metrics::new(),
         window: config.window,
     });
+    let host = labels::host_name();
+    let (queue, exporter) = match &config.export {
+        Some(export) => {
+            let (queue, task) = export::start(export, host.clone(), Arc::clone(&shared))?;
+            (Some(queue), Some(task))
+        }
+        None => (None, None),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
@@ -118,7 +141,7 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
         std::thread::Builder::new()
             .name("agent-recording".into())
             .spawn(move || {
-                let result = record(config, &shared, &stop, started_tx);
+                let result = record(config, host, queue, &shared, &stop, started_tx);
                 let _ = done_tx.send(result);
             })
             .map_err(anyhow::Error::from)?
@@ -161,6 +184,14 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
         None => done_rx.await,
     };
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    // The recording thread dropped its end of the queue: the exporter spools what is queued
+    // and sends what it can; what it cannot stays spooled for the next start.
+    if let Some(exporter) = exporter {
+        let bound = export::REQUEST_TIMEOUT * (export::QUEUE_WINDOWS as u32 + 1);
+        if tokio::time::timeout(bound, exporter).await.is_err() {
+            log::warn!("the exporter did not finish sending within {bound:?}");
+        }
+    }
     match result {
         Ok(Ok(())) => Ok(exit_code::OK),
         Ok(Err(e)) => Err(e),
@@ -174,6 +205,8 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
 /// windows until `stop`.
 fn record(
     config: AgentConfig,
+    host: String,
+    export: Option<export::Queue>,
     shared: &Shared,
     stop: &AtomicBool,
     started: tokio::sync::oneshot::Sender<Result<String>>,
@@ -196,7 +229,8 @@ fn record(
         shared,
         symbolizer: Symbolizer::new(),
         labels: HashMap::new(),
-        host: labels::host_name(),
+        host,
+        export,
         window_start: SystemTime::now(),
         evictions: 0,
     };
@@ -236,6 +270,8 @@ struct Agent<'a> {
     /// Each living process's labels, read when it was first seen.
     labels: HashMap<u32, ProcessLabels>,
     host: String,
+    /// The exporter's queue, when windows are exported.
+    export: Option<export::Queue>,
     window_start: SystemTime,
     /// Unwind tables evicted as of the last window.
     evictions: u64,
@@ -338,12 +374,17 @@ impl Agent<'_> {
             .window_build_seconds
             .set(building.elapsed().as_secs_f64());
         metrics.update_own_cost();
-        let window = Window {
+        let window = Arc::new(Window {
             start: self.window_start,
             end,
             profile,
-        };
+        });
         self.window_start = end;
+        if let Some(queue) = &self.export {
+            for backend in queue.offer(&window) {
+                metrics.export(backend, "queue_full");
+            }
+        }
         if self.shared.ring.push(window) {
             metrics.cap_hit(Cap::WindowRing, 1);
         }

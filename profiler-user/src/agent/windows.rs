@@ -54,14 +54,14 @@ impl Default for Ring {
 impl Ring {
     /// Adds the newest window, dropping the oldest past [`RING_WINDOWS`]; returns whether one
     /// was dropped.
-    pub fn push(&self, window: Window) -> bool {
+    pub fn push(&self, window: Arc<Window>) -> bool {
         let dropped = {
             let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
             let dropped = windows.len() >= RING_WINDOWS;
             if dropped {
                 windows.pop_front();
             }
-            windows.push_back(Arc::new(window));
+            windows.push_back(window);
             dropped
         };
         self.pushed.send_modify(|n| *n += 1);
@@ -167,10 +167,10 @@ mod tests {
     fn the_ring_keeps_the_newest_and_covers_the_seconds_asked() {
         let ring = Ring::default();
         for _ in 0..RING_WINDOWS {
-            assert!(!ring.push(window(10, &[])));
+            assert!(!ring.push(Arc::new(window(10, &[]))));
         }
         assert!(
-            ring.push(window(10, &[])),
+            ring.push(Arc::new(window(10, &[]))),
             "the oldest is dropped past the cap"
         );
         assert_eq!(ring.len(), RING_WINDOWS);

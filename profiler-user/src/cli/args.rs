@@ -117,6 +117,47 @@ pub struct AgentArgs {
     /// [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Send each window as OTLP profiles to this OpenTelemetry endpoint (a collector's
+    /// `otlpreceiver`: http://HOST:4318 for http/protobuf, http://HOST:4317 for grpc;
+    /// https:// for TLS). Off unless given.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// The OTLP transport.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        value_enum,
+        default_value = "http/protobuf"
+    )]
+    pub otlp_protocol: crate::agent::export::Protocol,
+    /// A header sent with every OTLP request (auth, tenant), repeatable.
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    pub otlp_headers: Vec<String>,
+    /// Push each window to this Grafana Pyroscope server's ingest API, one pprof per
+    /// service (`POST URL/ingest?name=SERVICE.cpu{host=...}&format=pprof...`). Off unless
+    /// given.
+    #[arg(long, value_name = "URL")]
+    pub pyroscope_url: Option<String>,
+    /// The Pyroscope tenant, sent as `X-Scope-OrgID`.
+    #[arg(long, value_name = "ID", requires = "pyroscope_url")]
+    pub pyroscope_tenant: Option<String>,
+    /// Basic auth for Pyroscope (Grafana Cloud: the instance id and an API token)
+    /// [env: BPFPROF_PYROSCOPE_USER].
+    #[arg(
+        long,
+        env = "BPFPROF_PYROSCOPE_USER",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
+    pub pyroscope_user: Option<String>,
+    /// Where the agent keeps its state: the export spools (`spool/otlp`, `spool/pyroscope`),
+    /// windows not yet taken by the backend, kept across restarts.
+    #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Most MiB of windows each backend's export spool keeps while it is away; past it the
+    /// oldest are dropped, counted.
+    #[arg(long, default_value_t = crate::agent::DEFAULT_SPOOL_MIB)]
+    pub spool_mib: u64,
 }
 
 /// Options of `bpfprof doctor`.

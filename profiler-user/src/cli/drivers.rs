@@ -88,6 +88,37 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         Some(path) => crate::agent::rules::ServiceRules::load(path)?,
         None => Default::default(),
     };
+    if args.spool_mib == 0 {
+        return Err(Error::Usage("--spool-mib must be at least 1".into()));
+    }
+    if args.otlp_endpoint.is_none() && !args.otlp_headers.is_empty() {
+        return Err(Error::Usage(
+            "--otlp-header needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)".into(),
+        ));
+    }
+    let otlp = match &args.otlp_endpoint {
+        Some(endpoint) => Some(crate::agent::export::OtlpConfig::new(
+            endpoint,
+            args.otlp_protocol,
+            &args.otlp_headers,
+        )?),
+        None => None,
+    };
+    let pyroscope = match &args.pyroscope_url {
+        Some(url) => Some(crate::agent::pyroscope::PyroscopeConfig::new(
+            url,
+            args.pyroscope_tenant.as_deref(),
+            args.pyroscope_user.as_deref(),
+        )?),
+        None => None,
+    };
+    let export =
+        (otlp.is_some() || pyroscope.is_some()).then(|| crate::agent::export::ExportConfig {
+            otlp,
+            pyroscope,
+            spool_dir: args.state_dir.join("spool"),
+            spool_limit: args.spool_mib.saturating_mul(1 << 20),
+        });
     crate::agent::serve(crate::agent::AgentConfig {
         request,
         targets,
@@ -95,6 +126,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         listen: args.listen,
         rules,
         socket: protocol::socket_path(args.socket.as_deref()),
+        export,
     })
     .await
 }

@@ -320,7 +320,7 @@ impl Tables {
 /// labels), each with the index in the stack of its first frame. An inlined frame joins the
 /// group before it when both come from the same module, which is how the symbolizer emits a
 /// function and what was inlined into it.
-fn location_groups(profile: &Profile, frames: &[FrameId]) -> Vec<(usize, Vec<FrameId>)> {
+pub fn location_groups(profile: &Profile, frames: &[FrameId]) -> Vec<(usize, Vec<FrameId>)> {
     let mut groups: Vec<(usize, Vec<FrameId>)> = Vec::new();
     for (i, &id) in frames.iter().enumerate() {
         match &profile.frames[id] {

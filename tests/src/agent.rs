@@ -1,0 +1,199 @@
+//! What the agent's tests share: a free port, the agent started and waited for, its
+//! `/metrics` through the Prometheus project's parser, its pprof through `go tool pprof -raw`,
+//! and a cgroup of the test's own.
+
+use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+
+use crate::{ci, poll_until, spawn_bpfprof, BpfprofProcess};
+
+/// A free TCP port on loopback (the agent binds it right after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The agent's metrics, parsed by `prometheus_client`'s OpenMetrics parser (the format the
+/// agent serves): every sample as `name{labels}` -> value. Panics when the text does not parse.
+pub fn metrics(port: u16) -> BTreeMap<String, f64> {
+    let script = r#"
+import sys, json, urllib.request
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode()
+out = {}
+for family in text_string_to_metric_families(text):
+    for s in family.samples:
+        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
+        out[s.name + ("{" + labels + "}" if labels else "")] = s.value
+print(json.dumps(out))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "/metrics did not parse as OpenMetrics text: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the parser's JSON")
+}
+
+/// A sample of `go tool pprof -raw`: its count, the function of its leaf location, its labels.
+#[derive(Debug)]
+pub struct RawSample {
+    /// Its count (the first value).
+    pub count: u64,
+    /// The function of its leaf location.
+    pub leaf: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `go tool pprof -raw URL`, Go's own pprof fetching the profile over HTTP as it would from
+/// any `net/http/pprof` server; `None` (outside CI) where Go is missing.
+pub fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
+    let out = match Command::new("go")
+        .args(["tool", "pprof", "-raw", url])
+        .env("HOME", home)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(!ci(), "go is needed under CI (cargo xtask setup): {e}");
+            eprintln!("skipping: go is missing: {e}");
+            return None;
+        }
+    };
+    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {url} failed: {}\n{raw}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(parse_raw(&raw))
+}
+
+/// The samples of pprof's `-raw` text, leaf functions named from its `Locations`.
+pub fn parse_raw(raw: &str) -> Vec<RawSample> {
+    let location = regex::Regex::new(r"^\s+(\d+): (?:0x[0-9a-f]+ )?(?:M=\d+ )?(\S+)").unwrap();
+    let sample = regex::Regex::new(r"^\s+(\d+)\s+\d+: ([\d ]+)$").unwrap();
+    // A value may hold `]` itself (`[exited process]`): it ends at `]` before a space or the end.
+    let label = regex::Regex::new(r"(\w+):\[(.*?)\](?:\s|$)").unwrap();
+    let mut functions = BTreeMap::new();
+    for line in raw
+        .lines()
+        .skip_while(|l| *l != "Locations")
+        .take_while(|l| *l != "Mappings")
+    {
+        if let Some(c) = location.captures(line) {
+            functions.insert(c[1].to_string(), c[2].to_string());
+        }
+    }
+    let mut samples: Vec<RawSample> = Vec::new();
+    for line in raw
+        .lines()
+        .skip_while(|l| *l != "Samples:")
+        .take_while(|l| *l != "Locations")
+    {
+        if let Some(c) = sample.captures(line) {
+            let leaf_id = c[2].split_whitespace().next().unwrap_or_default();
+            samples.push(RawSample {
+                count: c[1].parse().unwrap(),
+                leaf: functions.get(leaf_id).cloned().unwrap_or_default(),
+                labels: BTreeMap::new(),
+            });
+        } else if let Some(last) = samples.last_mut() {
+            for c in label.captures_iter(line) {
+                last.labels.insert(c[1].to_string(), c[2].to_string());
+            }
+        }
+    }
+    samples
+}
+
+/// Starts the agent on `port` with `args`, and waits until it has cut `windows` windows.
+pub fn start_agent(port: u16, args: &[&str], windows: f64) -> BpfprofProcess {
+    let listen = format!("127.0.0.1:{port}");
+    let mut all = vec!["agent", "--listen", &listen];
+    all.extend(args);
+    let agent = spawn_bpfprof(&all);
+    poll_until(Duration::from_secs(60), || {
+        let up = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        (up && metrics(port)["bpfprof_agent_windows_total"] >= windows).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the agent cut no window:\n{}", agent.stderr_so_far()));
+    agent
+}
+
+/// Samples of `pid`, by leaf function.
+pub fn leaves(samples: &[RawSample], pid: u32) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.labels.get("pid") == Some(&pid.to_string()))
+    {
+        *out.entry(s.leaf.clone()).or_default() += s.count;
+    }
+    out
+}
+
+/// A cgroup v2 of its own, removed on drop (its processes killed first).
+pub struct TestCgroup {
+    path: std::path::PathBuf,
+    root: std::path::PathBuf,
+    /// The path `--cgroup` takes: relative to the cgroup2 mount.
+    pub relative: String,
+}
+
+impl TestCgroup {
+    /// A cgroup at `relative` under the cgroup2 mount (its parents made as needed, and
+    /// removed on drop too).
+    pub fn named(relative: &str) -> TestCgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+            })
+            .expect("a cgroup2 mount");
+        let path = Path::new(&root).join(relative);
+        std::fs::create_dir_all(&path).unwrap();
+        TestCgroup {
+            path,
+            root: root.into(),
+            relative: relative.to_string(),
+        }
+    }
+
+    /// Moves `pid` into it.
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) of the test's own processes, in its own cgroup.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = poll_until(Duration::from_secs(10), || {
+            std::fs::remove_dir(&self.path).ok()
+        });
+        // And the parents made for it, innermost first.
+        for dir in self.path.ancestors().skip(1) {
+            if !dir.starts_with(&self.root) || dir == self.root {
+                break;
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}

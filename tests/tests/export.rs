@@ -1,0 +1,839 @@
+//! `bpfprof agent --otlp-endpoint`: each window leaves the machine as OTLP profiles, read by
+//! a receiver built on the official generated stubs (PyPI `opentelemetry-proto`, `grpcio`:
+//! `tests/receivers/otlp_receiver.py`), over gRPC and over HTTP/protobuf, and checked against
+//! the agent's own pprof of the same windows.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bpfprof_tests::{
+    agent::{free_port, go_pprof_url, leaves, metrics, start_agent, TestCgroup},
+    poll_until, require_root, run_bpfprof, tempdir, Workload,
+};
+use serde_json::Value;
+
+/// The receiver, killed on drop.
+struct Receiver {
+    child: Child,
+    port: u16,
+    out: PathBuf,
+}
+
+impl Receiver {
+    /// Starts `otlp_receiver.py PROTOCOL` on `port` (0: a free one) appending to a file in
+    /// `dir`, answering `status`; waits until it listens.
+    fn start(protocol: &str, dir: &Path, port: u16, status: u16) -> Receiver {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("receivers/otlp_receiver.py");
+        let port_file = dir.join(format!("{protocol}.port"));
+        let _ = std::fs::remove_file(&port_file);
+        let out = dir.join(format!("{protocol}.jsonl"));
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .args([
+                protocol,
+                &port.to_string(),
+                port_file.to_str().unwrap(),
+                out.to_str().unwrap(),
+                &status.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let port = poll_until(Duration::from_secs(30), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the receiver exited: {status} (are opentelemetry-proto and grpcio installed? cargo xtask setup)");
+            }
+            std::fs::read_to_string(&port_file).ok()?.trim().parse().ok()
+        })
+        .expect("the receiver listens");
+        Receiver { child, port, out }
+    }
+
+    /// The requests received so far, oldest first.
+    fn requests(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        // A line being written has no newline yet.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("the receiver's JSON"))
+            .collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The profiles of `pid` in `requests`: (resource attributes, profile), in order.
+fn of_pid(requests: &[Value], pid: u32) -> Vec<(Value, Value)> {
+    let mut out = Vec::new();
+    for request in requests {
+        for resource in request["resources"].as_array().unwrap() {
+            if resource["attributes"]["process.pid"].as_u64() == Some(u64::from(pid)) {
+                for profile in resource["profiles"].as_array().unwrap() {
+                    out.push((resource["attributes"].clone(), profile.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Samples of the profiles, by leaf function.
+fn otlp_leaves(profiles: &[(Value, Value)]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (_, profile) in profiles {
+        for sample in profile["samples"].as_array().unwrap() {
+            let leaf = sample["stack"][0].as_str().unwrap_or_default().to_string();
+            *out.entry(leaf).or_default() += sample["values"][0].as_u64().unwrap();
+        }
+    }
+    out
+}
+
+fn otlp_export_reaches_a_receiver(protocol: &str, flag: &str) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = Receiver::start(protocol, dir.path(), 0, 200);
+    // The agent records only hotcold's cgroup, and reads the container id from its path.
+    let (cgroup, id) = container(protocol);
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let started = SystemTime::now();
+    let port = free_port();
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "-F",
+            "99",
+            "--window",
+            "2s",
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-protocol",
+            flag,
+            "--otlp-header",
+            "X-Test-Tenant=t1",
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ],
+        1.0,
+    );
+
+    // Judged by samples taken: windows are waited for until hotcold has enough.
+    let enough = poll_until(Duration::from_secs(120), || {
+        let hot = otlp_leaves(&of_pid(&receiver.requests(), hotcold.pid()));
+        let judged = hot.get("leaf_hot").unwrap_or(&0) + hot.get("leaf_cold").unwrap_or(&0);
+        (judged >= 300).then_some(())
+    });
+    assert!(
+        enough.is_some(),
+        "too few samples of hotcold arrived: {:?}\n{}",
+        otlp_leaves(&of_pid(&receiver.requests(), hotcold.pid())),
+        agent.stderr_so_far()
+    );
+
+    // The agent's own pprof of the same windows: every window of its ring (the newest
+    // `kept` of the `cut` so far), asked for while no window is cut (the counts the same
+    // before and after).
+    let counts = |m: &BTreeMap<String, f64>| {
+        (
+            m["bpfprof_agent_windows_total"] as usize,
+            m["bpfprof_agent_windows_kept"] as usize,
+        )
+    };
+    let ((cut, kept), pprof) = poll_until(Duration::from_secs(60), || {
+        let before = counts(&metrics(port));
+        let url = format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds=3600");
+        let samples = go_pprof_url(&url, dir.path())?;
+        (before == counts(&metrics(port))).then_some((before, samples))
+    })
+    .expect("a pprof between two windows");
+    // Every window is sent, in order: request i is window i.
+    let requests = poll_until(Duration::from_secs(60), || {
+        let r = receiver.requests();
+        (r.len() >= cut).then_some(r)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{cut} windows cut, {} received\n{}",
+            receiver.requests().len(),
+            agent.stderr_so_far()
+        )
+    });
+    let windows = kept;
+    let requests = &requests[cut - kept..cut];
+    let profiles = of_pid(requests, hotcold.pid());
+    let otlp = otlp_leaves(&profiles);
+    let pprof = leaves(&pprof, hotcold.pid());
+    assert_eq!(
+        otlp, pprof,
+        "hotcold's samples over {windows} windows: OTLP (left) and the agent's pprof (right)"
+    );
+
+    // The known split: leaf_hot does three units of work for each of leaf_cold's.
+    let (h, c) = (otlp["leaf_hot"] as f64, otlp["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {otlp:?}"
+    );
+    assert_eq!(
+        otlp.iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(f, _)| f.as_str()),
+        Some("leaf_hot"),
+        "{otlp:?}"
+    );
+    // Stacks are leaf first, through the dictionary.
+    let hot_stack = profiles
+        .iter()
+        .flat_map(|(_, p)| p["samples"].as_array().unwrap().clone())
+        .find(|s| s["stack"][0] == "leaf_hot")
+        .unwrap();
+    let stack: Vec<&str> = hot_stack["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(&stack[..3], ["leaf_hot", "parent_hot", "main"], "{stack:?}");
+
+    // The resource: the semantic conventions' attributes, the same in every window.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", hotcold.pid())).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for (attributes, profile) in &profiles {
+        assert_eq!(attributes["process.pid"], hotcold.pid(), "{attributes}");
+        assert_eq!(
+            attributes["process.executable.name"], "hotcold",
+            "{attributes}"
+        );
+        assert_eq!(
+            attributes["process.executable.path"],
+            exe.to_str().unwrap(),
+            "{attributes}"
+        );
+        assert_eq!(attributes["container.id"], id.as_str(), "{attributes}");
+        assert_eq!(
+            attributes["service.name"],
+            format!("container/{}", &id[..12]),
+            "{attributes}"
+        );
+        assert_eq!(attributes["host.name"], host.trim(), "{attributes}");
+        assert_eq!(profile["scope"], "bpfprof");
+        assert_eq!(
+            profile["sample_type"],
+            serde_json::json!(["samples", "count"])
+        );
+        assert_eq!(
+            profile["period_type"],
+            serde_json::json!(["cpu", "nanoseconds"])
+        );
+        let period = profile["period"].as_f64().unwrap();
+        assert!(
+            (period - 1e9 / 99.0).abs() < 1e9 / 99.0 * 0.02,
+            "a sample at 99 Hz stands for 10.1 ms of CPU: {period}"
+        );
+        // The window's time: after the test started, no longer than a few windows (a window
+        // cut late is followed by a shorter one: cuts keep to the --window schedule).
+        let start = Duration::from_nanos(profile["time_unix_nano"].as_u64().unwrap());
+        assert!(start + Duration::from_secs(1) >= started.duration_since(UNIX_EPOCH).unwrap());
+        let length = profile["duration_nano"].as_f64().unwrap() / 1e9;
+        assert!(
+            length > 0.0 && length < 10.0,
+            "a 2 s window lasted {length} s"
+        );
+    }
+    // The windows follow one another, in order, without overlapping.
+    for pair in profiles.windows(2) {
+        let end = pair[0].1["time_unix_nano"].as_u64().unwrap()
+            + pair[0].1["duration_nano"].as_u64().unwrap();
+        assert!(
+            end <= pair[1].1["time_unix_nano"].as_u64().unwrap(),
+            "windows out of order: {} then {}",
+            pair[0].1["time_unix_nano"],
+            pair[1].1["time_unix_nano"]
+        );
+    }
+    // Only the cgroup's processes, and the auth header on every request.
+    for request in requests {
+        for resource in request["resources"].as_array().unwrap() {
+            assert_eq!(
+                resource["attributes"]["container.id"],
+                id.as_str(),
+                "a process outside the cgroup: {resource}"
+            );
+        }
+        assert_eq!(
+            request["headers"]["x-test-tenant"], "t1",
+            "{}",
+            request["headers"]
+        );
+    }
+    let m = metrics(port);
+    assert!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"] >= cut as f64,
+        "{m:?}"
+    );
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"], 0.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}"], 0.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=queue_full}"], 0.0,
+        "{m:?}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
+}
+
+#[test]
+fn otlp_over_grpc_reaches_the_official_stubs() {
+    otlp_export_reaches_a_receiver("grpc", "grpc");
+}
+
+#[test]
+fn otlp_over_http_reaches_the_official_stubs() {
+    otlp_export_reaches_a_receiver("http", "http/protobuf");
+}
+
+/// hotcold in a cgroup of its own named as Docker names a container's (`docker-ID.scope`
+/// under a parent named after the test); returns the cgroup and the id.
+fn container(name: &str) -> (TestCgroup, String) {
+    let id: String = format!("{:064x}", (u128::from(std::process::id()) << 64) | 0xcafe);
+    let cgroup = TestCgroup::named(&format!(
+        "bpfprof-export-test-{}-{name}/docker-{id}.scope",
+        std::process::id()
+    ));
+    (cgroup, id)
+}
+
+/// Each request's window, (start, end) in Unix nanoseconds, from its profiles (all of one
+/// request share it); `None` for a request without profiles.
+fn window_times(requests: &[Value]) -> Vec<Option<(u64, u64)>> {
+    requests
+        .iter()
+        .map(|r| {
+            let profile = r["resources"].as_array()?.first()?["profiles"]
+                .as_array()?
+                .first()?;
+            let start = profile["time_unix_nano"].as_u64()?;
+            Some((start, start + profile["duration_nano"].as_u64()?))
+        })
+        .collect()
+}
+
+/// The agent's metric `name`.
+fn metric(port: u16, name: &str) -> f64 {
+    metrics(port).get(name).copied().unwrap_or(-1.0)
+}
+
+#[test]
+fn windows_spooled_through_an_outage_and_a_kill_arrive_once_and_in_order() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let receiver = Receiver::start("http", dir.path(), 0, 200);
+    let receiver_port = receiver.port;
+    let (cgroup, _) = container("spool");
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let endpoint = format!("http://127.0.0.1:{receiver_port}");
+    let args = [
+        "--cgroup",
+        &cgroup.relative,
+        "-F",
+        "49",
+        "--window",
+        "1s",
+        "--otlp-endpoint",
+        &endpoint,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let port = free_port();
+    let agent = start_agent(port, &args, 1.0);
+    poll_until(Duration::from_secs(60), || {
+        (receiver.requests().len() >= 2).then_some(())
+    })
+    .expect("windows arrive while the receiver is up");
+
+    // The receiver goes away: windows pile up in the spool, retried.
+    drop(receiver);
+    poll_until(Duration::from_secs(60), || {
+        let m = metrics(port);
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] >= 3.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"] >= 1.0)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no window spooled: {:?}", metrics(port)));
+    // The agent is killed with windows spooled; they are files.
+    agent.signal(libc::SIGKILL);
+    let _ = agent.wait_timeout(Duration::from_secs(30));
+    let spooled_by_first = std::fs::read_dir(state.join("spool/otlp"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".pb"))
+        })
+        .count();
+    assert!(spooled_by_first >= 3, "{spooled_by_first} windows spooled");
+
+    // Started again, still without a receiver: it keeps the old windows and adds its own.
+    let restarted = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let port = free_port();
+    let agent = start_agent(port, &args, 1.0);
+    poll_until(Duration::from_secs(60), || {
+        (metric(port, "bpfprof_agent_spooled_windows{backend=otlp}")
+            >= spooled_by_first as f64 + 2.0)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the restarted agent spools: {:?}", metrics(port)));
+
+    // The receiver is back on its port: the spool drains.
+    let receiver = Receiver::start("http", dir.path(), receiver_port, 200);
+    poll_until(Duration::from_secs(120), || {
+        let m = metrics(port);
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] == 0.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"]
+                > spooled_by_first as f64)
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the spool did not drain: {:?}\n{}",
+            metrics(port),
+            agent.stderr_so_far()
+        )
+    });
+    let m = metrics(port);
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}"], 0.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=rejected}"], 0.0,
+        "{m:?}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+
+    // Every window once, in order: each starts where the one before ended, but at the
+    // restart (and after a window without samples, if the machine starved hotcold that long).
+    let requests = receiver.requests();
+    let times = window_times(&requests);
+    let empty = times.iter().filter(|t| t.is_none()).count();
+    let times: Vec<(u64, u64)> = times.into_iter().flatten().collect();
+    let mut gaps = 0;
+    for pair in times.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a window twice or out of order: {:?} then {:?} in {times:?}",
+            pair[0],
+            pair[1]
+        );
+        if pair[1].0 != pair[0].1 {
+            gaps += 1;
+        }
+    }
+    assert!(
+        gaps <= 1 + empty,
+        "{gaps} gaps, {empty} empty windows: {times:?}"
+    );
+    // The first run's spooled windows arrived (before the restart's own).
+    let before_restart = times
+        .iter()
+        .filter(|(start, _)| u128::from(*start) < restarted.as_nanos())
+        .count();
+    assert!(
+        before_restart >= 2 + spooled_by_first,
+        "{before_restart} windows of the first run arrived, {spooled_by_first} were spooled at its kill"
+    );
+}
+
+#[test]
+fn windows_the_backend_refuses_are_set_aside_and_counted() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let receiver = Receiver::start("http", dir.path(), 0, 400);
+    let (cgroup, _) = container("refused");
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            &endpoint,
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        1.0,
+    );
+    let m = poll_until(Duration::from_secs(60), || {
+        let m = metrics(port);
+        (m["bpfprof_agent_export_windows_total{backend=otlp,outcome=rejected}"] >= 3.0).then_some(m)
+    })
+    .unwrap_or_else(|| panic!("no window refused: {:?}", metrics(port)));
+    // Each refused window reached the receiver once, was set aside, and the agent went on.
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"], 0.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"], 0.0,
+        "{m:?}"
+    );
+    let set_aside = std::fs::read_dir(state.join("spool/otlp/rejected"))
+        .unwrap()
+        .count();
+    assert!(set_aside >= 3, "{set_aside} windows in rejected/");
+    let windows = m["bpfprof_agent_windows_total"];
+    poll_until(Duration::from_secs(30), || {
+        (metric(port, "bpfprof_agent_windows_total") >= windows + 2.0).then_some(())
+    })
+    .expect("the agent goes on cutting windows");
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    let received = receiver.requests();
+    assert!(
+        received.iter().all(|r| r["answered"] == 400),
+        "every request was answered 400"
+    );
+    assert!(
+        received.len() >= 3,
+        "{} refused windows reached the receiver",
+        received.len()
+    );
+}
+
+/// A Pyroscope ingest endpoint (`tests/receivers/pyroscope_receiver.py`), killed on drop.
+struct IngestReceiver {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl IngestReceiver {
+    fn start(dir: &Path) -> IngestReceiver {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("receivers/pyroscope_receiver.py");
+        let port_file = dir.join("pyroscope.port");
+        let out = dir.join("ingested");
+        std::fs::create_dir_all(&out).unwrap();
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .args([port_file.to_str().unwrap(), out.to_str().unwrap()])
+            .spawn()
+            .expect("python3");
+        let port = poll_until(Duration::from_secs(30), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the receiver exited: {status}");
+            }
+            std::fs::read_to_string(&port_file)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("the receiver listens");
+        IngestReceiver {
+            child,
+            port,
+            dir: out,
+        }
+    }
+
+    /// The requests received so far, in order: each one's metadata and body's path.
+    fn requests(&self) -> Vec<(Value, PathBuf)> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|n| {
+                let meta = std::fs::read_to_string(self.dir.join(&n)).unwrap();
+                let body = self.dir.join(n.replace(".json", ".pb"));
+                (serde_json::from_str(&meta).unwrap(), body)
+            })
+            .collect()
+    }
+}
+
+impl Drop for IngestReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn pyroscope_ingest_gets_each_services_pprof_with_its_name_and_labels() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = IngestReceiver::start(dir.path());
+    let (cgroup, id) = container("pyroscope");
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let url = format!("http://127.0.0.1:{}/", receiver.port);
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "-F",
+            "99",
+            "--window",
+            "2s",
+            "--pyroscope-url",
+            &url,
+            "--pyroscope-tenant",
+            "t1",
+            "--pyroscope-user",
+            "u:pw",
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ],
+        1.0,
+    );
+    let pid = hotcold.pid().to_string();
+    // Judged by samples taken: windows are waited for until hotcold has enough, each body
+    // read by Go's pprof.
+    let (requests, hot) = poll_until(Duration::from_secs(120), || {
+        let requests = receiver.requests();
+        let mut hot = BTreeMap::new();
+        for (_, body) in &requests {
+            let samples = go_pprof_url(body.to_str().unwrap(), dir.path()).unwrap();
+            assert!(
+                samples.iter().all(|s| s.labels.get("pid") == Some(&pid)),
+                "only hotcold is in the cgroup: {samples:?}"
+            );
+            for (leaf, n) in leaves(&samples, hotcold.pid()) {
+                *hot.entry(leaf).or_insert(0) += n;
+            }
+            let labels = &samples[0].labels;
+            assert_eq!(labels["service_name"], format!("container/{}", &id[..12]));
+            assert_eq!(labels["container_id"], id);
+            assert_eq!(labels["comm"], "hotcold");
+        }
+        let judged = hot.get("leaf_hot").unwrap_or(&0) + hot.get("leaf_cold").unwrap_or(&0);
+        (judged >= 300).then_some((requests, hot))
+    })
+    .unwrap_or_else(|| panic!("too few samples arrived\n{}", agent.stderr_so_far()));
+    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
+    );
+    assert_eq!(
+        hot.iter().max_by_key(|(_, n)| **n).map(|(f, _)| f.as_str()),
+        Some("leaf_hot"),
+        "{hot:?}"
+    );
+
+    // The query names the service and the window; the headers carry the tenant and auth.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mut last_from = 0;
+    for (meta, _) in &requests {
+        assert_eq!(meta["path"], "/ingest", "{meta}");
+        let q = &meta["query"];
+        assert_eq!(
+            q["name"],
+            format!("container/{}.cpu{{host={}}}", &id[..12], host.trim()),
+            "{meta}"
+        );
+        assert_eq!(q["format"], "pprof", "{meta}");
+        assert_eq!(q["sampleRate"], "99", "{meta}");
+        let from: u64 = q["from"].as_str().unwrap().parse().unwrap();
+        let until: u64 = q["until"].as_str().unwrap().parse().unwrap();
+        assert!(from < until && until - from <= 10, "{meta}");
+        assert!(from >= last_from, "windows in order: {meta}");
+        last_from = from;
+        assert_eq!(meta["headers"]["x-scope-orgid"], "t1", "{meta}");
+        // "u:pw" in base64.
+        assert_eq!(meta["headers"]["authorization"], "Basic dTpwdw==", "{meta}");
+    }
+    let m = metrics(port);
+    assert!(
+        m["bpfprof_agent_export_windows_total{backend=pyroscope,outcome=sent}"]
+            >= requests.len() as f64,
+        "{m:?}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(30)).assert_code(0);
+}
+
+#[test]
+fn a_full_spool_drops_its_oldest_windows_counted_and_keeps_the_newest() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    // An endpoint nothing listens on: every window stays spooled, until the 1 MiB spool is
+    // full. The whole machine at 499 Hz makes windows large enough to fill it in seconds.
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "-F",
+            "499",
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            &down,
+            "--spool-mib",
+            "1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        1.0,
+    );
+    let dropped = "bpfprof_agent_export_windows_total{backend=otlp,outcome=dropped}";
+    poll_until(Duration::from_secs(180), || {
+        (metric(port, dropped) >= 3.0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the spool never filled: {:?}", metrics(port)));
+    // Every window cut is spooled or dropped, counted exactly; the spool holds the newest
+    // (a window's file is named by its number, from 0 in a fresh spool), within its limit.
+    let (cut, spooled, files) = poll_until(Duration::from_secs(60), || {
+        let m = metrics(port);
+        let cut = m["bpfprof_agent_windows_total"] as u64;
+        let spooled = m["bpfprof_agent_spooled_windows{backend=otlp}"] as u64;
+        let mut files: Vec<(u64, u64)> = std::fs::read_dir(state.join("spool/otlp"))
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let seq = e.file_name().to_str()?.strip_suffix(".pb")?.parse().ok()?;
+                Some((seq, e.metadata().ok()?.len()))
+            })
+            .collect();
+        files.sort();
+        let settled = cut == spooled + m[dropped] as u64
+            && files.len() as u64 == spooled
+            && metrics(port)["bpfprof_agent_windows_total"] as u64 == cut;
+        settled.then_some((cut, spooled, files))
+    })
+    .unwrap_or_else(|| panic!("the spool's counts never agreed: {:?}", metrics(port)));
+    let seqs: Vec<u64> = files.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(
+        seqs,
+        (cut - spooled..cut).collect::<Vec<u64>>(),
+        "the newest {spooled} of {cut} windows are kept"
+    );
+    let bytes: u64 = files.iter().map(|(_, len)| len).sum();
+    assert!(
+        bytes <= 1 << 20,
+        "{bytes} bytes spooled past the 1 MiB limit"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
+
+#[test]
+fn bad_export_settings_are_refused_with_a_clear_error() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let state = state.to_str().unwrap();
+    for (args, code, says) in [
+        (
+            vec!["--otlp-endpoint", "collector:4318"],
+            2,
+            "--otlp-endpoint",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--otlp-header",
+                "novalue",
+            ],
+            2,
+            "--otlp-header",
+        ),
+        (vec!["--otlp-header", "k=v"], 2, "--otlp-endpoint"),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--otlp-protocol",
+                "http/json",
+            ],
+            2,
+            "http/json",
+        ),
+        (vec!["--pyroscope-url", "ftp://p"], 2, "--pyroscope-url"),
+        (
+            vec![
+                "--pyroscope-url",
+                "http://p:4040",
+                "--pyroscope-user",
+                "nopassword",
+            ],
+            2,
+            "USER:PASSWORD",
+        ),
+        (
+            vec!["--otlp-endpoint", "http://c:4318", "--spool-mib", "0"],
+            2,
+            "--spool-mib",
+        ),
+        // A spool that cannot be made: the output-not-writable code.
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--state-dir",
+                "/proc/bpfprof-spool",
+            ],
+            6,
+            "/proc/bpfprof-spool",
+        ),
+    ] {
+        let mut all = vec!["agent"];
+        all.extend(&args);
+        if !args.contains(&"--state-dir") {
+            all.extend(["--state-dir", state]);
+        }
+        let run = run_bpfprof(&all, Duration::from_secs(60));
+        run.assert_code(code);
+        run.assert_stderr_mentions(&[says]);
+    }
+}
