@@ -62,23 +62,13 @@ fn self_rows(table: &str) -> Vec<(u64, u64, String)> {
 /// pstats entries by self time, most first, as Python's own pstats reads them: (function,
 /// self time as a share of the profile's total time).
 fn pstats_by_self(path: &Path) -> Vec<(String, f64)> {
-    let out = Command::new("/usr/bin/python3")
-        .args([
-            "-c",
-            "import pstats, sys\n\
-             s = pstats.Stats(sys.argv[1])\n\
-             for (f, l, n), (cc, nc, tt, ct, callers) in sorted(s.stats.items(), key=lambda e: -e[1][2]):\n\
-             \x20   print(n, tt / s.total_tt, sep='\\t')",
-        ])
-        .arg(path)
-        .output()
-        .expect("run python3 -c pstats");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    run_pstats(
+        path,
+        "import pstats, sys\n\
+         s = pstats.Stats(sys.argv[1])\n\
+         for (f, l, n), (cc, nc, tt, ct, callers) in sorted(s.stats.items(), key=lambda e: -e[1][2]):\n\
+         \x20   print(n, tt / s.total_tt, sep='\\t')",
+    )
         .lines()
         .filter_map(|l| {
             let (name, share) = l.split_once('\t')?;

@@ -132,20 +132,10 @@ fn function_lines(script: &Path, func: &str) -> (u32, std::ops::RangeInclusive<u
 
 /// The (file, first line, name) entries of a pstats file, read by Python's own pstats.
 fn pstats_entries(path: &Path) -> BTreeSet<(String, u32, String)> {
-    let out = Command::new("/usr/bin/python3")
-        .args([
-            "-c",
-            "import pstats, sys\nfor (f, l, n) in pstats.Stats(sys.argv[1]).stats: print(f, l, n, sep='\\t')",
-        ])
-        .arg(path)
-        .output()
-        .expect("run python3 -c pstats");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    run_pstats(
+        path,
+        "import pstats, sys\nfor (f, l, n) in pstats.Stats(sys.argv[1]).stats: print(f, l, n, sep='\\t')",
+    )
         .lines()
         .filter_map(|l| {
             let mut parts = l.split('\t');
