@@ -6,8 +6,9 @@
 
 use std::{
     collections::BTreeSet,
+    io::Read,
     path::Path,
-    process::Command,
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -555,20 +556,44 @@ fn quiet_by_default_and_no_ctrl_c_hint_with_a_duration() {
         !with_duration.contains("INFO "),
         "info logging by default: {with_duration}"
     );
-    // Without a duration the hint is there (the run ends with SIGINT from the test).
-    let mut bg = Command::new("script");
-    bg.args([
-        "-qec",
-        &format!(
-            "timeout -s INT 1.5 {} -p {} -o {}",
-            bpfprof_bin().display(),
-            spin.pid(),
-            out.display()
-        ),
-        "/dev/null",
-    ]);
-    let until_stopped = String::from_utf8_lossy(&bg.output().unwrap().stdout).into_owned();
-    assert!(until_stopped.contains("Ctrl-C to stop"), "{until_stopped}");
+    // Without a duration the hint is there. The run ends when its target exits, which the
+    // test causes only once the hint shows: on a loaded machine the walker's verification alone
+    // can take seconds, so no fixed delay is long enough (a 1.5 s SIGINT once came first).
+    let short = Workload::spawn("spinner", &["300"]);
+    let mut until_stopped = Command::new("script")
+        .args([
+            "-qec",
+            &format!(
+                "{} -p {} -o {}",
+                bpfprof_bin().display(),
+                short.pid(),
+                out.display()
+            ),
+            "/dev/null",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run script(1)");
+    let mut stdout = until_stopped.stdout.take().expect("piped stdout");
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut told = false;
+        while let Ok(n @ 1..) = stdout.read(&mut buf) {
+            text.extend_from_slice(&buf[..n]);
+            if !told && String::from_utf8_lossy(&text).contains("Ctrl-C to stop") {
+                told = true;
+                let _ = seen_tx.send(());
+            }
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let seen = seen_rx.recv_timeout(Duration::from_secs(120)).is_ok();
+    drop(short);
+    let _ = until_stopped.wait();
+    let until_stopped = reader.join().expect("reader thread");
+    assert!(seen, "no Ctrl-C hint without a duration: {until_stopped}");
     assert!(
         on_terminal("-d 1s -v").contains("INFO "),
         "-v shows info logging"
