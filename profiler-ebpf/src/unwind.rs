@@ -21,7 +21,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::PerfEventContext,
     EbpfContext,
 };
@@ -42,6 +42,13 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, 
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// Each CPU's walk state. In a map value rather than on the stack: the verifier tracks the
+/// stack's constants (a count of scans left, flags, frame counts) and checks the frame loop's
+/// body once for every combination of them it meets, while every map value read is to it
+/// the same unknown number, so it checks the body a few times in all.
+#[map]
+static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
 // `find_mapping` masks its indexes with `MAX_UNWIND_MAPPINGS - 1`.
 const _: () = assert!(MAX_UNWIND_MAPPINGS.is_power_of_two());
@@ -112,7 +119,12 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     let Some(mapping) = find_mapping(tgid, ip) else {
         return NOT_UNWOUND;
     };
-    let mut walk = Walk {
+    let Some(walk) = WALKS.get_ptr_mut(0) else {
+        return NOT_UNWOUND;
+    };
+    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
+    let walk = unsafe { &mut *walk };
+    *walk = Walk {
         ip,
         sp,
         bp,
@@ -126,12 +138,15 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         scan_found: 0,
         mapping,
     };
-    // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the call.
+    // bpf_loop's context must point into the stack: a slot holding the walk's address. That
+    // the address escapes also tells the compiler the callbacks change the walk.
+    let mut slot: *mut Walk = walk;
+    // SAFETY: `step` has the callback signature bpf_loop expects and `slot` outlives the call.
     unsafe {
         bpf_loop(
             MAX_STACK_DEPTH as u32,
             step as *mut _,
-            (&mut walk as *mut Walk).cast(),
+            (&mut slot as *mut *mut Walk).cast(),
             0,
         )
     };
@@ -199,8 +214,9 @@ pub fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
 /// Unwinds one frame: records `walk.ip`, then moves `walk` to the caller. Returns 1 to stop.
 #[inline(never)]
 extern "C" fn step(index: u64, walk: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the pointer `walk_user_stack` gave it.
-    let walk = unsafe { &mut *(walk as *mut Walk) };
+    // SAFETY: bpf_loop passes back the stack slot `cfi_stack` gave it, which holds this CPU's
+    // walk.
+    let walk = unsafe { &mut **(walk as *mut *mut Walk) };
     let Some(frames) = crate::SCRATCH.get_ptr_mut(0) else {
         return 1;
     };
@@ -354,13 +370,14 @@ fn start_scan(walk: &mut Walk, fails: WalkEnd) -> WalkEnd {
     }
     walk.scans_left -= 1;
     walk.scan_found = 0;
-    // SAFETY: `scan_word` has the callback signature bpf_loop expects and `walk` outlives
+    let mut slot: *mut Walk = walk;
+    // SAFETY: `scan_word` has the callback signature bpf_loop expects and `slot` outlives
     // the call.
     unsafe {
         bpf_loop(
             STACK_SCAN_WORDS,
             scan_word as *mut _,
-            (walk as *mut Walk).cast(),
+            (&mut slot as *mut *mut Walk).cast(),
             0,
         )
     };
@@ -382,8 +399,8 @@ const USER_CODE_LIMIT: u64 = 1 << 47;
 /// 8) and the scan stops. Returns 1 to stop.
 #[inline(never)]
 extern "C" fn scan_word(index: u64, walk: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the pointer `start_scan` gave it.
-    let walk = unsafe { &mut *(walk as *mut Walk) };
+    // SAFETY: bpf_loop passes back the stack slot `start_scan` gave it, as for `step`.
+    let walk = unsafe { &mut **(walk as *mut *mut Walk) };
     let at = walk.sp.wrapping_add(index.wrapping_mul(8));
     // SAFETY: user memory read through the checked helper.
     let Ok(word) = (unsafe { bpf_probe_read_user(at as *const u64) }) else {

@@ -211,7 +211,7 @@ fn record(
     stop: &AtomicBool,
     started: tokio::sync::oneshot::Sender<Result<String>>,
 ) -> Result<()> {
-    let mut pool = ProgramPool::new(false);
+    let mut pool = ProgramPool::new(false).with_background_builds();
     let mut recording = Recording::new(&config.request);
     let start = start(&config, &mut pool, &mut recording);
     let start = start.map(|()| {

@@ -373,10 +373,10 @@ fn hardware_pmu() -> Check {
 
 /// Loads the kernel program as a recording does, then attaches it to cpu-clock on every CPU.
 fn program_load_and_attach() -> Vec<Check> {
-    let mut program = match KernelProgram::load(crate::unwind::table_rows_for(
-        Some(std::process::id()),
-        crate::unwind::DEFAULT_TABLE_ROWS,
-    )) {
+    let mut program = match KernelProgram::load(
+        crate::unwind::table_rows_for(Some(std::process::id()), crate::unwind::DEFAULT_TABLE_ROWS),
+        crate::unwind::BuildPriority::Foreground,
+    ) {
         Ok(p) => p,
         Err(e) => {
             let advice = match &e {

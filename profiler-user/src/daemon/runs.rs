@@ -213,7 +213,11 @@ impl Runs {
                 starting: HashMap::new(),
                 next_starting: 0,
             }),
-            pool: Mutex::new(ProgramPool::new(false).with_linger(PROGRAM_LINGER)),
+            pool: Mutex::new(
+                ProgramPool::new(false)
+                    .with_linger(PROGRAM_LINGER)
+                    .with_background_builds(),
+            ),
             symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
             store,
             limits,

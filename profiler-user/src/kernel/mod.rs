@@ -144,8 +144,12 @@ pub struct PythonMaps {
 
 impl KernelProgram {
     /// Loads the program and creates its maps, with an unwind row array of `table_rows` rows
-    /// ([`crate::unwind::table_rows_for`]); nothing is sampled until [`Self::attach`].
-    pub fn load(table_rows: u32) -> Result<KernelProgram> {
+    /// ([`crate::unwind::table_rows_for`]) filled by builds at `build_priority`; nothing is
+    /// sampled until [`Self::attach`].
+    pub fn load(
+        table_rows: u32,
+        build_priority: crate::unwind::BuildPriority,
+    ) -> Result<KernelProgram> {
         check_privileges()?;
         // The program reads no kernel structure, so it needs no BTF relocations; `Ebpf::load`
         // would parse the kernel's BTF once more (on top of the loader's own parse) to do them.
@@ -209,6 +213,7 @@ impl KernelProgram {
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
             crate::unwind::UnwindMode::default(),
+            build_priority,
         )
         .map_err(kernel_err)?;
         let python = PythonMaps {
@@ -954,6 +959,14 @@ fn start_walker(
             program
                 .load()
                 .map_err(|e| load_error(e, "the walker program").to_string())?;
+            // The verifier's work, which its time follows: the figure to watch as the walker grows.
+            if let Some(n) = program
+                .info()
+                .ok()
+                .and_then(|i| i.verified_instruction_count())
+            {
+                log::info!("walker program: the verifier processed {n} instructions");
+            }
             let fd = program.fd().map_err(|e| e.to_string())?;
             walkers
                 .set(WALKER_SLOT, fd, 0)

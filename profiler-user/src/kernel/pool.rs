@@ -16,7 +16,7 @@ use crate::{
     error::{Error, Result},
     kernel::KernelProgram,
     sampling::{KernelLimits, Sampling, SamplingRequest},
-    unwind::UnwindMode,
+    unwind::{BuildPriority, UnwindMode},
 };
 
 /// Most programs attached at once: each one costs a perf event and a timer per CPU, so a
@@ -68,6 +68,8 @@ pub struct ProgramPool {
     linger: Option<Duration>,
     /// The detached program kept for the next run, and since when.
     spare: Option<(KernelProgram, Instant)>,
+    /// Whether unwind table builds yield to the rest of the process.
+    build_priority: BuildPriority,
 }
 
 impl ProgramPool {
@@ -78,7 +80,15 @@ impl ProgramPool {
             bpf_stats,
             linger: None,
             spare: None,
+            build_priority: BuildPriority::Foreground,
         }
+    }
+
+    /// Builds unwind tables in the background (a daemon's or an agent's pool: see
+    /// [`BuildPriority::Background`]).
+    pub fn with_background_builds(mut self) -> ProgramPool {
+        self.build_priority = BuildPriority::Background;
+        self
     }
 
     /// Keeps the last detached program loaded for `linger` after its last run (see the
@@ -168,7 +178,7 @@ impl ProgramPool {
         let mut program = match spare {
             Some((program, _)) => program,
             None => {
-                let mut program = KernelProgram::load(table_rows)?;
+                let mut program = KernelProgram::load(table_rows, self.build_priority)?;
                 if self.bpf_stats {
                     program.enable_run_stats()?;
                 }

@@ -33,11 +33,23 @@ pub(crate) type Owner = u32;
 /// since an owner runs one build at a time and each build thread costs a core while it works.
 const BUILD_THREADS: usize = 2;
 
-/// How much nicer than the rest of the process the build threads run: builds are background
-/// work (stacks use frame pointers until a table is ready), while the threads that answer a
-/// daemon's clients and tick its runs must not wait behind them for a CPU (a `list` waited
-/// 184 ms behind two builds on a busy 2-core machine).
+/// How much nicer than the rest of the process background build threads run (see
+/// [`BuildPriority::Background`]).
 const BUILD_NICENESS: i32 = 5;
+
+/// Whether table builds yield the CPU to the rest of the process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BuildPriority {
+    /// At the process's own priority: a command-line run, whose user waits for whole stacks
+    /// (niced on a loaded machine, libtorch_cpu.so's table took 3.8 s instead of 0.5 s, most
+    /// of a 10 s run).
+    #[default]
+    Foreground,
+    /// [`BUILD_NICENESS`] nicer: in a daemon or an agent, the threads that answer clients and
+    /// tick runs must not wait behind builds for a CPU (a `list` waited 184 ms behind two
+    /// builds on a busy 2-core machine).
+    Background,
+}
 
 /// Where a job's ELF image is: an open file (opened when the job was made, so the target may
 /// exit meanwhile) or bytes already read (the vDSO, which has no file).
@@ -228,7 +240,7 @@ pub(crate) struct Builder {
 
 impl Builder {
     /// Starts the build threads.
-    pub fn spawn() -> std::io::Result<Builder> {
+    pub fn spawn(priority: BuildPriority) -> std::io::Result<Builder> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -238,7 +250,7 @@ impl Builder {
             let (worker, tx) = (shared.clone(), tx.clone());
             std::thread::Builder::new()
                 .name(format!("unwind-tables-{i}"))
-                .spawn(move || build_loop(&worker, &tx))?;
+                .spawn(move || build_loop(&worker, &tx, priority))?;
         }
         Ok(Builder { shared, finished })
     }
@@ -291,9 +303,13 @@ impl Drop for Builder {
     }
 }
 
-fn build_loop(shared: &Shared, finished: &Sender<Built>) {
+fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority) {
     // Linux keeps a nice value per thread, and "the calling process" is this thread.
-    if let Ok(nice) = rustix::process::getpriority_process(None) {
+    let nice = match priority {
+        BuildPriority::Foreground => None,
+        BuildPriority::Background => rustix::process::getpriority_process(None).ok(),
+    };
+    if let Some(nice) = nice {
         if let Err(e) = rustix::process::setpriority_process(None, nice + BUILD_NICENESS) {
             log::debug!("unwind table builds keep the process's priority: {e}");
         }
@@ -459,7 +475,7 @@ mod tests {
 
     #[test]
     fn a_broken_image_is_an_error_not_a_panic() {
-        let builder = Builder::spawn().unwrap();
+        let builder = Builder::spawn(BuildPriority::Background).unwrap();
         builder.submit(job("not an ELF file", 10), 0, false);
         let built = builder
             .wait_finished(Instant::now() + Duration::from_secs(10))

@@ -17,7 +17,7 @@ use profiler_common::{
 };
 
 use super::{
-    builder::{Builder, Built, Image, Job, Owner},
+    builder::{BuildPriority, Builder, Built, Image, Job, Owner},
     table::{load_bias, UnwindTable},
     UnwindMode,
 };
@@ -240,6 +240,8 @@ pub struct UnwindMaps {
     /// Started on the first table to build.
     builder: Option<Builder>,
     mode: UnwindMode,
+    /// Whether the build threads yield to the rest of the process.
+    priority: BuildPriority,
     /// What the tables cost so far: (tables built, rows built, build time).
     built: (usize, u64, Duration),
     /// Tables evicted so far to make room for sampled ones (the array's cap hit).
@@ -248,7 +250,12 @@ pub struct UnwindMaps {
 
 impl UnwindMaps {
     /// Wraps the program's `UNWIND_ROWS` and `UNWIND_PROCESSES` maps.
-    pub fn new(rows: Map, processes: Map, mode: UnwindMode) -> anyhow::Result<UnwindMaps> {
+    pub fn new(
+        rows: Map,
+        processes: Map,
+        mode: UnwindMode,
+        priority: BuildPriority,
+    ) -> anyhow::Result<UnwindMaps> {
         let rows_map = match rows {
             Map::Array(data) => data,
             other => return Err(anyhow!("UNWIND_ROWS is not an array: {other:?}")),
@@ -266,6 +273,7 @@ impl UnwindMaps {
             tracked: StdHashMap::new(),
             builder: None,
             mode,
+            priority,
             built: (0, 0, Duration::ZERO),
             evictions: 0,
         })
@@ -781,7 +789,7 @@ impl UnwindMaps {
     /// Hands a table to the build threads (started on first use), in `owner`'s queue.
     fn submit(&mut self, key: FileKey, image: Image, size: u64, owner: Owner, urgent: bool) {
         if self.builder.is_none() {
-            match Builder::spawn() {
+            match Builder::spawn(self.priority) {
                 Ok(builder) => self.builder = Some(builder),
                 Err(e) => {
                     self.decide(

@@ -5,6 +5,7 @@ mod builder;
 pub mod loader;
 pub mod table;
 
+pub use builder::BuildPriority;
 pub use loader::{FileKey, TableState, Untabled, UnwindMaps};
 pub use table::{CfiSource, UnwindTable};
 
