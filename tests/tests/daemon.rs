@@ -66,7 +66,15 @@ fn cli_run_status_stop_results() {
     let status = daemon.cli(&["status", "--run-id", &id.to_string()]);
     status.assert_code(0);
     assert_eq!(status.stdout.trim(), "Profile run status: RUNNING");
-    thread::sleep(Duration::from_millis(1500));
+    // Stopped once the target has run 1.5 s of CPU, not after 1.5 s of a loaded machine's
+    // wall time, in which it may get a fifth of that.
+    let cpu_at_start = target.cpu_time();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while target.cpu_time().saturating_sub(cpu_at_start) < Duration::from_millis(1500)
+        && std::time::Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(50));
+    }
     daemon
         .cli(&["stop", "--run-id", &id.to_string()])
         .assert_code(0);
@@ -84,7 +92,7 @@ fn cli_run_status_stop_results() {
     let samples = reply["samples"].as_u64().unwrap();
     assert!(
         samples > 200,
-        "only {samples} samples in 1.5 s at 499 Hz: {reply:#}"
+        "only {samples} samples in 1.5 CPU-s at 499 Hz: {reply:#}"
     );
     for format in [
         "svg",
