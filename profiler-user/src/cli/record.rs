@@ -253,6 +253,7 @@ impl Recorder {
     /// `Some(end)` once the run is over (a launched command, or every target, exited).
     pub fn tick(&mut self) -> Option<RunEnd> {
         let status = self.recording.tick(&mut self.pool);
+        self.recording.name_python(false);
         if self.child.is_some() {
             self.command_exited().then_some(RunEnd::Completed)
         } else {
@@ -329,6 +330,7 @@ impl<P: FnMut(Progress)> RunDriver for CliDriver<'_, P> {
     async fn tick(&mut self) -> Result<Option<RunEnd>> {
         let recorder = &mut *self.recorder;
         let status = recorder.recording.tick(&mut recorder.pool);
+        recorder.recording.name_python(false);
         if recorder.child.is_some() {
             if recorder.command_exited() {
                 return Ok(Some(RunEnd::Completed));

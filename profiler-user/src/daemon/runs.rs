@@ -19,6 +19,7 @@ use crate::{
     profile::CostScope,
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
+    python::shares::NamingShares,
     recording::aggregate::pstats_view,
     recording::request::RecordingRequest,
     recording::{
@@ -85,6 +86,8 @@ impl RunDriver for DaemonDriver {
         let ticked = tokio::task::spawn_blocking(move || {
             let before = thread_cpu_time();
             let status = recording.tick(&mut runs.lock_pool());
+            // Off the programs' lock, within the owner's share.
+            recording.name_python(false);
             (recording, status, thread_cpu_time().saturating_sub(before))
         })
         .await;
@@ -149,6 +152,8 @@ pub struct Runs {
     /// The kernel programs of the runs in flight; empty (nothing attached) when none is.
     pool: Mutex<ProgramPool>,
     symbolizer: SymbolizerThread,
+    /// Every run's naming of Python frames, shared fairly between their owners.
+    naming: Arc<NamingShares>,
     store: Store,
     limits: Limits,
 }
@@ -219,6 +224,7 @@ impl Runs {
                     .with_background_builds(),
             ),
             symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
+            naming: Arc::new(NamingShares::per_owner()),
             store,
             limits,
         }
@@ -264,6 +270,7 @@ impl Runs {
         let reservation = self.reserve_start(uid, target.ns.ino)?;
         let mut recording = Recording::new(&validated.recording);
         recording.set_warm(self.symbolizer.warm_sink());
+        recording.set_naming_shares(Arc::clone(&self.naming));
         if let Some(owner) = owner {
             // Checked again once the kernel watches it, at every exec and for every child.
             recording.set_owner(owner);
@@ -451,7 +458,7 @@ impl Runs {
         };
         let ended = run_loop::run(&mut driver, deadline).await;
         cpu = driver.cpu;
-        let (recording, end) = match (driver.recording.take(), ended) {
+        let (mut recording, end) = match (driver.recording.take(), ended) {
             (Some(recording), Ok(end)) => (recording, end),
             (_, Err(reason)) => {
                 self.finish_off_reactor(id, RunState::Failed, Some(reason), None)
@@ -469,6 +476,10 @@ impl Runs {
         let runs = self.clone();
         let collected = tokio::task::spawn_blocking(move || {
             let before = thread_cpu_time();
+            // The last Python stacks are named off the programs' lock, with the extra CPU a
+            // run's end gets; `collect` names what came since within the owner's share.
+            recording.queue_python(&mut runs.lock_pool());
+            recording.name_python(true);
             let collected = recording.collect(&mut runs.lock_pool());
             (collected, thread_cpu_time().saturating_sub(before))
         })

@@ -15,6 +15,7 @@ pub mod detect;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
+pub mod shares;
 pub mod stacks;
 
 use std::{
@@ -73,6 +74,8 @@ pub struct PythonTarget {
     limits: WalkLimits,
     /// Bytes naming frames cost so far: read from the process, and kept in `codes`.
     naming_bytes: u64,
+    /// Bytes kept in `codes`.
+    kept_bytes: u64,
 }
 
 /// How often the bounds on walking a target's memory were hit, for the run's summary: a
@@ -231,6 +234,7 @@ impl PythonTarget {
             pthread_tid_offset: None,
             limits: WalkLimits::default(),
             naming_bytes: 0,
+            kept_bytes: 0,
         }))
     }
 
@@ -248,6 +252,11 @@ impl PythonTarget {
     /// and kept for them (names, files, line ranges).
     pub fn naming_bytes(&self) -> u64 {
         self.naming_bytes
+    }
+
+    /// Bytes the code objects read so far keep (names, files, line ranges).
+    pub fn kept_bytes(&self) -> u64 {
+        self.kept_bytes
     }
 
     /// What the bounds on walking its memory left out so far.
@@ -604,9 +613,11 @@ impl PythonTarget {
             self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
             let info =
                 read.with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
-            self.naming_bytes +=
-                (info.name.len() + info.file.len() + std::mem::size_of_val(info.lines.as_slice()))
-                    as u64;
+            let kept = (info.name.len()
+                + info.file.len()
+                + std::mem::size_of_val(info.lines.as_slice())) as u64;
+            self.naming_bytes += kept;
+            self.kept_bytes += kept;
             self.codes.insert(frame.code, info);
         }
         let info = &self.codes[&frame.code];

@@ -4,18 +4,27 @@
 //!
 //! Stages, in the order the data flows: [`PythonTracking::start`] (when a target is added)
 //! gives the kernel the interpreter's layout and thread states; on every tick,
-//! [`PythonTracking::refresh_threads`] lists new threads and [`PythonTracking::name_new_stacks`]
-//! names the code objects of new Python stacks, which needs the live process (code objects
-//! live in its memory); [`merge`] (at aggregation) puts the named frames where the interpreter
+//! [`PythonTracking::refresh_threads`] lists new threads and [`PythonTracking::queue_new_stacks`]
+//! queues the frames of new Python stacks (reading the kernel's maps, under the programs'
+//! lock); [`PythonTracking::name_queued`] (off that lock, within the owner's share of
+//! [`crate::python::shares`]) names them, which needs the live process (code objects live in
+//! its memory); [`merge`] (at aggregation) puts the named frames where the interpreter
 //! ran them.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
 use profiler_common::{PythonFrame, StackId};
 
 use crate::{
     kernel::KernelProgram,
-    python::{PythonFunction, PythonTarget},
+    python::{
+        shares::{NamingShares, Owner},
+        PythonFunction, PythonTarget,
+    },
     symbolize::{Frame, FrameKind},
 };
 
@@ -29,12 +38,10 @@ const PERF_TRAMPOLINE_PREFIX: &str = "py::";
 /// The C function that calls into a perf trampoline.
 const PERF_TRAMPOLINE_EVALUATOR: &str = "py_trampoline_evaluator";
 
-/// Bytes naming one process's Python frames may cost over a run: read from its memory (code
-/// objects, their names and line tables) and kept (names, files, line ranges). Naming a
-/// PyTorch training run's few thousand code objects costs a few MiB; a process whose frames
-/// point at ever new code objects with megabyte line tables would otherwise grow the daemon
-/// without bound. Frames past it stay unnamed, and the summary says so.
-const NAMING_BUDGET_BYTES: u64 = 64 << 20;
+/// Frames of one process waiting to be named at most: a process whose every sample holds
+/// new code objects, named past its owner's CPU share, would otherwise queue without bound
+/// (8 bytes and a set entry each). Frames past it stay unnamed, and the summary says so.
+const MAX_QUEUED_FRAMES: usize = 1 << 18;
 
 /// Names of recorded Python frames, by packed frame without its eval-entry flag (code object
 /// and instruction).
@@ -83,23 +90,43 @@ pub struct PythonTracking {
     threads: HashSet<u32>,
     /// Which of the process's threads run Python, as seen at each refresh.
     kinds: ThreadKinds,
-    /// Python stacks already named.
+    /// Python stacks whose frames were queued to be named.
     named_stacks: HashSet<StackId>,
+    /// Frames (symbol keys) waiting to be named, oldest first: naming happens off the kernel
+    /// programs' lock, within the owner's CPU share, so it may be carried to later ticks.
+    queued: VecDeque<u64>,
+    /// The keys in `queued`.
+    queued_keys: HashSet<u64>,
+    /// Frames not queued because [`MAX_QUEUED_FRAMES`] were waiting.
+    queue_full: u64,
+    /// The naming shares of the daemon (or recording), and whose this process's names are.
+    shares: Arc<NamingShares>,
+    owner: Owner,
+    /// Bytes charged to the owner's share so far, given back when this is dropped.
+    charged: u64,
     /// Frames named so far.
     symbols: PythonSymbols,
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
-    /// Frames left unnamed because naming spent [`NAMING_BUDGET_BYTES`].
+    /// Frames left unnamed because the owner's runs keep
+    /// [`crate::python::shares::NAMING_BYTES_PER_OWNER`] of names.
     over_budget: u64,
-    /// Bytes the named frames in `symbols` keep.
-    symbol_bytes: u64,
+    /// Frames still queued when the run ended, or dropped from a full queue: naming them
+    /// needed more than the owner's CPU share.
+    over_time: u64,
     /// Time spent naming frames (reading code objects and line tables from the process).
     naming: std::time::Duration,
 }
 
 impl PythonTracking {
     /// Starts walking the Python frames of `pid` (host pid) when it runs a supported CPython.
-    pub fn start(program: &mut KernelProgram, pid: u32) -> Option<PythonTracking> {
+    /// Its names are charged to `owner`'s share of `shares`.
+    pub fn start(
+        program: &mut KernelProgram,
+        pid: u32,
+        shares: &Arc<NamingShares>,
+        owner: Owner,
+    ) -> Option<PythonTracking> {
         let target = match PythonTarget::detect(pid) {
             Ok(Some(t)) => t,
             Ok(None) => return None,
@@ -130,10 +157,16 @@ impl PythonTracking {
             threads: HashSet::new(),
             kinds: ThreadKinds::default(),
             named_stacks: HashSet::new(),
+            queued: VecDeque::new(),
+            queued_keys: HashSet::new(),
+            queue_full: 0,
+            shares: Arc::clone(shares),
+            owner,
+            charged: 0,
             symbols: PythonSymbols::new(),
             unnamed: 0,
             over_budget: 0,
-            symbol_bytes: 0,
+            over_time: 0,
             naming: std::time::Duration::ZERO,
         };
         tracking.refresh_threads(program);
@@ -181,16 +214,17 @@ impl PythonTracking {
         self.threads = now;
     }
 
-    /// Names the frames of the Python stacks the kernel recorded for this process (run slot
-    /// `run`, `ns_pid` in its namespace) since the last call: code objects are read from the live process.
-    pub fn name_new_stacks(
+    /// Queues the frames of the Python stacks the kernel recorded for this process (run slot
+    /// `run`, `ns_pid` in its namespace) since the last call, to be named by
+    /// [`Self::name_queued`]: this reads the kernel's maps only (call it with the programs'
+    /// lock held), and no memory of the process.
+    pub fn queue_new_stacks(
         &mut self,
         program: &KernelProgram,
         ids: &[(u64, u32, StackId)],
         run: u32,
         ns_pid: u32,
     ) {
-        let started = std::time::Instant::now();
         let mine =
             |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
         for (_, _, id) in ids.iter().filter(mine) {
@@ -202,29 +236,71 @@ impl PythonTracking {
             };
             for packed in frames {
                 let key = symbol_key(packed);
-                if self.symbols.contains_key(&key) {
+                if self.symbols.contains_key(&key) || self.queued_keys.contains(&key) {
                     continue;
                 }
-                if self.target.naming_bytes() + self.symbol_bytes > NAMING_BUDGET_BYTES {
-                    self.over_budget += 1;
+                if self.queued.len() >= MAX_QUEUED_FRAMES {
+                    self.queue_full += 1;
                     continue;
                 }
-                match self.target.resolve(PythonFrame::unpack(packed)) {
-                    Ok(function) => {
-                        self.symbol_bytes += (function.name.len()
+                self.queued_keys.insert(key);
+                self.queued.push_back(key);
+            }
+        }
+    }
+
+    /// Whether frames wait to be named.
+    pub fn has_queued(&self) -> bool {
+        !self.queued.is_empty()
+    }
+
+    /// Names queued frames, oldest first, reading their code objects from the live process,
+    /// until this thread has spent `cpu` on it (at least one frame is named when any waits);
+    /// returns the CPU spent. Frames past the owner's share of kept bytes stay unnamed
+    /// (counted); the rest of the queue waits for the next call.
+    pub fn name_queued(&mut self, cpu: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        let cpu_before = crate::unwind::table::thread_cpu_time();
+        let spent = || crate::unwind::table::thread_cpu_time().saturating_sub(cpu_before);
+        while let Some(key) = self.queued.pop_front() {
+            self.queued_keys.remove(&key);
+            if self.symbols.contains_key(&key) {
+                continue;
+            }
+            if !self.shares.has_room(self.owner) {
+                self.over_budget += 1;
+                continue;
+            }
+            let kept_before = self.target.kept_bytes();
+            match self.target.resolve(PythonFrame::unpack(key)) {
+                Ok(function) => {
+                    let kept = self.target.kept_bytes().saturating_sub(kept_before)
+                        + (function.name.len()
                             + function.file.len()
                             + std::mem::size_of::<(u64, PythonFunction)>())
                             as u64;
-                        self.symbols.insert(key, function);
-                    }
-                    Err(e) => {
-                        self.unnamed += 1;
-                        log::debug!("pid {}: Python frame {packed:#x}: {e}", self.target.pid());
-                    }
+                    self.shares.charge(self.owner, kept);
+                    self.charged += kept;
+                    self.symbols.insert(key, function);
                 }
+                Err(e) => {
+                    self.unnamed += 1;
+                    log::debug!("pid {}: Python frame {key:#x}: {e}", self.target.pid());
+                }
+            }
+            if spent() >= cpu {
+                break;
             }
         }
         self.naming += started.elapsed();
+        spent()
+    }
+
+    /// Frames still queued: they will not be named (the run ended); counted in the summary.
+    pub fn abandon_queued(&mut self) {
+        self.over_time += self.queued.len() as u64;
+        self.queued.clear();
+        self.queued_keys.clear();
     }
 
     /// What the bounds on reading this process's memory left out, in words; `None` when
@@ -256,10 +332,17 @@ impl PythonTracking {
         }
         if self.over_budget > 0 {
             parts.push(format!(
-                "{} Python frames were left unnamed: naming its frames spent the {} MiB a \
-                 process may cost",
+                "{} Python frames were left unnamed: its user's runs keep the {} MiB of names \
+                 a user may keep",
                 self.over_budget,
-                NAMING_BUDGET_BYTES >> 20
+                crate::python::shares::NAMING_BYTES_PER_OWNER >> 20
+            ));
+        }
+        if self.over_time + self.queue_full > 0 {
+            parts.push(format!(
+                "{} Python frames were left unnamed: naming them needed more than its user's \
+                 share of the daemon's CPU during the run",
+                self.over_time + self.queue_full
             ));
         }
         (!parts.is_empty()).then(|| parts.join("; "))
@@ -287,6 +370,12 @@ impl PythonTracking {
     /// listed at a refresh without a thread state, and never with one.
     pub fn runs_no_python(&self, ns_tid: u32) -> bool {
         self.kinds.runs_no_python(ns_tid)
+    }
+}
+
+impl Drop for PythonTracking {
+    fn drop(&mut self) {
+        self.shares.release(self.owner, self.charged);
     }
 }
 

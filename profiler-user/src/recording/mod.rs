@@ -12,6 +12,7 @@ pub mod run_loop;
 
 use std::{
     collections::{BTreeMap, HashSet},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -29,7 +30,10 @@ use crate::{
         Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, ShortfallCause, Throttled,
         UntabledObject, Unwound,
     },
-    python::stacks::{PythonMode, PythonTracking},
+    python::{
+        shares::NamingShares,
+        stacks::{PythonMode, PythonTracking},
+    },
     recording::aggregate::{aggregate, AggregateOptions, TargetSamples},
     recording::request::{RecordingRequest, Scope, SystemScope},
     sampling::{KernelLimits, Sampling, SamplingRequest},
@@ -194,7 +198,16 @@ pub struct Recording {
     /// then.
     window_started: Instant,
     counters_at_window: Counters,
+    /// The shares of naming Python frames this recording's owner's names are charged to.
+    naming: Arc<NamingShares>,
+    /// The process whose queued Python frames are named first at the next naming: each
+    /// process goes first in turn, so that one with a long queue does not starve the others.
+    naming_turn: usize,
 }
+
+/// What [`Recording::name_python`] may take of its owner's CPU share at once: all of it (the
+/// share is what bounds it; a single-owner recording names everything queued).
+const NAMING_WANT: Duration = Duration::MAX;
 
 /// Where a recording stands after a tick.
 #[derive(Clone, Copy, Debug)]
@@ -229,7 +242,15 @@ impl Recording {
             over_cap: HashSet::new(),
             window_started: Instant::now(),
             counters_at_window: Counters::default(),
+            naming: Arc::new(NamingShares::single()),
+            naming_turn: 0,
         }
+    }
+
+    /// Charges the naming of this recording's Python frames to its owner's share of `shares`
+    /// (a daemon's, shared by every run; before the first target is added).
+    pub fn set_naming_shares(&mut self, shares: Arc<NamingShares>) {
+        self.naming = shares;
     }
 
     /// Profiles only what `owner` may profile, for the whole run (before the first target is
@@ -469,7 +490,9 @@ impl Recording {
                 }
             }
             Ok(match self.python_mode {
-                PythonMode::Auto => PythonTracking::start(program, target.pid),
+                PythonMode::Auto => {
+                    PythonTracking::start(program, target.pid, &self.naming, self.owner_uid())
+                }
                 PythonMode::Off => None,
             })
         });
@@ -527,7 +550,7 @@ impl Recording {
                     program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
-                        p.python = PythonTracking::start(program, pid);
+                        p.python = PythonTracking::start(program, pid, &self.naming, owner_uid);
                     }
                 }
             }
@@ -613,17 +636,18 @@ impl Recording {
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
             if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
-                p.python = PythonTracking::start(program, p.target.pid);
+                p.python = PythonTracking::start(program, p.target.pid, &self.naming, owner_uid);
             }
             if let Some(python) = &mut p.python {
                 if p.exited {
                     python.stop(program);
                 } else if refresh {
                     python.refresh_threads(program);
+                    // Named by `name_python`, off the programs' lock.
                     let ids = python_ids
                         .entry(p.slot.program_id)
                         .or_insert_with(|| program.python_stack_ids());
-                    python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                    python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
                 }
             }
             if p.exited && system {
@@ -640,6 +664,62 @@ impl Recording {
             samples,
             // A system-wide run lasts until it is stopped.
             all_exited: !system && self.processes.values().all(|p| p.exited),
+        }
+    }
+
+    /// Names the Python frames ticks queued, reading code objects from the live processes:
+    /// call it without the programs' lock (it needs none), on a thread that answers no
+    /// client. It takes what is left of the owner's CPU share of the period (`at_end`: with
+    /// the extra a run's end gets, see [`crate::python::shares`]) and names for that long, the
+    /// processes in turn; what is left waits for the next call.
+    pub fn name_python(&mut self, at_end: bool) {
+        let owner = self.owner_uid();
+        let waiting = self
+            .processes
+            .values()
+            .filter(|p| p.python.as_ref().is_some_and(|t| t.has_queued()))
+            .count();
+        if waiting == 0 {
+            return;
+        }
+        let given = self.naming.take_cpu(owner, NAMING_WANT, at_end);
+        let mut left = given;
+        let mut order: Vec<&mut ProcessRecording> = self.processes.values_mut().collect();
+        let turn = self.naming_turn % order.len().max(1);
+        order.rotate_left(turn);
+        self.naming_turn = self.naming_turn.wrapping_add(1);
+        for p in order {
+            let Some(python) = &mut p.python else {
+                continue;
+            };
+            if !python.has_queued() {
+                continue;
+            }
+            if p.exited {
+                // Its code objects cannot be read any more.
+                python.abandon_queued();
+                continue;
+            }
+            if left.is_zero() {
+                break;
+            }
+            left = left.saturating_sub(python.name_queued(left));
+        }
+        self.naming.give_back(owner, left);
+    }
+
+    /// Queues the frames of the Python stacks recorded since the last tick, to be named by
+    /// [`Self::name_python`]: a driver that names off the programs' lock calls it before
+    /// [`Self::collect`], so that the last stacks are named there.
+    pub fn queue_python(&mut self, pool: &mut ProgramPool) {
+        let mut python_ids = std::collections::HashMap::new();
+        for p in self.processes.values_mut().filter(|p| !p.exited) {
+            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
+                let ids = python_ids
+                    .entry(p.slot.program_id)
+                    .or_insert_with(|| program.python_stack_ids());
+                python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
+            }
         }
     }
 
@@ -817,7 +897,9 @@ impl Recording {
                         direct: false,
                         exited: false,
                         python: match self.python_mode {
-                            PythonMode::Auto => PythonTracking::start(program, pid),
+                            PythonMode::Auto => {
+                                PythonTracking::start(program, pid, &self.naming, self.owner_uid())
+                            }
                             PythonMode::Off => None,
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
@@ -856,9 +938,19 @@ impl Recording {
                 let ids = python_ids
                     .entry(p.slot.program_id)
                     .or_insert_with(|| program.python_stack_ids());
-                python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
             }
             let _ = p.maps.refresh();
+        }
+        // Within what is left of the owner's share: a daemon names a run's queue before it
+        // collects, off the programs' lock (see `name_python`).
+        self.name_python(false);
+        for python in self
+            .processes
+            .values_mut()
+            .filter_map(|p| p.python.as_mut())
+        {
+            python.abandon_queued();
         }
         if self.owner.is_some() {
             // A process that exec'd while it was read last may have been read as the new
@@ -1009,9 +1101,10 @@ impl Recording {
                 let ids = python_ids
                     .entry(p.slot.program_id)
                     .or_insert_with(|| program.python_stack_ids());
-                python.name_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
             }
         }
+        self.name_python(true);
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut tables = TableCost::default();
