@@ -936,3 +936,50 @@ fn pprof_shows_pythons_module_frame_by_name() {
         "{lines}"
     );
 }
+
+/// A code object may have an empty name (`code.replace(co_name="")`, which a target controls):
+/// its frame is named all the same in every stack, never an empty frame (which splits a
+/// folded line's frames wrongly; `Profile::read` refuses one).
+#[test]
+fn a_python_function_with_an_empty_name_gets_a_frame_name() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempdir();
+    let script = dir.path().join("nameless.py");
+    std::fs::write(
+        &script,
+        "import time\n\
+         def hot():\n    end = time.time() + 3\n    x = 0\n    while time.time() < end:\n        x += 1\n\
+         hot.__code__ = hot.__code__.replace(co_name='', co_qualname='')\n\
+         time.sleep(1)\nhot()\n",
+    )
+    .unwrap();
+    let folded = dir.path().join("n.folded");
+    run_bpfprof(
+        [
+            "-F".as_ref(),
+            "499".as_ref(),
+            "-q".as_ref(),
+            "-o".as_ref(),
+            folded.as_os_str(),
+            "--".as_ref(),
+            "/usr/bin/python3".as_ref(),
+            script.as_os_str(),
+        ],
+        Duration::from_secs(120),
+    )
+    .assert_code(exit::OK);
+    let profile = Profile::read(&folded);
+    let nameless = profile.count_where(|f| {
+        f.windows(2)
+            .any(|w| w[0].starts_with("<module>") && w[1].starts_with("[empty Python name]"))
+    });
+    let module = profile.count_where(|f| f.iter().any(|x| x.starts_with("<module>")));
+    assert!(
+        module >= 100 && nameless as f64 >= 0.8 * module as f64,
+        "{nameless} of {module} stacks under <module> are in the nameless function:\n{}",
+        profile.top(8)
+    );
+}

@@ -12,6 +12,9 @@ use super::{
 };
 use anyhow::Result;
 
+/// How a code object whose name is the empty string is named.
+const EMPTY_NAME: &str = "[empty Python name]";
+
 /// Longest string read (in characters): longer names and paths are cut there.
 const MAX_STRING_CHARS: u64 = 4096;
 /// Largest line table read; a real one is a few bytes per instruction.
@@ -93,6 +96,13 @@ impl CodeReader {
             layout,
             word(layout.code_qualname.unwrap_or(layout.code_name)),
         )?;
+        // A frame needs a name in every format (a folded stack's frames are separated by `;`,
+        // and an empty one reads as a broken line): `types.CodeType` accepts an empty name.
+        let name = if name.is_empty() {
+            EMPTY_NAME.to_string()
+        } else {
+            name
+        };
         let file_addr = word(layout.code_filename);
         let file = match self.files.get(&file_addr) {
             Some(file) => file.clone(),

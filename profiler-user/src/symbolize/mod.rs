@@ -449,7 +449,8 @@ pub fn lookup_addresses(frames: &[u64]) -> impl Iterator<Item = u64> + '_ {
 }
 
 fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
-    let Some(sym) = result.as_sym() else {
+    // A symbol with an empty name (ELF allows one) is no name: every format needs one.
+    let Some(sym) = result.as_sym().filter(|s| !s.name.is_empty()) else {
         return unknown(module, offset, kind);
     };
     let module = sym
@@ -472,7 +473,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
         start_line: None,
         build_id: None,
     });
-    for inlined in sym.inlined.iter() {
+    for inlined in sym.inlined.iter().filter(|i| !i.name.is_empty()) {
         let (file, line) = code_location(inlined.code_info.as_ref());
         frames.push(Frame {
             name: inlined.name.to_string(),
