@@ -1300,6 +1300,106 @@ fn a_daemon_whose_backend_hangs_answers_at_once_and_sends_the_runs_when_it_is_ba
 }
 
 #[test]
+fn windows_spooled_through_a_minute_long_outage_arrive_once_and_in_order() {
+    if !require_root() {
+        return;
+    }
+    // The outage: the receiver away for 60 s, the agent cutting 1 s windows all along.
+    const OUTAGE: Duration = Duration::from_secs(60);
+    let dir = tempdir();
+    let receiver = Receiver::start("http", dir.path(), 0, 200);
+    let receiver_port = receiver.port;
+    let (cgroup, _) = container("minute");
+    let hotcold = Workload::spawn("hotcold", &["600"]);
+    cgroup.add(hotcold.pid());
+    let endpoint = format!("http://127.0.0.1:{receiver_port}");
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "-F",
+            "49",
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            &endpoint,
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ],
+        1.0,
+    );
+    poll_until(Duration::from_secs(60), || {
+        (receiver.requests().len() >= 2).then_some(())
+    })
+    .expect("windows arrive while the receiver is up");
+    drop(receiver);
+    let down = std::time::Instant::now();
+    let cut_before = metric(port, "bpfprof_agent_windows_total");
+    std::thread::sleep(OUTAGE);
+    let m = metrics(port);
+    assert!(
+        m["bpfprof_agent_windows_total"] >= cut_before + 30.0,
+        "the agent went on cutting windows through the outage: {m:?}"
+    );
+    assert!(
+        m["bpfprof_agent_spooled_windows{backend=otlp}"] >= 30.0,
+        "{m:?}"
+    );
+    let receiver = Receiver::start("http", dir.path(), receiver_port, 200);
+    eprintln!("receiver back after {:?}", down.elapsed());
+    // Every window cut so far arrives (the backoff's longest wait is 45 s).
+    let cut = poll_until(Duration::from_secs(180), || {
+        let m = metrics(port);
+        let cut = m["bpfprof_agent_windows_total"] as usize;
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] == 0.0
+            && receiver.requests().len() >= cut)
+            .then_some(cut)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the spool did not drain: {:?}\n{}",
+            metrics(port),
+            agent.stderr_so_far()
+        )
+    });
+    let m = metrics(port);
+    for outcome in ["dropped", "rejected", "queue_full"] {
+        assert_eq!(
+            m[&format!("bpfprof_agent_export_windows_total{{backend=otlp,outcome={outcome}}}")],
+            0.0,
+            "{m:?}"
+        );
+    }
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    // Once and in order: the windows follow one another without a gap or an overlap, but
+    // around windows without samples (which carry no time).
+    let requests = receiver.requests();
+    assert!(requests.len() >= cut, "{} of {cut} windows", requests.len());
+    let times = window_times(&requests);
+    let empty = times.iter().filter(|t| t.is_none()).count();
+    let times: Vec<(u64, u64)> = times.into_iter().flatten().collect();
+    let mut gaps = 0;
+    for pair in times.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a window twice or out of order: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+        if pair[1].0 != pair[0].1 {
+            gaps += 1;
+        }
+    }
+    assert!(
+        gaps <= empty,
+        "{gaps} gaps, {empty} empty windows: {times:?}"
+    );
+}
+
+#[test]
 fn bad_daemon_export_settings_are_refused_with_a_clear_error() {
     if !require_root() {
         return;
