@@ -1,6 +1,7 @@
 //! Export of each window to an OpenTelemetry backend: OTLP profiles over gRPC (tonic) or
 //! HTTP/protobuf (reqwest), `--otlp-endpoint`, `--otlp-protocol`, `--otlp-header`; and to
-//! Grafana Pyroscope's ingest API ([`crate::agent::pyroscope`], `--pyroscope-url`).
+//! Grafana Pyroscope's ingest API ([`crate::agent::pyroscope`], `--pyroscope-url`). The daemon
+//! exports each finished run through the same exporter, a run's profile as one window.
 //!
 //! The recording thread never waits on the network: it hands each window to each backend's
 //! bounded queue ([`QUEUE_WINDOWS`]) and goes on; a full queue drops the window, counted. The exporter
