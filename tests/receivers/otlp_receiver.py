@@ -1,7 +1,7 @@
 """An OTLP profiles receiver for bpfprof's tests, built on the official generated stubs (PyPI
 `opentelemetry-proto`, `grpcio`): it decodes each ExportProfilesServiceRequest it gets, over
 gRPC or HTTP/protobuf, and appends what it found as one JSON line to OUT: the request's
-headers, and per resource its attributes and per profile its sample type, period, time,
+headers (and over HTTP its body's size as sent and decoded), and per resource its attributes and per profile its sample type, period, time,
 attributes and samples (each stack as function names through the dictionary, leaf first).
 
 Usage: otlp_receiver.py grpc|http PORT PORT_FILE OUT [STATUS [CERT KEY]]
@@ -91,8 +91,12 @@ def decode(req):
     return resources
 
 
-def record(out, headers, req, answered):
-    line = json.dumps({"headers": headers, "answered": answered, "resources": decode(req)})
+def record(out, headers, req, answered, sizes=None):
+    entry = {"headers": headers, "answered": answered, "resources": decode(req)}
+    # HTTP only: the body's size as sent (gzipped) and decoded.
+    if sizes:
+        entry["wire_bytes"], entry["body_bytes"] = sizes
+    line = json.dumps(entry)
     with LOCK, open(out, "a") as f:
         f.write(line + "\n")
 
@@ -131,11 +135,12 @@ def serve_http(port, port_file, out, status, tls):
                 self.send_response(404)
                 self.end_headers()
                 return
+            wire_bytes = len(body)
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
             req = profiles_service_pb2.ExportProfilesServiceRequest.FromString(body)
             headers = {k.lower(): v for k, v in self.headers.items()}
-            record(out, headers, req, status)
+            record(out, headers, req, status, (wire_bytes, len(body)))
             reply = profiles_service_pb2.ExportProfilesServiceResponse().SerializeToString()
             self.send_response(status)
             self.send_header("Content-Type", "application/x-protobuf")
