@@ -1453,3 +1453,57 @@ fn bad_daemon_export_settings_are_refused_with_a_clear_error() {
         run.assert_stderr_mentions(&[says]);
     }
 }
+
+#[test]
+fn a_daemon_pushes_each_finished_run_to_pyroscope_with_its_id_and_owner_as_labels() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = IngestReceiver::start(dir.path());
+    let url = format!("http://127.0.0.1:{}", receiver.port);
+    let daemon = Daemon::start(&["--pyroscope-url", &url, "--pyroscope-tenant", "t1"]);
+    let run = UserRun::start();
+    let id = run.tagged_run(&daemon, 600);
+    let id_arg = id.to_string();
+    run.cli(&daemon, &["stop", "--run-id", &id_arg])
+        .assert_code(0);
+    let results = run.cli(
+        &daemon,
+        &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
+    );
+    results.assert_code(0);
+    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
+    let samples = reply["samples"].as_u64().unwrap();
+    // One process, one service: one push, its body read by Go's pprof.
+    let requests = poll_until(Duration::from_secs(60), || {
+        let r = receiver.requests();
+        (!r.is_empty()).then_some(r)
+    })
+    .unwrap_or_else(|| panic!("run {id} was not pushed"));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(receiver.requests().len(), 1, "one push for the run");
+    let (meta, body) = &requests[0];
+    assert_eq!(meta["path"], "/ingest", "{meta}");
+    assert_eq!(meta["headers"]["x-scope-orgid"], "t1", "{meta}");
+    assert_eq!(meta["query"]["sampleRate"], "499", "{meta}");
+    let pprof = go_pprof_url(body.to_str().unwrap(), dir.path()).unwrap();
+    for s in &pprof {
+        assert_eq!(s.labels["run_id"], id_arg, "{:?}", s.labels);
+        assert_eq!(
+            s.labels["owner_uid"],
+            run.user.uid.to_string(),
+            "{:?}",
+            s.labels
+        );
+        assert_eq!(s.labels["model"], "cnn", "{:?}", s.labels);
+    }
+    let hot = leaves(&pprof, run.hotcold.pid());
+    assert_eq!(hot.values().sum::<u64>(), samples, "{hot:?}");
+    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
+    );
+}
