@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-/// Debian packages the bench runs or builds with.
-pub(super) const TOOLS: &[&str] = &["linux-perf", "bpftrace", "gcc"];
+/// Debian packages the bench runs or builds with (curl fetches the agent's pprof and metrics
+/// in section 13).
+pub(super) const TOOLS: &[&str] = &["linux-perf", "bpftrace", "gcc", "curl"];
 
 /// Flags for every workload: frame pointers everywhere (all three profilers walk user stacks
 /// by frame pointer; see `keep_frame` in `bench/common.h` for the leaves), no shrink-wrapping
