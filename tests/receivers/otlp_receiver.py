@@ -1,19 +1,21 @@
 """An OTLP profiles receiver for bpfprof's tests, built on the official generated stubs (PyPI
 `opentelemetry-proto`, `grpcio`): it decodes each ExportProfilesServiceRequest it gets, over
 gRPC or HTTP/protobuf, and appends what it found as one JSON line to OUT: the request's
-headers, and per resource its attributes and per profile its sample type, period, time,
+headers (and over HTTP its body's size as sent and decoded), and per resource its attributes and per profile its sample type, period, time,
 attributes and samples (each stack as function names through the dictionary, leaf first).
 
-Usage: otlp_receiver.py grpc|http PORT PORT_FILE OUT [STATUS]
+Usage: otlp_receiver.py grpc|http PORT PORT_FILE OUT [STATUS [CERT KEY]]
 It listens on loopback's PORT (0: a free one) and writes the port to PORT_FILE once it
 listens.
 STATUS (HTTP only): answer every request with this status instead of 200 (what is
 received is still written, with "answered": STATUS).
+CERT KEY: serve TLS with this certificate chain and key (PEM files).
 """
 
 import gzip
 import json
 import os
+import ssl
 import sys
 import threading
 from concurrent import futures
@@ -89,8 +91,12 @@ def decode(req):
     return resources
 
 
-def record(out, headers, req, answered):
-    line = json.dumps({"headers": headers, "answered": answered, "resources": decode(req)})
+def record(out, headers, req, answered, sizes=None):
+    entry = {"headers": headers, "answered": answered, "resources": decode(req)}
+    # HTTP only: the body's size as sent (gzipped) and decoded.
+    if sizes:
+        entry["wire_bytes"], entry["body_bytes"] = sizes
+    line = json.dumps(entry)
     with LOCK, open(out, "a") as f:
         f.write(line + "\n")
 
@@ -105,17 +111,23 @@ class Servicer(profiles_service_pb2_grpc.ProfilesServiceServicer):
         return profiles_service_pb2.ExportProfilesServiceResponse()
 
 
-def serve_grpc(port, port_file, out):
+def serve_grpc(port, port_file, out, tls):
     # One worker: requests are recorded in the order they come.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server(Servicer(out), server)
-    port = server.add_insecure_port("127.0.0.1:%d" % port)
+    address = "127.0.0.1:%d" % port
+    if tls:
+        cert, key = (open(path, "rb").read() for path in tls)
+        credentials = grpc.ssl_server_credentials([(key, cert)])
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     server.start()
     write_port(port_file, port)
     server.wait_for_termination()
 
 
-def serve_http(port, port_file, out, status):
+def serve_http(port, port_file, out, status, tls):
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -123,11 +135,12 @@ def serve_http(port, port_file, out, status):
                 self.send_response(404)
                 self.end_headers()
                 return
+            wire_bytes = len(body)
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
             req = profiles_service_pb2.ExportProfilesServiceRequest.FromString(body)
             headers = {k.lower(): v for k, v in self.headers.items()}
-            record(out, headers, req, status)
+            record(out, headers, req, status, (wire_bytes, len(body)))
             reply = profiles_service_pb2.ExportProfilesServiceResponse().SerializeToString()
             self.send_response(status)
             self.send_header("Content-Type", "application/x-protobuf")
@@ -139,6 +152,10 @@ def serve_http(port, port_file, out, status):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     write_port(port_file, server.server_address[1])
     server.serve_forever()
 
@@ -152,9 +169,10 @@ def write_port(port_file, port):
 if __name__ == "__main__":
     protocol, port, port_file, out = sys.argv[1:5]
     status = int(sys.argv[5]) if len(sys.argv) > 5 else 200
+    tls = tuple(sys.argv[6:8]) if len(sys.argv) > 7 else None
     if protocol == "grpc":
         import grpc
 
-        serve_grpc(int(port), port_file, out)
+        serve_grpc(int(port), port_file, out, tls)
     else:
-        serve_http(int(port), port_file, out, status)
+        serve_http(int(port), port_file, out, status, tls)

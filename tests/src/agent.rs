@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 
-use crate::{ci, poll_until, spawn_bpfprof, BpfprofProcess};
+use crate::{bpfprof_bin, ci, poll_until, spawn_bpfprof_command, BpfprofProcess};
 
 /// A free TCP port on loopback (the agent binds it right after).
 pub fn free_port() -> u16 {
@@ -116,10 +116,22 @@ pub fn parse_raw(raw: &str) -> Vec<RawSample> {
 
 /// Starts the agent on `port` with `args`, and waits until it has cut `windows` windows.
 pub fn start_agent(port: u16, args: &[&str], windows: f64) -> BpfprofProcess {
+    start_agent_with_env(port, args, &[], windows)
+}
+
+/// [`start_agent`] with `env` added to the agent's environment.
+pub fn start_agent_with_env(
+    port: u16,
+    args: &[&str],
+    env: &[(&str, &str)],
+    windows: f64,
+) -> BpfprofProcess {
     let listen = format!("127.0.0.1:{port}");
-    let mut all = vec!["agent", "--listen", &listen];
-    all.extend(args);
-    let agent = spawn_bpfprof(&all);
+    let mut cmd = Command::new(bpfprof_bin());
+    cmd.args(["agent", "--listen", &listen])
+        .args(args)
+        .envs(env.iter().copied());
+    let agent = spawn_bpfprof_command(cmd);
     poll_until(Duration::from_secs(60), || {
         let up = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
         (up && metrics(port)["bpfprof_agent_windows_total"] >= windows).then_some(())

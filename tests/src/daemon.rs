@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::files::tempdir;
 use crate::process::poll_until;
-use crate::runner::{run_bpfprof, spawn_bpfprof, BpfprofProcess, RunResult};
+use crate::runner::{run_bpfprof, spawn_bpfprof_command, BpfprofProcess, RunResult};
 
 /// How long daemon operations in tests may take.
 pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(60);
@@ -15,6 +15,7 @@ pub struct Daemon {
     process: Option<BpfprofProcess>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -22,8 +23,22 @@ impl Daemon {
         Daemon::start_in(tempdir(), extra)
     }
 
+    /// Starts a daemon with `extra` arguments and `env` added to its environment.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_in_with_env(tempdir(), extra, env)
+    }
+
     /// Starts a daemon whose socket and state (`state/`) live in `dir`.
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Daemon {
+        Daemon::start_in_with_env(dir, extra, &[])
+    }
+
+    /// [`Daemon::start_in`] with `env` added to the daemon's environment.
+    pub fn start_in_with_env(
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         // Unprivileged clients must reach the socket inside.
         std::fs::set_permissions(
             dir.path(),
@@ -34,6 +49,10 @@ impl Daemon {
             process: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         daemon.spawn();
         daemon
@@ -48,7 +67,9 @@ impl Daemon {
             self.state().display().to_string(),
         ];
         args.extend(self.extra.iter().cloned());
-        let process = spawn_bpfprof(&args);
+        let mut cmd = std::process::Command::new(crate::env::bpfprof_bin());
+        cmd.args(&args).envs(self.env.iter().cloned());
+        let process = spawn_bpfprof_command(cmd);
         let socket = self.socket();
         poll_until(Duration::from_secs(10), || {
             std::os::unix::net::UnixStream::connect(&socket)

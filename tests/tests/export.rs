@@ -11,8 +11,12 @@ use std::{
 };
 
 use bpfprof_tests::{
-    agent::{free_port, go_pprof_url, leaves, metrics, start_agent, TestCgroup},
-    poll_until, require_root, run_bpfprof, tempdir, Workload,
+    agent::{
+        free_port, go_pprof_url, leaves, metrics, start_agent, start_agent_with_env, TestCgroup,
+    },
+    hostile::{cli, run_id_of},
+    poll_until, require_root, run_bpfprof, tempdir, test_user, workload_as,
+    world_executable_bpfprof, Daemon, Workload,
 };
 use serde_json::Value;
 
@@ -27,22 +31,33 @@ impl Receiver {
     /// Starts `otlp_receiver.py PROTOCOL` on `port` (0: a free one) appending to a file in
     /// `dir`, answering `status`; waits until it listens.
     fn start(protocol: &str, dir: &Path, port: u16, status: u16) -> Receiver {
+        Receiver::start_with(protocol, dir, port, status, None)
+    }
+
+    /// [`Receiver::start`] serving TLS with `tls`'s certificate chain and key.
+    fn start_with(
+        protocol: &str,
+        dir: &Path,
+        port: u16,
+        status: u16,
+        tls: Option<&Certificates>,
+    ) -> Receiver {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("receivers/otlp_receiver.py");
         let port_file = dir.join(format!("{protocol}.port"));
         let _ = std::fs::remove_file(&port_file);
         let out = dir.join(format!("{protocol}.jsonl"));
-        let mut child = Command::new("python3")
-            .arg(&script)
-            .args([
-                protocol,
-                &port.to_string(),
-                port_file.to_str().unwrap(),
-                out.to_str().unwrap(),
-                &status.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("python3");
+        let mut command = Command::new("python3");
+        command.arg(&script).args([
+            protocol,
+            &port.to_string(),
+            port_file.to_str().unwrap(),
+            out.to_str().unwrap(),
+            &status.to_string(),
+        ]);
+        if let Some(tls) = tls {
+            command.args([&tls.server_cert, &tls.server_key]);
+        }
+        let mut child = command.stdout(Stdio::null()).spawn().expect("python3");
         let port = poll_until(Duration::from_secs(30), || {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("the receiver exited: {status} (are opentelemetry-proto and grpcio installed? cargo xtask setup)");
@@ -836,4 +851,661 @@ fn bad_export_settings_are_refused_with_a_clear_error() {
         run.assert_code(code);
         run.assert_stderr_mentions(&[says]);
     }
+}
+
+/// A private CA, a certificate it signed for `127.0.0.1` (the TLS receiver's), and another
+/// CA that signed nothing here (the wrong one), made by `openssl`.
+struct Certificates {
+    ca: PathBuf,
+    wrong_ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+}
+
+impl Certificates {
+    fn make(dir: &Path) -> Certificates {
+        let path = |name: &str| dir.join(name);
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("openssl (cargo xtask setup installs it)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "wrong-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=bpfprof test {ca}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ]);
+        }
+        openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            path("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ]);
+        Certificates {
+            ca: path("ca.pem"),
+            wrong_ca: path("wrong-ca.pem"),
+            server_cert: path("server.pem"),
+            server_key: path("server.key"),
+        }
+    }
+}
+
+/// The `.pb` files of a spool folder.
+fn spooled_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".pb"))
+            })
+            .count()
+    })
+}
+
+/// An agent trusting a CA that did not sign the receiver's certificate sends nothing: each
+/// window is refused at the handshake, retried and spooled, counted; the agent started again
+/// with the right CA (`--otlp-ca-cert`, or the SDKs' `OTEL_EXPORTER_OTLP_CERTIFICATE`)
+/// sends every spooled window, then its own, in order, over TLS.
+fn otlp_over_tls_with_a_private_ca(protocol: &str, flag: &str, ca_from_env: bool) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let certificates = Certificates::make(dir.path());
+    let receiver = Receiver::start_with(protocol, dir.path(), 0, 200, Some(&certificates));
+    let state = dir.path().join("state");
+    let (cgroup, _) = container(&format!("tls-{protocol}"));
+    let hotcold = Workload::spawn("hotcold", &["300"]);
+    cgroup.add(hotcold.pid());
+    let endpoint = format!("https://127.0.0.1:{}", receiver.port);
+    let args = [
+        "--cgroup",
+        &cgroup.relative,
+        "-F",
+        "49",
+        "--window",
+        "1s",
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-protocol",
+        flag,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let wrong = certificates.wrong_ca.to_str().unwrap();
+    let port = free_port();
+    let agent = start_agent(port, &[&args[..], &["--otlp-ca-cert", wrong]].concat(), 1.0);
+    let m = poll_until(Duration::from_secs(60), || {
+        let m = metrics(port);
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] >= 3.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=retried}"] >= 2.0)
+            .then_some(m)
+    })
+    .unwrap_or_else(|| panic!("no window refused at the handshake: {:?}", metrics(port)));
+    assert_eq!(
+        m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"], 0.0,
+        "{m:?}"
+    );
+    assert!(
+        agent.stderr_so_far().contains("export failed"),
+        "the refusal is logged:\n{}",
+        agent.stderr_so_far()
+    );
+    assert!(
+        receiver.requests().is_empty(),
+        "a window reached the receiver through a CA that did not sign it"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    let spooled = spooled_files(&state.join("spool/otlp"));
+    assert!(spooled >= 3, "{spooled} windows spooled");
+
+    // The right CA: what was spooled arrives first, then the new windows.
+    let right = certificates.ca.to_str().unwrap();
+    let port = free_port();
+    let agent = if ca_from_env {
+        start_agent_with_env(
+            port,
+            &args,
+            &[("OTEL_EXPORTER_OTLP_CERTIFICATE", right)],
+            1.0,
+        )
+    } else {
+        start_agent(port, &[&args[..], &["--otlp-ca-cert", right]].concat(), 1.0)
+    };
+    poll_until(Duration::from_secs(120), || {
+        let m = metrics(port);
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] == 0.0
+            && m["bpfprof_agent_export_windows_total{backend=otlp,outcome=sent}"]
+                >= spooled as f64 + 2.0)
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the spool did not drain over TLS: {:?}\n{}",
+            metrics(port),
+            agent.stderr_so_far()
+        )
+    });
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    let requests = receiver.requests();
+    assert!(requests.len() >= spooled + 2, "{} received", requests.len());
+    let times: Vec<(u64, u64)> = window_times(&requests).into_iter().flatten().collect();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a window twice or out of order: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let hot = otlp_leaves(&of_pid(&requests, hotcold.pid()));
+    assert!(
+        hot.get("leaf_hot").unwrap_or(&0) > hot.get("leaf_cold").unwrap_or(&0),
+        "hotcold's stacks arrived: {hot:?}"
+    );
+}
+
+#[test]
+fn otlp_over_grpc_with_tls_trusts_only_the_given_ca() {
+    otlp_over_tls_with_a_private_ca("grpc", "grpc", false);
+}
+
+#[test]
+fn otlp_over_https_trusts_only_the_ca_of_otel_exporter_otlp_certificate() {
+    otlp_over_tls_with_a_private_ca("http", "http/protobuf", true);
+}
+
+/// The workload every daemon export test profiles: hotcold, started by a non-root user, and
+/// the CLI that user runs.
+struct UserRun {
+    user: bpfprof_tests::TestUser,
+    _bin_dir: tempfile::TempDir,
+    bin: PathBuf,
+    hotcold: Workload,
+}
+
+impl UserRun {
+    fn start() -> UserRun {
+        let user = test_user("bpfprof-t1");
+        let (bin_dir, bin) = world_executable_bpfprof();
+        let hotcold = workload_as(&user, bin_dir.path(), "hotcold", &["300"]);
+        UserRun {
+            user,
+            _bin_dir: bin_dir,
+            bin,
+            hotcold,
+        }
+    }
+
+    /// The CLI as the user against `daemon`.
+    fn cli(&self, daemon: &Daemon, args: &[&str]) -> bpfprof_tests::RunResult {
+        cli(&self.user, &self.bin, daemon, args)
+    }
+
+    /// Starts a tagged run on hotcold and waits until it has `samples` (judged by samples
+    /// taken, however loaded the machine); returns its id.
+    fn tagged_run(&self, daemon: &Daemon, samples: u64) -> u64 {
+        let pid = self.hotcold.pid().to_string();
+        let id = run_id_of(&self.cli(
+            daemon,
+            &[
+                "run",
+                "--async",
+                "--pid",
+                &pid,
+                "-F",
+                "499",
+                "--duration-ms",
+                "600000",
+                "--sample-tags",
+                "fwd,step7",
+                "--tag",
+                "model=cnn",
+            ],
+        ));
+        poll_until(Duration::from_secs(180), || {
+            let reply = daemon.client().status(id).ok()?;
+            (reply.samples? >= samples).then_some(())
+        })
+        .unwrap_or_else(|| panic!("run {id} took fewer than {samples} samples"));
+        id
+    }
+}
+
+/// Whether `profile` (a decoded OTLP profile) is run `id`'s.
+fn of_run(profile: &Value, id: u64) -> bool {
+    profile["attributes"]["run_id"].as_str() == Some(id.to_string().as_str())
+}
+
+#[test]
+fn a_daemon_exports_each_finished_run_with_its_id_tags_and_owner() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = Receiver::start("http", dir.path(), 0, 200);
+    // The SDKs' environment: the signal's own URL (posted to as it is: nothing is appended)
+    // and a header list with percent-encoded values.
+    let signal = format!("http://127.0.0.1:{}/v1development/profiles", receiver.port);
+    let daemon = Daemon::start_with_env(
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", signal.as_str()),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "x-test-tenant=t%201,authorization=Bearer%20tok%3D",
+            ),
+        ],
+    );
+    let run = UserRun::start();
+    let id = run.tagged_run(&daemon, 600);
+    let id_arg = id.to_string();
+    run.cli(&daemon, &["stop", "--run-id", &id_arg])
+        .assert_code(0);
+    let results = run.cli(
+        &daemon,
+        &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
+    );
+    results.assert_code(0);
+    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
+    let samples = reply["samples"].as_u64().unwrap();
+
+    let requests = poll_until(Duration::from_secs(60), || {
+        let r = receiver.requests();
+        (!r.is_empty()).then_some(r)
+    })
+    .unwrap_or_else(|| panic!("run {id} was not exported"));
+    let request = &requests[0];
+    assert_eq!(
+        request["headers"]["x-test-tenant"], "t 1",
+        "{}",
+        request["headers"]
+    );
+    assert_eq!(
+        request["headers"]["authorization"], "Bearer tok=",
+        "{}",
+        request["headers"]
+    );
+    let profiles = of_pid(&requests, run.hotcold.pid());
+    assert_eq!(profiles.len(), 1, "one profile for the run: {requests:?}");
+    let (attributes, profile) = &profiles[0];
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(attributes["host.name"], host.trim(), "{attributes}");
+    assert_eq!(
+        attributes["process.executable.name"], "hotcold",
+        "{attributes}"
+    );
+    let attrs = &profile["attributes"];
+    assert!(of_run(profile, id), "{attrs}");
+    assert_eq!(attrs["owner_uid"], run.user.uid.to_string(), "{attrs}");
+    assert_eq!(attrs["tag"], "fwd,step7", "{attrs}");
+    assert_eq!(attrs["model"], "cnn", "{attrs}");
+    // Every sample of the run's results, and the workload's split.
+    let otlp = otlp_leaves(&profiles);
+    assert_eq!(
+        otlp.values().sum::<u64>(),
+        samples,
+        "the run's {samples} samples: {otlp:?}"
+    );
+    let (h, c) = (otlp["leaf_hot"] as f64, otlp["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {otlp:?}"
+    );
+    // The run's time: as long as it sampled, ended before the results were read.
+    let length = profile["duration_nano"].as_f64().unwrap() / 1e9;
+    let end = Duration::from_nanos(
+        profile["time_unix_nano"].as_u64().unwrap() + profile["duration_nano"].as_u64().unwrap(),
+    );
+    assert!(length > 0.5, "the run lasted {length} s");
+    assert!(end <= SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+    // Once: nothing more arrives, and the spool is empty.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(receiver.requests().len(), 1);
+    assert_eq!(spooled_files(&daemon.state().join("spool/otlp")), 0);
+}
+
+#[test]
+fn a_daemon_whose_backend_hangs_answers_at_once_and_sends_the_runs_when_it_is_back() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    // A backend that takes connections and never answers: each attempt lasts the exporter's
+    // request timeout (10 s).
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hung.local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let daemon = Daemon::start(&["--otlp-endpoint", &endpoint]);
+    let run = UserRun::start();
+    // Bounds on blocking: stop and list are answered from memory; results once the run's
+    // files are written, however long a loaded machine takes for that, but a results that
+    // waited for the hung send would take that and the send's 10 s on top.
+    let quick = Duration::from_secs(2);
+    let processed = Duration::from_secs(9);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = run.tagged_run(&daemon, 300);
+        let id_arg = id.to_string();
+        let started = std::time::Instant::now();
+        run.cli(&daemon, &["stop", "--run-id", &id_arg])
+            .assert_code(0);
+        let stop = started.elapsed();
+        let results = run.cli(&daemon, &["results", "--run-id", &id_arg, "--wait", "60s"]);
+        results.assert_code(0);
+        let results_took = started.elapsed() - stop;
+        let listed = std::time::Instant::now();
+        run.cli(&daemon, &["list"]).assert_code(0);
+        let list = listed.elapsed();
+        eprintln!("run {id}: stop {stop:?}, results {results_took:?}, list {list:?}");
+        assert!(stop < quick, "stop took {stop:?} with the backend hung");
+        assert!(list < quick, "list took {list:?} with the backend hung");
+        assert!(
+            results_took < processed,
+            "results took {results_took:?} with the backend hung"
+        );
+        ids.push(id);
+    }
+    // Both runs wait in the spool, on disk.
+    let spool = daemon.state().join("spool/otlp");
+    poll_until(Duration::from_secs(30), || {
+        (spooled_files(&spool) == 2).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{} runs spooled, not 2", spooled_files(&spool)));
+
+    // The backend comes back on its port: both runs arrive, once, in order.
+    drop(hung);
+    let receiver = Receiver::start("http", dir.path(), port, 200);
+    poll_until(Duration::from_secs(120), || {
+        (spooled_files(&spool) == 0 && receiver.requests().len() >= 2).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the runs did not arrive: {} received, {} spooled",
+            receiver.requests().len(),
+            spooled_files(&spool)
+        )
+    });
+    let requests = receiver.requests();
+    let arrived: Vec<u64> = requests
+        .iter()
+        .filter_map(|r| {
+            let profile = &r["resources"][0]["profiles"][0];
+            ids.iter().copied().find(|&id| of_run(profile, id))
+        })
+        .collect();
+    assert_eq!(arrived, ids, "each run once, in order");
+    assert_eq!(requests.len(), 2);
+    let hot = otlp_leaves(&of_pid(&requests, run.hotcold.pid()));
+    assert!(
+        hot.get("leaf_hot").unwrap_or(&0) > hot.get("leaf_cold").unwrap_or(&0),
+        "hotcold's stacks arrived: {hot:?}"
+    );
+}
+
+#[test]
+fn windows_spooled_through_a_minute_long_outage_arrive_once_and_in_order() {
+    if !require_root() {
+        return;
+    }
+    // The outage: the receiver away for 60 s, the agent cutting 1 s windows all along.
+    const OUTAGE: Duration = Duration::from_secs(60);
+    let dir = tempdir();
+    let receiver = Receiver::start("http", dir.path(), 0, 200);
+    let receiver_port = receiver.port;
+    let (cgroup, _) = container("minute");
+    let hotcold = Workload::spawn("hotcold", &["600"]);
+    cgroup.add(hotcold.pid());
+    let endpoint = format!("http://127.0.0.1:{receiver_port}");
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "-F",
+            "49",
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            &endpoint,
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+        ],
+        1.0,
+    );
+    poll_until(Duration::from_secs(60), || {
+        (receiver.requests().len() >= 2).then_some(())
+    })
+    .expect("windows arrive while the receiver is up");
+    drop(receiver);
+    let down = std::time::Instant::now();
+    let cut_before = metric(port, "bpfprof_agent_windows_total");
+    std::thread::sleep(OUTAGE);
+    let m = metrics(port);
+    assert!(
+        m["bpfprof_agent_windows_total"] >= cut_before + 30.0,
+        "the agent went on cutting windows through the outage: {m:?}"
+    );
+    assert!(
+        m["bpfprof_agent_spooled_windows{backend=otlp}"] >= 30.0,
+        "{m:?}"
+    );
+    let receiver = Receiver::start("http", dir.path(), receiver_port, 200);
+    eprintln!("receiver back after {:?}", down.elapsed());
+    // Every window cut so far arrives (the backoff's longest wait is 45 s).
+    let cut = poll_until(Duration::from_secs(180), || {
+        let m = metrics(port);
+        let cut = m["bpfprof_agent_windows_total"] as usize;
+        (m["bpfprof_agent_spooled_windows{backend=otlp}"] == 0.0
+            && receiver.requests().len() >= cut)
+            .then_some(cut)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the spool did not drain: {:?}\n{}",
+            metrics(port),
+            agent.stderr_so_far()
+        )
+    });
+    let m = metrics(port);
+    for outcome in ["dropped", "rejected", "queue_full"] {
+        assert_eq!(
+            m[&format!("bpfprof_agent_export_windows_total{{backend=otlp,outcome={outcome}}}")],
+            0.0,
+            "{m:?}"
+        );
+    }
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    // Once and in order: the windows follow one another without a gap or an overlap, but
+    // around windows without samples (which carry no time).
+    let requests = receiver.requests();
+    assert!(requests.len() >= cut, "{} of {cut} windows", requests.len());
+    let times = window_times(&requests);
+    let empty = times.iter().filter(|t| t.is_none()).count();
+    let times: Vec<(u64, u64)> = times.into_iter().flatten().collect();
+    let mut gaps = 0;
+    for pair in times.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a window twice or out of order: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+        if pair[1].0 != pair[0].1 {
+            gaps += 1;
+        }
+    }
+    assert!(
+        gaps <= empty,
+        "{gaps} gaps, {empty} empty windows: {times:?}"
+    );
+}
+
+#[test]
+fn bad_daemon_export_settings_are_refused_with_a_clear_error() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let socket = dir.path().join("sock");
+    for (args, code, says) in [
+        (
+            vec!["--otlp-endpoint", "collector:4318"],
+            2,
+            "--otlp-endpoint",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://c:4318",
+                "--otlp-headers",
+                "a=1,novalue",
+            ],
+            2,
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "https://c:4318",
+                "--otlp-ca-cert",
+                "/nonexistent/ca.pem",
+            ],
+            2,
+            "--otlp-ca-cert",
+        ),
+        (vec!["--pyroscope-url", "ftp://p"], 2, "--pyroscope-url"),
+        (
+            vec!["--otlp-endpoint", "http://c:4318", "--spool-mib", "0"],
+            2,
+            "--spool-mib",
+        ),
+    ] {
+        let mut all = vec![
+            "daemon",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--socket",
+            socket.to_str().unwrap(),
+        ];
+        all.extend(&args);
+        let run = run_bpfprof(&all, Duration::from_secs(60));
+        run.assert_code(code);
+        run.assert_stderr_mentions(&[says]);
+    }
+}
+
+#[test]
+fn a_daemon_pushes_each_finished_run_to_pyroscope_with_its_id_and_owner_as_labels() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let receiver = IngestReceiver::start(dir.path());
+    let url = format!("http://127.0.0.1:{}", receiver.port);
+    let daemon = Daemon::start(&["--pyroscope-url", &url, "--pyroscope-tenant", "t1"]);
+    let run = UserRun::start();
+    let id = run.tagged_run(&daemon, 600);
+    let id_arg = id.to_string();
+    run.cli(&daemon, &["stop", "--run-id", &id_arg])
+        .assert_code(0);
+    let results = run.cli(
+        &daemon,
+        &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
+    );
+    results.assert_code(0);
+    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
+    let samples = reply["samples"].as_u64().unwrap();
+    // One process, one service: one push, its body read by Go's pprof.
+    let requests = poll_until(Duration::from_secs(60), || {
+        let r = receiver.requests();
+        (!r.is_empty()).then_some(r)
+    })
+    .unwrap_or_else(|| panic!("run {id} was not pushed"));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(receiver.requests().len(), 1, "one push for the run");
+    let (meta, body) = &requests[0];
+    assert_eq!(meta["path"], "/ingest", "{meta}");
+    assert_eq!(meta["headers"]["x-scope-orgid"], "t1", "{meta}");
+    assert_eq!(meta["query"]["sampleRate"], "499", "{meta}");
+    let pprof = go_pprof_url(body.to_str().unwrap(), dir.path()).unwrap();
+    for s in &pprof {
+        assert_eq!(s.labels["run_id"], id_arg, "{:?}", s.labels);
+        assert_eq!(
+            s.labels["owner_uid"],
+            run.user.uid.to_string(),
+            "{:?}",
+            s.labels
+        );
+        assert_eq!(s.labels["model"], "cnn", "{:?}", s.labels);
+    }
+    let hot = leaves(&pprof, run.hotcold.pid());
+    assert_eq!(hot.values().sum::<u64>(), samples, "{hot:?}");
+    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
+    let share = h / (h + c);
+    assert!(
+        (0.67..=0.83).contains(&share),
+        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
+    );
 }

@@ -57,6 +57,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "chromium",
     // The `bpfprof top` test drives the live view in a detached 80x24 terminal.
     "tmux",
+    // The export tests make a private CA and a server certificate for a TLS receiver.
+    "openssl",
 ];
 
 /// Where `setup` builds upstream pprof, with a directory of the GNU binutils it must use.

@@ -1,6 +1,7 @@
 //! Export of each window to an OpenTelemetry backend: OTLP profiles over gRPC (tonic) or
 //! HTTP/protobuf (reqwest), `--otlp-endpoint`, `--otlp-protocol`, `--otlp-header`; and to
-//! Grafana Pyroscope's ingest API ([`crate::agent::pyroscope`], `--pyroscope-url`).
+//! Grafana Pyroscope's ingest API ([`crate::agent::pyroscope`], `--pyroscope-url`). The daemon
+//! exports each finished run through the same exporter, a run's profile as one window.
 //!
 //! The recording thread never waits on the network: it hands each window to each backend's
 //! bounded queue ([`QUEUE_WINDOWS`]) and goes on; a full queue drops the window, counted. The exporter
@@ -18,7 +19,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 
 use crate::{
     agent::{
-        http::Shared,
+        metrics::Metrics,
         otlp,
         pyroscope::{self, PyroscopeConfig},
         spool::Spool,
@@ -52,13 +53,19 @@ pub enum Protocol {
 /// Where and how to send OTLP profiles, validated.
 #[derive(Clone, Debug)]
 pub struct OtlpConfig {
-    /// The endpoint's base URL (`http://` or `https://`; TLS with the web's root
-    /// certificates for the latter).
+    /// The endpoint's base URL (`http://` or `https://`), or the profiles signal's whole URL
+    /// where [`OtlpConfig::signal_url`] says so.
     pub endpoint: reqwest::Url,
+    /// Whether `endpoint` is the signal's whole URL (`OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`,
+    /// as the SDKs take it): nothing is appended to it over HTTP.
+    pub signal_url: bool,
     /// The transport.
     pub protocol: Protocol,
     /// Headers sent with every request (auth), as gRPC metadata over gRPC.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The certificates (PEM) that alone are trusted for an `https://` endpoint, instead of
+    /// the web's roots (`--otlp-ca-cert`, `OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl OtlpConfig {
@@ -77,15 +84,58 @@ impl OtlpConfig {
             .collect::<Result<Vec<_>>>()?;
         Ok(OtlpConfig {
             endpoint: url,
+            signal_url: false,
             protocol,
             headers,
+            ca_pem: None,
         })
+    }
+
+    /// Marks the endpoint as the profiles signal's whole URL (over HTTP it is posted to as
+    /// it is, as the SDKs do with `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`).
+    pub fn with_signal_url(mut self) -> OtlpConfig {
+        self.signal_url = true;
+        self
+    }
+
+    /// Adds the headers of a list in the OpenTelemetry SDKs' format
+    /// (`OTEL_EXPORTER_OTLP_HEADERS`: `k=v,k2=v2`, values percent-encoded).
+    pub fn with_header_list(mut self, list: &str) -> Result<OtlpConfig> {
+        self.headers.extend(parse_header_list(list)?);
+        Ok(self)
+    }
+
+    /// Trusts only the certificates of the PEM file at `path` for an `https://` endpoint.
+    pub fn with_ca_cert(mut self, path: &std::path::Path) -> Result<OtlpConfig> {
+        let usage = |why: String| Error::Usage(format!("--otlp-ca-cert {}: {why}", path.display()));
+        let pem = std::fs::read(path).map_err(|e| usage(e.to_string()))?;
+        let certificates =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| usage(error_chain(&e)))?;
+        if certificates.is_empty() {
+            return Err(usage("no PEM certificate in it".into()));
+        }
+        self.ca_pem = Some(pem);
+        Ok(self)
+    }
+
+    /// The URL an OTLP/HTTP request is posted to.
+    fn http_url(&self) -> std::result::Result<reqwest::Url, url::ParseError> {
+        if self.signal_url {
+            return Ok(self.endpoint.clone());
+        }
+        let base = self.endpoint.as_str().trim_end_matches('/');
+        reqwest::Url::parse(&format!("{base}{HTTP_PATH}"))
     }
 }
 
 /// A `--otlp-header k=v`, checked as an HTTP header (and so as gRPC metadata).
 fn parse_header(h: &str) -> Result<(HeaderName, HeaderValue)> {
-    let usage = |why: &str| Error::Usage(format!("--otlp-header {h:?}: {why}"));
+    header(h, h, "--otlp-header")
+}
+
+/// `k=v` (`whole`'s value already decoded) as a header, refused as `what` says.
+fn header(h: &str, whole: &str, what: &str) -> Result<(HeaderName, HeaderValue)> {
+    let usage = |why: &str| Error::Usage(format!("{what} {whole:?}: {why}"));
     let (k, v) = h
         .split_once('=')
         .ok_or_else(|| usage("expected KEY=VALUE"))?;
@@ -93,6 +143,23 @@ fn parse_header(h: &str) -> Result<(HeaderName, HeaderValue)> {
         .map_err(|_| usage("not a header name"))?;
     let value = HeaderValue::from_str(v.trim()).map_err(|_| usage("not a header value"))?;
     Ok((name, value))
+}
+
+/// The headers of `OTEL_EXPORTER_OTLP_HEADERS`: comma-separated `key=value` pairs, each value
+/// percent-decoded (the W3C Baggage format the SDKs read); empty items are skipped.
+pub fn parse_header_list(list: &str) -> Result<Vec<(HeaderName, HeaderValue)>> {
+    const WHAT: &str = "OTEL_EXPORTER_OTLP_HEADERS (--otlp-headers)";
+    let mut out = Vec::new();
+    for item in list.split(',').filter(|i| !i.trim().is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(Error::Usage(format!("{WHAT} {item:?}: expected KEY=VALUE")));
+        };
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| Error::Usage(format!("{WHAT} {item:?}: not UTF-8 once decoded")))?;
+        out.push(header(&format!("{key}={value}"), item, WHAT)?);
+    }
+    Ok(out)
 }
 
 /// What became of one attempt to send a window.
@@ -124,13 +191,17 @@ impl Transport {
         let other = |e: String| Error::Other(anyhow::anyhow!("OTLP client: {e}"));
         match config.protocol {
             Protocol::HttpProtobuf => {
-                let client = reqwest::Client::builder()
-                    .timeout(REQUEST_TIMEOUT)
-                    .build()
-                    .map_err(|e| other(e.to_string()))?;
-                let base = config.endpoint.as_str().trim_end_matches('/');
-                let url = reqwest::Url::parse(&format!("{base}{HTTP_PATH}"))
-                    .map_err(|e| other(e.to_string()))?;
+                let mut client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+                if let Some(pem) = &config.ca_pem {
+                    client = client.tls_built_in_root_certs(false);
+                    for certificate in reqwest::Certificate::from_pem_bundle(pem)
+                        .map_err(|e| other(e.to_string()))?
+                    {
+                        client = client.add_root_certificate(certificate);
+                    }
+                }
+                let client = client.build().map_err(|e| other(e.to_string()))?;
+                let url = config.http_url().map_err(|e| other(e.to_string()))?;
                 let mut headers = reqwest::header::HeaderMap::new();
                 for (k, v) in &config.headers {
                     headers.append(k.clone(), v.clone());
@@ -148,9 +219,14 @@ impl Transport {
                         .timeout(REQUEST_TIMEOUT)
                         .connect_timeout(REQUEST_TIMEOUT);
                 if config.endpoint.scheme() == "https" {
-                    endpoint = endpoint
-                        .tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots())
-                        .map_err(|e| other(e.to_string()))?;
+                    let tls = tonic::transport::ClientTlsConfig::new();
+                    let tls = match &config.ca_pem {
+                        Some(pem) => {
+                            tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+                        }
+                        None => tls.with_webpki_roots(),
+                    };
+                    endpoint = endpoint.tls_config(tls).map_err(|e| other(e.to_string()))?;
                 }
                 let mut headers = tonic::metadata::MetadataMap::new();
                 for (k, v) in &config.headers {
@@ -390,7 +466,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub fn start(
     config: &ExportConfig,
     host: String,
-    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
 ) -> Result<(Queue, tokio::task::JoinHandle<()>)> {
     let mut backends = Vec::new();
     if let Some(otlp) = &config.otlp {
@@ -414,7 +490,7 @@ pub fn start(
                 "{name}: {entries} entries ({bytes} bytes) spooled by an earlier run: sending them first"
             );
         }
-        shared.metrics.spool_size(name, spool.size());
+        metrics.spool_size(name, spool.size());
         let spool = Arc::new(spool);
         let (tx, rx) = tokio::sync::mpsc::channel::<Arc<Window>>(QUEUE_WINDOWS);
         let (closed_tx, closed_rx) = tokio::sync::watch::channel(false);
@@ -425,11 +501,11 @@ pub fn start(
             host.clone(),
             Arc::clone(&backend),
             Arc::clone(&spool),
-            Arc::clone(&shared),
+            Arc::clone(&metrics),
             Arc::clone(&added),
             closed_tx,
         );
-        let sender = send_spool(backend, spool, Arc::clone(&shared), added, closed_rx);
+        let sender = send_spool(backend, spool, Arc::clone(&metrics), added, closed_rx);
         tasks.push(tokio::spawn(async move {
             tokio::join!(writer, sender);
         }));
@@ -450,7 +526,7 @@ async fn write_spool(
     host: String,
     backend: Arc<Backend>,
     spool: Arc<Spool>,
-    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
     added: Arc<tokio::sync::Notify>,
     closed: tokio::sync::watch::Sender<bool>,
 ) {
@@ -465,7 +541,6 @@ async fn write_spool(
             Ok::<u64, std::io::Error>(dropped)
         })
         .await;
-        let metrics = &shared.metrics;
         match written {
             Ok(Ok(dropped)) => metrics.export_n(name, "dropped", dropped),
             Ok(Err(e)) => {
@@ -502,11 +577,10 @@ async fn forget(spool: &Arc<Spool>, entry: crate::agent::spool::Entry, reject: b
 async fn send_spool(
     backend: Arc<Backend>,
     spool: Arc<Spool>,
-    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
     added: Arc<tokio::sync::Notify>,
     mut closed: tokio::sync::watch::Receiver<bool>,
 ) {
-    let metrics = &shared.metrics;
     let name = backend.name();
     let mut failures = 0u32;
     loop {
@@ -603,6 +677,65 @@ mod tests {
                     Err(Error::Usage(_))
                 ),
                 "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sdks_header_list_is_split_and_percent_decoded() {
+        let headers =
+            parse_header_list("Authorization=Bearer%20a%2Cb%3Dc, x-scope-orgid=t1,,").unwrap();
+        let pairs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![("authorization", "Bearer a,b=c"), ("x-scope-orgid", "t1")]
+        );
+        assert!(parse_header_list("").unwrap().is_empty());
+        for bad in ["novalue", "a=b,bad key=v", "k=line%0Abreak", "k=%FF"] {
+            assert!(
+                matches!(parse_header_list(bad), Err(Error::Usage(_))),
+                "{bad}"
+            );
+        }
+        // Added to --otlp-header's.
+        let config = OtlpConfig::new("http://c:1", Protocol::Grpc, &["a=1".into()])
+            .unwrap()
+            .with_header_list("b=2")
+            .unwrap();
+        assert_eq!(config.headers.len(), 2);
+    }
+
+    #[test]
+    fn a_signal_endpoint_is_posted_to_as_it_is() {
+        let base = OtlpConfig::new("http://c:4318/otlp/", Protocol::HttpProtobuf, &[]).unwrap();
+        assert_eq!(
+            base.http_url().unwrap().as_str(),
+            "http://c:4318/otlp/v1development/profiles"
+        );
+        let signal = OtlpConfig::new("http://c:4318/custom/profiles", Protocol::HttpProtobuf, &[])
+            .unwrap()
+            .with_signal_url();
+        assert_eq!(
+            signal.http_url().unwrap().as_str(),
+            "http://c:4318/custom/profiles"
+        );
+    }
+
+    #[test]
+    fn a_ca_file_must_hold_a_pem_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = || OtlpConfig::new("https://c:4318", Protocol::HttpProtobuf, &[]).unwrap();
+        let missing = dir.path().join("missing.pem");
+        let text = dir.path().join("not-pem.txt");
+        std::fs::write(&text, "not a certificate").unwrap();
+        for bad in [&missing, &text] {
+            assert!(
+                matches!(config().with_ca_cert(bad), Err(Error::Usage(_))),
+                "{}",
+                bad.display()
             );
         }
     }

@@ -27,8 +27,8 @@ use crate::agent::{
 pub struct Shared {
     /// The recent windows.
     pub ring: Ring,
-    /// The agent's metrics.
-    pub metrics: Metrics,
+    /// The agent's metrics (shared with the exporter).
+    pub metrics: Arc<Metrics>,
     /// The length of a window, for how long a request waits for the first.
     pub window: Duration,
 }

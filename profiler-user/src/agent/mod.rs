@@ -121,13 +121,13 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let shared = Arc::new(Shared {
         ring: Ring::default(),
-        metrics: Metrics::new(),
+        metrics: Arc::new(Metrics::new()),
         window: config.window,
     });
     let host = labels::host_name();
     let (queue, exporter) = match &config.export {
         Some(export) => {
-            let (queue, task) = export::start(export, host.clone(), Arc::clone(&shared))?;
+            let (queue, task) = export::start(export, host.clone(), Arc::clone(&shared.metrics))?;
             (Some(queue), Some(task))
         }
         None => (None, None),

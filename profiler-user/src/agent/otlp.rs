@@ -355,8 +355,14 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
                 }
             }
         }
+        // An attribute's key is unique: the run's bare tags (key `tag`) are joined by
+        // commas, as the agent labels the tags of daemon runs.
+        let mut tags: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for tag in &profile.meta.tags {
-            profile_attributes.push(d.attribute(&tag.key, Value::Str(tag.value.clone())));
+            tags.entry(&tag.key).or_default().push(&tag.value);
+        }
+        for (key, values) in tags {
+            profile_attributes.push(d.attribute(key, Value::Str(values.join(","))));
         }
         resource_profiles.push(ResourceProfiles {
             resource: Some(Resource {
@@ -530,6 +536,26 @@ mod tests {
             attr(d, kernel.attribute_indices[0]),
             ("profile.frame.type".into(), "kernel".into())
         );
+    }
+
+    #[test]
+    fn a_runs_tags_are_profile_attributes_with_one_key_each() {
+        let mut w = window();
+        w.profile.meta.tags = vec![
+            crate::profile::Tag::new("tag", "fwd").unwrap(),
+            crate::profile::Tag::new("tag", "step7").unwrap(),
+            crate::profile::Tag::new("model", "cnn").unwrap(),
+        ];
+        let req = request(&w, "box");
+        let d = req.dictionary.as_ref().unwrap();
+        let p = &req.resource_profiles[0].scope_profiles[0].profiles[0];
+        let attrs: Vec<_> = p.attribute_indices.iter().map(|&i| attr(d, i)).collect();
+        assert!(
+            attrs.contains(&("tag".into(), "fwd,step7".into())),
+            "{attrs:?}"
+        );
+        assert!(attrs.contains(&("model".into(), "cnn".into())), "{attrs:?}");
+        assert_eq!(attrs.iter().filter(|(k, _)| k == "tag").count(), 1);
     }
 
     #[test]

@@ -117,11 +117,29 @@ pub struct AgentArgs {
     /// [env: BPFPROF_SOCKET] [default: /run/bpfprof/bpfprof.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Send each window as OTLP profiles to this OpenTelemetry endpoint (a collector's
-    /// `otlpreceiver`: http://HOST:4318 for http/protobuf, http://HOST:4317 for grpc;
-    /// https:// for TLS). Off unless given.
+    /// Where to export each window, and the spool's size.
+    #[command(flatten)]
+    pub export: ExportArgs,
+    /// Where the agent keeps its state: the export spools (`spool/otlp`, `spool/pyroscope`),
+    /// windows not yet taken by the backend, kept across restarts.
+    #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+}
+
+/// Where the agent's windows or the daemon's runs are exported (OTLP profiles, Pyroscope),
+/// shared by `bpfprof agent` and `bpfprof daemon`; validated into an
+/// [`crate::agent::export::ExportConfig`].
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Send each profile (an agent's window, a daemon's finished run) as OTLP profiles to
+    /// this OpenTelemetry endpoint (a collector's `otlpreceiver`: http://HOST:4318 for
+    /// http/protobuf, http://HOST:4317 for grpc; https:// for TLS). Off unless given.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// The profiles signal's own endpoint, used as it is (over HTTP nothing is appended to
+    /// it), instead of --otlp-endpoint, as the OpenTelemetry SDKs take it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", value_name = "URL")]
+    pub otlp_profiles_endpoint: Option<String>,
     /// The OTLP transport.
     #[arg(
         long,
@@ -133,7 +151,20 @@ pub struct AgentArgs {
     /// A header sent with every OTLP request (auth, tenant), repeatable.
     #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
     pub otlp_headers: Vec<String>,
-    /// Push each window to this Grafana Pyroscope server's ingest API, one pprof per
+    /// Headers in the OpenTelemetry SDKs' list format (`k=v,k2=v2`, values
+    /// percent-encoded), sent besides --otlp-header's.
+    #[arg(
+        long = "otlp-headers",
+        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        hide_env_values = true,
+        value_name = "K=V,..."
+    )]
+    pub otlp_header_list: Option<String>,
+    /// A PEM file of the certificate authorities trusted for an https:// OTLP endpoint,
+    /// instead of the web's roots (a private CA).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_CERTIFICATE", value_name = "FILE")]
+    pub otlp_ca_cert: Option<PathBuf>,
+    /// Push each profile to this Grafana Pyroscope server's ingest API, one pprof per
     /// service (`POST URL/ingest?name=SERVICE.cpu{host=...}&format=pprof...`). Off unless
     /// given.
     #[arg(long, value_name = "URL")]
@@ -150,12 +181,8 @@ pub struct AgentArgs {
         value_name = "USER:PASSWORD"
     )]
     pub pyroscope_user: Option<String>,
-    /// Where the agent keeps its state: the export spools (`spool/otlp`, `spool/pyroscope`),
-    /// windows not yet taken by the backend, kept across restarts.
-    #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// Most MiB of windows each backend's export spool keeps while it is away; past it the
-    /// oldest are dropped, counted.
+    /// Most MiB each backend's export spool keeps while it is away (under the state
+    /// directory's `spool/`); past it the oldest are dropped, counted.
     #[arg(long, default_value_t = crate::agent::DEFAULT_SPOOL_MIB)]
     pub spool_mib: u64,
 }
@@ -206,6 +233,10 @@ pub struct DaemonArgs {
     /// Ended runs older than this are deleted.
     #[arg(long, default_value = "7days", value_parser = parse_duration, allow_hyphen_values = true)]
     pub keep_age: Duration,
+    /// Where to export each finished run's profile (with its tags, run id and owner), and
+    /// the spool's size; the spool lives in the state directory's `spool/`.
+    #[command(flatten)]
+    pub export: ExportArgs,
 }
 
 /// How a client command reaches the daemon and prints its reply.

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
     cli::{
-        args::{AgentArgs, DaemonArgs, DoctorArgs, RecordArgs},
+        args::{AgentArgs, DaemonArgs, DoctorArgs, ExportArgs, RecordArgs},
         record::{CommandOutcome, Progress, Recorder, StopConditions},
     },
     daemon::DaemonConfig,
@@ -28,6 +28,7 @@ use crate::{
 
 /// Serves as the root daemon (`bpfprof daemon`) until SIGINT or SIGTERM.
 pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
+    let export = export_config(&args.export, &args.state_dir)?;
     let config = DaemonConfig {
         socket: protocol::socket_path(args.socket.as_deref()),
         state_dir: args.state_dir,
@@ -39,6 +40,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         table_mib: args.unwind_table_mib,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
+        export,
     };
     crate::daemon::serve(config).await?;
     Ok(exit_code::OK)
@@ -88,37 +90,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         Some(path) => crate::agent::rules::ServiceRules::load(path)?,
         None => Default::default(),
     };
-    if args.spool_mib == 0 {
-        return Err(Error::Usage("--spool-mib must be at least 1".into()));
-    }
-    if args.otlp_endpoint.is_none() && !args.otlp_headers.is_empty() {
-        return Err(Error::Usage(
-            "--otlp-header needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)".into(),
-        ));
-    }
-    let otlp = match &args.otlp_endpoint {
-        Some(endpoint) => Some(crate::agent::export::OtlpConfig::new(
-            endpoint,
-            args.otlp_protocol,
-            &args.otlp_headers,
-        )?),
-        None => None,
-    };
-    let pyroscope = match &args.pyroscope_url {
-        Some(url) => Some(crate::agent::pyroscope::PyroscopeConfig::new(
-            url,
-            args.pyroscope_tenant.as_deref(),
-            args.pyroscope_user.as_deref(),
-        )?),
-        None => None,
-    };
-    let export =
-        (otlp.is_some() || pyroscope.is_some()).then(|| crate::agent::export::ExportConfig {
-            otlp,
-            pyroscope,
-            spool_dir: args.state_dir.join("spool"),
-            spool_limit: args.spool_mib.saturating_mul(1 << 20),
-        });
+    let export = export_config(&args.export, &args.state_dir)?;
     crate::agent::serve(crate::agent::AgentConfig {
         request,
         targets,
@@ -129,6 +101,63 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         export,
     })
     .await
+}
+
+/// The export settings of the agent or the daemon, validated: `None` where no backend is
+/// named. The spools go under `state_dir`'s `spool/`.
+fn export_config(
+    args: &ExportArgs,
+    state_dir: &Path,
+) -> Result<Option<crate::agent::export::ExportConfig>, Error> {
+    use crate::agent::export::{ExportConfig, OtlpConfig};
+    if args.spool_mib == 0 {
+        return Err(Error::Usage("--spool-mib must be at least 1".into()));
+    }
+    // The SDKs' signal-specific endpoint wins over the general one, as in their SDKs.
+    let endpoint = match (&args.otlp_profiles_endpoint, &args.otlp_endpoint) {
+        (Some(signal), _) => Some((signal, true)),
+        (None, Some(base)) => Some((base, false)),
+        (None, None) => None,
+    };
+    if endpoint.is_none() && !args.otlp_headers.is_empty() {
+        return Err(Error::Usage(
+            "--otlp-header needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)".into(),
+        ));
+    }
+    // The header list and the CA file may come from the environment of a machine whose
+    // other programs export: they apply only where an endpoint is named.
+    let otlp = match endpoint {
+        Some((endpoint, signal_url)) => {
+            let mut otlp = OtlpConfig::new(endpoint, args.otlp_protocol, &args.otlp_headers)?;
+            if signal_url {
+                otlp = otlp.with_signal_url();
+            }
+            if let Some(list) = &args.otlp_header_list {
+                otlp = otlp.with_header_list(list)?;
+            }
+            if let Some(ca) = &args.otlp_ca_cert {
+                otlp = otlp.with_ca_cert(ca)?;
+            }
+            Some(otlp)
+        }
+        None => None,
+    };
+    let pyroscope = match &args.pyroscope_url {
+        Some(url) => Some(crate::agent::pyroscope::PyroscopeConfig::new(
+            url,
+            args.pyroscope_tenant.as_deref(),
+            args.pyroscope_user.as_deref(),
+        )?),
+        None => None,
+    };
+    Ok(
+        (otlp.is_some() || pyroscope.is_some()).then(|| ExportConfig {
+            otlp,
+            pyroscope,
+            spool_dir: state_dir.join("spool"),
+            spool_limit: args.spool_mib.saturating_mul(1 << 20),
+        }),
+    )
 }
 
 /// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.

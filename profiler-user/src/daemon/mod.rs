@@ -139,6 +139,9 @@ pub struct DaemonConfig {
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
     pub keep_age: Duration,
+    /// Where each finished run's profile is exported (OTLP profiles, Pyroscope), if
+    /// anywhere, and the spool that keeps it until the backend took it.
+    pub export: Option<crate::agent::export::ExportConfig>,
 }
 
 /// Serves until SIGINT or SIGTERM, then stops every run (results are written) and exits.
@@ -157,6 +160,22 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
         config.keep_runs_per_user,
         config.keep_age,
     )?;
+    // The exporter runs on tasks of its own, fed through a bounded queue: no client's
+    // `stop`, `results` or `list` waits on a backend, and a backend that is away costs the
+    // spool's disk, not the daemon's memory.
+    let (export, exporter) = match &config.export {
+        Some(export) => {
+            let host = crate::agent::labels::host_name();
+            let metrics = Arc::new(crate::agent::metrics::Metrics::new());
+            let (queue, task) = crate::agent::export::start(export, host.clone(), metrics)?;
+            log::info!(
+                "exporting each finished run's profile (spool in {})",
+                export.spool_dir.display()
+            );
+            (Some(runs::Export { queue, host }), Some(task))
+        }
+        None => (None, None),
+    };
     let runs = Arc::new(Runs::new(
         store,
         Limits {
@@ -165,6 +184,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             max_duration: config.max_duration,
             table_mib: config.table_mib,
         },
+        export,
     ));
     let nofile = raise_nofile_limit();
     // Half of the descriptors for connections; the rest stay for runs and result files.
@@ -205,6 +225,16 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
     log::info!("shutting down: stopping runs in flight");
     runs.stop_all(Duration::from_secs(30)).await;
     let _ = std::fs::remove_file(&config.socket);
+    // The exporter spools what is queued and sends what it can; the rest stays spooled for
+    // the next start.
+    runs.close_export();
+    if let Some(exporter) = exporter {
+        let bound = crate::agent::export::REQUEST_TIMEOUT
+            * (crate::agent::export::QUEUE_WINDOWS as u32 + 1);
+        if tokio::time::timeout(bound, exporter).await.is_err() {
+            log::warn!("the exporter did not finish sending within {bound:?}");
+        }
+    }
     Ok(())
 }
 

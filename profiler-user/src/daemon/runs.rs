@@ -11,6 +11,7 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 use crate::{
+    agent::{export::Queue, labels, windows::Window},
     daemon::store::{now_ms, Store},
     error::Error,
     kernel::pool::ProgramPool,
@@ -41,6 +42,10 @@ const DEFAULT_FORMATS: [Format; 5] = [
 /// runs in a series (a library profiling one call after another) then start without loading
 /// and verifying it again, with their unwind tables resident.
 pub const PROGRAM_LINGER: Duration = Duration::from_secs(30);
+/// The label (pprof) and attribute (OTLP) of an exported run's id.
+pub const RUN_ID_LABEL: &str = "run_id";
+/// The label and attribute of the uid of an exported run's owner (the user who started it).
+pub const OWNER_UID_LABEL: &str = "owner_uid";
 /// Highest sampling rate a non-root client may ask for: a run's timer fires on every CPU of
 /// the machine, so its rate is a cost every user pays.
 pub const MAX_USER_HZ: f64 = 1000.0;
@@ -156,6 +161,17 @@ pub struct Runs {
     naming: Arc<NamingShares>,
     store: Store,
     limits: Limits,
+    /// Where finished runs' profiles go, until the daemon shuts down.
+    export: Mutex<Option<Export>>,
+}
+
+/// The exporter's end for finished runs: its queue (the agent's exporter,
+/// [`crate::agent::export`]) and this host's name.
+pub struct Export {
+    /// The exporter's bounded queue.
+    pub queue: Queue,
+    /// This host's name, the `host.name` of every profile.
+    pub host: String,
 }
 
 /// A start's place in [`Table::starting`], given back when the start ends either way.
@@ -191,7 +207,7 @@ fn refusal(e: Error) -> Refusal {
 
 impl Runs {
     /// Loads the runs kept in `store` (marking interrupted ones FAILED) and applies cleanup.
-    pub fn new(store: Store, limits: Limits) -> Runs {
+    pub fn new(store: Store, limits: Limits, export: Option<Export>) -> Runs {
         let loaded = store.load_all();
         let deleted = store.cleanup(&loaded.runs);
         let next_id = loaded.next_id;
@@ -227,6 +243,63 @@ impl Runs {
             naming: Arc::new(NamingShares::per_owner()),
             store,
             limits,
+            export: Mutex::new(export),
+        }
+    }
+
+    /// Closes the exporter's queue (at shutdown): it ends once it spooled what was queued.
+    pub fn close_export(&self) {
+        self.export.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Hands run `id`'s profile to the exporter, with its run id, owner and each process's
+    /// labels, without waiting; `ended` is when sampling ended.
+    fn export(
+        &self,
+        id: u64,
+        owner: u32,
+        mut profile: crate::profile::Profile,
+        ended: std::time::SystemTime,
+    ) {
+        let (queue, host) = match &*self.export.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(export) => (export.queue.clone(), export.host.clone()),
+            None => return,
+        };
+        let pids: std::collections::BTreeSet<u32> = profile
+            .stacks
+            .iter()
+            .filter_map(|s| profile.stack_pid(s))
+            .collect();
+        let comms: HashMap<u32, String> = profile
+            .meta
+            .targets
+            .iter()
+            .map(|t| (t.pid, t.comm.clone()))
+            .collect();
+        // The run's id and owner are the daemon's to say: a tag of the same key is left out.
+        profile
+            .meta
+            .tags
+            .retain(|t| t.key != RUN_ID_LABEL && t.key != OWNER_UID_LABEL);
+        let rules = Default::default();
+        for pid in pids {
+            let comm = comms.get(&pid).map_or("", String::as_str);
+            // Read at the run's end: a process that exited keeps its name as its service.
+            let mut process = labels::read(pid, comm, 0, &rules, &host).labels;
+            process.push((RUN_ID_LABEL.into(), id.to_string()));
+            process.push((OWNER_UID_LABEL.into(), owner.to_string()));
+            profile.process_labels.insert(pid, process);
+        }
+        let start = ended.checked_sub(profile.meta.duration).unwrap_or(ended);
+        let window = Arc::new(Window {
+            start,
+            end: ended,
+            profile,
+        });
+        for backend in queue.offer(&window) {
+            log::warn!(
+                "run {id}: the {backend} exporter's queue is full: its profile is not exported"
+            );
         }
     }
 
@@ -457,6 +530,7 @@ impl Runs {
             stop,
         };
         let ended = run_loop::run(&mut driver, deadline).await;
+        let ended_at = std::time::SystemTime::now();
         cpu = driver.cpu;
         let (mut recording, end) = match (driver.recording.take(), ended) {
             (Some(recording), Ok(end)) => (recording, end),
@@ -565,8 +639,11 @@ impl Runs {
                         total_samples: s.total_samples,
                     })
                     .collect();
+                let samples = profile.total_samples();
+                // Queued, not sent: the run's results do not wait on a backend.
+                runs.export(id, owner, profile, ended_at);
                 Ok(Processed {
-                    samples: profile.total_samples(),
+                    samples,
                     files,
                     top,
                     summary,

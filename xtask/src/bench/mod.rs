@@ -20,7 +20,7 @@
 //! what a run measures and every constant; one file per section of the report (`overhead.rs`
 //! 1, `accuracy.rs` 2, `startup.rs` 3, `end_of_run.rs` 4, `own_cost.rs` 5, `scale.rs` 6,
 //! `kernel_unwind.rs` 7, `table_build.rs` 8, `unwind_startup.rs` 9, `dwarf_overhead.rs` 10,
-//! `python.rs` 11, `why.rs` the closing one, `unwind.rs` what 7 to 11 share); and the shared
+//! `python.rs` 11, `agent.rs` 12, `export.rs` 13, `why.rs` the closing one, `unwind.rs` what 7 to 11 share); and the shared
 //! helpers: `workloads.rs` and `big.rs` (the programs profiled), `launch.rs` and `process.rs`
 //! (running and watching the profilers), `profiles.rs` (reading their output), `records.rs`
 //! (what runs leave), `stats.rs` and `report.rs` (figures, tables and the plot).
@@ -30,6 +30,7 @@ mod agent;
 mod big;
 mod dwarf_overhead;
 mod end_of_run;
+mod export;
 mod kernel_unwind;
 mod launch;
 mod overhead;
@@ -105,8 +106,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let plan = Plan::new(args.quick);
     install_tools()?;
     let root = crate::cmd::workspace_root();
-    println!("==> building bpfprof (release)");
-    crate::cmd::run(crate::cmd::cargo().args(["build", "--release", "-p", "profiler-user"]))?;
+    // A developer aid: BPFPROF_BENCH_BIN=PATH measures that bpfprof (a debug build, say)
+    // instead of building the release one; its figures are that build's, not to quote.
+    let given = std::env::var_os("BPFPROF_BENCH_BIN").map(PathBuf::from);
+    if given.is_none() {
+        println!("==> building bpfprof (release)");
+        crate::cmd::run(crate::cmd::cargo().args(["build", "--release", "-p", "profiler-user"]))?;
+    }
 
     let dir = root.join("target/bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -118,7 +124,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         lock.lock()?;
     }
 
-    let bpfprof = root.join("target/release/bpfprof");
+    let bpfprof = given.unwrap_or_else(|| root.join("target/release/bpfprof"));
     let help = crate::cmd::probe(Command::new(&bpfprof).arg("--help")).unwrap_or_default();
     let walker_verify_ms = stat(&walker_verify_ms(&bpfprof, plan.rounds)?, 0);
     println!("    the walker program verifies in {walker_verify_ms} ms");
@@ -202,11 +208,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
         }
     }
-    // Issue 24: the always-on agent.
-    if want(12) {
-        if let Err(e) = bench.agent_cost(&plan, &mut sections) {
-            println!("    section 12 failed: {e:#}");
-            writeln!(sections, "\n## 12. (failed in this run: {e:#})\n")?;
+    // Issue 24: the always-on agent; issue 25: what its export costs.
+    type AgentSection = fn(&Bench, &Plan, &mut String) -> Result<()>;
+    let agent_sections: [(u32, AgentSection); 2] =
+        [(12, Bench::agent_cost), (13, Bench::export_size)];
+    for (n, section) in agent_sections {
+        if want(n) {
+            if let Err(e) = section(&bench, &plan, &mut sections) {
+                println!("    section {n} failed: {e:#}");
+                writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
+            }
         }
     }
     let mut md = md.replace(

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-/// Debian packages the bench runs or builds with.
-pub(super) const TOOLS: &[&str] = &["linux-perf", "bpftrace", "gcc"];
+/// Debian packages the bench runs or builds with (curl fetches the agent's pprof and metrics
+/// in section 13).
+pub(super) const TOOLS: &[&str] = &["linux-perf", "bpftrace", "gcc", "curl"];
 
 /// Flags for every workload: frame pointers everywhere (all three profilers walk user stacks
 /// by frame pointer; see `keep_frame` in `bench/common.h` for the leaves), no shrink-wrapping
@@ -44,6 +45,20 @@ pub(super) const AGENT_HZ: [u64; 2] = [19, 99];
 /// Section 12: seconds a profiler starts up (program load, the walker's verification, the first
 /// tables) before its always-on cost is measured.
 pub(super) const AGENT_SETTLE_SECS: f64 = 5.0;
+/// Section 13: services on the export bench's machine, each a `bench/duty.c` process: the
+/// issue's machine of fifty processes.
+pub(super) const EXPORT_PROCESSES: usize = 50;
+/// Section 13: each service's work per wake-up (µs) and its period (ms): 2% of a core each,
+/// one core for all fifty, so every process has samples in every window at 19 Hz.
+pub(super) const EXPORT_BUSY_US: &str = "2000";
+/// Section 13: see [`EXPORT_BUSY_US`].
+pub(super) const EXPORT_PERIOD_MS: &str = "100";
+/// Section 13: the agent's rate and window, its defaults.
+pub(super) const EXPORT_HZ: u64 = 19;
+/// Section 13: see [`EXPORT_HZ`].
+pub(super) const EXPORT_WINDOW_SECS: u64 = 10;
+/// Section 13: windows measured after the first (a minute of the agent).
+pub(super) const EXPORT_WINDOWS: usize = 6;
 /// Extra frames of `burn` for the deep-stack overhead runs.
 pub(super) const DEEP_DEPTH: usize = 120;
 /// Levels of the call tree of the generated large binary.

@@ -18,7 +18,7 @@ impl Bench {
     pub(super) fn compile_workloads(&self) -> Result<()> {
         println!("==> compiling the workloads into {}", self.dir.display());
         let src = self.root.join("bench");
-        for name in ["burn", "split", "alias", "startup"] {
+        for name in ["burn", "split", "alias", "startup", "duty"] {
             self.cc(&src.join(format!("{name}.c")), name, CFLAGS)?;
         }
         // The generated program is rebuilt only when its source changes: even at -O0 it is
