@@ -172,7 +172,11 @@ pub fn aggregate(
             }
             // Python frames keep their leaf-most `limit` too: the kernel walks up to 512.
             let (python_frames, python_cut) = limit_python(&sample.python_frames, limit);
-            if sample.truncated || cut || python_cut {
+            // A process that exited before its maps were read shows one frame for all its
+            // user code (below): whether the walk was cut tells nothing more about it (the
+            // cut stacks are frame-pointer walks through data, 127 "frames" deep).
+            let unread_user = !input.maps.is_known() && !user.is_empty();
+            if (sample.truncated || cut || python_cut) && !unread_user {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
@@ -191,7 +195,7 @@ pub fn aggregate(
                 addresses.push(address);
             };
             let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
-            if !input.maps.is_known() && !user.is_empty() {
+            if unread_user {
                 // A process that exited before its maps were read (a shell pipeline's
                 // `head`, a shim's `bash`): its addresses name nothing, and one frame per
                 // address split its few samples into as many meaningless stacks.
