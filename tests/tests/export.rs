@@ -1127,6 +1127,20 @@ impl UserRun {
         .unwrap_or_else(|| panic!("run {id} took fewer than {samples} samples"));
         id
     }
+
+    /// Stops run `id` and returns the samples its results count.
+    fn stop_for_samples(&self, daemon: &Daemon, id: u64) -> u64 {
+        let id_arg = id.to_string();
+        self.cli(daemon, &["stop", "--run-id", &id_arg])
+            .assert_code(0);
+        let results = self.cli(
+            daemon,
+            &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
+        );
+        results.assert_code(0);
+        let reply: Value = serde_json::from_str(&results.stdout).unwrap();
+        reply["samples"].as_u64().unwrap()
+    }
 }
 
 /// Whether `profile` (a decoded OTLP profile) is run `id`'s.
@@ -1156,16 +1170,7 @@ fn a_daemon_exports_each_finished_run_with_its_id_tags_and_owner() {
     );
     let run = UserRun::start();
     let id = run.tagged_run(&daemon, 600);
-    let id_arg = id.to_string();
-    run.cli(&daemon, &["stop", "--run-id", &id_arg])
-        .assert_code(0);
-    let results = run.cli(
-        &daemon,
-        &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
-    );
-    results.assert_code(0);
-    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
-    let samples = reply["samples"].as_u64().unwrap();
+    let samples = run.stop_for_samples(&daemon, id);
 
     let requests = poll_until(Duration::from_secs(60), || {
         let r = receiver.requests();
@@ -1467,16 +1472,7 @@ fn a_daemon_pushes_each_finished_run_to_pyroscope_with_its_id_and_owner_as_label
     let daemon = Daemon::start(&["--pyroscope-url", &url, "--pyroscope-tenant", "t1"]);
     let run = UserRun::start();
     let id = run.tagged_run(&daemon, 600);
-    let id_arg = id.to_string();
-    run.cli(&daemon, &["stop", "--run-id", &id_arg])
-        .assert_code(0);
-    let results = run.cli(
-        &daemon,
-        &["results", "--run-id", &id_arg, "--wait", "60s", "--json"],
-    );
-    results.assert_code(0);
-    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
-    let samples = reply["samples"].as_u64().unwrap();
+    let samples = run.stop_for_samples(&daemon, id);
     // One process, one service: one push, its body read by Go's pprof.
     let requests = poll_until(Duration::from_secs(60), || {
         let r = receiver.requests();
@@ -1491,7 +1487,7 @@ fn a_daemon_pushes_each_finished_run_to_pyroscope_with_its_id_and_owner_as_label
     assert_eq!(meta["query"]["sampleRate"], "499", "{meta}");
     let pprof = go_pprof_url(body.to_str().unwrap(), dir.path()).unwrap();
     for s in &pprof {
-        assert_eq!(s.labels["run_id"], id_arg, "{:?}", s.labels);
+        assert_eq!(s.labels["run_id"], id.to_string(), "{:?}", s.labels);
         assert_eq!(
             s.labels["owner_uid"],
             run.user.uid.to_string(),
