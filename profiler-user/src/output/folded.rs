@@ -1,5 +1,7 @@
 //! Folded stacks (Brendan Gregg's collapsed format): `root;...;leaf COUNT`, one line a stack,
-//! kernel frames suffixed `_[k]` as flamegraph.pl and inferno color them.
+//! kernel frames suffixed `_[k]` as flamegraph.pl and inferno color them. A profile with
+//! off-CPU time counts nanoseconds instead of samples (CPU stacks their samples times the
+//! period), its off-CPU stacks ending in `[off-cpu: STATE]`.
 
 use std::{
     collections::HashMap,
@@ -30,10 +32,10 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         let line: Vec<&str> = stack.frames.iter().map(|&id| labels[id].as_str()).collect();
         let line = line.join(";");
         match index.get(&line) {
-            Some(&i) => lines[i].1 += stack.count,
+            Some(&i) => lines[i].1 += profile.stack_weight(stack),
             None => {
                 index.insert(line.clone(), lines.len());
-                lines.push((line, stack.count));
+                lines.push((line, profile.stack_weight(stack)));
             }
         }
     }

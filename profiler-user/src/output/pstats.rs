@@ -494,6 +494,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         profile.stacks = vec![StackCount {
             frames: vec![0, 1, 2, 3, 5, 3, 5],
             count: 5,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         }];
         let file = TempFile::new("mutual", &{

@@ -65,7 +65,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let subtitle = xml_safe(&subtitle(profile));
     // inferno refuses input without counts (and emits an "ERROR" image first), so an empty
     // run gets its own small image that still says what was profiled.
-    if profile.total_samples() == 0 {
+    if profile.total_weight() == 0 {
         return write_empty(&title, &subtitle, w);
     }
 
@@ -80,7 +80,8 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     debug_assert_eq!(options.font_size, FONT_SIZE);
     options.title = title;
     options.subtitle = Some(subtitle);
-    options.count_name = "samples".to_string();
+    // Nanoseconds in a profile with off-CPU time (the folded lines' unit).
+    options.count_name = profile.weight_unit().to_string();
     // The Perl palette colors `_[k]` frames orange, C++/Rust (`::`) frames yellow and other
     // code red, without the Java palette's guesses (capitalised or dotted names as Java).
     options.colors = Palette::Multi(MultiPalette::Perl);
@@ -529,6 +530,7 @@ print(json.dumps(out))
         profile.stacks.push(StackCount {
             frames: vec![0, 1, 2, id],
             count: 3,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         });
         let svg = render(&profile);
@@ -583,6 +585,7 @@ print(json.dumps(out))
             truncated: 2,
             stack_ended_early: 17,
             not_profilable: 18,
+            off_cpu_pending_full: 19,
         };
         meta.end = RunEnd::Interrupted;
         profile
@@ -597,13 +600,14 @@ print(json.dumps(out))
             "{sub:?} is {} px wide",
             text_width_px(&sub)
         );
-        assert!(sub.contains("lost or incomplete: 118"), "{sub}");
+        assert!(sub.contains("lost or incomplete: 137"), "{sub}");
         assert!(sub.contains("ended early: interrupted"), "{sub}");
         // What did not fit is in the root bar's tooltip.
         let root = root_label(&profile);
         assert!(root.contains("kernel stack unreadable: 15"), "{root}");
         assert!(root.contains("user stacks ended early: 17"), "{root}");
         assert!(root.contains("no longer yours to profile: 18"), "{root}");
+        assert!(root.contains("off-CPU waits lost: table full: 19"), "{root}");
         assert!(root.contains("fell back from cycles"), "{root}");
         assert!(root.contains(&format!("key5={}", "v".repeat(40))), "{root}");
         // A short run keeps everything on the one line.

@@ -53,11 +53,13 @@ fn shares_of<'a>(
             .collect();
         for (i, key) in code.iter().enumerate() {
             let entry = shares.entry((*key).clone()).or_default();
+            // Samples, or nanoseconds in a profile with off-CPU time.
+            let weight = profile.stack_weight(stack);
             if i + 1 == code.len() {
-                entry.0 += stack.count;
+                entry.0 += weight;
             }
             if seen.insert(*key) {
-                entry.1 += stack.count;
+                entry.1 += weight;
             }
         }
     }
@@ -103,11 +105,12 @@ pub fn header(profile: &Profile) -> String {
 pub fn render_file(profile: &Profile) -> String {
     let mut out = format!("{}\n\n{}", header(profile), render(profile, usize::MAX));
     for (thread, stacks) in threads(profile) {
-        let samples: u64 = stacks.iter().map(|s| s.count).sum();
+        let samples: u64 = stacks.iter().map(|s| profile.stack_weight(s)).sum();
         let _ = write!(
             out,
-            "\n{thread}: {samples} samples ({:.2}% of all)\n",
-            100.0 * samples as f64 / profile.total_samples().max(1) as f64
+            "\n{thread}: {samples} {} ({:.2}% of all)\n",
+            profile.weight_unit(),
+            100.0 * samples as f64 / profile.total_weight().max(1) as f64
         );
         out.push_str(&render_stacks(profile, &stacks, samples, usize::MAX));
     }
@@ -151,7 +154,7 @@ fn threads(profile: &Profile) -> Vec<(String, Vec<&StackCount>)> {
 /// percentages, `[k]` for kernel functions and `[.]` for user ones, as `perf report` marks them.
 pub fn render(profile: &Profile, limit: usize) -> String {
     let stacks: Vec<&StackCount> = profile.stacks.iter().collect();
-    render_stacks(profile, &stacks, profile.total_samples(), limit)
+    render_stacks(profile, &stacks, profile.total_weight(), limit)
 }
 
 /// [`render`] over some of the profile's stacks, whose samples are `total`.
@@ -172,11 +175,13 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
             s.name
         );
     };
-    let _ = writeln!(out, "top functions by self samples:");
+    let unit = profile.weight_unit();
+    let _ = writeln!(out, "top functions by self {unit}:");
     let _ = writeln!(
         out,
         "  {:>17} {:>17}  function",
-        "self samples", "total samples"
+        format!("self {unit}"),
+        format!("total {unit}")
     );
     for s in shares.iter().take(limit) {
         row(&mut out, s.self_samples, s.total_samples, s);
@@ -186,11 +191,12 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
             .cmp(&a.total_samples)
             .then(a.name.cmp(&b.name))
     });
-    let _ = writeln!(out, "top functions by total samples:");
+    let _ = writeln!(out, "top functions by total {unit}:");
     let _ = writeln!(
         out,
         "  {:>17} {:>17}  function",
-        "total samples", "self samples"
+        format!("total {unit}"),
+        format!("self {unit}")
     );
     for s in shares.iter().take(limit) {
         row(&mut out, s.total_samples, s.self_samples, s);

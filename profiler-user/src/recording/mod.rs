@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{Counter, PidNamespace};
+use profiler_common::{Counter, PidNamespace, SampleKind};
 
 use crate::{
     error::Result,
@@ -296,6 +296,15 @@ impl Recording {
         };
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            if let Some(off_cpu) = self.request.off_cpu {
+                if let Err(e) = pool
+                    .program(slot)
+                    .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
+                {
+                    pool.release(slot);
+                    return Err(e);
+                }
+            }
             if let Err(e) = pool
                 .program(slot)
                 .and_then(|p| p.record_system(slot.run, scope.kernel_threads, cgroup))
@@ -358,6 +367,15 @@ impl Recording {
                 None => {
                     let (slot, sampling) =
                         pool.acquire(&self.request, self.unwind, table_rows, owner_uid)?;
+                    if let Some(off_cpu) = self.request.off_cpu {
+                        if let Err(e) = pool
+                            .program(slot)
+                            .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
+                        {
+                            pool.release(slot);
+                            return Err(e);
+                        }
+                    }
                     if self.owner.is_some() {
                         // Before any process of the run is registered: none of them is
                         // sampled past an exec its owner has not been checked against.
@@ -918,6 +936,7 @@ impl Recording {
                 continue;
             };
             program.end_following(slot.run);
+            program.end_off_cpu(slot.run);
             let drained = program.counters(slot.run).and_then(|c| {
                 for (total, value) in counters.0.iter_mut().zip(c.0) {
                     *total += value;
@@ -948,6 +967,7 @@ impl Recording {
             multi_process,
             system: self.is_system(),
             over_cap: self.over_cap.len(),
+            off_cpu: self.request.off_cpu,
         })
     }
 
@@ -1056,6 +1076,7 @@ impl Recording {
             multi_process: self.is_multi_process(),
             system: self.is_system(),
             over_cap: self.over_cap.len(),
+            off_cpu: self.request.off_cpu,
         };
         self.window_started = Instant::now();
         let profile = assemble_samples(
@@ -1154,6 +1175,8 @@ pub struct Collected {
     system: bool,
     /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
     over_cap: usize,
+    /// Off-CPU time recorded alongside the samples.
+    off_cpu: Option<crate::sampling::OffCpu>,
 }
 
 /// What the unwind tables of a recording's program cost, for the summary.
@@ -1212,6 +1235,7 @@ impl Collected {
             multi_process,
             system,
             over_cap,
+            off_cpu,
         } = self;
         let head = Head {
             sampling,
@@ -1224,6 +1248,7 @@ impl Collected {
             multi_process,
             system,
             over_cap,
+            off_cpu,
         };
         assemble_samples(&mut processes, samples, head, end, symbolizer, options)
     }
@@ -1244,6 +1269,8 @@ struct Head {
     system: bool,
     /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
     over_cap: usize,
+    /// Off-CPU time recorded alongside the samples.
+    off_cpu: Option<crate::sampling::OffCpu>,
 }
 
 /// Symbolizes and aggregates `samples` of `processes` (processes known only by their samples'
@@ -1267,6 +1294,7 @@ fn assemble_samples(
         multi_process,
         system,
         over_cap,
+        off_cpu,
     } = head;
     let mut options = options.clone();
     options.pid_roots |= multi_process;
@@ -1308,7 +1336,20 @@ fn assemble_samples(
             python: p.python.as_ref().map(|t| t.symbols()),
         })
         .collect();
-    let drained: u64 = by_process.values().flatten().map(|s| s.count).sum::<u64>() + not_profilable;
+    let is_cpu = |s: &&Sample| s.kind == SampleKind::Cpu;
+    let drained: u64 = by_process
+        .values()
+        .flatten()
+        .filter(is_cpu)
+        .map(|s| s.count)
+        .sum::<u64>()
+        + not_profilable;
+    let drained_off_cpu: u64 = by_process
+        .values()
+        .flatten()
+        .filter(|s| s.kind != SampleKind::Cpu)
+        .map(|s| s.count)
+        .sum();
     let (stacks_through_untabled, untabled) = untabled_objects(processes, &by_process);
     // The kernel counted every sample of a CPython thread it had no thread state for as
     // missing its Python frames; those of threads that never run Python (OpenMP and other
@@ -1322,6 +1363,7 @@ fn assemble_samples(
             Some(
                 samples
                     .iter()
+                    .filter(is_cpu)
                     .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
                     .map(|s| s.count)
                     .sum::<u64>(),
@@ -1329,9 +1371,14 @@ fn assemble_samples(
         })
         .sum();
     let losses = Losses {
+        // Off-CPU intervals whose sample map insert failed were counted as map full too, and
+        // those not counted as intervals at all: the two kinds are compared apart.
         lost_in_transfer: counters
             .get(Counter::Samples)
-            .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
+            .saturating_sub(drained + counters.get(Counter::SampleMapFull))
+            + counters
+                .get(Counter::OffCpuIntervals)
+                .saturating_sub(drained_off_cpu),
         sample_map_full: counters.get(Counter::SampleMapFull),
         user_stack_map_full: counters.get(Counter::UserStackMapFull),
         user_stack_error: counters.get(Counter::UserStackError),
@@ -1341,6 +1388,7 @@ fn assemble_samples(
         truncated: 0,
         stack_ended_early: counters.get(Counter::StackEndedEarly),
         not_profilable,
+        off_cpu_pending_full: counters.get(Counter::OffCpuPendingFull),
     };
     let targets = processes
         .values()
@@ -1383,6 +1431,7 @@ fn assemble_samples(
             stacks_through_untabled,
         },
         untabled,
+        off_cpu,
         limits_hit: (over_cap > 0)
             .then(|| {
                 format!(

@@ -297,6 +297,7 @@ impl RecordingRequest {
             sample_period_ns: None,
             frequency: req.frequency,
             fixed_interval: false,
+            off_cpu: None,
         };
         let max_ms = max_duration.as_millis() as u64;
         let duration_ms = req.duration_ms.unwrap_or(max_ms);
