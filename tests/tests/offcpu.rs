@@ -5,7 +5,12 @@
 //! workload's own clock: on a loaded machine the split moves (compute waits for a CPU, wakeups
 //! come late), and the workload measures exactly what moved.
 
-use std::time::Duration;
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use bpfprof_tests::*;
 
@@ -57,17 +62,40 @@ fn is(frame: &str, name: &str) -> bool {
     frame.trim_end_matches("_[k]") == name
 }
 
-/// Whether a stack is one of the worker threads' (`--per-thread` puts `worker (tid N)` under
+/// The workload's worker threads' name in the first two tests.
+const WORKER: &str = "worker";
+
+/// Whether a stack is one of the worker threads' (`--per-thread` puts `NAME (tid N)` under
 /// the process), not a feeder's or the main thread's.
-fn on_worker(frames: &[String]) -> bool {
-    frames.iter().any(|f| f.starts_with("worker (tid "))
+fn on_thread(frames: &[String], name: &str) -> bool {
+    let prefix = format!("{name} (tid ");
+    frames.iter().any(|f| f.starts_with(&prefix))
 }
 
-/// Runs the workload under bpfprof with `args`; returns the folded profile, the workload's
-/// measurement and the summary.
-fn profile_workload(args: &[&str]) -> (Profile, Split, Summary) {
+fn on_worker(frames: &[String]) -> bool {
+    on_thread(frames, WORKER)
+}
+
+/// Whether a frame is the kernel's pipe read (`pipe_read`, `anon_pipe_read` from 6.14 on).
+fn is_pipe_read(frame: &str) -> bool {
+    let name = frame.trim_end_matches("_[k]");
+    name == "pipe_read" || name == "anon_pipe_read"
+}
+
+/// A profile of the workload with its measurement and summary, and the directory of its files.
+struct Run {
+    profile: Profile,
+    split: Split,
+    summary: Summary,
+    dir: tempfile::TempDir,
+}
+
+/// Runs the workload (workers named `worker_name`) under bpfprof with `args`, writing
+/// `offcpu.folded`, `offcpu.pb.gz` and `offcpu.summary.json`.
+fn profile_workload(args: &[&str], worker_name: &str) -> Run {
     let dir = tempdir();
     let folded = dir.path().join("offcpu.folded");
+    let pprof = dir.path().join("offcpu.pb.gz");
     let summary = dir.path().join("offcpu.summary.json");
     let workload = workload_path("offcpu");
     let mut argv: Vec<&str> = args.to_vec();
@@ -75,19 +103,46 @@ fn profile_workload(args: &[&str]) -> (Profile, Split, Summary) {
         "--per-thread",
         "-o",
         folded.to_str().unwrap(),
+        "-o",
+        pprof.to_str().unwrap(),
         "--summary-json",
         summary.to_str().unwrap(),
         "--",
         workload.to_str().unwrap(),
         RUN_SECS,
+        "2",
+        worker_name,
     ]);
     let run = run_bpfprof(&argv, TIMEOUT);
     run.assert_code(exit::OK);
-    (
-        Profile::read(&folded),
-        Split::parse(&run.stdout),
-        Summary::read(&summary),
-    )
+    Run {
+        profile: Profile::read(&folded),
+        split: Split::parse(&run.stdout),
+        summary: Summary::read(&summary),
+        dir,
+    }
+}
+
+/// The total of `sample_index` in a pprof file, as Go's pprof reads it (`Total samples = Nns`).
+fn go_pprof_total(file: &Path, sample_index: &str, home: &Path) -> u64 {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=1", "-unit=ns"])
+        .arg(format!("-sample_index={sample_index}"))
+        .arg(file)
+        .env("HOME", home)
+        .output()
+        .expect("go tool pprof (golang-go, installed by cargo xtask setup)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.split("Total samples = ").nth(1))
+        .and_then(|rest| rest.split("ns").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no total in go pprof's output:\n{text}"))
 }
 
 #[test]
@@ -95,7 +150,12 @@ fn wall_mode_shares_match_the_workloads_own_clock() {
     if !require_root() {
         return;
     }
-    let (profile, split, summary) = profile_workload(&["--mode", "wall"]);
+    let Run {
+        profile,
+        split,
+        summary,
+        ..
+    } = profile_workload(&["--mode", "wall"], WORKER);
     let ctx = profile.top(15);
     // Wall mode weighs stacks in nanoseconds: the workers' stacks add up to their wall time.
     let workers = profile.count_where(on_worker) as f64;
@@ -110,6 +170,11 @@ fn wall_mode_shares_match_the_workloads_own_clock() {
     ] {
         let share = in_phase(phase) / workers;
         let want = measured / split.total();
+        eprintln!(
+            "{phase}: {:.2}% in the profile, {:.2}% by the workload",
+            100.0 * share,
+            100.0 * want
+        );
         c.check((share - want).abs() <= SHARE_TOLERANCE, || {
             format!(
                 "{phase}: {:.1}% of the workers' wall time in the profile, {:.1}% by the \
@@ -145,7 +210,12 @@ fn off_cpu_puts_sleeps_and_pipe_reads_under_their_callers() {
     if !require_root() {
         return;
     }
-    let (profile, split, summary) = profile_workload(&["--off-cpu"]);
+    let Run {
+        profile,
+        split,
+        summary,
+        dir,
+    } = profile_workload(&["--off-cpu"], WORKER);
     let ctx = profile.top(15);
     let mut c = Checks::new();
     // The sleeps: do_nanosleep below sleep_phase, ending off the CPU while sleeping.
@@ -162,16 +232,14 @@ fn off_cpu_puts_sleeps_and_pipe_reads_under_their_callers() {
         on_worker(f)
             && off_cpu(f)
             && f.iter().any(|x| is(x, "pipe_phase"))
-            && f.iter().any(|x| {
-                let name = x.trim_end_matches("_[k]");
-                name == "pipe_read" || name == "anon_pipe_read"
-            })
+            && f.iter().any(|x| is_pipe_read(x))
     }) as f64;
     c.check(sleep > 0.0 && pipe > 0.0, || {
         format!("sleep {sleep} ns, pipe {pipe} ns")
     });
     let want = split.sleep / split.pipe;
     let got = sleep / pipe.max(1.0);
+    eprintln!("sleep:pipe {got:.3} in the profile, {want:.3} by the workload");
     c.check((got / want - 1.0).abs() <= RATIO_TOLERANCE, || {
         format!("sleep:pipe {got:.3} in the profile, {want:.3} by the workload ({split:?})")
     });
@@ -205,6 +273,147 @@ fn off_cpu_puts_sleeps_and_pipe_reads_under_their_callers() {
             && totals["off_cpu_ns_by_state"]["preempted"].is_null(),
         || format!("summary off_cpu: {totals}"),
     );
+    // pprof, read by Go's own pprof: the off_cpu and cpu sample types add up to the totals.
+    let pprof = dir.path().join("offcpu.pb.gz");
+    for (index, key) in [("off_cpu", "off_cpu_ns"), ("cpu", "cpu_ns")] {
+        let got = go_pprof_total(&pprof, index, dir.path());
+        c.eq(
+            &format!("pprof {index} total"),
+            got,
+            totals[key].as_u64().unwrap_or(0),
+        );
+    }
+    if !c.is_ok() {
+        eprintln!("{ctx}");
+    }
+    c.finish();
+}
+
+/// The off-CPU time a bpftrace script on `sched:sched_switch` sums per kernel stack, for the
+/// threads named `name` (the same rule as bpfprof's: interruptible or uninterruptible sleeps,
+/// not preemption, at least 1 µs).
+const BPFTRACE_SCRIPT: &str = r#"
+tracepoint:sched:sched_switch
+{
+  if (args->prev_comm == str($1) && (args->prev_state & 3) != 0 && (args->prev_state & 0x100) == 0) {
+    @start[args->prev_pid] = nsecs;
+    @stack[args->prev_pid] = kstack;
+  }
+  $next = args->next_pid;
+  $since = @start[$next];
+  if ($since != 0) {
+    $d = nsecs - $since;
+    if ($d >= 1000) {
+      @off[@stack[$next]] = sum($d);
+    }
+    delete(@start[$next]);
+    delete(@stack[$next]);
+  }
+}
+END { clear(@start); clear(@stack); }
+"#;
+
+/// Picks the frames of one kind of wait.
+type FramePredicate = dyn Fn(&str) -> bool;
+
+/// bpftrace's `@off[kstack]: N` entries: (kernel function names leaf first, nanoseconds).
+fn parse_bpftrace(out: &str) -> Vec<(Vec<String>, u64)> {
+    let mut entries = Vec::new();
+    let mut frames: Option<Vec<String>> = None;
+    for line in out.lines() {
+        let line = line.trim();
+        if line.starts_with("@off[") {
+            frames = Some(Vec::new());
+        } else if let Some(rest) = line.strip_prefix("]: ") {
+            if let (Some(f), Ok(n)) = (frames.take(), rest.trim().parse()) {
+                entries.push((f, n));
+            }
+        } else if let Some(f) = frames.as_mut() {
+            let name = line.split('+').next().unwrap_or(line);
+            f.push(name.to_string());
+        }
+    }
+    entries
+}
+
+#[test]
+fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
+    if !require_root() {
+        return;
+    }
+    // Workers of their own name: the other tests' workloads, running beside, are not counted.
+    const NAME: &str = "offcpu-cmp";
+    let mut tracer = Command::new("bpftrace")
+        .args(["-e", BPFTRACE_SCRIPT, NAME])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bpftrace (installed by cargo xtask setup)");
+    let mut stdout = BufReader::new(tracer.stdout.take().expect("piped stdout"));
+    // bpftrace says so once its probes are attached.
+    let mut line = String::new();
+    while !line.starts_with("Attaching") {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap_or(0) == 0 {
+            let mut err = String::new();
+            let _ = tracer.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            panic!("bpftrace ended before attaching: {err}");
+        }
+    }
+    let run = profile_workload(&["--off-cpu"], NAME);
+    // SIGINT: bpftrace prints its maps and exits.
+    // SAFETY: a plain kill(2) of our own child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).expect("bpftrace's output");
+    let _ = tracer.wait();
+    let traced = parse_bpftrace(&out);
+    let ctx = run.profile.top(15);
+    let mut c = Checks::new();
+    // Both tools' waits by kind: the sleep (do_nanosleep) and the pipe read.
+    let traced_total = |pred: &dyn Fn(&str) -> bool| -> f64 {
+        traced
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|f| pred(f)))
+            .map(|(_, n)| *n as f64)
+            .sum()
+    };
+    let profiled_total = |pred: &dyn Fn(&str) -> bool| -> f64 {
+        run.profile.count_where(|f| {
+            on_thread(f, NAME)
+                && f.last().is_some_and(|l| l.starts_with("[off-cpu: "))
+                && f.iter().any(|x| pred(x))
+        }) as f64
+    };
+    let sleep = |f: &str| f.trim_end_matches("_[k]") == "do_nanosleep";
+    let kinds: [(&str, &FramePredicate); 2] =
+        [("do_nanosleep", &sleep), ("pipe read", &is_pipe_read)];
+    let mut order = Vec::new();
+    for (what, pred) in kinds {
+        let (traced, profiled) = (traced_total(pred), profiled_total(pred));
+        c.check(
+            traced > 0.0 && (profiled / traced - 1.0).abs() <= 0.05,
+            || {
+                format!(
+                    "{what}: bpfprof {:.3} s, bpftrace {:.3} s\nbpftrace:\n{out}",
+                    profiled / 1e9,
+                    traced / 1e9
+                )
+            },
+        );
+        order.push((what, traced, profiled));
+    }
+    eprintln!("(wait, bpftrace ns, bpfprof ns): {order:?}");
+    // The same top blocked stack in both: the one with the most time.
+    c.check(
+        (order[0].1 > order[1].1) == (order[0].2 > order[1].2),
+        || format!("the tools disagree on the top blocked stack: {order:?}"),
+    );
+    // Every wait of the workers that bpftrace saw is one of the two.
+    let all_traced: f64 = traced.iter().map(|(_, n)| *n as f64).sum();
+    c.check(order[0].1 + order[1].1 >= 0.98 * all_traced, || {
+        format!("bpftrace saw other waits: {out}")
+    });
     if !c.is_ok() {
         eprintln!("{ctx}");
     }

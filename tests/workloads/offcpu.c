@@ -1,6 +1,7 @@
 // Worker threads that compute, sleep and block on a pipe in known functions, and measure their
-// own split: `offcpu SECONDS [WORKERS]` runs for SECONDS, then prints the wall time its workers
-// spent in each phase, summed over them: `compute_ns=N sleep_ns=N pipe_ns=N`.
+// own split: `offcpu SECONDS [WORKERS [NAME]]` runs for SECONDS, then prints the wall time its
+// workers (threads named NAME, default `worker`, so that a tracer can pick them by name) spent in
+// each phase, summed over them: `compute_ns=N sleep_ns=N pipe_ns=N`.
 //
 // Each round: compute_phase burns 5 ms of the thread's CPU time, sleep_phase sleeps 3 ms
 // (nanosleep), pipe_phase asks the worker's feeder thread for a byte and blocks in read() until
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 static double run_secs;
+static const char *worker_name = "worker";
 static volatile uint64_t sink;
 
 struct worker {
@@ -83,7 +85,7 @@ __attribute__((noinline)) void *feeder(void *arg) {
 
 __attribute__((noinline)) void *worker(void *arg) {
     struct worker *w = arg;
-    pthread_setname_np(pthread_self(), "worker");
+    pthread_setname_np(pthread_self(), worker_name);
     uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)(run_secs * 1e9);
     while (now_ns(CLOCK_MONOTONIC) < end) {
         uint64_t t0 = now_ns(CLOCK_MONOTONIC);
@@ -103,6 +105,9 @@ __attribute__((noinline)) void *worker(void *arg) {
 int main(int argc, char **argv) {
     run_secs = argc > 1 ? atof(argv[1]) : 3.0;
     int n = argc > 2 ? atoi(argv[2]) : 2;
+    if (argc > 3) {
+        worker_name = argv[3];
+    }
     struct worker *workers = calloc(n, sizeof *workers);
     pthread_t *threads = calloc(2 * n, sizeof *threads);
     for (int i = 0; i < n; i++) {

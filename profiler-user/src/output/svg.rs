@@ -607,7 +607,10 @@ print(json.dumps(out))
         assert!(root.contains("kernel stack unreadable: 15"), "{root}");
         assert!(root.contains("user stacks ended early: 17"), "{root}");
         assert!(root.contains("no longer yours to profile: 18"), "{root}");
-        assert!(root.contains("off-CPU waits lost: table full: 19"), "{root}");
+        assert!(
+            root.contains("off-CPU waits lost: table full: 19"),
+            "{root}"
+        );
         assert!(root.contains("fell back from cycles"), "{root}");
         assert!(root.contains(&format!("key5={}", "v".repeat(40))), "{root}");
         // A short run keeps everything on the one line.
