@@ -419,3 +419,96 @@ fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
     }
     c.finish();
 }
+
+/// The interpreters: pyenv's CPython 3.10-3.13, built without frame pointers.
+fn pyenv_interpreters() -> Vec<std::path::PathBuf> {
+    let home = std::path::PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
+    let found: Vec<std::path::PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .filter_map(|minor| {
+            let mut v: Vec<std::path::PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
+                .ok()?
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{minor}."))
+                })
+                .map(|e| e.path().join("bin/python3"))
+                .filter(|p| p.exists())
+                .collect();
+            v.sort();
+            v.pop()
+        })
+        .collect();
+    assert!(
+        found.len() == 4 || !ci(),
+        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
+    );
+    found
+}
+
+/// A folded frame's function: Python frames may carry `(file:line)`.
+fn function(frame: &str) -> &str {
+    frame.split_once(" (").map_or(frame, |(name, _)| name)
+}
+
+#[test]
+fn python_waits_appear_under_their_python_callers() {
+    if !require_root() {
+        return;
+    }
+    let script = workspace_root().join("tests/workloads/pyoffcpu.py");
+    let mut failures = Vec::new();
+    for python in pyenv_interpreters() {
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script).arg("30");
+        let target = Workload::spawn_command(cmd);
+        // Past start-up: the threads run their loops.
+        std::thread::sleep(Duration::from_millis(800));
+        let dir = tempdir();
+        let profile = profile_pid(target.pid(), "3s", &["--off-cpu"], dir.path());
+        let has = |f: &[String], name: &str| f.iter().any(|x| function(x) == name);
+        let off_cpu = |f: &[String]| f.last().is_some_and(|l| l == "[off-cpu: sleeping]");
+        // time.sleep() sleeps in clock_nanosleep (3.11 on) or select (3.10).
+        let sleeps = |f: &[String]| {
+            f.iter()
+                .any(|x| is(x, "do_nanosleep") || is(x, "do_select"))
+        };
+        // queue.get() waits on a lock: a futex in the kernel, below wait_for_item (3.10's
+        // code objects have no qualified names: `get`).
+        let queue_wait = profile.count_where(|f| {
+            off_cpu(f)
+                && has(f, "wait_for_item")
+                && (has(f, "Queue.get") || has(f, "get"))
+                && f.iter().any(|x| x.starts_with("futex_wait"))
+        });
+        let nap = profile.count_where(|f| off_cpu(f) && has(f, "nap") && sleeps(f));
+        // Every wait of the worker is one of those two, and the producer's sleep is its own.
+        let worker = profile.count_where(|f| off_cpu(f) && has(f, "work"));
+        let misfiled = profile.count_where(|f| has(f, "produce") && has(f, "nap"));
+        let produce = profile.count_where(|f| off_cpu(f) && has(f, "produce") && sleeps(f));
+        let line = format!(
+            "{}: queue.get {:.3} s, sleep {:.3} s, worker off-CPU {:.3} s, producer sleep \
+             {:.3} s, misfiled {misfiled}",
+            python.display(),
+            queue_wait as f64 / 1e9,
+            nap as f64 / 1e9,
+            worker as f64 / 1e9,
+            produce as f64 / 1e9
+        );
+        eprintln!("{line}");
+        // In 3 s the worker waits about 1.5 s in each (the producer's 20 ms cadence less the
+        // 10 ms nap): at least 0.5 s each however loaded the machine is, at most 2:1 apart.
+        let ok = queue_wait >= 500_000_000
+            && nap >= 500_000_000
+            && queue_wait.max(nap) <= 2 * queue_wait.min(nap)
+            && (queue_wait + nap) as f64 >= 0.95 * worker as f64
+            && produce >= 1_000_000_000
+            && misfiled == 0;
+        if !ok {
+            failures.push(format!("{line}\n{}", profile.top(12)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
