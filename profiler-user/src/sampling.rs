@@ -493,6 +493,36 @@ pub fn validate_max_stack_length(requested: i64) -> Result<usize> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn off_cpu_flags_become_one_setting_or_a_clear_error() {
+        let us = Duration::from_micros;
+        assert_eq!(OffCpu::from_flags(Mode::Cpu, false, None).unwrap(), None);
+        assert_eq!(
+            OffCpu::from_flags(Mode::Cpu, true, None).unwrap(),
+            Some(OffCpu {
+                preempted: false,
+                min_ns: 1_000
+            })
+        );
+        assert_eq!(
+            OffCpu::from_flags(Mode::Wall, false, Some(us(0))).unwrap(),
+            Some(OffCpu {
+                preempted: true,
+                min_ns: 0
+            })
+        );
+        for (mode, off_cpu, min, says) in [
+            (Mode::Wall, true, None, "drop --off-cpu"),
+            (Mode::Cpu, false, Some(us(5)), "--off-cpu-min applies"),
+        ] {
+            let err = OffCpu::from_flags(mode, off_cpu, min).unwrap_err();
+            assert!(matches!(err, Error::InvalidSampling(_)), "{err}");
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let err = "idle".parse::<Mode>().unwrap_err();
+        assert!(err.to_string().contains("cpu or wall"), "{err}");
+    }
+
     const LIMITS: KernelLimits = KernelLimits {
         max_sample_rate: 100_000,
         cpu_hz: 2.5e9,
