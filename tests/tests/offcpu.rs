@@ -97,6 +97,9 @@ fn profile_workload(args: &[&str], worker_name: &str) -> Run {
     let folded = dir.path().join("offcpu.folded");
     let pprof = dir.path().join("offcpu.pb.gz");
     let summary = dir.path().join("offcpu.summary.json");
+    let svg = dir.path().join("offcpu.svg");
+    let pstats = dir.path().join("offcpu.prof");
+    let top = dir.path().join("offcpu.txt");
     let workload = workload_path("offcpu");
     let mut argv: Vec<&str> = args.to_vec();
     argv.extend([
@@ -105,6 +108,12 @@ fn profile_workload(args: &[&str], worker_name: &str) -> Run {
         folded.to_str().unwrap(),
         "-o",
         pprof.to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+        "-o",
+        pstats.to_str().unwrap(),
+        "-o",
+        top.to_str().unwrap(),
         "--summary-json",
         summary.to_str().unwrap(),
         "--",
@@ -283,6 +292,47 @@ fn off_cpu_puts_sleeps_and_pipe_reads_under_their_callers() {
             totals[key].as_u64().unwrap_or(0),
         );
     }
+    // Python's own pstats: sleep_phase's cumulative time is its wait plus its few samples.
+    let cumtime: f64 = run_pstats(
+        &dir.path().join("offcpu.prof"),
+        "import pstats, sys\n\
+         s = pstats.Stats(sys.argv[1])\n\
+         print(sum(v[3] for k, v in s.stats.items() if k[2] == 'sleep_phase'))",
+    )
+    .trim()
+    .parse()
+    .expect("a number from pstats");
+    let sleep_phase = profile.count_containing("sleep_phase") as f64 / 1e9;
+    c.check((cumtime - sleep_phase).abs() <= 0.01 * sleep_phase, || {
+        format!(
+            "pstats: sleep_phase {cumtime:.3} s cumulative, the folded stacks {sleep_phase:.3} s"
+        )
+    });
+    // The top table splits each function's total into CPU and wait: sleep_phase waits.
+    let table = std::fs::read_to_string(dir.path().join("offcpu.txt")).expect("the table");
+    let row: Vec<u64> = table
+        .lines()
+        .find(|l| l.ends_with("[.] sleep_phase"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // self, total, cpu, wait (the percentages do not parse as integers).
+    c.check(
+        row.len() == 4 && row[3] + row[2] == row[1] && row[3] as f64 >= 0.95 * row[1] as f64,
+        || format!("sleep_phase's row {row:?} in:\n{table}"),
+    );
+    // The flame graph draws the waits in their own colour.
+    let svg = std::fs::read_to_string(dir.path().join("offcpu.svg")).expect("the SVG");
+    let wait_frame = svg
+        .split("<g>")
+        .find(|g| g.contains("<title>[off-cpu: sleeping]"))
+        .unwrap_or_default();
+    c.check(wait_frame.contains("fill=\"rgb(90,140,230)\""), || {
+        format!("the [off-cpu: sleeping] frame is not drawn in the off-CPU blue: {wait_frame}")
+    });
     if !c.is_ok() {
         eprintln!("{ctx}");
     }

@@ -13,19 +13,7 @@ use crate::profile::Profile;
 /// Writes `profile` as folded stacks, most frequent first. Stacks that read the same (they
 /// differed only in addresses) are one line.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
-    let labels: Vec<String> = profile
-        .frames
-        .iter()
-        .map(|frame| {
-            // `;` separates frames and a trailing " N" is the count: neither may appear inside.
-            let name = frame.label().replace(';', ":").replace('\n', " ");
-            if frame.is_kernel() {
-                format!("{name}_[k]")
-            } else {
-                name
-            }
-        })
-        .collect();
+    let labels = frame_labels(profile);
     let mut lines: Vec<(String, u64)> = Vec::with_capacity(profile.stacks.len());
     let mut index: HashMap<String, usize> = HashMap::new();
     for stack in &profile.stacks {
@@ -44,4 +32,21 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         writeln!(w, "{line} {count}")?;
     }
     Ok(())
+}
+
+/// Each frame of `profile` as a folded line names it.
+pub fn frame_labels(profile: &Profile) -> Vec<String> {
+    profile
+        .frames
+        .iter()
+        .map(|frame| {
+            // `;` separates frames and a trailing " N" is the count: neither may appear inside.
+            let name = frame.label().replace(';', ":").replace('\n', " ");
+            if frame.is_kernel() {
+                format!("{name}_[k]")
+            } else {
+                name
+            }
+        })
+        .collect()
 }

@@ -21,6 +21,9 @@ pub struct FunctionShare {
     pub self_samples: u64,
     /// Samples with this function anywhere on the stack (recursion counted once).
     pub total_samples: u64,
+    /// The part of `total_samples` spent off the CPU (nanoseconds, in a profile with off-CPU
+    /// time; 0 otherwise): the function's wait, the rest its CPU time.
+    pub total_off_cpu: u64,
 }
 
 /// Self and total samples of every code function, most self samples first.
@@ -35,7 +38,7 @@ fn shares_of<'a>(
 ) -> Vec<FunctionShare> {
     // Rows by (kernel, label) with their (self, total) samples; frames of one function
     // (different sampled lines, inlined copies) share a row.
-    let mut shares: HashMap<(bool, String), (u64, u64)> = HashMap::new();
+    let mut shares: HashMap<(bool, String), (u64, u64, u64)> = HashMap::new();
     let keys: Vec<Option<(bool, String)>> = profile
         .frames
         .iter()
@@ -45,6 +48,7 @@ fn shares_of<'a>(
         })
         .collect();
     for stack in stacks {
+        let off_cpu = profile.off_cpu_state(stack).is_some();
         let mut seen = std::collections::HashSet::new();
         let code: Vec<&(bool, String)> = stack
             .frames
@@ -60,17 +64,21 @@ fn shares_of<'a>(
             }
             if seen.insert(*key) {
                 entry.1 += weight;
+                if off_cpu {
+                    entry.2 += weight;
+                }
             }
         }
     }
     let mut out: Vec<FunctionShare> = shares
         .into_iter()
         .map(
-            |((kernel, name), (self_samples, total_samples))| FunctionShare {
+            |((kernel, name), (self_samples, total_samples, total_off_cpu))| FunctionShare {
                 name,
                 kernel,
                 self_samples,
                 total_samples,
+                total_off_cpu,
             },
         )
         .collect();
@@ -92,12 +100,26 @@ pub fn header(profile: &Profile) -> String {
         (Event::Cycles, Rate::Period(p)) => format!("{p} cycles"),
         (Event::CpuClock, Rate::Period(p)) => format!("{p} ns"),
     };
-    format!(
+    let mut line = format!(
         "{} samples; event: {}; period: {period}; one sample: {} ns of CPU time",
         profile.total_samples(),
         sampling.event,
         profile.meta.sample_nanos()
-    )
+    );
+    if profile.meta.off_cpu.is_some() {
+        let (cpu, off) = profile.time_totals();
+        let states: Vec<String> = off
+            .iter()
+            .map(|(state, ns)| format!("{} {ns}", state.name()))
+            .collect();
+        let _ = write!(
+            line,
+            "; in ns: CPU {cpu}, off the CPU {} ({})",
+            off.values().sum::<u64>(),
+            states.join(", ")
+        );
+    }
+    line
 }
 
 /// The `.txt` file (and `--format top`): the header, then every function by self and by
@@ -163,23 +185,34 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
     let mut shares = shares_of(profile, stacks.iter().copied());
     let mut out = String::new();
     let pct = |n: u64| 100.0 * n as f64 / total;
+    // With off-CPU time, each row also splits its total into time on the CPU and waiting.
+    let split = profile.meta.off_cpu.is_some();
     let row = |out: &mut String, first: u64, second: u64, s: &FunctionShare| {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "  {:>9} {:>6.2}% {:>9} {:>6.2}%  {} {}",
+            "  {:>9} {:>6.2}% {:>9} {:>6.2}%",
             first,
             pct(first),
             second,
             pct(second),
-            if s.kernel { "[k]" } else { "[.]" },
-            s.name
         );
+        if split {
+            let wait = s.total_off_cpu;
+            let cpu = s.total_samples - wait;
+            let _ = write!(out, " {:>11} {:>11}", cpu, wait);
+        }
+        let _ = writeln!(out, "  {} {}", if s.kernel { "[k]" } else { "[.]" }, s.name);
+    };
+    let split_heading = if split {
+        format!(" {:>11} {:>11}", "total cpu", "total wait")
+    } else {
+        String::new()
     };
     let unit = profile.weight_unit();
     let _ = writeln!(out, "top functions by self {unit}:");
     let _ = writeln!(
         out,
-        "  {:>17} {:>17}  function",
+        "  {:>17} {:>17}{split_heading}  function",
         format!("self {unit}"),
         format!("total {unit}")
     );
@@ -194,7 +227,7 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
     let _ = writeln!(out, "top functions by total {unit}:");
     let _ = writeln!(
         out,
-        "  {:>17} {:>17}  function",
+        "  {:>17} {:>17}{split_heading}  function",
         format!("total {unit}"),
         format!("self {unit}")
     );
