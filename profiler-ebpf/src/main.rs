@@ -275,7 +275,7 @@ pub(crate) struct CurrentTarget {
     /// Whether it is recorded by a system-wide run that leaves out kernel threads.
     pub(crate) skip_kernel_threads: bool,
     /// Whether it is recorded by a system-wide run, which learns of processes from the kernel.
-    system: bool,
+    pub(crate) system: bool,
 }
 
 /// Returns the current task as a target, if its process is one or a followed child, or a
@@ -327,7 +327,7 @@ fn system_target(runs: u64) -> Option<CurrentTarget> {
 /// process already reported. A report that does not fit the ring is forgotten, so that the
 /// process's next sample tries again.
 #[inline(always)]
-fn report_new_process(tgid: u32) {
+pub(crate) fn report_new_process(tgid: u32) {
     // SAFETY: only tested for presence.
     if unsafe { SYSTEM_SEEN.get(tgid) }.is_some() {
         return;

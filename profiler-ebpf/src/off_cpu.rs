@@ -35,7 +35,7 @@ use profiler_common::{
 
 use crate::{
     config, count_runs, current_target, increment, increment_sample, is_kernel_thread, python,
-    store_stack, unwind, RunCounts, NO_COUNTER,
+    report_new_process, store_stack, unwind, RunCounts, NO_COUNTER,
 };
 
 /// Target threads off the CPU, by global thread id: their stacks and state at the
@@ -134,6 +134,11 @@ fn switch_out(ctx: &TracePointContext) {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    if target.system {
+        // A process that only waits is taken in as one that runs is: its maps read, its
+        // tables built.
+        report_new_process(tgid);
+    }
     let user_stack = match bpfprof_off_cpu_cfi_stack(tgid) {
         unwind::NOT_UNWOUND => store_stack(ctx, BPF_F_USER_STACK as u64),
         0 => Err(Counter::UserStackMapFull),

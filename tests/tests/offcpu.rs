@@ -562,3 +562,54 @@ fn python_waits_appear_under_their_python_callers() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+#[test]
+fn system_wide_off_cpu_names_the_waits_of_a_process_it_finds() {
+    if !require_root() {
+        return;
+    }
+    // Workers of their own name, and a process bpfprof learns of from the kernel.
+    const NAME: &str = "offcpu-all";
+    let target = Workload::spawn("offcpu", &["60", "2", NAME]);
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempdir();
+    let folded = dir.path().join("all.folded");
+    let run = run_bpfprof(
+        [
+            "-a",
+            "--off-cpu",
+            "--per-thread",
+            "-d",
+            "3s",
+            "-o",
+            folded.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OK);
+    drop(target);
+    let profile = Profile::read(&folded);
+    let waits = |phase: &str, kernel: &dyn Fn(&str) -> bool| {
+        profile.count_where(|f| {
+            on_thread(f, NAME)
+                && f.last().is_some_and(|l| l == "[off-cpu: sleeping]")
+                && f.iter().any(|x| is(x, phase))
+                && f.iter().any(|x| kernel(x))
+        }) as f64
+            / 1e9
+    };
+    let sleep = waits("sleep_phase", &|x| is(x, "do_nanosleep"));
+    let pipe = waits("pipe_phase", &is_pipe_read);
+    let unnamed = profile.count_where(|f| {
+        on_thread(f, NAME)
+            && f.iter()
+                .any(|x| x == "[user code: exited before its maps were read]")
+    });
+    eprintln!("system-wide: sleep {sleep:.3} s, pipe {pipe:.3} s, unnamed {unnamed} ns");
+    // Two workers for 3 s wait about 30% and 20% of it: well above these however loaded.
+    assert!(
+        sleep >= 0.5 && pipe >= 0.3 && unnamed == 0,
+        "sleep {sleep:.3} s, pipe {pipe:.3} s, unnamed {unnamed} ns\n{}",
+        profile.top(15)
+    );
+}

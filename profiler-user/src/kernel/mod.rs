@@ -739,6 +739,13 @@ impl KernelProgram {
         let _ = self
             .config
             .set(Config::OffCpuRuns as u32, self.off_cpu_runs, 0);
+        if self.off_cpu_runs == 0 {
+            // Nothing stays attached to every context switch of the machine once no run asks.
+            // Closing the tracepoint waits for an RCU grace period (~80 ms): not here.
+            if let Some(tp) = self.off_cpu_tracepoint.take() {
+                std::thread::spawn(move || drop(tp));
+            }
+        }
         let entries: Vec<(u32, OffCpuPending)> =
             self.off_cpu_pending.iter().filter_map(|e| e.ok()).collect();
         for (tid, mut pending) in entries {
