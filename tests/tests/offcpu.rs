@@ -613,3 +613,77 @@ fn system_wide_off_cpu_names_the_waits_of_a_process_it_finds() {
         profile.top(15)
     );
 }
+
+#[test]
+fn a_daemon_run_takes_the_mode() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let target = Workload::spawn("offcpu", &["60", "2", "offcpu-daemon"]);
+    let pid = format!("{}:{}", pid_ns_inode(target.pid()), target.pid());
+    // A mode the daemon does not know is refused, saying which there are.
+    let refused = daemon.cli(&["run", "--pid", &pid, "--mode", "idle"]);
+    refused.assert_code(exit::INVALID_SAMPLING);
+    refused.assert_stderr_mentions(&["cpu or wall"]);
+    let run = daemon.cli(&[
+        "run",
+        "--async",
+        "--pid",
+        &pid,
+        "--mode",
+        "wall",
+        "--duration-ms",
+        "3000",
+        "--formats",
+        "folded,summary-json",
+    ]);
+    run.assert_code(0);
+    let id = run
+        .stdout
+        .trim()
+        .strip_prefix("Run Id: ")
+        .unwrap_or_else(|| panic!("expected `Run Id: N`, got {:?}", run.stdout))
+        .to_string();
+    let results = daemon.cli(&["results", "--run-id", &id, "--wait", "60s", "--json"]);
+    results.assert_code(0);
+    let reply: serde_json::Value = serde_json::from_str(&results.stdout).unwrap();
+    let file = |format: &str| {
+        reply["files"][format]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {format}: {reply:#}"))
+            .to_string()
+    };
+    let profile = Profile::read(Path::new(&file("folded")));
+    let summary = Summary::read(Path::new(&file("summary-json")));
+    let phase = |name: &str| profile.count_containing(name) as f64 / 1e9;
+    let (compute, sleep, pipe) = (
+        phase("compute_phase"),
+        phase("sleep_phase"),
+        phase("pipe_phase"),
+    );
+    let duration = summary.f64("duration_secs");
+    eprintln!(
+        "daemon wall run of {duration:.2} s: compute {compute:.3} s, sleep {sleep:.3} s, \
+         pipe {pipe:.3} s"
+    );
+    let mut c = Checks::new();
+    c.check(summary.0["off_cpu"]["mode"] == "wall", || {
+        format!("summary: {}", summary.0)
+    });
+    // Wall mode: the two workers' phases add up to their wall time over the run (the
+    // rounds' bookkeeping between phases is all that is missing).
+    let workers = compute + sleep + pipe;
+    c.check(
+        workers >= 0.9 * 2.0 * duration && workers <= 1.02 * 2.0 * duration,
+        || format!("the workers' phases add up to {workers:.3} s in a {duration:.2} s run"),
+    );
+    // The sleep is 3 ms and the pipe wait 2 ms a round, each stretched alike by late wakeups.
+    c.check((1.2..=1.8).contains(&(sleep / pipe.max(1e-9))), || {
+        format!("sleep:pipe {:.3}", sleep / pipe.max(1e-9))
+    });
+    if !c.is_ok() {
+        eprintln!("{}", profile.top(15));
+    }
+    c.finish();
+}

@@ -293,6 +293,17 @@ pub struct RunArgs {
     /// Python frames of a CPython target: auto or off (the daemon's default is auto).
     #[arg(long, value_enum)]
     pub python: Option<crate::python::stacks::PythonMode>,
+    /// What the profile measures: cpu or wall (CPU samples plus each thread's time off the
+    /// CPU; as the recording's --mode).
+    #[arg(long, value_name = "cpu|wall")]
+    pub mode: Option<String>,
+    /// Also record where the process's threads block, and for how long (as the recording's
+    /// --off-cpu).
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Shortest time off the CPU recorded (default 1us).
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub off_cpu_min: Option<Duration>,
     /// How to reach the daemon.
     #[command(flatten)]
     pub client: ClientArgs,

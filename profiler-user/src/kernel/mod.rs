@@ -72,6 +72,9 @@ struct WalkerLoaded {
     ebpf: Ebpf,
     _walkers: Option<ProgramArray<MapData>>,
     outcome: std::result::Result<std::time::Duration, String>,
+    /// The off-CPU program, when a run asked for it while the thread held the object: its
+    /// fd, or why it did not load.
+    off_cpu: Option<std::result::Result<ProgramFd, String>>,
 }
 
 /// The loaded kernel program and its maps.
@@ -116,6 +119,8 @@ pub struct KernelProgram {
     /// The off-CPU program (`sched:sched_switch`): verified when a run first asks for off-CPU
     /// time (after the walker, whose walks it repeats), attached while any run records it.
     off_cpu_fd: Option<ProgramFd>,
+    /// Why the off-CPU program did not load, once it was tried.
+    off_cpu_error: Option<String>,
     off_cpu_tracepoint: Option<AttachedTracepoint>,
     /// Runs that record off-CPU time ([`Config::OffCpuRuns`]).
     off_cpu_runs: u64,
@@ -250,6 +255,7 @@ impl KernelProgram {
             following_runs: 0,
             samples,
             off_cpu_fd: None,
+            off_cpu_error: None,
             off_cpu_tracepoint: None,
             off_cpu_runs: 0,
             off_cpu_pending,
@@ -312,6 +318,12 @@ impl KernelProgram {
                         "the CFI and Python walker did not load ({e}): user stacks use frame \
                          pointers and Python frames are not read"
                     ),
+                }
+                let mut loaded = loaded;
+                match loaded.off_cpu.take() {
+                    Some(Ok(fd)) => self.off_cpu_fd = Some(fd),
+                    Some(Err(e)) => self.off_cpu_error = Some(e),
+                    None => {}
                 }
                 self.walker = Walker::Done(Box::new(loaded));
             }
@@ -674,36 +686,15 @@ impl KernelProgram {
     }
 
     /// Makes `run` record its targets' time off the CPU as `off_cpu` says (the settings are
-    /// the program's: the pool gives runs that differ in them different programs). The first
-    /// time, waits for the walker (the off-CPU program repeats its walks, so it is verified
-    /// after it) and verifies and attaches the `sched_switch` program.
+    /// the program's: the pool gives runs that differ in them different programs), from when
+    /// [`Self::attach_off_cpu`] attaches the program. Quick: the first time, the off-CPU program
+    /// (which repeats the walker's walks) is verified on the walker's thread, after the walker,
+    /// so that [`Self::walker_pending`] holds until both are done.
     pub fn record_off_cpu(&mut self, run: u32, off_cpu: OffCpu) -> Result<()> {
         if run >= MAX_RUNS {
             return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
         }
-        if self.off_cpu_fd.is_none() {
-            check_sched_switch_format()?;
-            self.join_walker();
-            let Walker::Done(loaded) = &mut self.walker else {
-                return Err(kernel_err(anyhow!("the walker thread did not finish")));
-            };
-            let started = std::time::Instant::now();
-            let tp: &mut TracePoint = loaded
-                .ebpf
-                .program_mut(OFF_CPU_PROGRAM_NAME)
-                .ok_or_else(|| {
-                    kernel_err(anyhow!("the eBPF object has no {OFF_CPU_PROGRAM_NAME}"))
-                })?
-                .try_into()
-                .map_err(|e: ProgramError| kernel_err(e))?;
-            tp.load()
-                .map_err(|e| load_error(e, "the off-CPU program"))?;
-            self.off_cpu_fd = Some(clone_fd(tp.fd())?);
-            log::info!(
-                "off-CPU program verified in {} ms",
-                started.elapsed().as_millis()
-            );
-        }
+        check_sched_switch_format()?;
         for (entry, value) in [
             (Config::OffCpuPreempted, u64::from(off_cpu.preempted)),
             (Config::OffCpuMinNs, off_cpu.min_ns),
@@ -712,20 +703,53 @@ impl KernelProgram {
                 .set(entry as u32, value, 0)
                 .map_err(kernel_err)?;
         }
-        if self.off_cpu_tracepoint.is_none() {
-            let fd = self.off_cpu_fd.as_ref().map(|fd| fd.as_fd().as_raw_fd());
-            let tracefs = ensure_tracefs()?;
-            let tp =
-                AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd.unwrap_or(-1))
-                    .map_err(|e| {
-                        kernel_err(anyhow!(e).context("attaching to sched:sched_switch"))
-                    })?;
-            self.off_cpu_tracepoint = Some(tp);
-        }
+        let verifying =
+            self.off_cpu_fd.is_some() || self.off_cpu_error.is_some() || self.off_cpu_runs != 0;
         self.off_cpu_runs |= 1 << run;
         self.config
             .set(Config::OffCpuRuns as u32, self.off_cpu_runs, 0)
-            .map_err(kernel_err)
+            .map_err(kernel_err)?;
+        if !verifying {
+            let previous = std::mem::replace(&mut self.walker, Walker::Joining);
+            self.walker = Walker::Loading(std::thread::spawn(move || {
+                let mut loaded = match previous {
+                    Walker::Loading(handle) => match handle.join() {
+                        Ok(loaded) => loaded,
+                        // The thread panicked with the object: nothing can be loaded.
+                        Err(payload) => std::panic::resume_unwind(payload),
+                    },
+                    Walker::Done(loaded) => *loaded,
+                    Walker::Joining => unreachable!("the walker is never left joining"),
+                };
+                loaded.off_cpu = Some(verify_off_cpu(&mut loaded.ebpf));
+                loaded
+            }));
+        }
+        Ok(())
+    }
+
+    /// Attaches the off-CPU program once verified (waiting for that), for the runs
+    /// [`Self::record_off_cpu`] set up; a no-op when attached.
+    pub fn attach_off_cpu(&mut self) -> Result<()> {
+        if self.off_cpu_tracepoint.is_some() || self.off_cpu_runs == 0 {
+            return Ok(());
+        }
+        self.join_walker();
+        let Some(fd) = self.off_cpu_fd.as_ref() else {
+            let why = self
+                .off_cpu_error
+                .clone()
+                .unwrap_or_else(|| "the walker thread did not finish".into());
+            return Err(Error::Kernel(anyhow!(
+                "the off-CPU program did not load: {why}"
+            )));
+        };
+        let tracefs = ensure_tracefs()?;
+        let tp =
+            AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd.as_fd().as_raw_fd())
+                .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
+        self.off_cpu_tracepoint = Some(tp);
+        Ok(())
     }
 
     /// Stops recording off-CPU time for `run` (a no-op for a run that did not): threads still
@@ -1069,8 +1093,27 @@ fn start_walker(
             ebpf,
             _walkers: outcome.is_ok().then_some(walkers),
             outcome: outcome.map(|()| took),
+            off_cpu: None,
         }
     })
+}
+
+/// Verifies the off-CPU program of `ebpf`: its fd, or why the kernel refused it.
+fn verify_off_cpu(ebpf: &mut Ebpf) -> std::result::Result<ProgramFd, String> {
+    let started = std::time::Instant::now();
+    let tp: &mut TracePoint = ebpf
+        .program_mut(OFF_CPU_PROGRAM_NAME)
+        .ok_or_else(|| format!("the eBPF object has no {OFF_CPU_PROGRAM_NAME}"))?
+        .try_into()
+        .map_err(|e: ProgramError| e.to_string())?;
+    tp.load()
+        .map_err(|e| load_error(e, "the off-CPU program").to_string())?;
+    let fd = clone_fd(tp.fd()).map_err(|e| e.to_string())?;
+    log::info!(
+        "off-CPU program verified in {} ms",
+        started.elapsed().as_millis()
+    );
+    Ok(fd)
 }
 
 /// A program that failed to load, as the error a person can act on: permission, a helper this

@@ -318,11 +318,16 @@ impl Recording {
         })?;
         // The walker verifies meanwhile (outside the pool, as for a target): stacks of the
         // first 0.1 s use frame pointers and are counted.
+        // Off-CPU time waits for its program (verified after the walker) to be attached.
+        let off_cpu = self.request.off_cpu.is_some();
         let deadline = Instant::now() + crate::unwind::TABLE_WAIT;
-        while Instant::now() < deadline
+        while (off_cpu || Instant::now() < deadline)
             && pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending()))
         {
             std::thread::sleep(Duration::from_millis(2));
+        }
+        if off_cpu {
+            pool.with_pool(|pool| pool.program(slot).and_then(|p| p.attach_off_cpu()))?;
         }
         // The processes running now are taken in at the first tick, not half a second later.
         self.last_refresh = Instant::now()
@@ -414,13 +419,15 @@ impl Recording {
         // loaded machine) and the first tables (see `table_deadline`), so that the other runs
         // of a shared pool keep ticking meanwhile.
         let deadline = table_deadline(self.unwind);
+        let off_cpu = self.request.off_cpu.is_some();
         loop {
             let (walker, tables) = pool.with_pool(|pool| match pool.program(slot) {
                 Ok(p) => {
                     p.unwind.poll();
                     let tracked = p.unwind.is_tracked(target.pid);
                     (
-                        tracked && p.walker_pending(),
+                        // Off-CPU time needs its program, verified after the walker.
+                        (tracked || off_cpu) && p.walker_pending(),
                         tracked && p.unwind.pending(target.pid),
                     )
                 }
@@ -468,6 +475,9 @@ impl Recording {
                     log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
                 }
                 waited = true;
+            }
+            if self.request.off_cpu.is_some() {
+                program.attach_off_cpu()?;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
             if let Some(owner) = owner {
