@@ -101,6 +101,9 @@ pub struct ProfileOptions {
     /// Python frames of a CPython caller: `auto` or `off` (as `bpfprof --python`); `None`
     /// leaves it to the daemon (auto).
     pub python: Option<String>,
+    /// What the profile measures: `cpu` or `wall` (CPU samples plus each thread's time off the
+    /// CPU, as `bpfprof --mode wall`); `None` leaves the daemon's default (`cpu`).
+    pub mode: Option<String>,
     /// Sampling period in event units (cycles, or ns for cpu-clock).
     pub sample_interval: i64,
     /// Samples per second; when set it is sent instead of `sample_interval`.
@@ -132,6 +135,7 @@ impl Default for ProfileOptions {
             event: None,
             unwind: None,
             python: None,
+            mode: None,
             sample_interval: 10_000_000,
             frequency: None,
             sample_tags: Vec::new(),
@@ -165,6 +169,9 @@ impl ProfileOptions {
             follow_children: self.follow_children,
             unwind: self.unwind.clone(),
             python: self.python.clone(),
+            mode: self.mode.clone(),
+            off_cpu: false,
+            off_cpu_min_ns: None,
         }
     }
 }

@@ -52,6 +52,9 @@ impl Request {
 /// The operations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+// One op is parsed per request and lives while it is answered: the run request's size does
+// not matter, and boxing it would change the API every client uses.
+#[allow(clippy::large_enum_variant)]
 pub enum Op {
     /// Start profiling a process.
     Run(RunRequest),
@@ -135,6 +138,15 @@ pub struct RunRequest {
     /// Python frames of CPython targets: `auto` or `off` (as `--python`); `None` is `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
+    /// What the profile measures: `cpu` or `wall` (as `--mode`); `None` is `cpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Also record where the target's threads block, and for how long (as `--off-cpu`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub off_cpu: bool,
+    /// Shortest time off the CPU recorded, in nanoseconds (as `--off-cpu-min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu_min_ns: Option<u64>,
 }
 
 /// A run's life-cycle state.

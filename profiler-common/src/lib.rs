@@ -23,6 +23,26 @@ pub const EXIT_PROGRAM_NAME: &str = "bpfprof_exit";
 /// [`Config::StopAtExec`] from sampling a process the moment it execs.
 pub const EXEC_PROGRAM_NAME: &str = "bpfprof_exec";
 
+/// Name of the `sched:sched_switch` tracepoint program that records off-CPU time (`--off-cpu`,
+/// `--mode wall`): attached only while a run asks for it.
+pub const OFF_CPU_PROGRAM_NAME: &str = "bpfprof_off_cpu";
+/// Byte offsets in the `sched_switch` record of `prev_state` (a `long`) and `next_pid` (an
+/// `int`), as every kernel since 4.x lays it out (the comms are inline 16-byte arrays); userspace
+/// checks them against the tracepoint's format before attaching.
+pub const SCHED_SWITCH_OFFSETS: (usize, usize) = (32, 56);
+/// Bits of the `sched_switch` record's `prev_state` (the kernel's `TASK_REPORT` encoding):
+/// interruptible sleep (`S`).
+pub const TASK_REPORT_SLEEPING: u64 = 0x1;
+/// See [`TASK_REPORT_SLEEPING`]: uninterruptible sleep (`D`, disk and other unkillable waits).
+pub const TASK_REPORT_DISK: u64 = 0x2;
+/// See [`TASK_REPORT_SLEEPING`]: set when the task was preempted while runnable (`R+`); a
+/// `prev_state` of 0 is a runnable task that yielded.
+pub const TASK_REPORT_PREEMPTED: u64 = 0x100;
+/// Threads that can be off the CPU at once with their switch-out remembered (64 bytes each,
+/// preallocated: 4 MiB): more than every thread of the largest target (a PyTorch dataloader
+/// pool has hundreds); a switch-out that finds the map full is counted, not recorded.
+pub const MAX_OFF_CPU_PENDING: u32 = 65536;
+
 /// How many distinct pid namespaces the kernel program can watch at once.
 pub const MAX_PID_NAMESPACES: u32 = 8;
 /// How many target processes, over all runs, the kernel program can watch at once.
@@ -117,11 +137,50 @@ pub enum Config {
     SystemCgroupId = 5,
     /// Depth of [`Config::SystemCgroupId`] below the root cgroup (the root is level 0).
     SystemCgroupLevel = 6,
+    /// Runs (bit `r` for slot `r`) that record off-CPU time: at a target thread's switch-out
+    /// its stacks and the time are remembered, and at its switch-in the time off the CPU is
+    /// added to those stacks. A run's bit is cleared before its samples are drained.
+    OffCpuRuns = 7,
+    /// Non-zero: a switch-out of a runnable thread (preempted, or yielding) counts as off-CPU
+    /// too ([`SampleKind::Preempted`]), so that CPU and off-CPU time add up to wall time
+    /// (`--mode wall`). Program-wide: runs that differ in it get different programs.
+    OffCpuPreempted = 8,
+    /// Shortest time off the CPU recorded, in nanoseconds (`--off-cpu-min`); shorter ones are
+    /// dropped at switch-in. Program-wide, as [`Config::OffCpuPreempted`].
+    OffCpuMinNs = 9,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 10;
+}
+
+/// What a sample map entry records: CPU samples or time off the CPU, by the thread's state
+/// when it left the CPU ([`SampleKey::kind`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SampleKind {
+    /// Samples of the sampling event: the thread was running.
+    Cpu = 0,
+    /// Off the CPU in an interruptible sleep (`S`: a futex, a pipe, a socket, a sleep).
+    Sleeping = 1,
+    /// Off the CPU in an uninterruptible sleep (`D`: disk I/O, some locks).
+    Disk = 2,
+    /// Off the CPU while runnable: preempted or yielding, waiting for a CPU (wall mode only).
+    Preempted = 3,
+}
+
+impl SampleKind {
+    /// The kind of a [`SampleKey::kind`] value; `None` for a value no kernel program writes.
+    pub const fn from_u32(v: u32) -> Option<SampleKind> {
+        match v {
+            0 => Some(SampleKind::Cpu),
+            1 => Some(SampleKind::Sleeping),
+            2 => Some(SampleKind::Disk),
+            3 => Some(SampleKind::Preempted),
+            _ => None,
+        }
+    }
 }
 
 /// Id of a stack in the stack map: a 64-bit hash of its frames, so the same stack always gets
@@ -157,6 +216,34 @@ pub struct SampleKey {
     /// The Python stack (frames encoded by [`PythonFrame`]), or 0 when the process is not a
     /// CPython the kernel walks or the thread runs no Python code.
     pub python_stack: StackId,
+    /// A [`SampleKind`] value: CPU samples, or off-CPU time in one thread state.
+    pub kind: u32,
+    /// Always zero; keeps the key free of padding.
+    pub reserved: u32,
+}
+
+/// Value of the sample map: how often the key was seen and, for off-CPU keys, the time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SampleValue {
+    /// CPU samples, or off-CPU intervals (switch-out to switch-in) recorded.
+    pub count: u64,
+    /// Nanoseconds off the CPU over those intervals; 0 for CPU samples, whose time userspace
+    /// derives from the sampling period.
+    pub off_cpu_ns: u64,
+}
+
+/// What the kernel remembers of a target thread between its switch-out and its switch-in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OffCpuPending {
+    /// The key the off-CPU time goes to: runs, thread, stacks at the switch-out, and state.
+    pub key: SampleKey,
+    /// `bpf_ktime_get_ns` at the switch-out.
+    pub since_ns: u64,
+    /// The [`Counter`]s of the user and kernel stacks that could not be read or stored at the
+    /// switch-out, or `u32::MAX`: counted at the switch-in, with the interval they belong to.
+    pub stack_losses: [u32; 2],
 }
 
 /// Per-run counters the kernel program keeps in a per-CPU array at `run * Counter::COUNT + counter`.
@@ -196,11 +283,18 @@ pub enum Counter {
     /// word above its stack pointer that returns, right after a call instruction, into code
     /// with CFI.
     ScannedFrames = 12,
+    /// Off-CPU intervals recorded (a target thread's switch-out to its switch-in, at least
+    /// [`Config::OffCpuMinNs`] long), each one entry in the sample map; their losses share the
+    /// counters above (a full sample or stack map).
+    OffCpuIntervals = 13,
+    /// Switch-outs of target threads not recorded because the pending map
+    /// ([`MAX_OFF_CPU_PENDING`]) was full: their time off the CPU is missing.
+    OffCpuPendingFull = 14,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 15;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -216,6 +310,8 @@ impl Counter {
         Counter::PythonStackMissing,
         Counter::CfiNotReady,
         Counter::ScannedFrames,
+        Counter::OffCpuIntervals,
+        Counter::OffCpuPendingFull,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -589,6 +685,8 @@ mod pod {
     unsafe impl aya::Pod for super::TargetKey {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::SampleKey {}
+    unsafe impl aya::Pod for super::SampleValue {}
+    unsafe impl aya::Pod for super::OffCpuPending {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

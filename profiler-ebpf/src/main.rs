@@ -22,13 +22,14 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS, INVOCATIONS_INDEX,
-    KERNEL_STACK_DEPTH, MAX_EXECED, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
-    MAX_SYSTEM_SEEN, MAX_TARGETS, NEW_PROCESS_RING_BYTES, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
-    WALKER_SLOT,
+    Config, Counter, PidNamespace, SampleKey, SampleKind, SampleValue, StackFrames, StackId,
+    TargetInfo, TargetKey, ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS,
+    INVOCATIONS_INDEX, KERNEL_STACK_DEPTH, MAX_EXECED, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS,
+    MAX_STACK_DEPTH, MAX_SYSTEM_SEEN, MAX_TARGETS, NEW_PROCESS_RING_BYTES, SAMPLE_MAP_ENTRIES,
+    STACK_MAP_ENTRIES, WALKER_SLOT,
 };
 
+mod off_cpu;
 mod python;
 mod unwind;
 
@@ -80,9 +81,10 @@ static STACKS: HashMap<StackId, StackFrames> = HashMap::with_max_entries(STACK_M
 #[map]
 static SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
-/// Sample counts by (run, thread, user stack, kernel stack).
+/// Sample counts (and off-CPU time) by (runs, thread, user stack, kernel stack, Python stack,
+/// kind).
 #[map]
-static SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(SAMPLE_MAP_ENTRIES, 0);
+static SAMPLES: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(SAMPLE_MAP_ENTRIES, 0);
 
 /// Per-run counters (`Counter`), per CPU so that no atomics are needed.
 #[map]
@@ -266,20 +268,20 @@ fn current_ns_task() -> Option<(PidNamespace, bpf_pidns_info)> {
 
 /// The current task as a target: the runs it belongs to and its ids in its pid namespace
 /// (the initial one for a system-wide run).
-struct CurrentTarget {
-    runs: u64,
+pub(crate) struct CurrentTarget {
+    pub(crate) runs: u64,
     follow: u64,
-    task: bpf_pidns_info,
+    pub(crate) task: bpf_pidns_info,
     /// Whether it is recorded by a system-wide run that leaves out kernel threads.
-    skip_kernel_threads: bool,
+    pub(crate) skip_kernel_threads: bool,
     /// Whether it is recorded by a system-wide run, which learns of processes from the kernel.
-    system: bool,
+    pub(crate) system: bool,
 }
 
 /// Returns the current task as a target, if its process is one or a followed child, or a
 /// system-wide run records it.
 #[inline(always)]
-fn current_target() -> Option<CurrentTarget> {
+pub(crate) fn current_target() -> Option<CurrentTarget> {
     let system = config(Config::SystemRuns);
     if system != 0 {
         // A program with a system-wide run has no other run.
@@ -325,7 +327,7 @@ fn system_target(runs: u64) -> Option<CurrentTarget> {
 /// process already reported. A report that does not fit the ring is forgotten, so that the
 /// process's next sample tries again.
 #[inline(always)]
-fn report_new_process(tgid: u32) {
+pub(crate) fn report_new_process(tgid: u32) {
     // SAFETY: only tested for presence.
     if unsafe { SYSTEM_SEEN.get(tgid) }.is_some() {
         return;
@@ -342,7 +344,7 @@ fn report_new_process(tgid: u32) {
 /// Whether the current task is a kernel thread: it has no user stack (the kernel gives no
 /// user frame to a task without user memory, while every user task has at least its pc).
 #[inline(always)]
-fn is_kernel_thread(ctx: &PerfEventContext) -> bool {
+pub(crate) fn is_kernel_thread(ctx: &impl EbpfContext) -> bool {
     let mut ip: u64 = 0;
     // SAFETY: `ip` is writable for the 8 bytes passed.
     let bytes = unsafe {
@@ -358,7 +360,7 @@ fn is_kernel_thread(ctx: &PerfEventContext) -> bool {
 
 /// An entry of the configuration array; 0 when unset.
 #[inline(always)]
-fn config(entry: Config) -> u64 {
+pub(crate) fn config(entry: Config) -> u64 {
     match CONFIG.get(entry as u32) {
         Some(v) => *v,
         None => 0,
@@ -446,10 +448,13 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
         user_stack: user_stack.unwrap_or(0),
         kernel_stack: kernel_stack.unwrap_or(0),
         python_stack,
+        kind: SampleKind::Cpu as u32,
+        reserved: 0,
     };
-    let map_full = !increment_sample(&key);
+    let map_full = !increment_sample(&key, 0);
     let counts = RunCounts {
         runs,
+        base: Counter::Samples as u32,
         extra: [
             user_stack.err().map_or(NO_COUNTER, |c| c as u32),
             kernel_stack.err().map_or(NO_COUNTER, |c| c as u32),
@@ -466,9 +471,16 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
             },
         ],
     };
+    count_runs(&counts);
+}
+
+/// Counts `counts.base` and the extra counters for every run of `counts.runs` (non-zero).
+#[inline(always)]
+pub(crate) fn count_runs(counts: &RunCounts) {
+    let runs = counts.runs;
     if runs & (runs - 1) == 0 {
         // One run, the common case: no loop at all.
-        count_run_counters(lowest_bit(runs), &counts);
+        count_run_counters(lowest_bit(runs), counts);
     } else {
         // Several runs watch this process. A bounded loop over every run slot would be
         // verified once per slot and per combination of the branches above (over a second
@@ -479,7 +491,7 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
             bpf_loop(
                 MAX_RUNS,
                 count_run as *mut _,
-                (&counts as *const RunCounts).cast_mut().cast(),
+                (counts as *const RunCounts).cast_mut().cast(),
                 0,
             )
         };
@@ -488,15 +500,18 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
 
 /// What to count for each run of a sample, shared with the `bpf_loop` callback.
 #[repr(C)]
-struct RunCounts {
-    runs: u64,
+pub(crate) struct RunCounts {
+    pub(crate) runs: u64,
+    /// The counter every recorded sample adds one to: [`Counter::Samples`], or
+    /// [`Counter::OffCpuIntervals`] for off-CPU time; [`NO_COUNTER`] for none.
+    pub(crate) base: u32,
     /// Counters to add one to besides `Samples` (a stack that could not be read or stored, a
     /// full sample map, a sample that wanted the walker before it was loaded), or
     /// [`NO_COUNTER`].
-    extra: [u32; 5],
+    pub(crate) extra: [u32; 5],
 }
 
-const NO_COUNTER: u32 = u32::MAX;
+pub(crate) const NO_COUNTER: u32 = u32::MAX;
 
 /// The `bpf_loop` callback: counts one sample for run `index` if the sample belongs to it.
 extern "C" fn count_run(index: u64, counts: *mut core::ffi::c_void) -> i64 {
@@ -517,7 +532,9 @@ fn count_run_counters(run: u32, counts: &RunCounts) {
     if run >= MAX_RUNS {
         return;
     }
-    count(run, Counter::Samples);
+    if counts.base < Counter::COUNT {
+        increment(run * Counter::COUNT + counts.base);
+    }
     for extra in counts.extra {
         if extra < Counter::COUNT {
             increment(run * Counter::COUNT + extra);
@@ -538,19 +555,24 @@ fn lowest_bit(v: u64) -> u32 {
     (c.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
 }
 
-/// Adds one to the count of `key`, inserting it if new; false when the map is full.
+/// Adds one to the count of `key` and `off_cpu_ns` to its time, inserting it if new; false
+/// when the map is full.
 #[inline(always)]
-fn increment_sample(key: &SampleKey) -> bool {
+pub(crate) fn increment_sample(key: &SampleKey, off_cpu_ns: u64) -> bool {
     if let Some(value) = SAMPLES.get_ptr_mut(key) {
-        atomic_add(value, 1);
+        add_sample(value, off_cpu_ns);
         return true;
     }
-    match SAMPLES.insert(key, 1, BPF_NOEXIST as u64) {
+    let first = SampleValue {
+        count: 1,
+        off_cpu_ns,
+    };
+    match SAMPLES.insert(key, first, BPF_NOEXIST as u64) {
         Ok(()) => true,
         // Another CPU inserted the same key between our lookup and insert.
         Err(e) if e == -EEXIST => {
             if let Some(value) = SAMPLES.get_ptr_mut(key) {
-                atomic_add(value, 1);
+                add_sample(value, off_cpu_ns);
             }
             true
         }
@@ -558,11 +580,22 @@ fn increment_sample(key: &SampleKey) -> bool {
     }
 }
 
+#[inline(always)]
+fn add_sample(value: *mut SampleValue, off_cpu_ns: u64) {
+    // SAFETY: a field of a map value that stays valid while the program runs.
+    unsafe {
+        atomic_add(core::ptr::addr_of_mut!((*value).count), 1);
+        if off_cpu_ns != 0 {
+            atomic_add(core::ptr::addr_of_mut!((*value).off_cpu_ns), off_cpu_ns);
+        }
+    }
+}
+
 /// Reads the current user or kernel stack (`flags`), stores it under its hash unless already
 /// there, and returns the hash; 0 for an empty stack (a kernel stack of a sample taken in user
 /// mode). A stack that could not be read or stored gives the counter that says why.
 #[inline(always)]
-fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
+pub(crate) fn store_stack(ctx: &impl EbpfContext, flags: u64) -> Result<StackId, Counter> {
     let user = flags & BPF_F_USER_STACK as u64 != 0;
     let (full, error) = if user {
         (Counter::UserStackMapFull, Counter::UserStackError)
@@ -572,7 +605,9 @@ fn store_stack(ctx: &PerfEventContext, flags: u64) -> Result<StackId, Counter> {
     let Some(frames) = SCRATCH.get_ptr_mut(0) else {
         return Err(error);
     };
-    // SAFETY: `frames` is this CPU's scratch slot and perf_event programs do not nest on a CPU.
+    // SAFETY: `frames` is this CPU's scratch slot; perf_event programs do not nest on a CPU,
+    // and the off-CPU program runs with interrupts off (in the scheduler), so no cpu-clock
+    // sample interrupts it. (A hardware PMU's NMI could: see `off_cpu`.)
     let frames = unsafe { &mut *frames };
     // The kernel's `perf_event_max_stack` bounds this helper anyway; asking for more than its
     // default would only cost time (and old kernels mishandle a buffer above the sysctl).
@@ -652,13 +687,17 @@ fn stack_hash(ips: &[u64; MAX_STACK_DEPTH], len: usize) -> StackId {
     }
 }
 
+/// Adds one to `counter` of `run`; nothing for a run out of range (the off-CPU program's walks
+/// pass [`MAX_RUNS`]: the unwinders' statistics describe samples).
 #[inline(always)]
 fn count(run: u32, counter: Counter) {
-    increment(counter.index(run));
+    if run < MAX_RUNS {
+        increment(counter.index(run));
+    }
 }
 
 #[inline(always)]
-fn increment(index: u32) {
+pub(crate) fn increment(index: u32) {
     if let Some(value) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
         unsafe { *value += 1 };

@@ -180,7 +180,7 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
 /// Adds `n` to `run`'s `counter`.
 #[inline(always)]
 fn add_count(run: u32, counter: Counter, n: u32) {
-    if n > 0 {
+    if n > 0 && run < profiler_common::MAX_RUNS {
         if let Some(value) = crate::COUNTERS.get_ptr_mut(counter.index(run)) {
             // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
             unsafe { *value += n as u64 };
@@ -197,6 +197,13 @@ pub fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
     if regs.cs & 3 == 3 {
         return Some((regs.rip, regs.rsp, regs.rbp));
     }
+    task_user_registers()
+}
+
+/// The current task's user registers as it last entered the kernel (`task_pt_regs`): where
+/// its user code is while the task runs kernel code, or sleeps in it.
+#[inline(always)]
+pub fn task_user_registers() -> Option<(u64, u64, u64)> {
     // SAFETY: the helper returns the current task; bpf_task_pt_regs its user registers.
     let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     if user.is_null() {

@@ -69,6 +69,81 @@ pub enum Rate {
     Frequency(u64),
 }
 
+/// Shortest time off the CPU recorded when a run names none (`--off-cpu-min`): 1 µs, bcc
+/// `offcputime`'s default. A shorter wait is no longer than the context switch that ends it
+/// (1-2 µs here): scheduling noise rather than a place where the program waits, and dropping
+/// it keeps the sample map's updates to waits that matter. Set it to 0 for a wall-clock
+/// profile whose threads' times add up to their wall time exactly.
+pub const DEFAULT_OFF_CPU_MIN: Duration = Duration::from_micros(1);
+
+/// What a recording measures besides CPU samples (`--off-cpu`, `--mode wall`): the kernel
+/// program adds each target thread's time off the CPU, under its stacks when it left, to the
+/// profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OffCpu {
+    /// Whether time a runnable thread spends waiting for a CPU (preempted or yielding) counts
+    /// too, so that each thread's CPU and off-CPU time add up to its wall time (`--mode wall`);
+    /// otherwise only blocking waits count (`--off-cpu`).
+    pub preempted: bool,
+    /// Shortest interval off the CPU recorded, in nanoseconds (`--off-cpu-min`).
+    pub min_ns: u64,
+}
+
+/// What a profile measures (`--mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// CPU samples alone.
+    #[default]
+    Cpu,
+    /// CPU samples and each target thread's time off the CPU, blocked or waiting for a CPU:
+    /// a thread's stacks add up to its wall time.
+    Wall,
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Mode::Cpu),
+            "wall" => Ok(Mode::Wall),
+            other => Err(Error::InvalidSampling(format!(
+                "unknown mode {other:?}: expected cpu or wall"
+            ))),
+        }
+    }
+}
+
+impl OffCpu {
+    /// The off-CPU settings of `--mode`, `--off-cpu` and `--off-cpu-min`: `None` for a CPU
+    /// profile. `--off-cpu` adds blocking waits to the CPU samples; `--mode wall` adds waits
+    /// for a CPU too. Saying both, or a minimum without either, is an error.
+    pub fn from_flags(mode: Mode, off_cpu: bool, min: Option<Duration>) -> Result<Option<OffCpu>> {
+        let preempted = match (mode, off_cpu) {
+            (Mode::Cpu, false) => {
+                if min.is_some() {
+                    return Err(Error::InvalidSampling(
+                        "--off-cpu-min applies to --off-cpu or --mode wall".into(),
+                    ));
+                }
+                return Ok(None);
+            }
+            (Mode::Cpu, true) => false,
+            (Mode::Wall, false) => true,
+            (Mode::Wall, true) => {
+                return Err(Error::InvalidSampling(
+                    "--mode wall records off-CPU time already: drop --off-cpu".into(),
+                ))
+            }
+        };
+        let min = min.unwrap_or(DEFAULT_OFF_CPU_MIN);
+        Ok(Some(OffCpu {
+            preempted,
+            min_ns: u64::try_from(min.as_nanos()).unwrap_or(u64::MAX),
+        }))
+    }
+}
+
 /// What the user asked for, before validation; signed so that negative input gets a clear error.
 /// Plain integers, so that identical requests compare equal and share one kernel program.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -84,6 +159,9 @@ pub struct SamplingRequest {
     pub frequency: Option<i64>,
     /// Keep the period fixed instead of re-randomizing it around its mean.
     pub fixed_interval: bool,
+    /// Off-CPU time recorded alongside the samples, if asked: runs that differ in it get
+    /// different kernel programs (the settings are the program's).
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// One event with its rate, ready to attach.
@@ -414,6 +492,36 @@ pub fn validate_max_stack_length(requested: i64) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_cpu_flags_become_one_setting_or_a_clear_error() {
+        let us = Duration::from_micros;
+        assert_eq!(OffCpu::from_flags(Mode::Cpu, false, None).unwrap(), None);
+        assert_eq!(
+            OffCpu::from_flags(Mode::Cpu, true, None).unwrap(),
+            Some(OffCpu {
+                preempted: false,
+                min_ns: 1_000
+            })
+        );
+        assert_eq!(
+            OffCpu::from_flags(Mode::Wall, false, Some(us(0))).unwrap(),
+            Some(OffCpu {
+                preempted: true,
+                min_ns: 0
+            })
+        );
+        for (mode, off_cpu, min, says) in [
+            (Mode::Wall, true, None, "drop --off-cpu"),
+            (Mode::Cpu, false, Some(us(5)), "--off-cpu-min applies"),
+        ] {
+            let err = OffCpu::from_flags(mode, off_cpu, min).unwrap_err();
+            assert!(matches!(err, Error::InvalidSampling(_)), "{err}");
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let err = "idle".parse::<Mode>().unwrap_err();
+        assert!(err.to_string().contains("cpu or wall"), "{err}");
+    }
 
     const LIMITS: KernelLimits = KernelLimits {
         max_sample_rate: 100_000,

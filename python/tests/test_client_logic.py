@@ -254,3 +254,20 @@ def test_async_functions_are_profiled_around_the_await(fake_daemon) -> None:
 
     with pytest.raises(TypeError, match="coroutine function"):
         FunctionProfiler(socket_path=daemon.path).profile(bare)
+
+
+def test_the_mode_is_sent_by_profilers_and_decorators(fake_daemon) -> None:
+    daemon = fake_daemon()
+    FunctionProfiler(mode="wall", socket_path=daemon.path).profile(lambda: None)
+
+    @bpfprof.profile(mode="wall", socket_path=daemon.path)
+    def work() -> int:
+        return 1
+
+    assert work() == 1
+    FunctionProfiler(socket_path=daemon.path).profile(lambda: None)
+    runs = [r for r in daemon.requests if r["op"] == "run"]
+    # "cpu", the daemon's default, is not sent.
+    assert [r.get("mode") for r in runs] == ["wall", "wall", None]
+    with pytest.raises(ValueError, match="expected cpu or wall"):
+        FunctionProfiler(mode="idle")

@@ -106,3 +106,46 @@ def test_python_frames_off_leaves_the_interpreter_frames(real_daemon) -> None:
     # Without the daemon's Python walk the function is CPython's evaluation loop, unnamed.
     assert "python_busy_loop" not in folded, folded[:2000]
     assert "_PyEval_EvalFrameDefault" in folded, folded[:2000]
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _nap(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def half_asleep(seconds: float) -> None:
+    # 10 ms rounds: half spinning, half asleep, by this thread's own clock.
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _spin(0.005)
+        _nap(0.005)
+
+
+def test_wall_mode_shows_half_of_a_half_asleep_function_off_the_cpu(real_daemon) -> None:
+    profiler = FunctionProfiler(
+        stop_at_error=True, mode="wall", formats=["folded", "summary-json"], socket_path=real_daemon
+    )
+    started = time.monotonic()
+    profiler.profile(half_asleep, 2.0)
+    took = time.monotonic() - started
+    result = profiler.profile_result
+    assert result is not None and result["summary"]["off_cpu"]["mode"] == "wall", result
+    # The folded stacks weigh nanoseconds in wall mode: the function's time asleep against its
+    # whole time (spinning, waiting for a CPU, asleep) adds up to its wall time.
+    weights = {"half_asleep": 0, "_nap": 0}
+    with open(result["files"]["folded"]) as folded:
+        for line in folded:
+            stack, weight = line.rsplit(" ", 1)
+            frames = [f.split(" (")[0] for f in stack.split(";")]
+            for name in weights:
+                if name in frames:
+                    weights[name] += int(weight)
+    whole, asleep = weights["half_asleep"] / 1e9, weights["_nap"] / 1e9
+    assert 0.9 * 2.0 <= whole <= took, (whole, took)
+    # Asleep half the time, give or take the sleeps' late wakeups and the spins' preemptions.
+    assert 0.4 <= asleep / whole <= 0.6, (asleep, whole)

@@ -104,6 +104,7 @@ pub fn bpfprof_bin() -> &'static Path {
 pub fn workload_path(name: &str) -> PathBuf {
     let path = match name {
         "hotcold" => env!("WORKLOAD_HOTCOLD"),
+        "offcpu" => env!("WORKLOAD_OFFCPU"),
         "spinner" => env!("WORKLOAD_SPINNER"),
         "syscalls" => env!("WORKLOAD_SYSCALLS"),
         "multithread" => env!("WORKLOAD_MULTITHREAD"),

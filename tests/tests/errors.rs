@@ -73,6 +73,22 @@ fn pid_not_a_number() {
 }
 
 #[test]
+fn off_cpu_settings_that_contradict_are_invalid_sampling() {
+    if !require_root() {
+        return;
+    }
+    for (args, says) in [
+        (&["--mode", "idle"][..], "cpu or wall"),
+        (&["--mode", "wall", "--off-cpu"][..], "--off-cpu"),
+        (&["--off-cpu-min", "5us"][..], "--off-cpu-min"),
+    ] {
+        let run = run_on_self(args);
+        run.assert_code(exit::INVALID_SAMPLING);
+        run.assert_stderr_mentions(&[says]);
+    }
+}
+
+#[test]
 fn frequency_zero() {
     if !require_root() {
         return;

@@ -324,6 +324,17 @@ pub struct RunArgs {
     /// Python frames of a CPython target: auto or off (the daemon's default is auto).
     #[arg(long, value_enum)]
     pub python: Option<crate::python::stacks::PythonMode>,
+    /// What the profile measures: cpu or wall (CPU samples plus each thread's time off the
+    /// CPU; as the recording's --mode).
+    #[arg(long, value_name = "cpu|wall")]
+    pub mode: Option<String>,
+    /// Also record where the process's threads block, and for how long (as the recording's
+    /// --off-cpu).
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Shortest time off the CPU recorded (default 1us).
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub off_cpu_min: Option<Duration>,
     /// How to reach the daemon.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -370,6 +381,23 @@ pub struct RecordArgs {
     /// mean (±50%) every few milliseconds, so periodic workloads cannot alias with it.
     #[arg(long)]
     pub fixed_interval: bool,
+
+    /// What the profile measures: cpu (CPU samples) or wall (CPU samples plus each thread's
+    /// time off the CPU, blocked or waiting for a CPU, so that a function that waits 30% of a
+    /// thread's time shows 30%). With off-CPU time every format weighs stacks in nanoseconds.
+    #[arg(long, default_value = "cpu", value_name = "cpu|wall")]
+    pub mode: String,
+
+    /// Also record where target threads block (sleeps, locks, pipes, disk) and for how long,
+    /// alongside the CPU samples: off-CPU stacks end in `[off-cpu: sleeping]` or
+    /// `[off-cpu: disk]` below the kernel frames of the wait.
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Shortest time off the CPU recorded (default 1us, as bcc's offcputime; 0 keeps every
+    /// switch).
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub off_cpu_min: Option<Duration>,
 
     /// Where to write the profile; repeatable. The format comes from the extension (.svg,
     /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json), else from --format.

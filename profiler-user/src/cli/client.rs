@@ -51,6 +51,11 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
                 follow_children: args.follow_children,
                 unwind: args.unwind.map(|m| m.name().to_string()),
                 python: args.python.map(|m| m.name().to_string()),
+                mode: args.mode.clone(),
+                off_cpu: args.off_cpu,
+                off_cpu_min_ns: args
+                    .off_cpu_min
+                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             };
             let started = client.run(request).map_err(Error::from)?;
             if args.run_async {

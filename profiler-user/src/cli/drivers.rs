@@ -22,7 +22,7 @@ use crate::{
     protocol,
     recording::aggregate::pstats_view,
     recording::request::{split_tag, RecordingRequest, Scope, SystemScope, TagsAndStacks, Walks},
-    sampling::{EventChoice, IntervalArg, SamplingRequest},
+    sampling::{EventChoice, IntervalArg, Mode, OffCpu, SamplingRequest},
     symbolize::SymbolizerThread,
 };
 
@@ -193,6 +193,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         },
         frequency: cli.frequency,
         fixed_interval: cli.fixed_interval,
+        off_cpu: OffCpu::from_flags(cli.mode.parse::<Mode>()?, cli.off_cpu, cli.off_cpu_min)?,
     };
     let specs = cli
         .pids

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use profiler_common::{StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
+use profiler_common::{SampleKind, StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
 use crate::{error::Result, kernel::KernelProgram, profile::sample::Sample};
 
@@ -15,7 +15,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     let counts = program.take_samples(run);
     let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
     let mut out = Vec::with_capacity(counts.len());
-    for (key, count) in counts {
+    for (key, value) in counts {
         let user_frames = stack(program, &mut stacks, key.user_stack)?;
         let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
         let python_frames = stack(program, &mut stacks, key.python_stack)?;
@@ -28,7 +28,9 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
             user_frames,
             kernel_frames,
             python_frames,
-            count,
+            count: value.count,
+            kind: SampleKind::from_u32(key.kind).unwrap_or(SampleKind::Cpu),
+            off_cpu_ns: value.off_cpu_ns,
         });
     }
     Ok(out)

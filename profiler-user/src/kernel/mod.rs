@@ -19,17 +19,18 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use profiler_common::{
-    Config, Counter, PidNamespace, SampleKey, StackFrames, StackId, TargetInfo, TargetKey,
-    ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME, EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS,
-    FORK_PROGRAM_NAMES, INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH,
-    PROGRAM_NAME, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
+    Config, Counter, OffCpuPending, PidNamespace, SampleKey, SampleValue, StackFrames, StackId,
+    TargetInfo, TargetKey, ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME, EXIT_PROGRAM_NAME,
+    FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES, INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS,
+    MAX_STACK_DEPTH, OFF_CPU_PROGRAM_NAME, PROGRAM_NAME, SAMPLE_MAP_ENTRIES, SCHED_SWITCH_OFFSETS,
+    STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
 };
 
 use crate::{
     error::{Error, Result},
     kernel::perf_events::{is_missing_event, AttachedEvents, AttachedTracepoint},
     process::target::Target,
-    sampling::{Sampling, SamplingPlan},
+    sampling::{OffCpu, Sampling, SamplingPlan},
 };
 
 /// The most addresses kept for [`KernelProgram::take_fresh_frames`] between two takes: a
@@ -68,9 +69,12 @@ enum Walker {
 /// it filled (kept open: the kernel empties a program array when its last user fd closes) and
 /// how long verification took, or why it failed.
 struct WalkerLoaded {
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     _walkers: Option<ProgramArray<MapData>>,
     outcome: std::result::Result<std::time::Duration, String>,
+    /// The off-CPU program, when a run asked for it while the thread held the object: its
+    /// fd, or why it did not load.
+    off_cpu: Option<std::result::Result<ProgramFd, String>>,
 }
 
 /// The loaded kernel program and its maps.
@@ -108,10 +112,20 @@ pub struct KernelProgram {
     config: Array<MapData, u64>,
     /// Runs that follow their targets' children.
     following_runs: u64,
-    samples: HashMap<MapData, SampleKey, u64>,
+    samples: HashMap<MapData, SampleKey, SampleValue>,
     /// Sample counts moved out of the kernel map, split per run (the key's `runs` holds the
     /// one run's bit), added up.
-    offloaded_samples: StdHashMap<SampleKey, u64>,
+    offloaded_samples: StdHashMap<SampleKey, SampleValue>,
+    /// The off-CPU program (`sched:sched_switch`): verified when a run first asks for off-CPU
+    /// time (after the walker, whose walks it repeats), attached while any run records it.
+    off_cpu_fd: Option<ProgramFd>,
+    /// Why the off-CPU program did not load, once it was tried.
+    off_cpu_error: Option<String>,
+    off_cpu_tracepoint: Option<AttachedTracepoint>,
+    /// Runs that record off-CPU time ([`Config::OffCpuRuns`]).
+    off_cpu_runs: u64,
+    /// Target threads off the CPU since their switch-out, by global tid.
+    off_cpu_pending: HashMap<MapData, u32, OffCpuPending>,
     /// The program-wide sample count when sample counts were last moved.
     samples_at_last_move: u64,
     stacks: HashMap<MapData, StackId, StackFrames>,
@@ -209,6 +223,7 @@ impl KernelProgram {
         let new_processes =
             aya::maps::RingBuf::try_from(take("NEW_PROCESSES")?).map_err(kernel_err)?;
         let system_seen = HashMap::try_from(take("SYSTEM_SEEN")?).map_err(kernel_err)?;
+        let off_cpu_pending = HashMap::try_from(take("OFF_CPU_PENDING")?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
@@ -244,6 +259,11 @@ impl KernelProgram {
             config,
             following_runs: 0,
             samples,
+            off_cpu_fd: None,
+            off_cpu_error: None,
+            off_cpu_tracepoint: None,
+            off_cpu_runs: 0,
+            off_cpu_pending,
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),
@@ -303,6 +323,12 @@ impl KernelProgram {
                         "the CFI and Python walker did not load ({e}): user stacks use frame \
                          pointers and Python frames are not read"
                     ),
+                }
+                let mut loaded = loaded;
+                match loaded.off_cpu.take() {
+                    Some(Ok(fd)) => self.off_cpu_fd = Some(fd),
+                    Some(Err(e)) => self.off_cpu_error = Some(e),
+                    None => {}
                 }
                 self.walker = Walker::Done(Box::new(loaded));
             }
@@ -401,6 +427,7 @@ impl KernelProgram {
             .tracepoints
             .drain(..)
             .chain(self.exec_tracepoint.take())
+            .chain(self.off_cpu_tracepoint.take())
             .map(|tp| std::thread::spawn(move || drop(tp)))
             .collect();
         for thread in closing {
@@ -663,6 +690,106 @@ impl KernelProgram {
         let _ = self.write_following();
     }
 
+    /// Makes `run` record its targets' time off the CPU as `off_cpu` says (the settings are
+    /// the program's: the pool gives runs that differ in them different programs), from when
+    /// [`Self::attach_off_cpu`] attaches the program. Quick: the first time, the off-CPU program
+    /// (which repeats the walker's walks) is verified on the walker's thread, after the walker,
+    /// so that [`Self::walker_pending`] holds until both are done.
+    pub fn record_off_cpu(&mut self, run: u32, off_cpu: OffCpu) -> Result<()> {
+        if run >= MAX_RUNS {
+            return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        check_sched_switch_format()?;
+        for (entry, value) in [
+            (Config::OffCpuPreempted, u64::from(off_cpu.preempted)),
+            (Config::OffCpuMinNs, off_cpu.min_ns),
+        ] {
+            self.config
+                .set(entry as u32, value, 0)
+                .map_err(kernel_err)?;
+        }
+        let verifying =
+            self.off_cpu_fd.is_some() || self.off_cpu_error.is_some() || self.off_cpu_runs != 0;
+        self.off_cpu_runs |= 1 << run;
+        self.config
+            .set(Config::OffCpuRuns as u32, self.off_cpu_runs, 0)
+            .map_err(kernel_err)?;
+        if !verifying {
+            let previous = std::mem::replace(&mut self.walker, Walker::Joining);
+            self.walker = Walker::Loading(std::thread::spawn(move || {
+                let mut loaded = match previous {
+                    Walker::Loading(handle) => match handle.join() {
+                        Ok(loaded) => loaded,
+                        // The thread panicked with the object: nothing can be loaded.
+                        Err(payload) => std::panic::resume_unwind(payload),
+                    },
+                    Walker::Done(loaded) => *loaded,
+                    Walker::Joining => unreachable!("the walker is never left joining"),
+                };
+                loaded.off_cpu = Some(verify_off_cpu(&mut loaded.ebpf));
+                loaded
+            }));
+        }
+        Ok(())
+    }
+
+    /// Attaches the off-CPU program once verified (waiting for that), for the runs
+    /// [`Self::record_off_cpu`] set up; a no-op when attached.
+    pub fn attach_off_cpu(&mut self) -> Result<()> {
+        if self.off_cpu_tracepoint.is_some() || self.off_cpu_runs == 0 {
+            return Ok(());
+        }
+        self.join_walker();
+        let Some(fd) = self.off_cpu_fd.as_ref() else {
+            let why = self
+                .off_cpu_error
+                .clone()
+                .unwrap_or_else(|| "the walker thread did not finish".into());
+            return Err(Error::Kernel(anyhow!(
+                "the off-CPU program did not load: {why}"
+            )));
+        };
+        let tracefs = ensure_tracefs()?;
+        let tp =
+            AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd.as_fd().as_raw_fd())
+                .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
+        self.off_cpu_tracepoint = Some(tp);
+        Ok(())
+    }
+
+    /// Stops recording off-CPU time for `run` (a no-op for a run that did not): threads still
+    /// off the CPU add nothing to it when they return, and their pending entries forget it.
+    /// Call before draining the run's samples.
+    pub fn end_off_cpu(&mut self, run: u32) {
+        if self.off_cpu_runs & (1 << run) == 0 {
+            return;
+        }
+        self.off_cpu_runs &= !(1 << run);
+        let _ = self
+            .config
+            .set(Config::OffCpuRuns as u32, self.off_cpu_runs, 0);
+        if self.off_cpu_runs == 0 {
+            // Nothing stays attached to every context switch of the machine once no run asks.
+            // Closing the tracepoint waits for an RCU grace period (~80 ms): not here.
+            if let Some(tp) = self.off_cpu_tracepoint.take() {
+                std::thread::spawn(move || drop(tp));
+            }
+        }
+        let entries: Vec<(u32, OffCpuPending)> =
+            self.off_cpu_pending.iter().filter_map(|e| e.ok()).collect();
+        for (tid, mut pending) in entries {
+            if pending.key.runs & (1 << run) == 0 {
+                continue;
+            }
+            pending.key.runs &= !(1 << run);
+            let _ = if pending.key.runs == 0 {
+                self.off_cpu_pending.remove(&tid)
+            } else {
+                self.off_cpu_pending.insert(tid, pending, 0)
+            };
+        }
+    }
+
     /// Makes `run` record every task on the machine (see [`Config::SystemRuns`]) but
     /// bpfprof's own process, kernel threads only when `kernel_threads`, and with `cgroup`
     /// (its id and depth) only the tasks in that cgroup v2 or below it. The program must have
@@ -805,7 +932,7 @@ impl KernelProgram {
             .collect();
         let mut moved = 0;
         for key in keys {
-            if let Ok(count) = self.samples.get(&key, 0) {
+            if let Ok(value) = self.samples.get(&key, 0) {
                 let _ = self.samples.remove(&key);
                 for run in 0..MAX_RUNS {
                     if key.runs & (1 << run) != 0 {
@@ -813,7 +940,9 @@ impl KernelProgram {
                             runs: 1 << run,
                             ..key
                         };
-                        *self.offloaded_samples.entry(per_run).or_default() += count;
+                        let moved = self.offloaded_samples.entry(per_run).or_default();
+                        moved.count += value.count;
+                        moved.off_cpu_ns += value.off_cpu_ns;
                     }
                 }
                 moved += 1;
@@ -825,7 +954,7 @@ impl KernelProgram {
     /// Takes every sample count of `run`, from the kernel map and from userspace, so that the
     /// run's slot can be reused. Call after [`Self::detach`] or [`Self::remove_target`] for a
     /// complete count.
-    pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, u64)> {
+    pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, SampleValue)> {
         let bit = 1u64 << run;
         self.move_sample_counts(|key| key.runs & bit != 0);
         let mut counts = Vec::new();
@@ -974,11 +1103,30 @@ fn start_walker(
         })();
         let took = started.elapsed();
         WalkerLoaded {
-            _ebpf: ebpf,
+            ebpf,
             _walkers: outcome.is_ok().then_some(walkers),
             outcome: outcome.map(|()| took),
+            off_cpu: None,
         }
     })
+}
+
+/// Verifies the off-CPU program of `ebpf`: its fd, or why the kernel refused it.
+fn verify_off_cpu(ebpf: &mut Ebpf) -> std::result::Result<ProgramFd, String> {
+    let started = std::time::Instant::now();
+    let tp: &mut TracePoint = ebpf
+        .program_mut(OFF_CPU_PROGRAM_NAME)
+        .ok_or_else(|| format!("the eBPF object has no {OFF_CPU_PROGRAM_NAME}"))?
+        .try_into()
+        .map_err(|e: ProgramError| e.to_string())?;
+    tp.load()
+        .map_err(|e| load_error(e, "the off-CPU program").to_string())?;
+    let fd = clone_fd(tp.fd()).map_err(|e| e.to_string())?;
+    log::info!(
+        "off-CPU program verified in {} ms",
+        started.elapsed().as_millis()
+    );
+    Ok(fd)
 }
 
 /// A program that failed to load, as the error a person can act on: permission, a helper this
@@ -1030,6 +1178,32 @@ fn fork_child_pid_offset() -> Result<u64> {
         .and_then(|rest| rest.split(';').next())
         .and_then(|n| n.trim().parse().ok())
         .ok_or_else(|| Error::Kernel(anyhow!("no child_pid field in {}", path.display())))
+}
+
+/// Checks that this kernel's `sched_switch` record has `prev_state` and `next_pid` where the
+/// off-CPU program reads them ([`SCHED_SWITCH_OFFSETS`]).
+fn check_sched_switch_format() -> Result<()> {
+    let tracefs = ensure_tracefs()?;
+    let path = tracefs.join("events/sched/sched_switch/format");
+    let format = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {}", path.display()))
+        .map_err(Error::Kernel)?;
+    let offset = |field: &str| -> Option<usize> {
+        format
+            .lines()
+            .find(|l| l.contains(&format!(" {field};")))
+            .and_then(|l| l.split("offset:").nth(1))
+            .and_then(|rest| rest.split(';').next())
+            .and_then(|n| n.trim().parse().ok())
+    };
+    let found = (offset("prev_state"), offset("next_pid"));
+    if found != (Some(SCHED_SWITCH_OFFSETS.0), Some(SCHED_SWITCH_OFFSETS.1)) {
+        return Err(Error::EventUnsupported(format!(
+            "cannot record off-CPU time on this kernel: its sched_switch record has prev_state \
+             and next_pid at {found:?}, a layout bpfprof does not know"
+        )));
+    }
+    Ok(())
 }
 
 /// The tracefs mount, mounting it at /sys/kernel/tracing when no one has (as perf needs too).

@@ -292,6 +292,7 @@ pub(crate) mod fixture {
         profile.stacks.push(crate::profile::StackCount {
             frames: vec![0, 1, 2, 3, id],
             count: 5,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         });
         profile
@@ -330,26 +331,31 @@ pub(crate) mod fixture {
             StackCount {
                 frames: vec![0, 1, 2, 3, 4],
                 count: 60,
+                off_cpu_ns: 0,
                 addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 5, 6],
                 count: 20,
+                off_cpu_ns: 0,
                 addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 7, 7, 4],
                 count: 10,
+                off_cpu_ns: 0,
                 addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 2, 3, 8, 9],
                 count: 8,
+                off_cpu_ns: 0,
                 addresses: Vec::new(),
             },
             StackCount {
                 frames: vec![0, 1, 10, 11],
                 count: 2,
+                off_cpu_ns: 0,
                 addresses: Vec::new(),
             },
         ];
@@ -382,6 +388,7 @@ pub(crate) mod fixture {
                 throttled: None,
                 unwound: Default::default(),
                 untabled: Vec::new(),
+                off_cpu: None,
                 limits_hit: Vec::new(),
             },
             frames,

@@ -53,7 +53,16 @@ const FALLBACK_SAMPLE_SECS: f64 = 1.0 / 1000.0;
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let dt = sample_secs(profile);
     let functions = function_stats(profile);
-    let time = |samples: u64| samples as f64 * dt;
+    // Samples times the period; with off-CPU time, the stacks' own nanoseconds (CPU and
+    // waiting alike), so that a function that waits shows its wait as time.
+    let off_cpu = profile.meta.off_cpu.is_some();
+    let time = |samples: u64, ns: u64| {
+        if off_cpu {
+            ns as f64 * 1e-9
+        } else {
+            samples as f64 * dt
+        }
+    };
     marshal::dict_start(w)?;
     if functions.is_empty() {
         // pstats refuses an empty table; one zero entry says what happened instead.
@@ -71,16 +80,16 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         marshal::tuple(w, 5)?;
         marshal::int(w, f.counts.stacks)?;
         marshal::int(w, f.counts.appearances)?;
-        marshal::float(w, time(f.counts.leaf))?;
-        marshal::float(w, time(f.counts.stacks))?;
+        marshal::float(w, time(f.counts.leaf, f.counts.leaf_ns))?;
+        marshal::float(w, time(f.counts.stacks, f.counts.stacks_ns))?;
         marshal::dict_start(w)?;
         for (&caller, edge) in &f.callers {
             write_key(w, &functions[caller].key)?;
             marshal::tuple(w, 4)?;
             marshal::int(w, edge.appearances)?;
             marshal::int(w, edge.stacks)?;
-            marshal::float(w, time(edge.leaf))?;
-            marshal::float(w, time(edge.stacks))?;
+            marshal::float(w, time(edge.leaf, edge.leaf_ns))?;
+            marshal::float(w, time(edge.stacks, edge.stacks_ns))?;
         }
         marshal::dict_end(w)?;
     }
@@ -108,6 +117,10 @@ struct Counts {
     stacks: u64,
     /// Samples with it at the leaf (pstats `tt` in samples).
     leaf: u64,
+    /// Nanoseconds of the stacks counted in `stacks` (a profile with off-CPU time only).
+    stacks_ns: u64,
+    /// Nanoseconds of the stacks counted in `leaf` (a profile with off-CPU time only).
+    leaf_ns: u64,
 }
 
 #[derive(Debug)]
@@ -148,6 +161,11 @@ fn function_stats(profile: &Profile) -> Vec<FunctionStats> {
             ids.push(id);
         }
         let n = stack.count;
+        let ns = if profile.meta.off_cpu.is_some() {
+            profile.stack_nanos(stack)
+        } else {
+            0
+        };
         let Some(&leaf) = ids.last() else { continue };
         for &id in &ids {
             let counts = &mut functions[id].counts;
@@ -155,9 +173,11 @@ fn function_stats(profile: &Profile) -> Vec<FunctionStats> {
             if counted_in[id] != stack_no {
                 counted_in[id] = stack_no;
                 counts.stacks += n;
+                counts.stacks_ns += ns;
             }
         }
         functions[leaf].counts.leaf += n;
+        functions[leaf].counts.leaf_ns += ns;
         pairs_seen.clear();
         for pair in ids.windows(2) {
             let (caller, callee) = (pair[0], pair[1]);
@@ -165,10 +185,13 @@ fn function_stats(profile: &Profile) -> Vec<FunctionStats> {
             edge.appearances += n;
             if pairs_seen.insert((caller, callee)) {
                 edge.stacks += n;
+                edge.stacks_ns += ns;
             }
         }
         if let [.., caller, callee] = ids[..] {
-            functions[callee].callers.entry(caller).or_default().leaf += n;
+            let edge = functions[callee].callers.entry(caller).or_default();
+            edge.leaf += n;
+            edge.leaf_ns += ns;
         }
     }
     functions
@@ -377,6 +400,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
             appearances,
             stacks,
             leaf,
+            ..Counts::default()
         };
         // Tags stay out of the call tree: the process is the root.
         assert!(functions.iter().all(|f| f.key.2 != "[phase=train]"));
@@ -494,6 +518,7 @@ print(json.dumps({"funcs": funcs, "total_tt": s.total_tt, "total_calls": s.total
         profile.stacks = vec![StackCount {
             frames: vec![0, 1, 2, 3, 5, 3, 5],
             count: 5,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         }];
         let file = TempFile::new("mutual", &{

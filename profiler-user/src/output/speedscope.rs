@@ -104,8 +104,6 @@ impl Group {
 /// Writes `profile` as a speedscope JSON file.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let labels: Vec<String> = profile.frames.iter().map(ProfileFrame::label).collect();
-    let sample_nanos = profile.meta.sample_nanos();
-
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<(Option<FrameId>, Option<FrameId>), usize> = HashMap::new();
     for stack in &profile.stacks {
@@ -115,7 +113,9 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
                 ProfileFrame::Process { .. } => process = Some(id),
                 ProfileFrame::Thread { .. } => thread = Some(id),
                 ProfileFrame::Tag(_) => tags.push(id),
-                ProfileFrame::Code(_) | ProfileFrame::Truncated => code.push(id),
+                ProfileFrame::Code(_) | ProfileFrame::Truncated | ProfileFrame::OffCpu(_) => {
+                    code.push(id)
+                }
             }
         }
         let index = *group_of.entry((process, thread)).or_insert_with(|| {
@@ -132,7 +132,8 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
                 group.tags.push(tag);
             }
         }
-        group.stacks.push((code, stack.count));
+        // Nanoseconds: CPU samples times the period, off-CPU stacks their time.
+        group.stacks.push((code, profile.stack_nanos(stack)));
     }
     // Speedscope opens the first profile: make it the busiest.
     groups.sort_by_cached_key(|g| (std::cmp::Reverse(g.total()), g.name(&labels)));
@@ -167,9 +168,6 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
                 .collect();
             samples.push(sample);
             weights.push(*count);
-        }
-        for weight in &mut weights {
-            *weight = weight.saturating_mul(sample_nanos);
         }
         profiles.push(SampledProfile {
             kind: "sampled",
@@ -512,6 +510,7 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
         profile.stacks.push(StackCount {
             frames: vec![db, 2],
             count: 5,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         });
 

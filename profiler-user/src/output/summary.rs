@@ -42,7 +42,26 @@ struct Summary<'a> {
     max_stack_length: usize,
     cost: &'a RunCost,
     bpf_ns_per_run: Option<f64>,
+    /// Time totals, where the run recorded off-CPU time.
+    off_cpu: Option<OffCpuTotals>,
     top_self: Vec<TopEntry>,
+}
+
+/// A profile's CPU and off-CPU time, in nanoseconds.
+#[derive(Serialize)]
+struct OffCpuTotals {
+    /// `off-cpu` (blocking waits) or `wall` (waits for a CPU too).
+    mode: &'static str,
+    /// Shortest interval off the CPU recorded.
+    min_ns: u64,
+    /// CPU samples times the sampling period.
+    cpu_ns: u64,
+    /// Time off the CPU, all states.
+    off_cpu_ns: u64,
+    /// Time off the CPU by state (`sleeping`, `disk`, `preempted`).
+    off_cpu_ns_by_state: std::collections::BTreeMap<&'static str, u64>,
+    /// Intervals off the CPU recorded.
+    off_cpu_intervals: u64,
 }
 
 #[derive(Serialize)]
@@ -99,6 +118,26 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         max_stack_length: meta.max_stack_length,
         cost: &meta.cost,
         bpf_ns_per_run: meta.cost.bpf_ns_per_run(),
+        off_cpu: meta.off_cpu.map(|settings| {
+            let (cpu_ns, by_state) = profile.time_totals();
+            OffCpuTotals {
+                mode: if settings.preempted {
+                    "wall"
+                } else {
+                    "off-cpu"
+                },
+                min_ns: settings.min_ns,
+                cpu_ns,
+                off_cpu_ns: by_state.values().sum(),
+                off_cpu_ns_by_state: by_state.iter().map(|(s, ns)| (s.name(), *ns)).collect(),
+                off_cpu_intervals: profile
+                    .stacks
+                    .iter()
+                    .filter(|s| profile.off_cpu_state(s).is_some())
+                    .map(|s| s.count)
+                    .sum(),
+            }
+        }),
         top_self: function_shares(profile)
             .into_iter()
             .take(20)

@@ -6,9 +6,22 @@ use std::{
     time::Duration,
 };
 
-use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
+use inferno::flamegraph::{
+    self,
+    color::{Color, MultiPalette, PaletteMap},
+    Options, Palette,
+};
 
 use crate::profile::{Profile, ProfileMeta, RunEnd};
+
+/// The colour of the frames where threads wait off the CPU (the `[off-cpu: STATE]` leaves and
+/// the kernel functions found only in off-CPU stacks below the code that waited): a blue, apart
+/// from the red, orange and yellow of code on the CPU.
+const OFF_CPU_COLOR: Color = Color {
+    r: 90,
+    g: 140,
+    b: 230,
+};
 
 /// Width of the image in pixels, inferno's default, also used for the empty-profile image.
 const IMAGE_WIDTH: usize = 1200;
@@ -65,7 +78,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let subtitle = xml_safe(&subtitle(profile));
     // inferno refuses input without counts (and emits an "ERROR" image first), so an empty
     // run gets its own small image that still says what was profiled.
-    if profile.total_samples() == 0 {
+    if profile.total_weight() == 0 {
         return write_empty(&title, &subtitle, w);
     }
 
@@ -80,7 +93,8 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     debug_assert_eq!(options.font_size, FONT_SIZE);
     options.title = title;
     options.subtitle = Some(subtitle);
-    options.count_name = "samples".to_string();
+    // Nanoseconds in a profile with off-CPU time (the folded lines' unit).
+    options.count_name = profile.weight_unit().to_string();
     // The Perl palette colors `_[k]` frames orange, C++/Rust (`::`) frames yellow and other
     // code red, without the Java palette's guesses (capitalised or dotted names as Java).
     options.colors = Palette::Multi(MultiPalette::Perl);
@@ -88,10 +102,44 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     // renders to the same bytes, and a function keeps its color across flame graphs.
     options.deterministic = true;
     options.image_width = Some(IMAGE_WIDTH);
+    let mut off_cpu_colors = off_cpu_palette(profile);
+    if let Some(map) = off_cpu_colors.as_mut() {
+        options.palette_map = Some(map);
+    }
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)?;
     let svg = String::from_utf8(svg).map_err(io::Error::other)?;
     w.write_all(label_root(&svg, &xml_safe(&root_label(profile))).as_bytes())
+}
+
+/// Colours for the frames of the waits in a profile with off-CPU time (inferno colours by
+/// name: a function seen on the CPU too keeps its usual colour); `None` for a CPU profile.
+fn off_cpu_palette(profile: &Profile) -> Option<PaletteMap> {
+    profile.meta.off_cpu?;
+    let labels = super::folded::frame_labels(profile);
+    let mut waiting = std::collections::BTreeSet::new();
+    let mut running = std::collections::HashSet::new();
+    for stack in &profile.stacks {
+        if profile.off_cpu_state(stack).is_some() {
+            // The wait: from the last frame of user code (or the root) to the leaf.
+            let start = stack
+                .frames
+                .iter()
+                .rposition(|&id| {
+                    matches!(&profile.frames[id], crate::profile::ProfileFrame::Code(_))
+                        && !profile.frames[id].is_kernel()
+                })
+                .map_or(0, |i| i + 1);
+            waiting.extend(stack.frames[start..].iter().map(|&id| &labels[id]));
+        } else {
+            running.extend(stack.frames.iter().map(|&id| &labels[id]));
+        }
+    }
+    let mut map = PaletteMap::default();
+    for label in waiting.into_iter().filter(|l| !running.contains(l)) {
+        map.insert(xml_safe(label), OFF_CPU_COLOR);
+    }
+    Some(map)
 }
 
 /// What the root bar says: all samples, with the run's tags and every loss by reason (the
@@ -529,6 +577,7 @@ print(json.dumps(out))
         profile.stacks.push(StackCount {
             frames: vec![0, 1, 2, id],
             count: 3,
+            off_cpu_ns: 0,
             addresses: Vec::new(),
         });
         let svg = render(&profile);
@@ -583,6 +632,7 @@ print(json.dumps(out))
             truncated: 2,
             stack_ended_early: 17,
             not_profilable: 18,
+            off_cpu_pending_full: 19,
         };
         meta.end = RunEnd::Interrupted;
         profile
@@ -597,13 +647,17 @@ print(json.dumps(out))
             "{sub:?} is {} px wide",
             text_width_px(&sub)
         );
-        assert!(sub.contains("lost or incomplete: 118"), "{sub}");
+        assert!(sub.contains("lost or incomplete: 137"), "{sub}");
         assert!(sub.contains("ended early: interrupted"), "{sub}");
         // What did not fit is in the root bar's tooltip.
         let root = root_label(&profile);
         assert!(root.contains("kernel stack unreadable: 15"), "{root}");
         assert!(root.contains("user stacks ended early: 17"), "{root}");
         assert!(root.contains("no longer yours to profile: 18"), "{root}");
+        assert!(
+            root.contains("off-CPU waits lost: table full: 19"),
+            "{root}"
+        );
         assert!(root.contains("fell back from cycles"), "{root}");
         assert!(root.contains(&format!("key5={}", "v".repeat(40))), "{root}");
         // A short run keeps everything on the one line.

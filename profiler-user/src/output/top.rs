@@ -21,6 +21,9 @@ pub struct FunctionShare {
     pub self_samples: u64,
     /// Samples with this function anywhere on the stack (recursion counted once).
     pub total_samples: u64,
+    /// The part of `total_samples` spent off the CPU (nanoseconds, in a profile with off-CPU
+    /// time; 0 otherwise): the function's wait, the rest its CPU time.
+    pub total_off_cpu: u64,
 }
 
 /// Self and total samples of every code function, most self samples first.
@@ -35,7 +38,7 @@ fn shares_of<'a>(
 ) -> Vec<FunctionShare> {
     // Rows by (kernel, label) with their (self, total) samples; frames of one function
     // (different sampled lines, inlined copies) share a row.
-    let mut shares: HashMap<(bool, String), (u64, u64)> = HashMap::new();
+    let mut shares: HashMap<(bool, String), (u64, u64, u64)> = HashMap::new();
     let keys: Vec<Option<(bool, String)>> = profile
         .frames
         .iter()
@@ -45,6 +48,7 @@ fn shares_of<'a>(
         })
         .collect();
     for stack in stacks {
+        let off_cpu = profile.off_cpu_state(stack).is_some();
         let mut seen = std::collections::HashSet::new();
         let code: Vec<&(bool, String)> = stack
             .frames
@@ -53,22 +57,28 @@ fn shares_of<'a>(
             .collect();
         for (i, key) in code.iter().enumerate() {
             let entry = shares.entry((*key).clone()).or_default();
+            // Samples, or nanoseconds in a profile with off-CPU time.
+            let weight = profile.stack_weight(stack);
             if i + 1 == code.len() {
-                entry.0 += stack.count;
+                entry.0 += weight;
             }
             if seen.insert(*key) {
-                entry.1 += stack.count;
+                entry.1 += weight;
+                if off_cpu {
+                    entry.2 += weight;
+                }
             }
         }
     }
     let mut out: Vec<FunctionShare> = shares
         .into_iter()
         .map(
-            |((kernel, name), (self_samples, total_samples))| FunctionShare {
+            |((kernel, name), (self_samples, total_samples, total_off_cpu))| FunctionShare {
                 name,
                 kernel,
                 self_samples,
                 total_samples,
+                total_off_cpu,
             },
         )
         .collect();
@@ -90,12 +100,26 @@ pub fn header(profile: &Profile) -> String {
         (Event::Cycles, Rate::Period(p)) => format!("{p} cycles"),
         (Event::CpuClock, Rate::Period(p)) => format!("{p} ns"),
     };
-    format!(
+    let mut line = format!(
         "{} samples; event: {}; period: {period}; one sample: {} ns of CPU time",
         profile.total_samples(),
         sampling.event,
         profile.meta.sample_nanos()
-    )
+    );
+    if profile.meta.off_cpu.is_some() {
+        let (cpu, off) = profile.time_totals();
+        let states: Vec<String> = off
+            .iter()
+            .map(|(state, ns)| format!("{} {ns}", state.name()))
+            .collect();
+        let _ = write!(
+            line,
+            "; in ns: CPU {cpu}, off the CPU {} ({})",
+            off.values().sum::<u64>(),
+            states.join(", ")
+        );
+    }
+    line
 }
 
 /// The `.txt` file (and `--format top`): the header, then every function by self and by
@@ -103,11 +127,12 @@ pub fn header(profile: &Profile) -> String {
 pub fn render_file(profile: &Profile) -> String {
     let mut out = format!("{}\n\n{}", header(profile), render(profile, usize::MAX));
     for (thread, stacks) in threads(profile) {
-        let samples: u64 = stacks.iter().map(|s| s.count).sum();
+        let samples: u64 = stacks.iter().map(|s| profile.stack_weight(s)).sum();
         let _ = write!(
             out,
-            "\n{thread}: {samples} samples ({:.2}% of all)\n",
-            100.0 * samples as f64 / profile.total_samples().max(1) as f64
+            "\n{thread}: {samples} {} ({:.2}% of all)\n",
+            profile.weight_unit(),
+            100.0 * samples as f64 / profile.total_weight().max(1) as f64
         );
         out.push_str(&render_stacks(profile, &stacks, samples, usize::MAX));
     }
@@ -151,7 +176,7 @@ fn threads(profile: &Profile) -> Vec<(String, Vec<&StackCount>)> {
 /// percentages, `[k]` for kernel functions and `[.]` for user ones, as `perf report` marks them.
 pub fn render(profile: &Profile, limit: usize) -> String {
     let stacks: Vec<&StackCount> = profile.stacks.iter().collect();
-    render_stacks(profile, &stacks, profile.total_samples(), limit)
+    render_stacks(profile, &stacks, profile.total_weight(), limit)
 }
 
 /// [`render`] over some of the profile's stacks, whose samples are `total`.
@@ -160,23 +185,36 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
     let mut shares = shares_of(profile, stacks.iter().copied());
     let mut out = String::new();
     let pct = |n: u64| 100.0 * n as f64 / total;
+    // With off-CPU time, each row also splits its total into time on the CPU and waiting.
+    let split = profile.meta.off_cpu.is_some();
     let row = |out: &mut String, first: u64, second: u64, s: &FunctionShare| {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "  {:>9} {:>6.2}% {:>9} {:>6.2}%  {} {}",
+            "  {:>9} {:>6.2}% {:>9} {:>6.2}%",
             first,
             pct(first),
             second,
             pct(second),
-            if s.kernel { "[k]" } else { "[.]" },
-            s.name
         );
+        if split {
+            let wait = s.total_off_cpu;
+            let cpu = s.total_samples - wait;
+            let _ = write!(out, " {:>11} {:>11}", cpu, wait);
+        }
+        let _ = writeln!(out, "  {} {}", if s.kernel { "[k]" } else { "[.]" }, s.name);
     };
-    let _ = writeln!(out, "top functions by self samples:");
+    let split_heading = if split {
+        format!(" {:>11} {:>11}", "total cpu", "total wait")
+    } else {
+        String::new()
+    };
+    let unit = profile.weight_unit();
+    let _ = writeln!(out, "top functions by self {unit}:");
     let _ = writeln!(
         out,
-        "  {:>17} {:>17}  function",
-        "self samples", "total samples"
+        "  {:>17} {:>17}{split_heading}  function",
+        format!("self {unit}"),
+        format!("total {unit}")
     );
     for s in shares.iter().take(limit) {
         row(&mut out, s.self_samples, s.total_samples, s);
@@ -186,11 +224,12 @@ fn render_stacks(profile: &Profile, stacks: &[&StackCount], total: u64, limit: u
             .cmp(&a.total_samples)
             .then(a.name.cmp(&b.name))
     });
-    let _ = writeln!(out, "top functions by total samples:");
+    let _ = writeln!(out, "top functions by total {unit}:");
     let _ = writeln!(
         out,
-        "  {:>17} {:>17}  function",
-        "total samples", "self samples"
+        "  {:>17} {:>17}{split_heading}  function",
+        format!("total {unit}"),
+        format!("self {unit}")
     );
     for s in shares.iter().take(limit) {
         row(&mut out, s.total_samples, s.self_samples, s);

@@ -48,6 +48,51 @@ pub enum ProfileFrame {
     Truncated,
     /// A sample tag of the run, above the process (only when the run has tags).
     Tag(Tag),
+    /// The leaf of an off-CPU stack: the thread left the CPU here, in this state (the stack's
+    /// weight is time off the CPU, not samples).
+    OffCpu(OffCpuState),
+}
+
+/// Why a thread was off the CPU: its state when it left, as the scheduler reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffCpuState {
+    /// Interruptible sleep (`S`): a futex, a pipe, a socket, a sleep.
+    Sleeping,
+    /// Uninterruptible sleep (`D`): disk I/O, some kernel locks.
+    Disk,
+    /// Runnable but not running (`R+`): preempted or yielding, waiting for a CPU (wall mode).
+    Preempted,
+}
+
+impl OffCpuState {
+    /// The state of an off-CPU sample kind; `None` for CPU samples.
+    pub fn of(kind: profiler_common::SampleKind) -> Option<OffCpuState> {
+        match kind {
+            profiler_common::SampleKind::Cpu => None,
+            profiler_common::SampleKind::Sleeping => Some(OffCpuState::Sleeping),
+            profiler_common::SampleKind::Disk => Some(OffCpuState::Disk),
+            profiler_common::SampleKind::Preempted => Some(OffCpuState::Preempted),
+        }
+    }
+
+    /// The state's name, as labels show it (`sleeping`, `disk`, `preempted`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OffCpuState::Sleeping => "sleeping",
+            OffCpuState::Disk => "disk",
+            OffCpuState::Preempted => "preempted",
+        }
+    }
+
+    /// The leaf frame's name: `[off-cpu: sleeping]`.
+    pub fn frame_name(self) -> &'static str {
+        match self {
+            OffCpuState::Sleeping => "[off-cpu: sleeping]",
+            OffCpuState::Disk => "[off-cpu: disk]",
+            OffCpuState::Preempted => "[off-cpu: preempted]",
+        }
+    }
 }
 
 impl ProfileFrame {
@@ -58,6 +103,7 @@ impl ProfileFrame {
             ProfileFrame::Code(frame) => &frame.name,
             ProfileFrame::Truncated => "[truncated]",
             ProfileFrame::Tag(tag) => &tag.label,
+            ProfileFrame::OffCpu(state) => state.frame_name(),
         }
     }
 
@@ -169,14 +215,32 @@ impl Tag {
     }
 }
 
+/// What a stack adds up: samples (or intervals off the CPU) and time off the CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weight {
+    /// CPU samples, or intervals off the CPU for an off-CPU stack.
+    pub count: u64,
+    /// Nanoseconds off the CPU (0 for a CPU stack).
+    pub off_cpu_ns: u64,
+}
+
+impl std::ops::AddAssign for Weight {
+    fn add_assign(&mut self, other: Weight) {
+        self.count += other.count;
+        self.off_cpu_ns += other.off_cpu_ns;
+    }
+}
+
 /// One distinct stack with its sample count. Stacks that differ only in the addresses of
 /// their frames are kept apart (pprof shows addresses); writers that show names merge them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StackCount {
     /// Frames, root first.
     pub frames: Vec<FrameId>,
-    /// Samples with this stack.
+    /// Samples with this stack (for an off-CPU stack: intervals off the CPU).
     pub count: u64,
+    /// Nanoseconds off the CPU (an off-CPU stack, whose leaf is [`ProfileFrame::OffCpu`]).
+    pub off_cpu_ns: u64,
     /// Per frame, where its instruction is, when known; empty when no frame's is.
     pub addresses: Vec<Option<CodeAddress>>,
 }
@@ -185,23 +249,35 @@ impl StackCount {
     /// The distinct stacks of `counts` (frames and addresses to samples), most samples first,
     /// ties by frames then addresses so that every writer's output is stable.
     pub fn sorted(
-        counts: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64>,
+        counts: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight>,
     ) -> Vec<StackCount> {
         let mut stacks: Vec<StackCount> = counts
             .into_iter()
-            .map(|((frames, addresses), count)| StackCount {
+            .map(|((frames, addresses), weight)| StackCount {
                 frames,
-                count,
+                count: weight.count,
+                off_cpu_ns: weight.off_cpu_ns,
                 addresses,
             })
             .collect();
         stacks.sort_by(|a, b| {
-            b.count
-                .cmp(&a.count)
+            b.off_cpu_ns
+                .cmp(&a.off_cpu_ns)
+                .then_with(|| b.count.cmp(&a.count))
                 .then_with(|| a.frames.cmp(&b.frames))
                 .then_with(|| a.addresses.cmp(&b.addresses))
         });
         stacks
+    }
+}
+
+impl StackCount {
+    /// What the stack adds up.
+    pub fn weight(&self) -> Weight {
+        Weight {
+            count: self.count,
+            off_cpu_ns: self.off_cpu_ns,
+        }
     }
 }
 
@@ -286,6 +362,9 @@ pub struct Losses {
     /// Samples of processes the run's owner could no longer profile (they exec'd a setuid
     /// program or one their user cannot read, or made themselves undumpable): dropped unnamed.
     pub not_profilable: u64,
+    /// Switch-outs of target threads whose time off the CPU was not recorded: the kernel's
+    /// table of threads off the CPU was full.
+    pub off_cpu_pending_full: u64,
 }
 
 impl Losses {
@@ -304,6 +383,7 @@ impl Losses {
                 "dropped: processes no longer yours to profile",
                 self.not_profilable,
             ),
+            ("off-CPU waits lost: table full", self.off_cpu_pending_full),
         ]
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -342,6 +422,9 @@ pub struct ProfileMeta {
     pub unwound: Unwound,
     /// The objects the targets ran in without an unwind table, most samples first.
     pub untabled: Vec<UntabledObject>,
+    /// Off-CPU time recorded alongside the samples (`--off-cpu`, `--mode wall`): then every
+    /// writer weighs stacks in nanoseconds ([`Profile::stack_nanos`]).
+    pub off_cpu: Option<crate::sampling::OffCpu>,
     /// What the daemon's bounds on reading a target left out (mappings, Python threads,
     /// frames or code objects past a cap), one sentence per process: a target that maps,
     /// lists or points at more than any real program is profiled in part, and says so.
@@ -513,9 +596,68 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Samples in the profile.
+    /// CPU samples in the profile (off-CPU stacks count intervals, not samples: left out).
     pub fn total_samples(&self) -> u64 {
-        self.stacks.iter().map(|s| s.count).sum()
+        self.stacks
+            .iter()
+            .filter(|s| self.off_cpu_state(s).is_none())
+            .map(|s| s.count)
+            .sum()
+    }
+
+    /// The state a stack was off the CPU in, `None` for a CPU stack (its leaf says).
+    pub fn off_cpu_state(&self, stack: &StackCount) -> Option<OffCpuState> {
+        match stack.frames.last().map(|&id| &self.frames[id]) {
+            Some(ProfileFrame::OffCpu(state)) => Some(*state),
+            _ => None,
+        }
+    }
+
+    /// Nanoseconds a stack stands for: CPU samples times the sampling period, or its time
+    /// off the CPU.
+    pub fn stack_nanos(&self, stack: &StackCount) -> u64 {
+        if self.off_cpu_state(stack).is_some() {
+            stack.off_cpu_ns
+        } else {
+            stack.count * self.meta.sample_nanos()
+        }
+    }
+
+    /// The weight the writers that show one number per stack give it: samples in a CPU
+    /// profile, nanoseconds (CPU and off-CPU alike) in a profile with off-CPU time.
+    pub fn stack_weight(&self, stack: &StackCount) -> u64 {
+        if self.meta.off_cpu.is_some() {
+            self.stack_nanos(stack)
+        } else {
+            stack.count
+        }
+    }
+
+    /// Every stack's [`Self::stack_weight`], added up.
+    pub fn total_weight(&self) -> u64 {
+        self.stacks.iter().map(|s| self.stack_weight(s)).sum()
+    }
+
+    /// The unit of [`Self::stack_weight`]: `samples` or `ns`.
+    pub fn weight_unit(&self) -> &'static str {
+        if self.meta.off_cpu.is_some() {
+            "ns"
+        } else {
+            "samples"
+        }
+    }
+
+    /// Total CPU nanoseconds and off-CPU nanoseconds (by state) in the profile.
+    pub fn time_totals(&self) -> (u64, BTreeMap<OffCpuState, u64>) {
+        let mut cpu = 0;
+        let mut off: BTreeMap<OffCpuState, u64> = BTreeMap::new();
+        for stack in &self.stacks {
+            match self.off_cpu_state(stack) {
+                Some(state) => *off.entry(state).or_default() += stack.off_cpu_ns,
+                None => cpu += stack.count * self.meta.sample_nanos(),
+            }
+        }
+        (cpu, off)
     }
 
     /// The pid of the process a stack belongs to (its process frame), if it has one.
@@ -536,7 +678,7 @@ impl Profile {
         let mut frame_ids: HashMap<&ProfileFrame, FrameId> = HashMap::new();
         let mut mappings: Vec<Mapping> = Vec::new();
         let mut mapping_ids: HashMap<&Mapping, MappingId> = HashMap::new();
-        let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
+        let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
         let mut meta = newest.meta.clone();
         meta.duration = Duration::ZERO;
         meta.samples_seen = 0;
@@ -597,7 +739,7 @@ impl Profile {
                         })
                     })
                     .collect();
-                *stacks.entry((ids, addresses)).or_default() += stack.count;
+                *stacks.entry((ids, addresses)).or_default() += stack.weight();
             }
         }
         let stacks = StackCount::sorted(stacks);
@@ -623,6 +765,7 @@ impl Losses {
         self.truncated += other.truncated;
         self.stack_ended_early += other.stack_ended_early;
         self.not_profilable += other.not_profilable;
+        self.off_cpu_pending_full += other.off_cpu_pending_full;
     }
 }
 

@@ -21,6 +21,11 @@ pub struct Sample {
     pub python_frames: Vec<u64>,
     /// Whether the unwinder stopped at its depth limit, so outer frames are missing.
     pub truncated: bool,
-    /// How many samples had exactly this run, thread and stack.
+    /// How many samples had exactly this run, thread and stack (for off-CPU time: how many
+    /// intervals off the CPU).
     pub count: u64,
+    /// CPU samples, or time off the CPU in one thread state.
+    pub kind: profiler_common::SampleKind,
+    /// Nanoseconds off the CPU (0 for CPU samples, whose time is the sampling period's).
+    pub off_cpu_ns: u64,
 }

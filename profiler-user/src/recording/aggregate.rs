@@ -91,7 +91,7 @@ pub fn aggregate(
 ) -> Profile {
     let mut interner = Interner::default();
     let mut mappings = Mappings::default();
-    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
+    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
     let mut truncated = 0;
     let mut ended_early = 0;
     symbolizer.set_start_lines(options.line_numbers);
@@ -226,7 +226,14 @@ pub fn aggregate(
                     push(frame, Some(address));
                 }
             }
-            *stacks.entry((frames, addresses)).or_default() += sample.count;
+            if let Some(state) = OffCpuState::of(sample.kind) {
+                frames.push(interner.intern(ProfileFrame::OffCpu(state)));
+                addresses.push(None);
+            }
+            *stacks.entry((frames, addresses)).or_default() += Weight {
+                count: sample.count,
+                off_cpu_ns: sample.off_cpu_ns,
+            };
         }
     }
     let stacks = StackCount::sorted(stacks);
@@ -252,7 +259,7 @@ pub fn aggregate(
 /// place the view is made, for every output that shows it.
 pub fn python_view(profile: &Profile) -> Profile {
     let mut interner = Interner::default();
-    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), u64> = HashMap::new();
+    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
     for stack in &profile.stacks {
         let code: Vec<Option<&Frame>> = stack
             .frames
@@ -273,7 +280,7 @@ pub fn python_view(profile: &Profile) -> Profile {
                 }
             }
         }
-        *stacks.entry((frames, addresses)).or_default() += stack.count;
+        *stacks.entry((frames, addresses)).or_default() += stack.weight();
     }
     Profile {
         meta: profile.meta.clone(),

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{Counter, PidNamespace};
+use profiler_common::{Counter, PidNamespace, SampleKind};
 
 use crate::{
     error::Result,
@@ -317,6 +317,15 @@ impl Recording {
         };
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            if let Some(off_cpu) = self.request.off_cpu {
+                if let Err(e) = pool
+                    .program(slot)
+                    .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
+                {
+                    pool.release(slot);
+                    return Err(e);
+                }
+            }
             if let Err(e) = pool
                 .program(slot)
                 .and_then(|p| p.record_system(slot.run, scope.kernel_threads, cgroup))
@@ -330,11 +339,16 @@ impl Recording {
         })?;
         // The walker verifies meanwhile (outside the pool, as for a target): stacks of the
         // first 0.1 s use frame pointers and are counted.
+        // Off-CPU time waits for its program (verified after the walker) to be attached.
+        let off_cpu = self.request.off_cpu.is_some();
         let deadline = Instant::now() + crate::unwind::TABLE_WAIT;
-        while Instant::now() < deadline
+        while (off_cpu || Instant::now() < deadline)
             && pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending()))
         {
             std::thread::sleep(Duration::from_millis(2));
+        }
+        if off_cpu {
+            pool.with_pool(|pool| pool.program(slot).and_then(|p| p.attach_off_cpu()))?;
         }
         // The processes running now are taken in at the first tick, not half a second later.
         self.last_refresh = Instant::now()
@@ -379,6 +393,15 @@ impl Recording {
                 None => {
                     let (slot, sampling) =
                         pool.acquire(&self.request, self.unwind, table_rows, owner_uid)?;
+                    if let Some(off_cpu) = self.request.off_cpu {
+                        if let Err(e) = pool
+                            .program(slot)
+                            .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
+                        {
+                            pool.release(slot);
+                            return Err(e);
+                        }
+                    }
                     if self.owner.is_some() {
                         // Before any process of the run is registered: none of them is
                         // sampled past an exec its owner has not been checked against.
@@ -417,13 +440,15 @@ impl Recording {
         // loaded machine) and the first tables (see `table_deadline`), so that the other runs
         // of a shared pool keep ticking meanwhile.
         let deadline = table_deadline(self.unwind);
+        let off_cpu = self.request.off_cpu.is_some();
         loop {
             let (walker, tables) = pool.with_pool(|pool| match pool.program(slot) {
                 Ok(p) => {
                     p.unwind.poll();
                     let tracked = p.unwind.is_tracked(target.pid);
                     (
-                        tracked && p.walker_pending(),
+                        // Off-CPU time needs its program, verified after the walker.
+                        (tracked || off_cpu) && p.walker_pending(),
                         tracked && p.unwind.pending(target.pid),
                     )
                 }
@@ -471,6 +496,9 @@ impl Recording {
                     log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
                 }
                 waited = true;
+            }
+            if self.request.off_cpu.is_some() {
+                program.attach_off_cpu()?;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
             if let Some(owner) = owner {
@@ -1010,6 +1038,7 @@ impl Recording {
                 continue;
             };
             program.end_following(slot.run);
+            program.end_off_cpu(slot.run);
             let drained = program.counters(slot.run).and_then(|c| {
                 for (total, value) in counters.0.iter_mut().zip(c.0) {
                     *total += value;
@@ -1040,6 +1069,7 @@ impl Recording {
             multi_process,
             system: self.is_system(),
             over_cap: self.over_cap.len(),
+            off_cpu: self.request.off_cpu,
         })
     }
 
@@ -1149,6 +1179,7 @@ impl Recording {
             multi_process: self.is_multi_process(),
             system: self.is_system(),
             over_cap: self.over_cap.len(),
+            off_cpu: self.request.off_cpu,
         };
         self.window_started = Instant::now();
         let profile = assemble_samples(
@@ -1247,6 +1278,8 @@ pub struct Collected {
     system: bool,
     /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
     over_cap: usize,
+    /// Off-CPU time recorded alongside the samples.
+    off_cpu: Option<crate::sampling::OffCpu>,
 }
 
 /// What the unwind tables of a recording's program cost, for the summary.
@@ -1305,6 +1338,7 @@ impl Collected {
             multi_process,
             system,
             over_cap,
+            off_cpu,
         } = self;
         let head = Head {
             sampling,
@@ -1317,6 +1351,7 @@ impl Collected {
             multi_process,
             system,
             over_cap,
+            off_cpu,
         };
         assemble_samples(&mut processes, samples, head, end, symbolizer, options)
     }
@@ -1337,6 +1372,8 @@ struct Head {
     system: bool,
     /// Processes a system-wide run did not take in (past [`MAX_SYSTEM_PROCESSES`]).
     over_cap: usize,
+    /// Off-CPU time recorded alongside the samples.
+    off_cpu: Option<crate::sampling::OffCpu>,
 }
 
 /// Symbolizes and aggregates `samples` of `processes` (processes known only by their samples'
@@ -1360,6 +1397,7 @@ fn assemble_samples(
         multi_process,
         system,
         over_cap,
+        off_cpu,
     } = head;
     let mut options = options.clone();
     options.pid_roots |= multi_process;
@@ -1401,7 +1439,20 @@ fn assemble_samples(
             python: p.python.as_ref().map(|t| t.symbols()),
         })
         .collect();
-    let drained: u64 = by_process.values().flatten().map(|s| s.count).sum::<u64>() + not_profilable;
+    let is_cpu = |s: &&Sample| s.kind == SampleKind::Cpu;
+    let drained: u64 = by_process
+        .values()
+        .flatten()
+        .filter(is_cpu)
+        .map(|s| s.count)
+        .sum::<u64>()
+        + not_profilable;
+    let drained_off_cpu: u64 = by_process
+        .values()
+        .flatten()
+        .filter(|s| s.kind != SampleKind::Cpu)
+        .map(|s| s.count)
+        .sum();
     let (stacks_through_untabled, untabled) = untabled_objects(processes, &by_process);
     // The kernel counted every sample of a CPython thread it had no thread state for as
     // missing its Python frames; those of threads that never run Python (OpenMP and other
@@ -1415,6 +1466,7 @@ fn assemble_samples(
             Some(
                 samples
                     .iter()
+                    .filter(is_cpu)
                     .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
                     .map(|s| s.count)
                     .sum::<u64>(),
@@ -1422,9 +1474,14 @@ fn assemble_samples(
         })
         .sum();
     let losses = Losses {
+        // Off-CPU intervals whose sample map insert failed were counted as map full too, and
+        // those not counted as intervals at all: the two kinds are compared apart.
         lost_in_transfer: counters
             .get(Counter::Samples)
-            .saturating_sub(drained + counters.get(Counter::SampleMapFull)),
+            .saturating_sub(drained + counters.get(Counter::SampleMapFull))
+            + counters
+                .get(Counter::OffCpuIntervals)
+                .saturating_sub(drained_off_cpu),
         sample_map_full: counters.get(Counter::SampleMapFull),
         user_stack_map_full: counters.get(Counter::UserStackMapFull),
         user_stack_error: counters.get(Counter::UserStackError),
@@ -1434,6 +1491,7 @@ fn assemble_samples(
         truncated: 0,
         stack_ended_early: counters.get(Counter::StackEndedEarly),
         not_profilable,
+        off_cpu_pending_full: counters.get(Counter::OffCpuPendingFull),
     };
     let targets = processes
         .values()
@@ -1476,6 +1534,7 @@ fn assemble_samples(
             stacks_through_untabled,
         },
         untabled,
+        off_cpu,
         limits_hit: (over_cap > 0)
             .then(|| {
                 format!(

@@ -15,7 +15,9 @@ use crate::{
     protocol::{RunRequest, MAX_TAGS},
     python::stacks::{MergeOptions, PythonMode},
     recording::aggregate::AggregateOptions,
-    sampling::{validate_max_stack_length, KernelLimits, SamplingPlan, SamplingRequest},
+    sampling::{
+        validate_max_stack_length, KernelLimits, Mode, OffCpu, SamplingPlan, SamplingRequest,
+    },
     unwind::UnwindMode,
 };
 
@@ -297,6 +299,11 @@ impl RecordingRequest {
             sample_period_ns: None,
             frequency: req.frequency,
             fixed_interval: false,
+            off_cpu: OffCpu::from_flags(
+                req.mode.as_deref().unwrap_or("cpu").parse::<Mode>()?,
+                req.off_cpu,
+                req.off_cpu_min_ns.map(Duration::from_nanos),
+            )?,
         };
         let max_ms = max_duration.as_millis() as u64;
         let duration_ms = req.duration_ms.unwrap_or(max_ms);

@@ -34,7 +34,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SOCKET_ENV",
     "UNWIND_MODES",
+    "MODES",
     "check_unwind",
+    "check_mode",
     "check_python_frames",
     "current_pid_namespace",
     "socket_path",
@@ -52,6 +54,9 @@ SOCKET_ENV = "BPFPROF_SOCKET"
 FINAL_STATES = frozenset({"SUCCESS", "FAILED", "STOPPED"})
 #: How the daemon may walk user stacks (``bpfprof --unwind``); ``auto`` is its default.
 UNWIND_MODES = ("auto", "fp", "cfi")
+#: What a profile measures (``bpfprof --mode``): ``cpu`` (the default) or ``wall`` (CPU
+#: samples plus each thread's time off the CPU).
+MODES = ("cpu", "wall")
 
 #: The daemon closes connections idle for 60 s; a connection idle this long is reopened.
 _RECONNECT_AFTER_IDLE_SEC = 45.0
@@ -101,6 +106,14 @@ def check_python_frames(mode: str) -> str:
     otherwise."""
     if mode not in PYTHON_FRAME_MODES:
         raise ValueError(f"unknown python_frames mode {mode!r}: expected auto or off")
+    return mode
+
+
+def check_mode(mode: str) -> str:
+    """Returns ``mode`` if it is one of :data:`MODES`; raises :class:`ValueError` naming them
+    otherwise (before any run is asked for)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: expected cpu or wall")
     return mode
 
 
@@ -327,6 +340,7 @@ class Client:
         unwind: Optional[str] = None,
         python_frames: Optional[str] = None,
         follow_children: bool = False,
+        mode: Optional[str] = None,
     ) -> Reply:
         """Starts profiling process ``pid`` (as seen in pid namespace ``pid_ns``).
 
@@ -336,7 +350,8 @@ class Client:
         ``bpfprof --unwind``); the daemon refuses other values (``bad_request``).
         ``python_frames`` is ``auto`` (the daemon reads a CPython target's Python frames) or
         ``off`` (as ``bpfprof --python``). ``follow_children`` also profiles the children
-        the process forks during the run, and theirs.
+        the process forks during the run, and theirs. ``mode`` is ``cpu`` or ``wall`` (as
+        ``bpfprof --mode``: CPU samples plus each thread's time off the CPU).
         """
         fields: Dict[str, Any] = {
             "pid": int(pid),
@@ -353,6 +368,7 @@ class Client:
             "python": python_frames,
             # Sent only when set, so that daemons without it accept the usual runs.
             "follow_children": True if follow_children else None,
+            "mode": mode,
         }
         return self.request("run", fields, timeout)
 

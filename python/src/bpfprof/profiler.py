@@ -30,6 +30,7 @@ from .client import (
     BpfprofError,
     Client,
     PathLike,
+    check_mode,
     check_python_frames,
     check_unwind,
     current_pid_namespace,
@@ -104,6 +105,9 @@ class FunctionProfiler:
             default path.
         follow_children: Also profile the children this process forks during the run, and
             theirs (subprocesses and worker pools the function starts).
+        mode: ``cpu`` (CPU samples) or ``wall`` (CPU samples plus each thread's time off the
+            CPU, waiting in sleeps, locks, queues, I/O or for a CPU: a function that waits
+            half its time shows half). Other values raise :class:`ValueError` here.
 
     Attributes:
         profile_result: The last run's ``results`` reply: ``state``, ``reason``, ``samples``,
@@ -129,8 +133,11 @@ class FunctionProfiler:
         python_frames: str = "auto",
         socket_path: Optional[PathLike] = None,
         follow_children: bool = False,
+        mode: str = "cpu",
     ) -> None:
         check_unwind(unwind)
+        check_mode(mode)
+        self.mode: str = mode
         check_python_frames(python_frames)
         self.python_frames: str = python_frames
         self.stop_at_error: bool = stop_at_error
@@ -306,6 +313,8 @@ class FunctionProfiler:
                 unwind=None if self.unwind == "auto" else self.unwind,
                 python_frames=None if self.python_frames == "auto" else self.python_frames,
                 follow_children=self.follow_children,
+                # "cpu" is the daemon's default: not sent, so older daemons accept the run.
+                mode=None if self.mode == "cpu" else self.mode,
             )
         except BpfprofError as err:
             if err.code == "timeout":

@@ -351,11 +351,21 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
     let mut t = Tables::new(profile);
 
     let mut sample_type = vec![value_type(&mut t.strings, "samples", "count")];
-    if measure.period.is_some() {
+    // With off-CPU time every sample has the same values: count (samples, or intervals off
+    // the CPU), CPU time, off-CPU time, and in wall mode their sum, which pprof shows first.
+    let off_cpu = meta.off_cpu;
+    if off_cpu.is_some() {
+        sample_type.push(value_type(&mut t.strings, "cpu", "nanoseconds"));
+        sample_type.push(value_type(&mut t.strings, "off_cpu", "nanoseconds"));
+        if off_cpu.is_some_and(|o| o.preempted) {
+            sample_type.push(value_type(&mut t.strings, "wall", "nanoseconds"));
+        }
+    } else if measure.period.is_some() {
         sample_type.push(value_type(&mut t.strings, measure.kind, measure.unit));
     }
     let period_type = value_type(&mut t.strings, measure.kind, measure.unit);
     let default_sample_type = sample_type.last().map_or(0, |v| v.r#type);
+    let state_key = t.strings.id("state");
 
     let tag_labels: Vec<proto::Label> = meta
         .tags
@@ -384,11 +394,32 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
         location_id.reverse();
 
         let mut value = vec![to_i64(stack.count)];
-        if let Some(period) = measure.period {
+        let state = profile.off_cpu_state(stack);
+        if let Some(off_cpu) = off_cpu {
+            let nanos = profile.stack_nanos(stack);
+            let (cpu, off) = if state.is_some() {
+                (0, nanos)
+            } else {
+                (nanos, 0)
+            };
+            value.push(to_i64(cpu));
+            value.push(to_i64(off));
+            if off_cpu.preempted {
+                value.push(to_i64(nanos));
+            }
+        } else if let Some(period) = measure.period {
             value.push(to_i64(stack.count.saturating_mul(period)));
         }
 
         let mut label = tag_labels.clone();
+        if let Some(state) = state {
+            // Why the thread waited, as the scheduler saw it: `-tagfocus=state=disk`.
+            label.push(proto::Label {
+                key: state_key,
+                str: t.strings.id(state.name()),
+                ..Default::default()
+            });
+        }
         let mut process = None;
         for &id in &stack.frames {
             match &profile.frames[id] {
