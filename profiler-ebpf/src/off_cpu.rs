@@ -16,9 +16,11 @@
 //! thread stopped, which is the point.
 //!
 //! The scheduler runs this with interrupts off, so no cpu-clock sample interrupts it and the
-//! per-CPU scratch slot it shares with the sampling programs is its own while it runs; a
-//! hardware PMU's NMI could still interrupt it and overwrite the slot mid-walk (one wrong
-//! stack, never a fault).
+//! per-CPU scratch slot it shares with the sampling programs is its own while it runs. A
+//! hardware PMU's NMI can interrupt it, but the kernel then skips the sampling program: both
+//! a tracepoint program (`trace_call_bpf`) and a perf_event program (`bpf_overflow_handler`)
+//! run only when the CPU's `bpf_prog_active` count was zero, so the two never nest on one CPU
+//! (the skipped sample is counted in the program's `misses`, not as a wrong stack).
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_USER_STACK},

@@ -256,7 +256,7 @@ def test_async_functions_are_profiled_around_the_await(fake_daemon) -> None:
         FunctionProfiler(socket_path=daemon.path).profile(bare)
 
 
-def test_the_mode_is_sent_by_profilers_and_decorators(fake_daemon) -> None:
+def test_the_mode_is_sent_by_profilers_decorators_and_phases(fake_daemon, caplog) -> None:
     daemon = fake_daemon()
     FunctionProfiler(mode="wall", socket_path=daemon.path).profile(lambda: None)
 
@@ -266,8 +266,21 @@ def test_the_mode_is_sent_by_profilers_and_decorators(fake_daemon) -> None:
 
     assert work() == 1
     FunctionProfiler(socket_path=daemon.path).profile(lambda: None)
+    PhaseProfiler.enable(socket_path=daemon.path, env={"BPFPROF_MODE": "wall"}).profile_phase(
+        lambda: None, "p1"
+    )
+    PhaseProfiler.enable(socket_path=daemon.path, env={}, mode="wall").profile_phase(
+        lambda: None, "p2"
+    )
+    PhaseProfiler.enable(socket_path=daemon.path, env={}).profile_phase(lambda: None, "p3")
+    with caplog.at_level(logging.WARNING):
+        PhaseProfiler.enable(socket_path=daemon.path, env={"BPFPROF_MODE": "idle"}).profile_phase(
+            lambda: None, "p4"
+        )
+    assert "BPFPROF_MODE" in caplog.text
     runs = [r for r in daemon.requests if r["op"] == "run"]
     # "cpu", the daemon's default, is not sent.
-    assert [r.get("mode") for r in runs] == ["wall", "wall", None]
-    with pytest.raises(ValueError, match="expected cpu or wall"):
-        FunctionProfiler(mode="idle")
+    assert [r.get("mode") for r in runs] == ["wall", "wall", None, "wall", "wall", None, None]
+    for bad in (lambda: FunctionProfiler(mode="idle"), lambda: PhaseProfiler("s", mode="idle")):
+        with pytest.raises(ValueError, match="expected cpu or wall"):
+            bad()

@@ -58,8 +58,10 @@ const PID_TO_START_SHARE: f64 = 0.6;
 const PID_RUN_KILL: Duration = Duration::from_secs(60);
 /// How far bpfprof's share of `forward` may be from py-spy's on the same process (points).
 const PY_SPY_TOLERANCE: f64 = 0.05;
-/// How long the workload runs before the `--pid` run attaches (import torch, first steps).
-const WARM_UP: Duration = Duration::from_secs(8);
+/// Longest the training loop may take to start (import torch, build the model, a first step):
+/// about 8 s alone, over 20 s on a loaded machine, when a fixed warm-up attached to it still
+/// importing.
+const LOOP_READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Longest a workload may take: the strobelight calls, and a `torch.compile` of the first step
 /// (30-90 s on 2 cores, more while the other tests run).
 const CALLS_TIMEOUT: Duration = Duration::from_secs(240);
@@ -424,12 +426,18 @@ fn pid_run_on_a_training_loop_next_to_py_spy() {
         "py-spy is needed under CI (cargo xtask setup installs it)"
     );
     let started = Instant::now();
+    let dir = tempdir();
+    let ready = dir.path().join("loop-ready");
     let mut cmd = Command::new(&python);
     cmd.arg(workspace_root().join("tests/workloads/pytorch_train.py"))
-        .args(["loop", "120"]);
+        .args(["loop", "120"])
+        .arg(&ready);
     let target = Workload::spawn_command(cmd);
-    std::thread::sleep(WARM_UP);
-    let dir = tempdir();
+    // Attach once the loop trains, not while it still imports torch.
+    assert!(
+        poll_until(LOOP_READY_TIMEOUT, || ready.exists().then_some(())).is_some(),
+        "the training loop did not start within {LOOP_READY_TIMEOUT:?}"
+    );
     let folded = dir.path().join("loop.folded");
     let spy_out = dir.path().join("py-spy.txt");
     let pid = target.pid().to_string();

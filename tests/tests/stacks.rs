@@ -14,6 +14,14 @@ use bpfprof_tests::{exit, require_root, run_bpfprof, tempdir, Checks, Profile, S
 /// never all be kept there.
 const OLD_STACK_MAP_BUCKETS: usize = 16384;
 
+/// Samples a run needs before its distinct paths are counted: 24,000 draws of the workload's
+/// 65,536 equally likely paths give about 20,000 distinct ones, well above the old map's
+/// buckets (an unloaded CPU gives about 25,000 in the first 5 s window).
+const ENOUGH_SAMPLES: u64 = 24_000;
+
+/// The longest window tried (the workload runs for 300 s).
+const MAX_WINDOW_SECS: u64 = 80;
+
 #[test]
 fn many_distinct_stacks_are_all_kept_and_resolved() {
     if !require_root() {
@@ -22,25 +30,39 @@ fn many_distinct_stacks_are_all_kept_and_resolved() {
     let dir = tempdir();
     let out = dir.path().join("manystacks.folded");
     let summary_path = dir.path().join("summary.json");
-    let target = Workload::spawn("manystacks", &["60"]);
+    let target = Workload::spawn("manystacks", &["300"]);
     std::thread::sleep(Duration::from_millis(200));
 
-    let run = run_bpfprof(
-        [
-            "--pid",
-            &target.pid().to_string(),
-            "-F",
-            "4999",
-            "-d",
-            "5s",
-            "-o",
-            out.to_str().unwrap(),
-            "--summary-json",
-            summary_path.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    run.assert_code(exit::OK);
+    // The window doubles until it holds enough samples for the distinct-path check to mean
+    // something: a loaded machine gives the target a fraction of a CPU (7845 samples in 5 s
+    // once, 7470 distinct paths, where 24,000 samples of 65,536 equally likely paths give
+    // about 20,000).
+    let mut secs = 5;
+    loop {
+        let window = format!("{secs}s");
+        let run = run_bpfprof(
+            [
+                "--pid",
+                &target.pid().to_string(),
+                "-F",
+                "4999",
+                "-d",
+                &window,
+                "-o",
+                out.to_str().unwrap(),
+                "--summary-json",
+                summary_path.to_str().unwrap(),
+            ],
+            Duration::from_secs(60 + 2 * secs),
+        );
+        run.assert_code(exit::OK);
+        let taken = Summary::read(&summary_path).samples();
+        if taken >= ENOUGH_SAMPLES || secs >= MAX_WINDOW_SECS {
+            break;
+        }
+        eprintln!("{taken} samples in {window}: doubling the window");
+        secs *= 2;
+    }
     let profile = Profile::read(&out);
     let summary = Summary::read(&summary_path);
     let mut c = Checks::new();

@@ -5,7 +5,8 @@ Usage:
                                          CALLS times; one JSON line per call on stdout
     pytorch_train.py compile             one step of a torch.compile'd model (run it with
                                          TORCH_COMPILE_STROBELIGHT=1 to profile each phase)
-    pytorch_train.py loop SECONDS        train for SECONDS of wall time (for bpfprof --pid)
+    pytorch_train.py loop SECONDS [READY] train for SECONDS of wall time (for bpfprof --pid),
+                                         creating the file READY once training has begun
 
 Everything runs on 2 threads (torch.set_num_threads(2)), batch 64 at 3x64x64, so that a step
 takes about half a second on the CI machine's 2 cores.
@@ -113,9 +114,13 @@ def compiled_step() -> None:
     print(json.dumps({"loss": loss.item()}), flush=True)
 
 
-def loop(seconds: float) -> None:
+def loop(seconds: float, ready: str | None = None) -> None:
     model = SmallCNN()
     optimizer, data, target = setup(model)
+    train_step(model, optimizer, data, target)  # warm-up: first-call allocations
+    if ready:
+        # Tells a profiler that attaches to this loop that it trains now (imports are over).
+        open(ready, "w").close()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         train_step(model, optimizer, data, target)
@@ -129,7 +134,7 @@ def main() -> None:
     elif mode == "compile":
         compiled_step()
     elif mode == "loop":
-        loop(float(sys.argv[2]))
+        loop(float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -10,7 +10,8 @@ the phase's name, so that all runs of one program execution can be found and com
 Defaults come from the environment: ``BPFPROF_SAMPLE_INTERVAL`` (event units, default 1e7),
 ``BPFPROF_MAX_STACK_LENGTH`` (default 127), ``BPFPROF_MAX_PROFILE_TIME`` (seconds, default
 600), ``BPFPROF_UNWIND`` (``auto``, ``fp`` or ``cfi``, as ``bpfprof --unwind``; default
-``auto``), and ``BPFPROF_PHASE_FILTER``, a regular expression: phases whose name it does not
+``auto``), ``BPFPROF_MODE`` (``cpu`` or ``wall``, as ``bpfprof --mode``; default ``cpu``),
+and ``BPFPROF_PHASE_FILTER``, a regular expression: phases whose name it does not
 match run unprofiled. An invalid filter is reported and profiles nothing, since whoever set it meant
 to narrow profiling down.
 """
@@ -26,7 +27,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
-from .client import UNWIND_MODES, BpfprofError, PathLike, check_unwind, parse_switch
+from .client import (
+    MODES,
+    UNWIND_MODES,
+    BpfprofError,
+    PathLike,
+    check_mode,
+    check_unwind,
+    parse_switch,
+)
 from .client import socket_path as resolve_socket_path
 from .profiler import FunctionProfiler
 
@@ -81,6 +90,16 @@ def _env_unwind(env: Mapping[str, str]) -> str:
     return raw
 
 
+def _env_mode(env: Mapping[str, str]) -> str:
+    raw = env.get("BPFPROF_MODE", "").strip()
+    if raw == "":
+        return "cpu"
+    if raw not in MODES:
+        logger.warning("bpfprof: ignoring BPFPROF_MODE=%r: expected cpu or wall", raw)
+        return "cpu"
+    return raw
+
+
 class PhaseProfiler:
     """Profiles named phases of one program execution, tagging runs with session and phase.
 
@@ -96,6 +115,7 @@ class PhaseProfiler:
         socket_path: Optional[PathLike] = None,
         env: Optional[Mapping[str, str]] = None,
         unwind: Optional[str] = None,
+        mode: Optional[str] = None,
     ) -> None:  # noqa: D107
         env = os.environ if env is None else env
         self.session: str = sanitize_tag(session)
@@ -105,6 +125,9 @@ class PhaseProfiler:
         self.max_stack_length: int = int(_env_number(env, "BPFPROF_MAX_STACK_LENGTH", 127))
         self.max_profile_time_sec: float = _env_number(env, "BPFPROF_MAX_PROFILE_TIME", 600)
         self.unwind: str = check_unwind(unwind) if unwind is not None else _env_unwind(env)
+        # ``wall`` adds each thread's time off the CPU to the phase's profile (as
+        # FunctionProfiler's ``mode``).
+        self.mode: str = check_mode(mode) if mode is not None else _env_mode(env)
         raw_follow = env.get("BPFPROF_FOLLOW_CHILDREN", "")
         follow = parse_switch(raw_follow)
         if follow is None and raw_follow.strip():
@@ -136,11 +159,17 @@ class PhaseProfiler:
         socket_path: Optional[PathLike] = None,
         env: Optional[Mapping[str, str]] = None,
         unwind: Optional[str] = None,
+        mode: Optional[str] = None,
     ) -> "PhaseProfiler":
         """Starts a session with a unique tag made of the time, the pid and the hostname."""
         session = f"{int(time.time())}-{os.getpid()}-{_socket.gethostname()}"
         profiler = cls(
-            session, stop_at_error=stop_at_error, socket_path=socket_path, env=env, unwind=unwind
+            session,
+            stop_at_error=stop_at_error,
+            socket_path=socket_path,
+            env=env,
+            unwind=unwind,
+            mode=mode,
         )
         logger.info(
             "bpfprof: phase session %s; results are kept by the daemon at %s "
@@ -170,6 +199,7 @@ class PhaseProfiler:
             sample_each=self.sample_interval,
             stack_max_len=self.max_stack_length,
             unwind=self.unwind,
+            mode=self.mode,
             follow_children=self.follow_children,
             tags={"session": self.session, "phase": sanitize_tag(phase_name)},
             socket_path=self.socket_path,

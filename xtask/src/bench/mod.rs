@@ -33,6 +33,7 @@ mod end_of_run;
 mod export;
 mod kernel_unwind;
 mod launch;
+mod off_cpu;
 mod overhead;
 mod own_cost;
 mod plan;
@@ -218,6 +219,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("    section {n} failed: {e:#}");
                 writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
             }
+        }
+    }
+    // Issue 26: off-CPU and wall-clock time.
+    if want(14) {
+        if let Err(e) = bench.off_cpu(&plan, &mut sections, &mut verdicts) {
+            println!("    section 14 failed: {e:#}");
+            writeln!(sections, "\n## 14. (failed in this run: {e:#})\n")?;
         }
     }
     let mut md = md.replace(
