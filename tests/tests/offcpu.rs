@@ -410,7 +410,7 @@ fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
             panic!("bpftrace ended before attaching: {err}");
         }
     }
-    let run = profile_workload(&["--off-cpu"], NAME);
+    let run = profile_workload(&["--off-cpu", "--bpf-stats"], NAME);
     // SIGINT: bpftrace prints its maps and exits.
     // SAFETY: a plain kill(2) of our own child.
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
@@ -463,6 +463,17 @@ fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
     let all_traced: f64 = traced.iter().map(|(_, n)| *n as f64).sum();
     c.check(order[0].1 + order[1].1 >= 0.98 * all_traced, || {
         format!("bpftrace saw other waits: {out}")
+    });
+    // --bpf-stats measures the off-CPU program too: it ran at least once per interval it
+    // recorded (each is a switch-in), for some time.
+    let cost = &run.summary.0["cost"];
+    let intervals = run.summary.0["off_cpu"]["off_cpu_intervals"].as_u64().unwrap_or(0);
+    let (runs, ns) = (
+        cost["off_cpu_bpf_run_count"].as_u64().unwrap_or(0),
+        cost["off_cpu_bpf_run_time_ns"].as_u64().unwrap_or(0),
+    );
+    c.check(intervals > 0 && runs >= intervals && ns > 0, || {
+        format!("off-CPU program stats: {runs} runs, {ns} ns for {intervals} intervals: {cost}")
     });
     if !c.is_ok() {
         eprintln!("{ctx}");

@@ -53,10 +53,16 @@ pub fn summary(profile: &Profile) -> String {
             cost.profiler_cpu_secs
         ),
     });
-    match cost.bpf_ns_per_run() {
-        Some(ns) => out.push_str(&format!("; kernel program {ns:.0} ns per run\n")),
-        None => out.push('\n'),
+    if let Some(ns) = cost.bpf_ns_per_run() {
+        out.push_str(&format!("; kernel program {ns:.0} ns per run"));
     }
+    if let (Some(t), Some(n)) = (cost.off_cpu_bpf_run_time_ns, cost.off_cpu_bpf_run_count) {
+        out.push_str(&format!(
+            "; off-CPU program {:.0} ns per context switch ({n} switches)",
+            t as f64 / n.max(1) as f64
+        ));
+    }
+    out.push('\n');
     match meta.throttled {
         Some(t) if t.cause == ShortfallCause::KernelThrottling => out.push_str(&format!(
             "  throttled by the kernel: {:.0}% of the {} samples asked for (all CPUs) were \

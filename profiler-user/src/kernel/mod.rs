@@ -74,7 +74,7 @@ struct WalkerLoaded {
     outcome: std::result::Result<std::time::Duration, String>,
     /// The off-CPU program, when a run asked for it while the thread held the object: its
     /// fd, or why it did not load.
-    off_cpu: Option<std::result::Result<ProgramFd, String>>,
+    off_cpu: Option<std::result::Result<(ProgramFd, u32), String>>,
 }
 
 /// The loaded kernel program and its maps.
@@ -119,6 +119,10 @@ pub struct KernelProgram {
     /// The off-CPU program (`sched:sched_switch`): verified when a run first asks for off-CPU
     /// time (after the walker, whose walks it repeats), attached while any run records it.
     off_cpu_fd: Option<ProgramFd>,
+    /// The off-CPU program's id, for its run-time statistics (`--bpf-stats`).
+    off_cpu_program_id: u32,
+    /// Its run time and runs when it was attached, where statistics are on.
+    off_cpu_stats_at_attach: Option<(u64, u64)>,
     /// Why the off-CPU program did not load, once it was tried.
     off_cpu_error: Option<String>,
     off_cpu_tracepoint: Option<AttachedTracepoint>,
@@ -260,6 +264,8 @@ impl KernelProgram {
             following_runs: 0,
             samples,
             off_cpu_fd: None,
+            off_cpu_program_id: 0,
+            off_cpu_stats_at_attach: None,
             off_cpu_error: None,
             off_cpu_tracepoint: None,
             off_cpu_runs: 0,
@@ -326,7 +332,10 @@ impl KernelProgram {
                 }
                 let mut loaded = loaded;
                 match loaded.off_cpu.take() {
-                    Some(Ok(fd)) => self.off_cpu_fd = Some(fd),
+                    Some(Ok((fd, id))) => {
+                        self.off_cpu_fd = Some(fd);
+                        self.off_cpu_program_id = id;
+                    }
                     Some(Err(e)) => self.off_cpu_error = Some(e),
                     None => {}
                 }
@@ -353,7 +362,20 @@ impl KernelProgram {
         Some((t1.saturating_sub(t0), n1.saturating_sub(n0)))
     }
 
+    /// Total run time (ns) and runs of the off-CPU program since it was attached (every
+    /// context switch of the machine runs it), when statistics are on; `None` when no run
+    /// recorded off-CPU time.
+    pub fn off_cpu_run_stats(&self) -> Option<(u64, u64)> {
+        let (t0, n0) = self.off_cpu_stats_at_attach?;
+        let (t1, n1) = self.program_run_stats(self.off_cpu_program_id)?;
+        Some((t1.saturating_sub(t0), n1.saturating_sub(n0)))
+    }
+
     fn raw_run_stats(&self) -> Option<(u64, u64)> {
+        self.program_run_stats(self.program_id)
+    }
+
+    fn program_run_stats(&self, program_id: u32) -> Option<(u64, u64)> {
         let enabled = self.stats_fd.is_some()
             || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
                 .map(|s| s.trim() == "1")
@@ -365,7 +387,7 @@ impl KernelProgram {
         // runs inside its caller's accounting, so this includes the walker's time.
         let info = aya::programs::loaded_programs()
             .filter_map(|p| p.ok())
-            .find(|p| p.id() == self.program_id)?;
+            .find(|p| p.id() == program_id)?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 
@@ -754,6 +776,7 @@ impl KernelProgram {
             AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd.as_fd().as_raw_fd())
                 .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
         self.off_cpu_tracepoint = Some(tp);
+        self.off_cpu_stats_at_attach = self.program_run_stats(self.off_cpu_program_id);
         Ok(())
     }
 
@@ -1111,8 +1134,8 @@ fn start_walker(
     })
 }
 
-/// Verifies the off-CPU program of `ebpf`: its fd, or why the kernel refused it.
-fn verify_off_cpu(ebpf: &mut Ebpf) -> std::result::Result<ProgramFd, String> {
+/// Verifies the off-CPU program of `ebpf`: its fd and id, or why the kernel refused it.
+fn verify_off_cpu(ebpf: &mut Ebpf) -> std::result::Result<(ProgramFd, u32), String> {
     let started = std::time::Instant::now();
     let tp: &mut TracePoint = ebpf
         .program_mut(OFF_CPU_PROGRAM_NAME)
@@ -1122,11 +1145,12 @@ fn verify_off_cpu(ebpf: &mut Ebpf) -> std::result::Result<ProgramFd, String> {
     tp.load()
         .map_err(|e| load_error(e, "the off-CPU program").to_string())?;
     let fd = clone_fd(tp.fd()).map_err(|e| e.to_string())?;
+    let id = tp.info().map_err(|e| e.to_string())?.id();
     log::info!(
         "off-CPU program verified in {} ms",
         started.elapsed().as_millis()
     );
-    Ok(fd)
+    Ok((fd, id))
 }
 
 /// A program that failed to load, as the error a person can act on: permission, a helper this

@@ -534,6 +534,11 @@ pub struct RunCost {
     pub bpf_run_time_ns: Option<u64>,
     /// Invocations of the kernel program over the run, where stats are on.
     pub bpf_run_count: Option<u64>,
+    /// Time the off-CPU program ran (`--off-cpu`, `--mode wall`: at every context switch of
+    /// the machine, recording target threads' switches), where stats are on.
+    pub off_cpu_bpf_run_time_ns: Option<u64>,
+    /// Its invocations (context switches) over the run, where stats are on.
+    pub off_cpu_bpf_run_count: Option<u64>,
     /// bpfprof's own CPU time (user + system) over the run, in seconds.
     pub profiler_cpu_secs: f64,
     /// bpfprof's peak resident memory, in bytes.

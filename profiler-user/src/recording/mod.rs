@@ -1030,6 +1030,7 @@ impl Recording {
         let mut counters = Counters::default();
         let mut samples = Vec::new();
         let mut bpf_run = None;
+        let mut off_cpu_bpf_run = None;
         let mut tables = TableCost::default();
         let throttled = self.throttled(pool);
         let mut result = Ok(());
@@ -1050,6 +1051,7 @@ impl Recording {
                 Err(e) => result = Err(e),
             }
             bpf_run = bpf_run.or_else(|| program.run_stats());
+            off_cpu_bpf_run = off_cpu_bpf_run.or_else(|| program.off_cpu_run_stats());
             tables = TableCost::of(&program.unwind);
         }
         for (slot, _) in &self.slots {
@@ -1064,6 +1066,7 @@ impl Recording {
             samples,
             counters,
             bpf_run,
+            off_cpu_bpf_run,
             throttled,
             tables,
             multi_process,
@@ -1174,6 +1177,7 @@ impl Recording {
             duration: self.window_started.elapsed(),
             counters,
             bpf_run: None,
+            off_cpu_bpf_run: None,
             throttled: None,
             tables,
             multi_process: self.is_multi_process(),
@@ -1269,6 +1273,8 @@ pub struct Collected {
     samples: Vec<(u32, Sample)>,
     counters: Counters,
     bpf_run: Option<(u64, u64)>,
+    /// The off-CPU program's run time and runs, where statistics were on.
+    off_cpu_bpf_run: Option<(u64, u64)>,
     throttled: Option<Throttled>,
     tables: TableCost,
     /// Whether the run could have more than one process (more than one target, children
@@ -1333,6 +1339,7 @@ impl Collected {
             samples,
             counters,
             bpf_run,
+            off_cpu_bpf_run,
             throttled,
             tables,
             multi_process,
@@ -1346,6 +1353,7 @@ impl Collected {
             duration,
             counters,
             bpf_run,
+            off_cpu_bpf_run,
             throttled,
             tables,
             multi_process,
@@ -1364,6 +1372,8 @@ struct Head {
     duration: Duration,
     counters: Counters,
     bpf_run: Option<(u64, u64)>,
+    /// The off-CPU program's run time and runs, where statistics were on.
+    off_cpu_bpf_run: Option<(u64, u64)>,
     throttled: Option<Throttled>,
     tables: TableCost,
     /// Whether the run could have more than one process: roots carry their pids.
@@ -1392,6 +1402,7 @@ fn assemble_samples(
         duration,
         counters,
         bpf_run,
+        off_cpu_bpf_run,
         throttled,
         tables,
         multi_process,
@@ -1566,6 +1577,8 @@ fn assemble_samples(
     let mut cost = own_cost();
     cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
     cost.bpf_run_count = bpf_run.map(|(_, n)| n);
+    cost.off_cpu_bpf_run_time_ns = off_cpu_bpf_run.map(|(t, _)| t);
+    cost.off_cpu_bpf_run_count = off_cpu_bpf_run.map(|(_, n)| n);
     cost.unwind_tables_built = tables.built as u64;
     cost.unwind_rows_built = tables.rows;
     cost.unwind_build_secs = tables.build_secs;
