@@ -65,6 +65,9 @@ struct Scene {
     bystander: Option<Bystander>,
     attacker: TestUser,
     bin: PathBuf,
+    /// The directory of `bin`, a copy of bpfprof (240 MB in a debug build) the test user can
+    /// run: removed with the scene.
+    _bin_dir: tempfile::TempDir,
     /// The attack's own binaries.
     dir: tempfile::TempDir,
 }
@@ -81,13 +84,12 @@ impl Scene {
     fn without_bystander(daemon_args: &[&str]) -> Scene {
         let daemon = Daemon::start(daemon_args);
         let (bin_dir, bin) = world_executable_bpfprof();
-        // The copy lives as long as the scene.
-        std::mem::forget(bin_dir);
         Scene {
             daemon,
             bystander: None,
             attacker: test_user("bpfprof-t1"),
             bin,
+            _bin_dir: bin_dir,
             dir: shared_dir(),
         }
     }
