@@ -46,10 +46,28 @@ print(json.dumps(out))
 pub struct RawSample {
     /// Its count (the first value).
     pub count: u64,
+    /// Every value, in the order of the profile's sample types.
+    pub values: Vec<u64>,
     /// The function of its leaf location.
     pub leaf: String,
+    /// The function of each location, leaf first (a location's innermost line).
+    pub frames: Vec<String>,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+}
+
+/// The sample types of pprof's `-raw` text (`samples/count cpu/nanoseconds ...`), in order,
+/// without the `[dflt]` mark of the default one.
+pub fn raw_sample_types(raw: &str) -> Vec<String> {
+    raw.lines()
+        .skip_while(|l| *l != "Samples:")
+        .nth(1)
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| t.trim_end_matches("[dflt]").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `go tool pprof -raw URL`, Go's own pprof fetching the profile over HTTP as it would from
@@ -76,10 +94,34 @@ pub fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
     Some(parse_raw(&raw))
 }
 
+/// [`go_pprof_url`] with the sample types of the profile, for profiles with several values.
+pub fn go_pprof_url_typed(url: &str, home: &Path) -> Option<(Vec<String>, Vec<RawSample>)> {
+    let out = match Command::new("go")
+        .args(["tool", "pprof", "-raw", url])
+        .env("HOME", home)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(!ci(), "go is needed under CI (cargo xtask setup): {e}");
+            eprintln!("skipping: go is missing: {e}");
+            return None;
+        }
+    };
+    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {url} failed: {}\n{raw}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((raw_sample_types(&raw), parse_raw(&raw)))
+}
+
 /// The samples of pprof's `-raw` text, leaf functions named from its `Locations`.
 pub fn parse_raw(raw: &str) -> Vec<RawSample> {
     let location = regex::Regex::new(r"^\s+(\d+): (?:0x[0-9a-f]+ )?(?:M=\d+ )?(\S+)").unwrap();
-    let sample = regex::Regex::new(r"^\s+(\d+)\s+\d+: ([\d ]+)$").unwrap();
+    // Every value of the sample, then its locations, leaf first.
+    let sample = regex::Regex::new(r"^\s+(\d+(?:\s+\d+)*): ([\d ]+)$").unwrap();
     // A value may hold `]` itself (`[exited process]`): it ends at `]` before a space or the end.
     let label = regex::Regex::new(r"(\w+):\[(.*?)\](?:\s|$)").unwrap();
     let mut functions = BTreeMap::new();
@@ -99,10 +141,19 @@ pub fn parse_raw(raw: &str) -> Vec<RawSample> {
         .take_while(|l| *l != "Locations")
     {
         if let Some(c) = sample.captures(line) {
-            let leaf_id = c[2].split_whitespace().next().unwrap_or_default();
+            let values: Vec<u64> = c[1]
+                .split_whitespace()
+                .map(|v| v.parse().unwrap())
+                .collect();
+            let frames: Vec<String> = c[2]
+                .split_whitespace()
+                .map(|id| functions.get(id).cloned().unwrap_or_default())
+                .collect();
             samples.push(RawSample {
-                count: c[1].parse().unwrap(),
-                leaf: functions.get(leaf_id).cloned().unwrap_or_default(),
+                count: values[0],
+                values,
+                leaf: frames.first().cloned().unwrap_or_default(),
+                frames,
                 labels: BTreeMap::new(),
             });
         } else if let Some(last) = samples.last_mut() {

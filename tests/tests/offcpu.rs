@@ -467,7 +467,9 @@ fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
     // --bpf-stats measures the off-CPU program too: it ran at least once per interval it
     // recorded (each is a switch-in), for some time.
     let cost = &run.summary.0["cost"];
-    let intervals = run.summary.0["off_cpu"]["off_cpu_intervals"].as_u64().unwrap_or(0);
+    let intervals = run.summary.0["off_cpu"]["off_cpu_intervals"]
+        .as_u64()
+        .unwrap_or(0);
     let (runs, ns) = (
         cost["off_cpu_bpf_run_count"].as_u64().unwrap_or(0),
         cost["off_cpu_bpf_run_time_ns"].as_u64().unwrap_or(0),
@@ -696,5 +698,139 @@ fn a_daemon_run_takes_the_mode() {
     if !c.is_ok() {
         eprintln!("{}", profile.top(15));
     }
+    c.finish();
+}
+
+#[test]
+fn the_agent_serves_a_containers_waits_under_their_callers() {
+    use bpfprof_tests::agent::{free_port, go_pprof_url_typed, metrics, start_agent, TestCgroup};
+    if !require_root() {
+        return;
+    }
+    // The workload alone in a cgroup (a container, to the agent), for long enough that the
+    // agent's windows fall inside its run; it measures its own split when it ends.
+    const NAME: &str = "offcpu-agent";
+    const SECS: u64 = 30;
+    let cgroup = TestCgroup::named(&format!("bpfprof-offcpu-agent-{}", std::process::id()));
+    let mut workload = Command::new(workload_path("offcpu"))
+        .args([&SECS.to_string(), "2", NAME])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the offcpu workload");
+    cgroup.add(workload.id());
+    let pid = workload.id();
+    let port = free_port();
+    let agent = start_agent(
+        port,
+        &[
+            "--cgroup",
+            &cgroup.relative,
+            "--off-cpu",
+            "-F",
+            "99",
+            "--window",
+            "1s",
+        ],
+        2.0,
+    );
+    let dir = tempdir();
+    // Judged by the waits recorded: a loaded machine may need more windows for enough.
+    let mut seconds = 4;
+    let (types, samples) = loop {
+        let url = format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}");
+        let Some((types, samples)) = go_pprof_url_typed(&url, dir.path()) else {
+            let _ = workload.kill();
+            let _ = workload.wait();
+            return;
+        };
+        let waits = samples.iter().filter(|s| s.frames.len() > 1).count();
+        if waits >= 50 || seconds >= 16 {
+            break (types, samples);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        seconds += 4;
+    };
+    let agent_metrics = metrics(port);
+    drop(agent);
+    let mut stdout = String::new();
+    workload
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert!(workload.wait().unwrap().success());
+    let split = Split::parse(&stdout);
+
+    // The window's pprof carries the off-CPU time as a sample type of its own, in nanoseconds.
+    let off_cpu = types
+        .iter()
+        .position(|t| t == "off_cpu/nanoseconds")
+        .unwrap_or_else(|| panic!("no off_cpu/nanoseconds sample type in {types:?}"));
+    let of_pid =
+        |s: &&bpfprof_tests::agent::RawSample| s.labels.get("pid") == Some(&pid.to_string());
+    let has = |s: &bpfprof_tests::agent::RawSample, f: &dyn Fn(&str) -> bool| {
+        s.frames.iter().any(|x| f(x))
+    };
+    let wait_ns = |phase: &str, kernel: &dyn Fn(&str) -> bool| -> f64 {
+        samples
+            .iter()
+            .filter(of_pid)
+            .filter(|s| has(s, &|x| x == phase) && has(s, kernel))
+            .map(|s| s.values[off_cpu] as f64)
+            .sum()
+    };
+    let sleep = wait_ns("sleep_phase", &|x| x == "do_nanosleep");
+    let pipe = wait_ns("pipe_phase", &is_pipe_read);
+    let all_off: f64 = samples
+        .iter()
+        .filter(of_pid)
+        .map(|s| s.values[off_cpu] as f64)
+        .sum();
+    let compute = samples
+        .iter()
+        .filter(of_pid)
+        .filter(|s| has(s, &|x| x == "compute_phase"))
+        .map(|s| s.count)
+        .sum::<u64>();
+    let want = split.sleep / split.pipe;
+    let got = sleep / pipe.max(1.0);
+    eprintln!(
+        "agent: sleep {:.3} s, pipe {:.3} s, all off-CPU {:.3} s, compute samples {compute}; \
+         sleep:pipe {got:.3}, the workload's {want:.3}",
+        sleep / 1e9,
+        pipe / 1e9,
+        all_off / 1e9
+    );
+    let mut c = Checks::new();
+    // Two workers wait about half of each window: at least a second of each wait however
+    // loaded the machine, named by the kernel's frames under the workload's own functions.
+    c.check(sleep >= 1e9 && pipe >= 0.6e9, || {
+        format!("sleep {sleep} ns, pipe {pipe} ns")
+    });
+    // The split of the windows is the workload's own (its whole run; the windows are part).
+    c.check((got / want - 1.0).abs() <= 0.15, || {
+        format!("sleep:pipe {got:.3} in the agent's windows, {want:.3} by the workload ({split:?})")
+    });
+    // CPU samples stay samples, beside the waits.
+    c.check(compute > 0, || "no CPU sample under compute_phase".into());
+    // Nothing outside the container: the cgroup filter holds for waits too.
+    let strays: Vec<&String> = samples
+        .iter()
+        .filter_map(|s| s.labels.get("pid"))
+        .filter(|p| **p != pid.to_string())
+        .collect();
+    c.check(strays.is_empty(), || {
+        format!("samples of other processes: {strays:?}")
+    });
+    // /metrics counts the time recorded off the CPU.
+    let off_seconds = agent_metrics
+        .get("bpfprof_agent_off_cpu_seconds_total")
+        .copied()
+        .unwrap_or(0.0);
+    c.check(off_seconds >= (sleep + pipe) / 1e9 * 0.5, || {
+        format!("bpfprof_agent_off_cpu_seconds_total {off_seconds}")
+    });
     c.finish();
 }

@@ -44,6 +44,8 @@ pub struct Metrics {
     registry: Registry,
     /// Samples taken into windows.
     pub samples: Counter,
+    /// Seconds target threads spent off the CPU in windows (`--off-cpu`; 0 without it).
+    pub off_cpu_seconds: Counter<f64, AtomicU64>,
     /// Samples lost or incomplete, by reason.
     pub lost: Family<Labels, Counter>,
     /// Windows cut.
@@ -109,6 +111,7 @@ impl Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("bpfprof_agent"),
             samples: Counter::default(),
+            off_cpu_seconds: Counter::default(),
             lost: Family::default(),
             windows: Counter::default(),
             windows_kept: Gauge::default(),
@@ -132,6 +135,11 @@ impl Metrics {
         };
         let r = &mut m.registry;
         r.register("samples", "Samples taken into windows", m.samples.clone());
+        r.register(
+            "off_cpu_seconds",
+            "Seconds threads spent off the CPU, recorded with --off-cpu",
+            m.off_cpu_seconds.clone(),
+        );
         r.register(
             "samples_lost",
             "Samples lost or incomplete, by reason",
@@ -314,7 +322,7 @@ impl Metrics {
 }
 
 /// Each loss by its metric label.
-fn loss_reasons(l: &Losses) -> [(&'static str, u64); 9] {
+fn loss_reasons(l: &Losses) -> [(&'static str, u64); 10] {
     [
         ("sample_map_full", l.sample_map_full),
         ("user_stack_map_full", l.user_stack_map_full),
@@ -325,6 +333,7 @@ fn loss_reasons(l: &Losses) -> [(&'static str, u64); 9] {
         ("truncated", l.truncated),
         ("user_stack_ended_early", l.stack_ended_early),
         ("not_profilable", l.not_profilable),
+        ("off_cpu_table_full", l.off_cpu_pending_full),
     ]
 }
 
@@ -348,6 +357,8 @@ mod tests {
         let text = m.encode();
         for line in [
             "bpfprof_agent_samples_total 5",
+            "bpfprof_agent_off_cpu_seconds_total 0.0",
+            "bpfprof_agent_samples_lost_total{reason=\"off_cpu_table_full\"} 0",
             "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
             "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
             "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",

@@ -344,6 +344,10 @@ impl Agent<'_> {
         self.labels.retain(|pid, _| living.contains(pid));
 
         metrics.samples.inc_by(profile.total_samples());
+        let (_, off_cpu) = profile.time_totals();
+        metrics
+            .off_cpu_seconds
+            .inc_by(off_cpu.values().sum::<u64>() as f64 / 1e9);
         metrics.add_losses(&profile.meta.losses);
         metrics.windows.inc();
         metrics.processes.set(living.len() as i64);

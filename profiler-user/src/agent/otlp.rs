@@ -6,7 +6,9 @@
 //! semantic conventions (`service.name`, `host.name`, `process.pid`,
 //! `process.executable.name`, `process.executable.path`, `container.id`), holding one profile
 //! of that process's stacks over the window: sample type `samples`/`count`, period type
-//! `cpu`/`nanoseconds` with the nanoseconds each sample stands for. Threads (in per-thread
+//! `cpu`/`nanoseconds` with the nanoseconds each sample stands for, and, where the recording
+//! has off-CPU time (`--off-cpu`) and the process waited, a second profile of its waits with
+//! sample type `off_cpu`/`nanoseconds` (the OpenTelemetry eBPF profiler's). Threads (in per-thread
 //! profiles) are the sample attributes `thread.id` and `thread.name`; the tags of daemon runs
 //! that profiled the process are profile attributes. Every request carries its own
 //! dictionary (strings, functions, mappings with their build ids, locations with their frame
@@ -252,6 +254,15 @@ fn unix_nanos(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// One process's samples in a window: CPU samples (counts) and time off the CPU
+/// (nanoseconds), each for a profile of its own.
+#[derive(Default)]
+struct ProcessSamples {
+    comm: String,
+    cpu: Vec<Sample>,
+    off_cpu: Vec<Sample>,
+}
+
 /// The request for one window: a resource per process (its stacks, the stacks without a
 /// process under a resource of the host alone), the dictionary shared by all.
 pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
@@ -265,13 +276,18 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
         type_strindex: d.string("cpu"),
         unit_strindex: d.string("nanoseconds"),
     };
+    // Time off the CPU is a profile of its own, as the OpenTelemetry eBPF profiler sends it:
+    // OTLP gives a profile one sample type, and an interval off the CPU is no CPU sample.
+    let off_cpu_type = ValueType {
+        type_strindex: d.string("off_cpu"),
+        unit_strindex: d.string("nanoseconds"),
+    };
     let time_unix_nano = unix_nanos(window.start);
     let duration_nano = unix_nanos(window.end).saturating_sub(time_unix_nano);
     let period = i64::try_from(profile.meta.sample_nanos()).unwrap_or(i64::MAX);
 
     // Each process's samples (and its comm), in pid order; `None` holds stacks without one.
-    let mut by_pid: std::collections::BTreeMap<Option<u32>, (String, Vec<Sample>)> =
-        Default::default();
+    let mut by_pid: std::collections::BTreeMap<Option<u32>, ProcessSamples> = Default::default();
     for stack in &profile.stacks {
         let mut locations: Vec<i32> = Vec::with_capacity(stack.frames.len());
         let mut attribute_indices = Vec::new();
@@ -294,26 +310,36 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
         }
         // Leaf first.
         locations.reverse();
+        let off_cpu = profile.off_cpu_state(stack).is_some();
+        let value = if off_cpu {
+            stack.off_cpu_ns
+        } else {
+            stack.count
+        };
         let sample = Sample {
             stack_index: d.stack(locations),
             attribute_indices,
             link_index: 0,
-            values: vec![i64::try_from(stack.count).unwrap_or(i64::MAX)],
+            values: vec![i64::try_from(value).unwrap_or(i64::MAX)],
             timestamps_unix_nano: Vec::new(),
         };
         let (pid, comm) = match process {
             Some((pid, comm)) => (Some(pid), comm),
             None => (None, String::new()),
         };
-        by_pid
-            .entry(pid)
-            .or_insert_with(|| (comm, Vec::new()))
-            .1
-            .push(sample);
+        let entry = by_pid.entry(pid).or_insert_with(|| ProcessSamples {
+            comm,
+            ..Default::default()
+        });
+        if off_cpu {
+            entry.off_cpu.push(sample);
+        } else {
+            entry.cpu.push(sample);
+        }
     }
 
     let mut resource_profiles = Vec::with_capacity(by_pid.len());
-    for (pid, (comm, samples)) in by_pid {
+    for (pid, ProcessSamples { comm, cpu, off_cpu }) in by_pid {
         let labels = pid
             .and_then(|pid| profile.process_labels.get(&pid))
             .map(Vec::as_slice)
@@ -364,6 +390,28 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
         for (key, values) in tags {
             profile_attributes.push(d.attribute(key, Value::Str(values.join(","))));
         }
+        // The CPU profile always (a window with no CPU sample of a process that only waited
+        // still says so), the off-CPU one where the process waited.
+        let mut profiles = vec![OtlpProfile {
+            sample_type: Some(sample_type),
+            samples: cpu,
+            time_unix_nano,
+            duration_nano,
+            period_type: Some(period_type),
+            period,
+            attribute_indices: profile_attributes.clone(),
+            ..Default::default()
+        }];
+        if !off_cpu.is_empty() {
+            profiles.push(OtlpProfile {
+                sample_type: Some(off_cpu_type),
+                samples: off_cpu,
+                time_unix_nano,
+                duration_nano,
+                attribute_indices: profile_attributes,
+                ..Default::default()
+            });
+        }
         resource_profiles.push(ResourceProfiles {
             resource: Some(Resource {
                 attributes,
@@ -375,16 +423,7 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
                     version: env!("CARGO_PKG_VERSION").into(),
                     ..Default::default()
                 }),
-                profiles: vec![OtlpProfile {
-                    sample_type: Some(sample_type),
-                    samples,
-                    time_unix_nano,
-                    duration_nano,
-                    period_type: Some(period_type),
-                    period,
-                    attribute_indices: profile_attributes,
-                    ..Default::default()
-                }],
+                profiles,
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -536,6 +575,55 @@ mod tests {
             attr(d, kernel.attribute_indices[0]),
             ("profile.frame.type".into(), "kernel".into())
         );
+    }
+
+    #[test]
+    fn waits_are_an_off_cpu_profile_in_nanoseconds_beside_the_cpu_samples() {
+        let mut w = window();
+        w.profile.meta.off_cpu = Some(crate::sampling::OffCpu {
+            preempted: false,
+            min_ns: 1000,
+        });
+        w.profile
+            .frames
+            .push(ProfileFrame::OffCpu(crate::profile::OffCpuState::Sleeping));
+        let off = w.profile.frames.len() - 1;
+        // main;parent_cold;[off-cpu: sleeping], 3 waits of 1.5 s in all.
+        w.profile.stacks.push(crate::profile::StackCount {
+            frames: vec![0, 1, 2, 5, off],
+            count: 3,
+            off_cpu_ns: 1_500_000_000,
+            addresses: Vec::new(),
+        });
+        let req = request(&w, "box");
+        let d = req.dictionary.as_ref().unwrap();
+        let name = |i: i32| d.string_table[i as usize].as_str();
+        let profiles = &req.resource_profiles[0].scope_profiles[0].profiles;
+        assert_eq!(profiles.len(), 2);
+        let (cpu, waits) = (&profiles[0], &profiles[1]);
+        // The CPU profile counts CPU samples only.
+        let total: i64 = cpu.samples.iter().map(|s| s.values[0]).sum();
+        assert_eq!(total as u64, w.profile.total_samples());
+        let st = waits.sample_type.unwrap();
+        assert_eq!(
+            (name(st.type_strindex), name(st.unit_strindex)),
+            ("off_cpu", "nanoseconds")
+        );
+        assert_eq!(waits.samples.len(), 1);
+        assert_eq!(waits.samples[0].values, vec![1_500_000_000]);
+        let stack = &d.stack_table[waits.samples[0].stack_index as usize];
+        let names: Vec<&str> = stack
+            .location_indices
+            .iter()
+            .flat_map(|&l| &d.location_table[l as usize].lines)
+            .map(|line| name(d.function_table[line.function_index as usize].name_strindex))
+            .collect();
+        assert_eq!(names[1..], ["parent_cold", "main"], "{names:?}");
+        assert!(names[0].contains("off-cpu"), "{names:?}");
+        // Both carry the window's bounds and the process's attributes.
+        assert_eq!(waits.time_unix_nano, cpu.time_unix_nano);
+        assert_eq!(waits.duration_nano, cpu.duration_nano);
+        assert_eq!(waits.attribute_indices, cpu.attribute_indices);
     }
 
     #[test]

@@ -108,6 +108,14 @@ pub struct AgentArgs {
     /// recently are evicted.
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
+    /// Also record where threads block (sleeps, locks, pipes, disk) and for how long: each
+    /// window then carries off-CPU stacks weighed in nanoseconds beside the CPU samples
+    /// (pprof's `off_cpu` sample type, an OTLP `off_cpu` profile).
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Shortest time off the CPU recorded with --off-cpu (default 1us).
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub off_cpu_min: Option<Duration>,
     /// A TOML file of rules naming services: `[[rule]]` tables with `service` and any of
     /// `comm`, `executable`, `cgroup` (regular expressions); the first rule whose patterns
     /// all match names the process.

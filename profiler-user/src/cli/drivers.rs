@@ -57,6 +57,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
     let request = RecordingRequest::validate(
         SamplingRequest {
             frequency: Some(args.frequency),
+            off_cpu: OffCpu::from_flags(Mode::Cpu, args.off_cpu, args.off_cpu_min)?,
             ..SamplingRequest::default()
         },
         // Named processes are followed into their children, as the machine's would be.
