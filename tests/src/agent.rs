@@ -73,25 +73,7 @@ pub fn raw_sample_types(raw: &str) -> Vec<String> {
 /// `go tool pprof -raw URL`, Go's own pprof fetching the profile over HTTP as it would from
 /// any `net/http/pprof` server; `None` (outside CI) where Go is missing.
 pub fn go_pprof_url(url: &str, home: &Path) -> Option<Vec<RawSample>> {
-    let out = match Command::new("go")
-        .args(["tool", "pprof", "-raw", url])
-        .env("HOME", home)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            assert!(!ci(), "go is needed under CI (cargo xtask setup): {e}");
-            eprintln!("skipping: go is missing: {e}");
-            return None;
-        }
-    };
-    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof {url} failed: {}\n{raw}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(parse_raw(&raw))
+    go_pprof_url_typed(url, home).map(|(_, samples)| samples)
 }
 
 /// [`go_pprof_url`] with the sample types of the profile, for profiles with several values.
