@@ -50,6 +50,13 @@ pub const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// or Python frames.
 pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 
+/// A young process of a system-wide run is re-read at most once in this many sampling
+/// periods (and at most once a tick): at the agent's 19 Hz, every 0.26 s instead of every
+/// 0.1 s tick. Until its first re-read a new library's samples walk by frame pointer, a few
+/// samples at such a rate; re-reading every tick was most of the agent's maps reads on a
+/// machine starting many short processes (builds), where each lives its whole life young.
+pub const YOUNG_REFRESH_PERIODS: f64 = 5.0;
+
 /// How often a system-wide run re-reads the maps of a process past its youth that runs no
 /// CPython (whose thread list the Python walk needs every [`MAPS_REFRESH`]). Re-reading the
 /// maps of every process on the machine twice a second was a sixth of the agent's CPU; a
@@ -630,8 +637,24 @@ impl Recording {
         let now = Instant::now();
         let system = self.is_system();
         let owner_uid = self.owner_uid();
+        // Every tick where sampling is fast enough that a tick holds more than
+        // YOUNG_REFRESH_PERIODS samples per CPU (command-line runs at their default rate).
+        let young_every = self
+            .sampling
+            .filter(|s| system && s.nominal_hz > 0.0)
+            .map_or(Duration::ZERO, |s| {
+                Duration::from_secs_f64(YOUNG_REFRESH_PERIODS / s.nominal_hz)
+            });
+        // A system-wide run looks for its processes' exits every MAPS_REFRESH (and at each
+        // one's own re-read), not every tick: each look opens and reads /proc/PID/stat, and
+        // for every process of the machine ten times a second that was the agent's busiest
+        // system call (200 a second on a quiet machine); an exit seen later only keeps the
+        // process's state that much longer. Runs of targets look every tick: their end is
+        // their targets' exit.
+        let look_for_exits = !system || refresh;
         for p in self.processes.values_mut() {
-            let young = p.young_until.is_some_and(|t| now < t);
+            let young = p.young_until.is_some_and(|t| now < t)
+                && now.duration_since(p.refreshed_at) >= young_every;
             let due = if system && p.python.is_none() {
                 now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
             } else {
@@ -648,7 +671,7 @@ impl Recording {
                     p.revoke(program);
                 }
             }
-            if p.poll(refresh) && system {
+            if (look_for_exits || refresh) && p.poll(refresh) && system {
                 program.forget_system_process(p.target.pid);
             }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
