@@ -646,29 +646,36 @@ fn pprof_has_real_addresses_and_disassembles() {
     }
 
     // With the binary present, pprof disassembles the hot function and puts the samples on
-    // its instructions.
-    // Only leaf_hot's own nodes (-show_from/-prune_from): this pprof computes a binary's load
-    // base from the first node it is asked about, in map order, and a node of another
-    // mapping (libc, the kernel) would fail it at random.
+    // its instructions, every time it is asked on the same file.
+    // Plain `-disasm=leaf_hot` finds it only sometimes, whatever the file says (issue 27):
+    // pprof (Debian's 2021 snapshot, and upstream's report.go and binutils.go since) asks the
+    // opened binary for the object address of every node of the profile (`nodesPerSymbol`)
+    // in Go's random map order, and the binary computes its load base once, from the first
+    // address it is asked about (`ObjAddr`, `computeBase`): a node of libc, the kernel or a
+    // pseudo frame first fails it for the whole report ("no matches found"). The same file
+    // is found 10 times in 10 by that pprof with `nodesPerSymbol` skipping other binaries'
+    // nodes. README's recipe keeps only the function's own nodes: -show_from/-prune_from.
     let args = [
         "-show_from=leaf_hot",
         "-prune_from=leaf_hot",
         "-disasm=leaf_hot",
         profile.to_str().unwrap(),
     ];
-    let Some(disasm) = upstream_pprof(&args, dir.path()) else {
-        return;
-    };
-    assert!(
-        disasm.contains("ROUTINE ======================== leaf_hot"),
-        "{disasm}"
-    );
-    let sampled_instructions = disasm
-        .lines()
-        .filter(|l| l.contains(':') && !l.trim_start().starts_with('.'))
-        .filter(|l| l.contains("ms "))
-        .count();
-    assert!(sampled_instructions >= 2, "{disasm}");
+    for _ in 0..10 {
+        let Some(disasm) = upstream_pprof(&args, dir.path()) else {
+            return;
+        };
+        assert!(
+            disasm.contains("ROUTINE ======================== leaf_hot"),
+            "{disasm}"
+        );
+        let sampled_instructions = disasm
+            .lines()
+            .filter(|l| l.contains(':') && !l.trim_start().starts_with('.'))
+            .filter(|l| l.contains("ms "))
+            .count();
+        assert!(sampled_instructions >= 2, "{disasm}");
+    }
 }
 
 #[test]
@@ -741,6 +748,94 @@ fn per_thread_pprof_labels_threads() {
         .map(|l| l.rsplit_once("): ").unwrap().1.trim().to_string())
         .collect();
     assert_eq!(focused, [tids[0].clone()], "{one}");
+}
+
+/// `--per-thread` with a `.txt` output: after the whole process's table, one table per thread,
+/// each led by what that thread burns and counted in its own samples (issue 27: one table for
+/// all threads hid which thread burned what).
+#[test]
+fn per_thread_top_table_has_one_table_per_thread() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let target = Workload::spawn("multithread", &["60"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempdir();
+    let table = dir.path().join("t.txt");
+    let pid = target.pid().to_string();
+    run_bpfprof(
+        [
+            "--pid",
+            &pid,
+            "-F",
+            "499",
+            "-d",
+            "2s",
+            "--per-thread",
+            "-q",
+            "-o",
+            table.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    )
+    .assert_code(0);
+    let text = std::fs::read_to_string(&table).unwrap();
+    // `N samples; event: ...` heads the whole's table.
+    let total: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no sample count heading the table:\n{text}"));
+    // Each thread's table: `multithread (pid P) / NAME (tid T): N samples (S% of all)`, then
+    // its rows by self samples, whose first names the function the thread spends it in.
+    let prefix = format!("multithread (pid {pid}) / ");
+    let mut threads: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (thread, counts) = rest
+            .split_once("): ")
+            .unwrap_or_else(|| panic!("a thread's header without its count: {line}"));
+        let tid = thread.rsplit_once("(tid ").unwrap().1.to_string();
+        let samples: u64 = counts.split_whitespace().next().unwrap().parse().unwrap();
+        assert_eq!(
+            lines.get(i + 1).copied(),
+            Some("top functions by self samples:"),
+            "{text}"
+        );
+        let first = lines[i + 3].split_whitespace().last().unwrap().to_string();
+        assert!(
+            threads.insert(tid, (samples, first)).is_none(),
+            "a thread with two tables:\n{text}"
+        );
+    }
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for tid in threads.keys() {
+        assert!(
+            tasks.contains(tid),
+            "tid {tid} is not the target's ({tasks:?})"
+        );
+    }
+    assert_eq!(
+        threads.values().map(|(n, _)| n).sum::<u64>(),
+        total,
+        "the threads' tables share the whole's samples:\n{text}"
+    );
+    // The two workers each lead a table of their own with their own function.
+    let leaders: Vec<&str> = threads.values().map(|(_, f)| f.as_str()).collect();
+    for work in ["thread_a_work", "thread_b_work"] {
+        assert_eq!(
+            leaders.iter().filter(|f| **f == work).count(),
+            1,
+            "{work} leads one thread's table:\n{text}"
+        );
+    }
 }
 
 #[test]

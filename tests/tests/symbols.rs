@@ -201,6 +201,66 @@ fn cpp_names_are_demangled() {
     assert!(p.has_frame("ns::Widget<int>::spin()"), "{}", p.top(5));
 }
 
+/// A stripped C++ program whose hot function is internal: only `.dynsym`'s exports are left
+/// (`-rdynamic`), and the hot function sits after an exported one.
+const STRIPPED_CPP: &str = r#"
+volatile unsigned long sink;
+namespace ns {
+__attribute__((noinline)) void exported_entry(int n) { sink += n; }
+}
+static __attribute__((noinline)) void spin_internal() { for (unsigned long i = 0; i < 100000000UL; i++) sink += i; }
+int main() { for (;;) { ns::exported_entry(1); spin_internal(); } }
+"#;
+
+/// Code no symbol covers is named `export+0xOFF` from the nearest exported function before
+/// it, and that name is demangled as exact symbols are (issue 27: cc1plus showed
+/// `_Z14debug_df_chainP7df_link+0x16c0` beside demangled exact names).
+#[test]
+fn stripped_cpp_offsets_from_exports_are_demangled() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = compile(
+        dir.path(),
+        "stripped",
+        STRIPPED_CPP,
+        true,
+        &["-O0", "-fno-omit-frame-pointer", "-rdynamic"],
+    );
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg(&bin)
+        .status()
+        .unwrap();
+    assert!(status.success(), "strip failed");
+    let nm = Command::new("nm").arg("-D").arg(&bin).output().unwrap();
+    let exports = String::from_utf8_lossy(&nm.stdout);
+    assert!(
+        exports.contains("_ZN2ns14exported_entryEi") && !exports.contains("spin_internal"),
+        "the stripped binary exports only ns::exported_entry (mangled) and main:\n{exports}"
+    );
+    let target = Workload::spawn_command(Command::new(&bin));
+    settle();
+    let (p, _, _) = profile(&target.pid().to_string(), &[], "1s");
+    let in_spin = p.count_where(|f| {
+        f.iter()
+            .any(|x| x.starts_with("ns::exported_entry(int)+0x"))
+    });
+    assert!(
+        in_spin as f64 >= 0.8 * p.total() as f64 && p.total() >= 100,
+        "{in_spin} of {} samples in ns::exported_entry(int)+0x...:\n{}",
+        p.total(),
+        p.top(5)
+    );
+    assert_eq!(
+        p.count_where(|f| f.iter().any(|x| x.starts_with("_Z"))),
+        0,
+        "mangled frames:\n{}",
+        p.top(5)
+    );
+}
+
 const PLAIN: &str = r#"
 volatile unsigned long sink;
 __attribute__((noinline)) void debuglink_work(void) { for (unsigned long i = 0; i < 100000000UL; i++) sink += i; }

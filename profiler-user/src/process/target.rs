@@ -191,6 +191,14 @@ impl Target {
         dumpable && self.is_alive()
     }
 
+    /// Its executable memory in KiB (`VmExe` + `VmLib` of `/proc/PID/status`, the kernel's
+    /// `exec_vm`), which changes when it maps new code (a `dlopen`): a far cheaper sign that
+    /// its maps changed than reading them. `None` when the status cannot be read.
+    pub fn executable_kib(&self) -> Option<u64> {
+        let status = read_status(self.pid).ok()?;
+        Some(status.vmexe.unwrap_or(0) + status.vmlib.unwrap_or(0))
+    }
+
     /// Whether the process still runs (not exited, not a zombie, not replaced by a new pid owner).
     pub fn is_alive(&self) -> bool {
         procfs::process::Process::new(self.pid as i32)

@@ -113,6 +113,10 @@ pub struct ProcessRecording {
     pub young_until: Option<Instant>,
     /// When its maps were last re-read (see [`SYSTEM_MAPS_REFRESH`]).
     pub refreshed_at: Instant,
+    /// Its executable memory when last looked at (see [`Target::executable_kib`]): a run of
+    /// targets re-reads the maps of a process whose executable memory changed at the next
+    /// tick, not up to [`MAPS_REFRESH`] later.
+    pub executable_kib: Option<u64>,
     /// The objects it maps whose code had no unwind table when last looked at.
     pub untabled: Vec<crate::unwind::Untabled>,
     /// Whether the kernel's CFI walker walked its stacks: the unwinder tracked it at some
@@ -144,6 +148,14 @@ impl ProcessRecording {
         self.untabled = Vec::new();
         self.revoked = true;
         self.exited = true;
+    }
+
+    /// Whether its executable memory changed since the last call (the first call only notes
+    /// it): new code was mapped, whose unwind table and names need its maps re-read.
+    fn mapped_new_code(&mut self) -> bool {
+        let now = self.target.executable_kib();
+        let before = std::mem::replace(&mut self.executable_kib, now);
+        before.is_some() && now.is_some() && before != now
     }
 
     /// Notes whether the process still lives, re-reading its maps when `refresh`; true when
@@ -559,6 +571,7 @@ impl Recording {
                 python,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 refreshed_at: Instant::now(),
+                executable_kib: None,
                 untabled: Vec::new(),
                 cfi_walked: waited,
                 revoked: false,
@@ -660,7 +673,11 @@ impl Recording {
             } else {
                 refresh
             };
-            let refresh = due || young;
+            // A target that mapped new code since the last tick (a dlopen) is re-read now:
+            // until its new library's unwind table is loaded, that library's samples are its
+            // leaf alone, and half a second of them was a visible share of a short run.
+            let mapped = !system && !p.exited && p.mapped_new_code();
+            let refresh = due || young || mapped;
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
@@ -955,6 +972,7 @@ impl Recording {
                         },
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         refreshed_at: Instant::now(),
+                        executable_kib: None,
                         untabled: Vec::new(),
                         cfi_walked,
                         revoked: false,
@@ -1637,6 +1655,7 @@ impl ProcessRecording {
             python: None,
             young_until: None,
             refreshed_at: Instant::now(),
+            executable_kib: None,
             untabled: Vec::new(),
             cfi_walked: false,
             revoked: false,
