@@ -39,7 +39,11 @@ const LIBTORCH_BELOW_SHARE: f64 = 0.5;
 /// Issue 21 asks 0.05; measured 0.06-0.43 per call on a quiet machine and up to 0.69 with the
 /// rest of the suite running beside it: the JIT and assembly leaves above, and on a daemon's
 /// first call the first half second before libtorch_cpu.so's table is built on demand. When
-/// the tables did not fit (the issue's daemon), 0.87.
+/// the tables did not fit (the issue's daemon), 0.87. On 2026-11-27 the binary front end's
+/// calls (the first process, while the daemon's niced builds of its tables run) 0.33-0.55,
+/// the Python front end's (a second process, whose objects' tables are mostly resident
+/// already) 0-0.42: the stacks end early before libtorch_cpu.so's table is in the kernel, not
+/// in the JIT code (once it is, no main-thread stack of a daemon run missed `_start`).
 const ENDED_EARLY_SHARE: f64 = 0.8;
 /// The least stack depth a compile phase's run keeps: PyTorch asks for 500 frames
 /// (`COMPILE_STROBELIGHT_MAX_STACK_LENGTH`), and the issue for 500.
