@@ -41,9 +41,9 @@ const LIBTORCH_BELOW_SHARE: f64 = 0.5;
 /// first call the first half second before libtorch_cpu.so's table is built on demand. When
 /// the tables did not fit (the issue's daemon), 0.87. On 2026-11-27 the binary front end's
 /// calls (the first process, while the daemon's niced builds of its tables run) 0.33-0.55,
-/// the Python front end's (a second process, whose objects' tables are mostly resident
-/// already) 0-0.42: the stacks end early before libtorch_cpu.so's table is in the kernel, not
-/// in the JIT code (once it is, no main-thread stack of a daemon run missed `_start`).
+/// the Python front end's (a second process, mapping the same objects) 0-0.42. Most likely
+/// the stacks end early before libtorch_cpu.so's table is in the kernel, not in the JIT code:
+/// with the tables resident, no main-thread stack of a daemon `--pid` run missed `_start`.
 const ENDED_EARLY_SHARE: f64 = 0.8;
 /// The least stack depth a compile phase's run keeps: PyTorch asks for 500 frames
 /// (`COMPILE_STROBELIGHT_MAX_STACK_LENGTH`), and the issue for 500.
