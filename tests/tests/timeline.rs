@@ -256,3 +256,63 @@ fn the_trace_shows_phase_a_then_phase_b_as_nested_slices() {
         return;
     }
 }
+
+#[test]
+fn a_daemon_run_asking_for_a_trace_gets_one_marked_by_its_tags() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    // Two seconds of the thread's CPU in each phase: the daemon attaches while phase_a runs.
+    let target = Workload::spawn("phases", &["2"]);
+    let run = daemon.cli(&[
+        "run",
+        "--async",
+        "--pid",
+        &format!("{}:{}", pid_ns_inode(target.pid()), target.pid()),
+        "-F",
+        "499",
+        "--duration-ms",
+        "60000",
+        "--tag",
+        "phase=train",
+        "--formats",
+        "trace,folded",
+    ]);
+    run.assert_code(0);
+    let id = run
+        .stdout
+        .trim()
+        .strip_prefix("Run Id: ")
+        .unwrap_or_else(|| panic!("expected `Run Id: N`, got {:?}", run.stdout))
+        .to_string();
+    // The run ends when the workload does.
+    let results = daemon.cli(&["results", "--run-id", &id, "--wait", "100s", "--json"]);
+    results.assert_code(0);
+    let reply: Value = serde_json::from_str(&results.stdout).unwrap();
+    let path = reply["files"]["trace"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no trace: {reply:#}"));
+    assert!(path.ends_with(".trace.json"), "{path}");
+    let (names, slices, instants) = check_trace(&read_json(Path::new(path)));
+    assert!(
+        instants.iter().any(|n| n == "[phase=train] started")
+            && instants.iter().any(|n| n == "[phase=train] ended"),
+        "{instants:?}"
+    );
+    let (thread, _) = names
+        .iter()
+        .find(|(_, name)| name.starts_with("phaser (tid "))
+        .unwrap_or_else(|| panic!("no phaser thread track among {names:?}"));
+    let slices = &slices[thread];
+    let a_end = slices
+        .iter()
+        .filter(|s| s.name == "a")
+        .map(|s| s.ts + s.dur)
+        .max();
+    let b_start = slices.iter().filter(|s| s.name == "b").map(|s| s.ts).min();
+    match (a_end, b_start) {
+        (Some(a_end), Some(b_start)) => assert!(a_end <= b_start, "{a_end} > {b_start}"),
+        other => panic!("a and b slices: {other:?}"),
+    }
+}
