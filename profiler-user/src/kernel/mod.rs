@@ -831,6 +831,10 @@ impl KernelProgram {
         if run >= MAX_RUNS {
             return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
         }
+        // What an earlier run of the slot left is not this run's: samples that raced with its
+        // end are still in the ring, or were read after it took its times.
+        self.read_timeline();
+        self.take_times(run);
         self.timeline_runs |= 1 << run;
         self.config
             .set(Config::TimelineRuns as u32, self.timeline_runs, 0)
@@ -854,6 +858,7 @@ impl KernelProgram {
     /// key for each run that records a timeline; call at every tick, so that the ring (room
     /// for 0.1 s of 145,000 samples a second) does not fill.
     fn read_timeline(&mut self) {
+        // Records of runs that no longer record a timeline are read and dropped.
         while let Some(item) = self.timeline.next() {
             if item.len() < std::mem::size_of::<TimelineRecord>() {
                 continue;
