@@ -148,11 +148,15 @@ pub enum Config {
     /// Shortest time off the CPU recorded, in nanoseconds (`--off-cpu-min`); shorter ones are
     /// dropped at switch-in. Program-wide, as [`Config::OffCpuPreempted`].
     OffCpuMinNs = 9,
+    /// Runs (bit `r` for slot `r`) that record a timeline: each of their CPU samples also
+    /// goes to the timeline ring ([`TimelineRecord`]: its key and the time), besides its count.
+    /// Runs without the bit pay one branch per sample.
+    TimelineRuns = 10,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
 }
 
 /// What a sample map entry records: CPU samples or time off the CPU, by the thread's state
@@ -246,6 +250,26 @@ pub struct OffCpuPending {
     pub stack_losses: [u32; 2],
 }
 
+/// Name of the timeline ring map in the kernel object.
+pub const TIMELINE_MAP: &str = "TIMELINE";
+/// Bytes of the timeline ring: 72 bytes a sample (a [`TimelineRecord`] and the ring's 8-byte
+/// header), so 14,563 samples between two of userspace's reads (every 100 ms): 145,000
+/// samples a second over all CPUs, 36 CPUs at 4 kHz. Allocated when the program loads, used
+/// only by runs that ask for a timeline; a sample that finds it full is counted
+/// ([`Counter::TimelineLost`]).
+pub const TIMELINE_RING_BYTES: u32 = 1 << 20;
+
+/// One sample of a run that records a timeline: what it was counted under and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TimelineRecord {
+    /// The sample map key the sample was counted under, with `runs` narrowed to the runs that
+    /// record a timeline.
+    pub key: SampleKey,
+    /// `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) when the sample was taken.
+    pub time_ns: u64,
+}
+
 /// Per-run counters the kernel program keeps in a per-CPU array at `run * Counter::COUNT + counter`.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -290,11 +314,15 @@ pub enum Counter {
     /// Switch-outs of target threads not recorded because the pending map
     /// ([`MAX_OFF_CPU_PENDING`]) was full: their time off the CPU is missing.
     OffCpuPendingFull = 14,
+    /// Samples of runs that record a timeline ([`Config::TimelineRuns`]) whose time did not
+    /// fit the timeline ring ([`TIMELINE_RING_BYTES`]): counted in the profile, missing from
+    /// the timeline.
+    TimelineLost = 15,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 16;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -312,6 +340,7 @@ impl Counter {
         Counter::ScannedFrames,
         Counter::OffCpuIntervals,
         Counter::OffCpuPendingFull,
+        Counter::TimelineLost,
     ];
 
     /// Index of this counter of `run` in the counter array.
@@ -687,6 +716,7 @@ mod pod {
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::SampleValue {}
     unsafe impl aya::Pod for super::OffCpuPending {}
+    unsafe impl aya::Pod for super::TimelineRecord {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

@@ -31,6 +31,7 @@ use profiler_common::{
 
 mod off_cpu;
 mod python;
+mod timeline;
 mod unwind;
 
 const EEXIST: i32 = 17;
@@ -452,6 +453,7 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
         reserved: 0,
     };
     let map_full = !increment_sample(&key, 0);
+    let timeline_lost = !timeline::record(&key);
     let counts = RunCounts {
         runs,
         base: Counter::Samples as u32,
@@ -463,7 +465,11 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
             } else {
                 NO_COUNTER
             },
-            NO_COUNTER,
+            if timeline_lost {
+                Counter::TimelineLost as u32
+            } else {
+                NO_COUNTER
+            },
             if walker_missed {
                 Counter::CfiNotReady as u32
             } else {
@@ -506,7 +512,8 @@ pub(crate) struct RunCounts {
     /// [`Counter::OffCpuIntervals`] for off-CPU time; [`NO_COUNTER`] for none.
     pub(crate) base: u32,
     /// Counters to add one to besides `Samples` (a stack that could not be read or stored, a
-    /// full sample map, a sample that wanted the walker before it was loaded), or
+    /// full sample map, a timeline ring with no room, a sample that wanted the walker before it
+    /// was loaded), or
     /// [`NO_COUNTER`].
     pub(crate) extra: [u32; 5],
 }

@@ -105,6 +105,7 @@ pub fn workload_path(name: &str) -> PathBuf {
     let path = match name {
         "hotcold" => env!("WORKLOAD_HOTCOLD"),
         "offcpu" => env!("WORKLOAD_OFFCPU"),
+        "phases" => env!("WORKLOAD_PHASES"),
         "spinner" => env!("WORKLOAD_SPINNER"),
         "syscalls" => env!("WORKLOAD_SYSCALLS"),
         "multithread" => env!("WORKLOAD_MULTITHREAD"),

@@ -408,13 +408,15 @@ pub struct RecordArgs {
     pub off_cpu_min: Option<Duration>,
 
     /// Where to write the profile; repeatable. The format comes from the extension (.svg,
-    /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json), else from --format.
+    /// .folded, .pb.gz, .speedscope.json, .prof, .txt, .summary.json, .trace.json), else from
+    /// --format.
     /// Default: bpfprof.svg.
     #[arg(short, long = "output", value_name = "PATH")]
     pub outputs: Vec<PathBuf>,
 
     /// Format for outputs whose extension names none: svg, folded, pprof, speedscope, pstats,
-    /// top, summary-json. `--format top` without --output prints the table.
+    /// top, summary-json, trace (the Chrome trace event format, for Perfetto). `--format top`
+    /// without --output prints the table.
     #[arg(long)]
     pub format: Option<String>,
 
@@ -440,6 +442,12 @@ pub struct RecordArgs {
     /// Keep threads apart: each thread's stacks under its own frame below the process.
     #[arg(long)]
     pub per_thread: bool,
+
+    /// Record when each sample was taken (the kernel writes each sample's time to a ring
+    /// buffer): speedscope's "Time Order" then shows samples in the order they happened. On
+    /// by itself for a `.trace.json` output.
+    #[arg(long)]
+    pub timeline: bool,
 
     /// Show source file:line on frames that have debug info.
     #[arg(long)]

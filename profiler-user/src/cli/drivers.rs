@@ -227,7 +227,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .iter()
         .map(|t| split_tag(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let validated = RecordingRequest::validate(
+    let mut validated = RecordingRequest::validate(
         request,
         follow_children,
         cli.duration,
@@ -258,10 +258,13 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     } else {
         Scope::Targets
     })?;
-    let options = validated.options.clone();
     crate::kernel::check_privileges()?;
     // Outputs are created before sampling so that a bad path fails before any work is done.
     let mut outputs = open_outputs(&cli)?;
+    // A trace is drawn from each sample's time: the kernel records it for this run only.
+    validated.options.timeline =
+        cli.timeline || outputs.iter().any(|o| o.format() == Format::TraceJson);
+    let options = validated.options.clone();
     let recorder = if launch {
         Recorder::launch(&validated, &cli.command, cli.bpf_stats, false)
     } else if cli.all {

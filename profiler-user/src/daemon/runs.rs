@@ -506,6 +506,9 @@ impl Runs {
                 formats
             }
         };
+        let mut recording = recording;
+        // A trace is drawn from each sample's time: the kernel records it for this run only.
+        recording.options.timeline = formats.contains(&Format::TraceJson);
         Ok(Validated { recording, formats })
     }
 

@@ -6,19 +6,24 @@ use profiler_common::{SampleKind, StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
 use crate::{error::Result, kernel::KernelProgram, profile::sample::Sample};
 
-/// Reads every sample of `run`, removing them from the kernel map so the slot can be reused.
+/// Reads every sample of `run`, removing them from the kernel map so the slot can be reused;
+/// a run that records a timeline ([`KernelProgram::record_timeline`]) gets each sample's times.
 ///
 /// Call after the run's targets were removed for a complete count. A count that another CPU
 /// increments between its read and its deletion loses that increment; the kernel's per-run
 /// sample counter still has it, so the profile's `lost_in_transfer` shows it.
 pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     let counts = program.take_samples(run);
+    // Times whose key has no count (the sample map was full) go with the samples lost.
+    let mut times = program.take_times(run);
     let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
     let mut out = Vec::with_capacity(counts.len());
     for (key, value) in counts {
         let user_frames = stack(program, &mut stacks, key.user_stack)?;
         let kernel_frames = stack(program, &mut stacks, key.kernel_stack)?;
         let python_frames = stack(program, &mut stacks, key.python_stack)?;
+        let mut times_ns = times.remove(&key).unwrap_or_default();
+        times_ns.sort_unstable();
         out.push(Sample {
             run,
             pid: key.pid,
@@ -31,6 +36,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
             count: value.count,
             kind: SampleKind::from_u32(key.kind).unwrap_or(SampleKind::Cpu),
             off_cpu_ns: value.off_cpu_ns,
+            times_ns,
         });
     }
     Ok(out)

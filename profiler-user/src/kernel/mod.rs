@@ -20,10 +20,11 @@ use aya::{
 };
 use profiler_common::{
     Config, Counter, OffCpuPending, PidNamespace, SampleKey, SampleValue, StackFrames, StackId,
-    TargetInfo, TargetKey, ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME, EXIT_PROGRAM_NAME,
-    FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES, INVOCATIONS_INDEX, MAX_PID_NAMESPACES, MAX_RUNS,
-    MAX_STACK_DEPTH, OFF_CPU_PROGRAM_NAME, PROGRAM_NAME, SAMPLE_MAP_ENTRIES, SCHED_SWITCH_OFFSETS,
-    STACK_MAP_ENTRIES, WALKER_PROGRAM_NAME, WALKER_SLOT,
+    TargetInfo, TargetKey, TimelineRecord, ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME,
+    EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES, INVOCATIONS_INDEX,
+    MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, OFF_CPU_PROGRAM_NAME, PROGRAM_NAME,
+    SAMPLE_MAP_ENTRIES, SCHED_SWITCH_OFFSETS, STACK_MAP_ENTRIES, TIMELINE_MAP, WALKER_PROGRAM_NAME,
+    WALKER_SLOT,
 };
 
 use crate::{
@@ -96,6 +97,13 @@ pub struct KernelProgram {
     execed: HashMap<MapData, u32, u64>,
     /// Processes a system-wide run sampled for the first time, by global tgid.
     new_processes: aya::maps::RingBuf<MapData>,
+    /// The timeline ring: samples of the runs that record a timeline, with their times.
+    timeline: aya::maps::RingBuf<MapData>,
+    /// Runs that record a timeline ([`Config::TimelineRuns`]).
+    timeline_runs: u64,
+    /// Sample times read from the timeline ring, by the sample's key split per run (the key's
+    /// `runs` holds the one run's bit), in the order read.
+    timeline_times: StdHashMap<SampleKey, Vec<u64>>,
     /// Those processes as the kernel remembers them (an entry removed is reported again).
     system_seen: HashMap<MapData, u32, u8>,
     walker: Walker,
@@ -227,6 +235,7 @@ impl KernelProgram {
         let new_processes =
             aya::maps::RingBuf::try_from(take("NEW_PROCESSES")?).map_err(kernel_err)?;
         let system_seen = HashMap::try_from(take("SYSTEM_SEEN")?).map_err(kernel_err)?;
+        let timeline = aya::maps::RingBuf::try_from(take(TIMELINE_MAP)?).map_err(kernel_err)?;
         let off_cpu_pending = HashMap::try_from(take("OFF_CPU_PENDING")?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
@@ -252,6 +261,9 @@ impl KernelProgram {
             execed,
             new_processes,
             system_seen,
+            timeline,
+            timeline_runs: 0,
+            timeline_times: StdHashMap::new(),
             walker,
             events: None,
             sampling: None,
@@ -813,6 +825,79 @@ impl KernelProgram {
         }
     }
 
+    /// Makes `run` record a timeline: from now on each of its CPU samples' times is kept too,
+    /// and [`crate::kernel::drain::drain`] gives each sample its times.
+    pub fn record_timeline(&mut self, run: u32) -> Result<()> {
+        if run >= MAX_RUNS {
+            return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
+        }
+        // What an earlier run of the slot left is not this run's: samples that raced with its
+        // end are still in the ring, or were read after it took its times.
+        self.read_timeline();
+        self.take_times(run);
+        self.timeline_runs |= 1 << run;
+        self.config
+            .set(Config::TimelineRuns as u32, self.timeline_runs, 0)
+            .map_err(kernel_err)
+    }
+
+    /// Stops recording a timeline for `run` (a no-op for a run that did not), reading what the
+    /// ring holds first. Call before draining the run's samples.
+    pub fn end_timeline(&mut self, run: u32) {
+        if self.timeline_runs & (1 << run) == 0 {
+            return;
+        }
+        self.read_timeline();
+        self.timeline_runs &= !(1 << run);
+        let _ = self
+            .config
+            .set(Config::TimelineRuns as u32, self.timeline_runs, 0);
+    }
+
+    /// Moves what the timeline ring holds into `timeline_times`, each sample's time under its
+    /// key for each run that records a timeline; call at every tick, so that the ring (room
+    /// for 0.1 s of 145,000 samples a second) does not fill.
+    fn read_timeline(&mut self) {
+        // Records of runs that no longer record a timeline are read and dropped.
+        while let Some(item) = self.timeline.next() {
+            if item.len() < std::mem::size_of::<TimelineRecord>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole `TimelineRecord` (plain integers) here; the
+            // ring's data is 8-aligned, read unaligned anyway.
+            let record: TimelineRecord = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let runs = record.key.runs & self.timeline_runs;
+            for run in 0..MAX_RUNS {
+                if runs & (1 << run) != 0 {
+                    let key = SampleKey {
+                        runs: 1 << run,
+                        ..record.key
+                    };
+                    self.timeline_times
+                        .entry(key)
+                        .or_default()
+                        .push(record.time_ns);
+                }
+            }
+        }
+    }
+
+    /// Takes the sample times of `run` read so far, by the sample's key (as
+    /// [`Self::take_samples`] gives keys); empty for a run without a timeline.
+    pub(crate) fn take_times(&mut self, run: u32) -> StdHashMap<SampleKey, Vec<u64>> {
+        let bit = 1u64 << run;
+        let mut times = StdHashMap::new();
+        self.timeline_times.retain(|key, t| {
+            if key.runs == bit {
+                times.insert(*key, std::mem::take(t));
+                false
+            } else {
+                true
+            }
+        });
+        times
+    }
+
     /// Makes `run` record every task on the machine (see [`Config::SystemRuns`]) but
     /// bpfprof's own process, kernel threads only when `kernel_threads`, and with `cgroup`
     /// (its id and depth) only the tasks in that cgroup v2 or below it. The program must have
@@ -927,6 +1012,9 @@ impl KernelProgram {
     /// callers see as `samples_seen` above the samples drained, so moves are kept rare.
     pub fn offload_when_due(&mut self) {
         self.walker_ready();
+        if self.timeline_runs != 0 {
+            self.read_timeline();
+        }
         let (at, moved) = self.last_offload;
         let busy = moved >= STACK_MAP_ENTRIES as usize / 64;
         if busy || at.elapsed() >= OFFLOAD_INTERVAL {

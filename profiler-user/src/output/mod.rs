@@ -7,6 +7,7 @@ pub mod speedscope;
 pub mod summary;
 pub mod svg;
 pub mod top;
+pub mod trace;
 
 use std::{
     fmt,
@@ -38,11 +39,13 @@ pub enum Format {
     Top,
     /// The run summary as JSON.
     SummaryJson,
+    /// The timeline in the Chrome trace event format (Perfetto UI, chrome://tracing).
+    TraceJson,
 }
 
 impl Format {
     /// Every format with its name, as `--format` takes it.
-    pub const NAMES: [(&'static str, Format); 7] = [
+    pub const NAMES: [(&'static str, Format); 8] = [
         ("svg", Format::Svg),
         ("folded", Format::Folded),
         ("pprof", Format::Pprof),
@@ -50,6 +53,7 @@ impl Format {
         ("pstats", Format::Pstats),
         ("top", Format::Top),
         ("summary-json", Format::SummaryJson),
+        ("trace", Format::TraceJson),
     ];
 
     /// The format a path's extension names, if any.
@@ -70,6 +74,8 @@ impl Format {
             Format::Top
         } else if ends(".summary.json") {
             Format::SummaryJson
+        } else if ends(".trace.json") {
+            Format::TraceJson
         } else {
             return None;
         })
@@ -85,6 +91,7 @@ impl Format {
             Format::Pstats => "prof",
             Format::Top => "txt",
             Format::SummaryJson => "summary.json",
+            Format::TraceJson => "trace.json",
         }
     }
 
@@ -98,6 +105,7 @@ impl Format {
             Format::Pstats => pstats::write(profile, &mut w),
             Format::Top => w.write_all(top::render_file(profile).as_bytes()),
             Format::SummaryJson => summary::write(profile, &mut w),
+            Format::TraceJson => trace::write(profile, &mut w),
         }
     }
 }
@@ -111,6 +119,7 @@ impl FromStr for Format {
             "collapsed" => "folded",
             "pb.gz" => "pprof",
             "prof" => "pstats",
+            "trace-json" | "trace.json" | "chrome" | "perfetto" => "trace",
             other => other,
         };
         Format::NAMES
@@ -395,6 +404,7 @@ pub(crate) mod fixture {
             stacks,
             mappings: Vec::new(),
             process_labels: Default::default(),
+            timeline: None,
         }
     }
 }

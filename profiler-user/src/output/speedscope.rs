@@ -11,9 +11,15 @@
 //! - A frame's name is its label (`name (file.c:12)` where lines are kept). Its `file` is the
 //!   source file where debug info names one, else the module (`libc.so.6`, `[kernel]`): kernel
 //!   frames keep their plain names and show as kernel code in speedscope's frame details.
-//! - Identical stacks are one sample with their count as weight, in the order of their frame
-//!   names, so that the "Time Order" view (there is no time order to keep) reads as a flame
-//!   graph too.
+//! - Without a timeline, identical stacks are one sample with their count as weight, in the
+//!   order of their frame names, so that the "Time Order" view (there is no time order to
+//!   keep) reads as a flame graph too.
+//! - With a timeline (`--timeline`, or a `.trace.json` beside it), the samples come in the
+//!   order they were taken, consecutive samples of one stack merged into one with their summed
+//!   weight, so that "Time Order" shows the program's phases left to right (the samples of a
+//!   process's threads interleave unless `--per-thread` gives each thread its profile). What
+//!   has no time (samples whose time was lost, counted as such; off-CPU time) follows, as
+//!   without a timeline, so that totals match the other formats.
 
 use std::{
     collections::HashMap,
@@ -78,12 +84,15 @@ struct Group {
     process: Option<FrameId>,
     thread: Option<FrameId>,
     tags: Vec<FrameId>,
+    /// Samples that have a time, in time order, with their weights.
+    timed: Vec<(Vec<FrameId>, u64)>,
+    /// The rest, with their weights.
     stacks: Vec<(Vec<FrameId>, u64)>,
 }
 
 impl Group {
     fn total(&self) -> u64 {
-        self.stacks.iter().map(|(_, n)| n).sum()
+        self.timed.iter().chain(&self.stacks).map(|(_, n)| n).sum()
     }
 
     fn name(&self, labels: &[String]) -> String {
@@ -106,7 +115,21 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let labels: Vec<String> = profile.frames.iter().map(ProfileFrame::label).collect();
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<(Option<FrameId>, Option<FrameId>), usize> = HashMap::new();
-    for stack in &profile.stacks {
+    // Samples of each stack that the timeline places in time.
+    let mut timed_count = vec![0u64; profile.stacks.len()];
+    let timeline = profile
+        .timeline
+        .as_ref()
+        .map_or(&[][..], |t| &t.samples[..]);
+    for sample in timeline {
+        if let Some(n) = timed_count.get_mut(sample.stack) {
+            *n += 1;
+        }
+    }
+    // Each stack's group and code frames, for placing the timeline's samples.
+    let mut placed: Vec<(usize, Vec<FrameId>)> = Vec::with_capacity(profile.stacks.len());
+    let period = profile.meta.sample_nanos();
+    for (index, stack) in profile.stacks.iter().enumerate() {
         let (mut process, mut thread, mut tags, mut code) = (None, None, Vec::new(), Vec::new());
         for &id in &stack.frames {
             match &profile.frames[id] {
@@ -118,7 +141,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
                 }
             }
         }
-        let index = *group_of.entry((process, thread)).or_insert_with(|| {
+        let group_index = *group_of.entry((process, thread)).or_insert_with(|| {
             groups.push(Group {
                 process,
                 thread,
@@ -126,14 +149,32 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
             });
             groups.len() - 1
         });
-        let group = &mut groups[index];
+        let group = &mut groups[group_index];
         for tag in tags {
             if !group.tags.contains(&tag) {
                 group.tags.push(tag);
             }
         }
-        // Nanoseconds: CPU samples times the period, off-CPU stacks their time.
-        group.stacks.push((code, profile.stack_nanos(stack)));
+        // Nanoseconds: CPU samples times the period, off-CPU stacks their time; those the
+        // timeline places in time are written in its order below.
+        let untimed = profile
+            .stack_nanos(stack)
+            .saturating_sub(timed_count[index] * period);
+        if untimed > 0 || timed_count[index] == 0 {
+            group.stacks.push((code.clone(), untimed));
+        }
+        placed.push((group_index, code));
+    }
+    for sample in timeline {
+        if let Some((group, code)) = placed.get(sample.stack) {
+            let timed = &mut groups[*group].timed;
+            match timed.last_mut() {
+                // One sample for consecutive samples of one stack, as speedscope's own
+                // importers write them.
+                Some((last, weight)) if last == code => *weight += period,
+                _ => timed.push((code.clone(), period)),
+            }
+        }
     }
     // Speedscope opens the first profile: make it the busiest.
     groups.sort_by_cached_key(|g| (std::cmp::Reverse(g.total()), g.name(&labels)));
@@ -149,10 +190,24 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         });
         let mut samples: Vec<Vec<usize>> = Vec::new();
         let mut weights: Vec<u64> = Vec::new();
+        for (stack, weight) in &group.timed {
+            samples.push(
+                stack
+                    .iter()
+                    .map(|&id| {
+                        *index_of.entry(id).or_insert_with(|| {
+                            frames.push(frame(&profile.frames[id], &labels[id]));
+                            frames.len() - 1
+                        })
+                    })
+                    .collect(),
+            );
+            weights.push(*weight);
+        }
         let mut previous: Option<&[FrameId]> = None;
-        for (stack, count) in &group.stacks {
+        for (stack, count) in group.stacks.iter().filter(|(_, n)| *n > 0) {
             // Stacks that differed only in pseudo-frames or addresses are the same stack here.
-            if previous == Some(stack.as_slice()) {
+            if previous == Some(stack.as_slice()) && weights.len() > group.timed.len() {
                 *weights.last_mut().expect("a previous sample") += count;
                 continue;
             }
@@ -581,5 +636,66 @@ if (!validate(JSON.parse(fs.readFileSync(dataPath, 'utf8')))) {
                 panic!("speedscope's schema rejects the output: {errors}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod time_order_tests {
+    use serde_json::Value;
+
+    use super::write;
+    use crate::{
+        output::fixture,
+        profile::{TimedSample, Timeline},
+    };
+
+    #[test]
+    fn with_a_timeline_samples_come_in_time_order_and_totals_stay() {
+        let mut profile = fixture::profile();
+        let untimed_total: u64 = profile.stacks.iter().map(|s| profile.stack_nanos(s)).sum();
+        // Stack 1 (leaf_cold) first, then stack 0 (leaf_hot), then 1 again: the reverse of
+        // the name order the profile without a timeline is written in.
+        let order = [1, 1, 0, 0, 0, 1];
+        profile.timeline = Some(Timeline {
+            samples: order
+                .iter()
+                .enumerate()
+                .map(|(i, &stack)| TimedSample {
+                    time_ns: 1_000 + i as u64,
+                    pid: 1234,
+                    tid: 1234,
+                    stack,
+                })
+                .collect(),
+            ..Timeline::default()
+        });
+        let mut out = Vec::new();
+        write(&profile, &mut out).unwrap();
+        let doc: Value = serde_json::from_slice(&out).unwrap();
+        let names: Vec<&str> = doc["shared"]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        let p = &doc["profiles"][0];
+        let leaves: Vec<&str> = p["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| names[s.as_array().unwrap().last().unwrap().as_u64().unwrap() as usize])
+            .collect();
+        let period = profile.meta.sample_nanos();
+        let weights: Vec<u64> = p["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_u64().unwrap())
+            .collect();
+        assert!(leaves[0].starts_with("leaf_cold"), "{leaves:?}");
+        assert!(leaves[1].starts_with("leaf_hot"), "{leaves:?}");
+        assert!(leaves[2].starts_with("leaf_cold"), "{leaves:?}");
+        assert_eq!(&weights[..3], &[2 * period, 3 * period, period]);
+        assert_eq!(weights.iter().sum::<u64>(), untimed_total);
     }
 }

@@ -633,6 +633,7 @@ print(json.dumps(out))
             stack_ended_early: 17,
             not_profilable: 18,
             off_cpu_pending_full: 19,
+            timeline_lost: 20,
         };
         meta.end = RunEnd::Interrupted;
         profile
@@ -647,7 +648,7 @@ print(json.dumps(out))
             "{sub:?} is {} px wide",
             text_width_px(&sub)
         );
-        assert!(sub.contains("lost or incomplete: 137"), "{sub}");
+        assert!(sub.contains("lost or incomplete: 157"), "{sub}");
         assert!(sub.contains("ended early: interrupted"), "{sub}");
         // What did not fit is in the root bar's tooltip.
         let root = root_label(&profile);
@@ -656,6 +657,10 @@ print(json.dumps(out))
         assert!(root.contains("no longer yours to profile: 18"), "{root}");
         assert!(
             root.contains("off-CPU waits lost: table full: 19"),
+            "{root}"
+        );
+        assert!(
+            root.contains("timeline samples lost: ring full: 20"),
             "{root}"
         );
         assert!(root.contains("fell back from cycles"), "{root}");

@@ -365,6 +365,9 @@ pub struct Losses {
     /// Switch-outs of target threads whose time off the CPU was not recorded: the kernel's
     /// table of threads off the CPU was full.
     pub off_cpu_pending_full: u64,
+    /// Samples in the profile whose time is missing from its timeline: the kernel's timeline
+    /// ring was full (only for runs that record a timeline).
+    pub timeline_lost: u64,
 }
 
 impl Losses {
@@ -384,6 +387,7 @@ impl Losses {
                 self.not_profilable,
             ),
             ("off-CPU waits lost: table full", self.off_cpu_pending_full),
+            ("timeline samples lost: ring full", self.timeline_lost),
         ]
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -598,6 +602,61 @@ pub struct Profile {
     /// `service_name`, `executable`, `container_id`, `host`, daemon-run tags); pprof writes
     /// them as sample labels. Empty for a recording.
     pub process_labels: BTreeMap<u32, Vec<(String, String)>>,
+    /// When each CPU sample was taken, for a run that recorded a timeline (`.trace.json`,
+    /// `--timeline`); `None` otherwise.
+    pub timeline: Option<Timeline>,
+}
+
+/// When each CPU sample of a profile was taken: what the trace writer draws and what orders
+/// speedscope's samples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// The samples in time order (ties by process, thread and stack).
+    pub samples: Vec<TimedSample>,
+    /// Thread names (`comm`) by process pid and tid, where known.
+    pub thread_names: BTreeMap<(u32, u32), String>,
+    /// When the run started sampling and when it stopped, in `CLOCK_MONOTONIC` nanoseconds
+    /// (the samples' clock).
+    pub start_ns: u64,
+    /// See [`Self::start_ns`].
+    pub end_ns: u64,
+    /// `CLOCK_REALTIME` minus `CLOCK_MONOTONIC` at the end of the run, in nanoseconds: added to
+    /// a sample's time, it gives the Unix time (what torch.profiler's traces count in).
+    pub realtime_offset_ns: i64,
+}
+
+/// One CPU sample on the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimedSample {
+    /// When it was taken, `CLOCK_MONOTONIC` nanoseconds.
+    pub time_ns: u64,
+    /// The pid of its process (as its process frame has it; the pid in the process's namespace
+    /// for a process known only by its samples).
+    pub pid: u32,
+    /// Its thread, as seen in the process's pid namespace.
+    pub tid: u32,
+    /// Its stack: an index in [`Profile::stacks`].
+    pub stack: usize,
+}
+
+impl Timeline {
+    /// The timeline with each sample's stack index passed through `map` (the stacks were
+    /// rebuilt: a view, a merge), still in time order.
+    pub fn remapped(&self, map: impl Fn(usize) -> usize) -> Timeline {
+        let mut samples: Vec<TimedSample> = self
+            .samples
+            .iter()
+            .map(|s| TimedSample {
+                stack: map(s.stack),
+                ..*s
+            })
+            .collect();
+        samples.sort_unstable();
+        Timeline {
+            samples,
+            ..self.clone()
+        }
+    }
 }
 
 impl Profile {
@@ -754,6 +813,8 @@ impl Profile {
             stacks,
             mappings,
             process_labels,
+            // Windows (the agent's) record no timeline.
+            timeline: None,
         })
     }
 }
@@ -771,6 +832,7 @@ impl Losses {
         self.stack_ended_early += other.stack_ended_early;
         self.not_profilable += other.not_profilable;
         self.off_cpu_pending_full += other.off_cpu_pending_full;
+        self.timeline_lost += other.timeline_lost;
     }
 }
 

@@ -1,5 +1,5 @@
-//! The unit every later stage works on: a target, its thread, its frames and how often that
-//! combination was seen. Whatever walks stacks in the kernel (frame pointers, the CFI walker,
+//! The unit every later stage works on: a target, its thread, its frames, how often that
+//! combination was seen and, for a run that records a timeline, when. Whatever walks stacks in the kernel (frame pointers, the CFI walker,
 //! the CPython frame walk) produces these through [`crate::kernel::drain`]; symbolization and
 //! the writers never see how frames were found.
 
@@ -28,4 +28,8 @@ pub struct Sample {
     pub kind: profiler_common::SampleKind,
     /// Nanoseconds off the CPU (0 for CPU samples, whose time is the sampling period's).
     pub off_cpu_ns: u64,
+    /// When each of the samples was taken (`CLOCK_MONOTONIC` nanoseconds, ascending), for a
+    /// run that records a timeline; empty otherwise. Fewer than `count` where the timeline
+    /// ring had no room (counted as lost).
+    pub times_ns: Vec<u64>,
 }

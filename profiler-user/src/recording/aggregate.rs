@@ -29,6 +29,10 @@ pub struct AggregateOptions {
     /// Name each process's root frame `name (pid N)`: set by the recording for runs that can
     /// have more than one process, so that two processes of one name stay apart.
     pub pid_roots: bool,
+    /// Record when each sample was taken and give the profile its [`Timeline`] (`.trace.json`
+    /// outputs, `--timeline`, a daemon run asking for the `trace` format): the kernel writes
+    /// each of the run's samples to its timeline ring then.
+    pub timeline: bool,
 }
 
 impl Default for AggregateOptions {
@@ -40,6 +44,7 @@ impl Default for AggregateOptions {
             tags: Vec::new(),
             python: Default::default(),
             pid_roots: false,
+            timeline: false,
         }
     }
 }
@@ -94,6 +99,10 @@ pub fn aggregate(
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
     let mut truncated = 0;
     let mut ended_early = 0;
+    // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
+    type StackKey = (Vec<FrameId>, Vec<Option<CodeAddress>>);
+    let mut timed: Vec<(StackKey, u32, u32, &[u64])> = Vec::new();
+    let mut thread_names = std::collections::BTreeMap::new();
     symbolizer.set_start_lines(options.line_numbers);
     for input in inputs {
         symbolizer.prepare_user(
@@ -230,6 +239,20 @@ pub fn aggregate(
                 frames.push(interner.intern(ProfileFrame::OffCpu(state)));
                 addresses.push(None);
             }
+            if options.timeline && !sample.times_ns.is_empty() {
+                let pid = if pid == 0 { input.sample_pid } else { pid };
+                timed.push((
+                    (frames.clone(), addresses.clone()),
+                    pid,
+                    sample.tid,
+                    &sample.times_ns,
+                ));
+                if let ProfileFrame::Thread { comm, .. } = thread_frame(input, sample.tid) {
+                    if !comm.is_empty() {
+                        thread_names.insert((pid, sample.tid), comm);
+                    }
+                }
+            }
             *stacks.entry((frames, addresses)).or_default() += Weight {
                 count: sample.count,
                 off_cpu_ns: sample.off_cpu_ns,
@@ -237,6 +260,29 @@ pub fn aggregate(
         }
     }
     let stacks = StackCount::sorted(stacks);
+    let timeline = options.timeline.then(|| {
+        let index: HashMap<(&[FrameId], &[Option<CodeAddress>]), usize> = stacks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((s.frames.as_slice(), s.addresses.as_slice()), i))
+            .collect();
+        let mut samples = Vec::new();
+        for ((frames, addresses), pid, tid, times) in &timed {
+            let stack = index[&(frames.as_slice(), addresses.as_slice())];
+            samples.extend(times.iter().map(|&time_ns| TimedSample {
+                time_ns,
+                pid: *pid,
+                tid: *tid,
+                stack,
+            }));
+        }
+        samples.sort_unstable();
+        Timeline {
+            samples,
+            thread_names,
+            ..Timeline::default()
+        }
+    });
     meta.losses.truncated = truncated;
     meta.losses.stack_ended_early += ended_early;
     let profile = Profile {
@@ -245,6 +291,7 @@ pub fn aggregate(
         stacks,
         mappings: mappings.finish(),
         process_labels: Default::default(),
+        timeline,
     };
     if options.python.view == PythonView::All {
         python_view(&profile)
@@ -260,6 +307,8 @@ pub fn aggregate(
 pub fn python_view(profile: &Profile) -> Profile {
     let mut interner = Interner::default();
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
+    // Each old stack's key in the view, for the timeline's indices.
+    let mut keys = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
         let code: Vec<Option<&Frame>> = stack
             .frames
@@ -280,14 +329,30 @@ pub fn python_view(profile: &Profile) -> Profile {
                 }
             }
         }
-        *stacks.entry((frames, addresses)).or_default() += stack.weight();
+        *stacks
+            .entry((frames.clone(), addresses.clone()))
+            .or_default() += stack.weight();
+        keys.push((frames, addresses));
     }
+    let stacks = StackCount::sorted(stacks);
+    let timeline = profile.timeline.as_ref().map(|timeline| {
+        let index: HashMap<(&[FrameId], &[Option<CodeAddress>]), usize> = stacks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((s.frames.as_slice(), s.addresses.as_slice()), i))
+            .collect();
+        timeline.remapped(|old| {
+            let (frames, addresses) = &keys[old];
+            index[&(frames.as_slice(), addresses.as_slice())]
+        })
+    });
     Profile {
         meta: profile.meta.clone(),
         frames: interner.frames,
-        stacks: StackCount::sorted(stacks),
+        stacks,
         mappings: profile.mappings.clone(),
         process_labels: profile.process_labels.clone(),
+        timeline,
     }
 }
 

@@ -222,6 +222,8 @@ pub struct Recording {
     /// The process whose queued Python frames are named first at the next naming: each
     /// process goes first in turn, so that one with a long queue does not starve the others.
     naming_turn: usize,
+    /// Whether the kernel writes each sample's time to its timeline ring for this recording.
+    timeline: bool,
 }
 
 /// What [`Recording::name_python`] may take of its owner's CPU share at once: all of it (the
@@ -263,6 +265,7 @@ impl Recording {
             counters_at_window: Counters::default(),
             naming: Arc::new(NamingShares::single()),
             naming_turn: 0,
+            timeline: request.options.timeline,
         }
     }
 
@@ -336,6 +339,12 @@ impl Recording {
         };
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            if self.timeline {
+                if let Err(e) = pool.program(slot).and_then(|p| p.record_timeline(slot.run)) {
+                    pool.release(slot);
+                    return Err(e);
+                }
+            }
             if let Some(off_cpu) = self.request.off_cpu {
                 if let Err(e) = pool
                     .program(slot)
@@ -412,6 +421,13 @@ impl Recording {
                 None => {
                     let (slot, sampling) =
                         pool.acquire(&self.request, self.unwind, table_rows, owner_uid)?;
+                    if self.timeline {
+                        if let Err(e) = pool.program(slot).and_then(|p| p.record_timeline(slot.run))
+                        {
+                            pool.release(slot);
+                            return Err(e);
+                        }
+                    }
                     if let Some(off_cpu) = self.request.off_cpu {
                         if let Err(e) = pool
                             .program(slot)
@@ -1081,6 +1097,7 @@ impl Recording {
             };
             program.end_following(slot.run);
             program.end_off_cpu(slot.run);
+            program.end_timeline(slot.run);
             let drained = program.counters(slot.run).and_then(|c| {
                 for (total, value) in counters.0.iter_mut().zip(c.0) {
                     *total += value;
@@ -1099,6 +1116,7 @@ impl Recording {
             pool.release(*slot);
         }
         result?;
+        let timeline_clock = self.timeline.then(|| TimelineClock::ending(self.started));
         Ok(Collected {
             sampling: self.sampling,
             program_id: self.program_id().unwrap_or(0),
@@ -1114,6 +1132,7 @@ impl Recording {
             system: self.is_system(),
             over_cap: self.over_cap.len(),
             off_cpu: self.request.off_cpu,
+            timeline_clock,
         })
     }
 
@@ -1225,6 +1244,8 @@ impl Recording {
             system: self.is_system(),
             over_cap: self.over_cap.len(),
             off_cpu: self.request.off_cpu,
+            // Windows record no timeline.
+            timeline_clock: None,
         };
         self.window_started = Instant::now();
         let profile = assemble_samples(
@@ -1327,6 +1348,33 @@ pub struct Collected {
     over_cap: usize,
     /// Off-CPU time recorded alongside the samples.
     off_cpu: Option<crate::sampling::OffCpu>,
+    /// The run's span and clocks, when it recorded a timeline.
+    timeline_clock: Option<TimelineClock>,
+}
+
+/// When a run that recorded a timeline started and ended, in the samples' clock
+/// (`CLOCK_MONOTONIC`), and that clock's offset to Unix time.
+#[derive(Clone, Copy, Debug)]
+struct TimelineClock {
+    start_ns: u64,
+    end_ns: u64,
+    realtime_offset_ns: i64,
+}
+
+impl TimelineClock {
+    /// The span of a run that started sampling at `started` and ends now.
+    fn ending(started: Instant) -> TimelineClock {
+        use rustix::time::{clock_gettime, ClockId};
+        let ns = |t: rustix::time::Timespec| t.tv_sec * 1_000_000_000 + t.tv_nsec;
+        let end = ns(clock_gettime(ClockId::Monotonic));
+        let realtime = ns(clock_gettime(ClockId::Realtime));
+        let end_ns = end.max(0) as u64;
+        TimelineClock {
+            start_ns: end_ns.saturating_sub(started.elapsed().as_nanos() as u64),
+            end_ns,
+            realtime_offset_ns: realtime - end,
+        }
+    }
 }
 
 /// What the unwind tables of a recording's program cost, for the summary.
@@ -1387,6 +1435,7 @@ impl Collected {
             system,
             over_cap,
             off_cpu,
+            timeline_clock,
         } = self;
         let head = Head {
             sampling,
@@ -1401,6 +1450,7 @@ impl Collected {
             system,
             over_cap,
             off_cpu,
+            timeline_clock,
         };
         assemble_samples(&mut processes, samples, head, end, symbolizer, options)
     }
@@ -1425,6 +1475,8 @@ struct Head {
     over_cap: usize,
     /// Off-CPU time recorded alongside the samples.
     off_cpu: Option<crate::sampling::OffCpu>,
+    /// The run's span and clocks, when it recorded a timeline.
+    timeline_clock: Option<TimelineClock>,
 }
 
 /// Symbolizes and aggregates `samples` of `processes` (processes known only by their samples'
@@ -1450,9 +1502,11 @@ fn assemble_samples(
         system,
         over_cap,
         off_cpu,
+        timeline_clock,
     } = head;
     let mut options = options.clone();
     options.pid_roots |= multi_process;
+    options.timeline = timeline_clock.is_some();
     let options = &options;
     // Samples of processes that came and went between two ticks: counted, not symbolized.
     let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
@@ -1544,6 +1598,13 @@ fn assemble_samples(
         stack_ended_early: counters.get(Counter::StackEndedEarly),
         not_profilable,
         off_cpu_pending_full: counters.get(Counter::OffCpuPendingFull),
+        // Only a run that records a timeline loses times: the kernel counts the others' too
+        // when they share a process with one.
+        timeline_lost: if timeline_clock.is_some() {
+            counters.get(Counter::TimelineLost)
+        } else {
+            0
+        },
     };
     let targets = processes
         .values()
@@ -1633,6 +1694,11 @@ fn assemble_samples(
         cost.python_naming_secs += naming.as_secs_f64();
     }
     profile.meta.cost = cost;
+    if let (Some(timeline), Some(clock)) = (&mut profile.timeline, timeline_clock) {
+        timeline.start_ns = clock.start_ns;
+        timeline.end_ns = clock.end_ns;
+        timeline.realtime_offset_ns = clock.realtime_offset_ns;
+    }
     profile
 }
 

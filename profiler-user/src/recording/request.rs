@@ -258,6 +258,8 @@ impl RecordingRequest {
                 python: stacks.python,
                 // The recording sets it from what it records.
                 pid_roots: false,
+                // The driver sets it from the outputs asked for.
+                timeline: false,
             },
             unwind: walks.unwind,
             python: walks.python,

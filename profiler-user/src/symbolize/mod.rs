@@ -110,11 +110,13 @@ impl Default for Symbolizer {
 }
 
 impl Symbolizer {
-    /// A symbolizer with demangling and inlined-function expansion on.
+    /// A symbolizer with inlined-function expansion on; names are demangled by
+    /// [`stripped::demangle`] (blazesym's own demangling reads any name without a language
+    /// as C++, so that C's `a` and `b` became `signed char` and `bool`).
     pub fn new() -> Symbolizer {
         Symbolizer {
             blazesym: Blazesym::builder()
-                .enable_demangling(true)
+                .enable_demangling(false)
                 .enable_inlined_fns(true)
                 .enable_code_info(true)
                 .build(),
@@ -464,7 +466,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
     let (file, line) = code_location(sym.code_info.as_deref());
     frames.push(Frame {
-        name: sym.name.to_string(),
+        name: stripped::demangle(&sym.name),
         module: Some(module.clone()),
         kind,
         inlined: false,
@@ -476,7 +478,7 @@ fn to_frames(result: &Symbolized<'_>, module: &str, offset: u64, kind: FrameKind
     for inlined in sym.inlined.iter().filter(|i| !i.name.is_empty()) {
         let (file, line) = code_location(inlined.code_info.as_ref());
         frames.push(Frame {
-            name: inlined.name.to_string(),
+            name: stripped::demangle(&inlined.name),
             module: Some(module.clone()),
             kind,
             inlined: true,

@@ -99,9 +99,10 @@ impl FunctionStarts {
     }
 }
 
-/// A symbol's readable name, as the symbolizer gives exact symbols theirs: Rust (legacy and
-/// v0, without the hash) and C++ (Itanium) names demangled, anything else as it is.
-fn demangle(name: &str) -> String {
+/// A symbol's readable name, for exact symbols and these alike: Rust (legacy and v0, without
+/// the hash) and C++ (Itanium, `_Z`) names demangled, anything else as it is. A plain C name
+/// stays plain: read as an Itanium type, `a` would be `signed char` and `b` `bool`.
+pub(crate) fn demangle(name: &str) -> String {
     if let Ok(rust) = rustc_demangle::try_demangle(name) {
         return format!("{rust:#}");
     }
