@@ -678,16 +678,11 @@ fn pprof_has_real_addresses_and_disassembles() {
     }
 }
 
-#[test]
-fn per_thread_pprof_labels_threads() {
-    if !require_root() {
-        return;
-    }
-    let _serial = serial();
+/// Starts the `multithread` workload and records it `--per-thread` for 2 s at 499 Hz into
+/// `out`; the workload (kept running for the caller) and its pid.
+fn per_thread_run_of_multithread(out: &Path) -> (Workload, String) {
     let target = Workload::spawn("multithread", &["60"]);
     std::thread::sleep(Duration::from_millis(300));
-    let dir = tempdir();
-    let pprof = dir.path().join("t.pb.gz");
     let pid = target.pid().to_string();
     run_bpfprof(
         [
@@ -700,11 +695,23 @@ fn per_thread_pprof_labels_threads() {
             "--per-thread",
             "-q",
             "-o",
-            pprof.to_str().unwrap(),
+            out.to_str().unwrap(),
         ],
         TIMEOUT,
     )
     .assert_code(0);
+    (target, pid)
+}
+
+#[test]
+fn per_thread_pprof_labels_threads() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempdir();
+    let pprof = dir.path().join("t.pb.gz");
+    let (_target, pid) = per_thread_run_of_multithread(&pprof);
     let Some(tags) = go_pprof(&["-tags", pprof.to_str().unwrap()], dir.path()) else {
         return;
     };
@@ -759,27 +766,9 @@ fn per_thread_top_table_has_one_table_per_thread() {
         return;
     }
     let _serial = serial();
-    let target = Workload::spawn("multithread", &["60"]);
-    std::thread::sleep(Duration::from_millis(300));
     let dir = tempdir();
     let table = dir.path().join("t.txt");
-    let pid = target.pid().to_string();
-    run_bpfprof(
-        [
-            "--pid",
-            &pid,
-            "-F",
-            "499",
-            "-d",
-            "2s",
-            "--per-thread",
-            "-q",
-            "-o",
-            table.to_str().unwrap(),
-        ],
-        TIMEOUT,
-    )
-    .assert_code(0);
+    let (_target, pid) = per_thread_run_of_multithread(&table);
     let text = std::fs::read_to_string(&table).unwrap();
     // `N samples; event: ...` heads the whole's table.
     let total: u64 = text
