@@ -240,6 +240,29 @@ pub struct TickStatus {
 }
 
 impl Recording {
+    /// Sets a newly acquired run slot up for this recording: its timeline, its off-CPU time,
+    /// then `more`; the slot is given back when a step fails.
+    fn arm_slot(
+        &self,
+        pool: &mut ProgramPool,
+        slot: Slot,
+        more: impl FnOnce(&mut crate::kernel::KernelProgram) -> Result<()>,
+    ) -> Result<()> {
+        let armed = pool.program(slot).and_then(|p| {
+            if self.timeline {
+                p.record_timeline(slot.run)?;
+            }
+            if let Some(off_cpu) = self.request.off_cpu {
+                p.record_off_cpu(slot.run, off_cpu)?;
+            }
+            more(p)
+        });
+        if armed.is_err() {
+            pool.release(slot);
+        }
+        armed
+    }
+
     /// A recording that samples, follows children, walks stacks and reads Python frames as
     /// `request` says; nothing is attached until the first target is added.
     pub fn new(request: &RecordingRequest) -> Recording {
@@ -339,28 +362,9 @@ impl Recording {
         };
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
-            if self.timeline {
-                if let Err(e) = pool.program(slot).and_then(|p| p.record_timeline(slot.run)) {
-                    pool.release(slot);
-                    return Err(e);
-                }
-            }
-            if let Some(off_cpu) = self.request.off_cpu {
-                if let Err(e) = pool
-                    .program(slot)
-                    .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
-                {
-                    pool.release(slot);
-                    return Err(e);
-                }
-            }
-            if let Err(e) = pool
-                .program(slot)
-                .and_then(|p| p.record_system(slot.run, scope.kernel_threads, cgroup))
-            {
-                pool.release(slot);
-                return Err(e);
-            }
+            self.arm_slot(pool, slot, |p| {
+                p.record_system(slot.run, scope.kernel_threads, cgroup)
+            })?;
             self.sampling = Some(sampling);
             self.slots.push((slot, PidNamespace::default()));
             Ok(slot)
@@ -421,33 +425,15 @@ impl Recording {
                 None => {
                     let (slot, sampling) =
                         pool.acquire(&self.request, self.unwind, table_rows, owner_uid)?;
-                    if self.timeline {
-                        if let Err(e) = pool.program(slot).and_then(|p| p.record_timeline(slot.run))
-                        {
-                            pool.release(slot);
-                            return Err(e);
-                        }
-                    }
-                    if let Some(off_cpu) = self.request.off_cpu {
-                        if let Err(e) = pool
-                            .program(slot)
-                            .and_then(|p| p.record_off_cpu(slot.run, off_cpu))
-                        {
-                            pool.release(slot);
-                            return Err(e);
-                        }
-                    }
-                    if self.owner.is_some() {
+                    let checks_execs = self.owner.is_some();
+                    self.arm_slot(pool, slot, |p| {
                         // Before any process of the run is registered: none of them is
                         // sampled past an exec its owner has not been checked against.
-                        if let Err(e) = pool
-                            .program(slot)
-                            .and_then(|p| p.stop_at_exec(slot.run, true))
-                        {
-                            pool.release(slot);
-                            return Err(e);
+                        if checks_execs {
+                            p.stop_at_exec(slot.run, true)?;
                         }
-                    }
+                        Ok(())
+                    })?;
                     if self.slots.is_empty() {
                         self.started = Instant::now();
                         self.window_started = self.started;
