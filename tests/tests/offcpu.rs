@@ -651,13 +651,7 @@ fn a_daemon_run_takes_the_mode() {
         "--formats",
         "folded,summary-json",
     ]);
-    run.assert_code(0);
-    let id = run
-        .stdout
-        .trim()
-        .strip_prefix("Run Id: ")
-        .unwrap_or_else(|| panic!("expected `Run Id: N`, got {:?}", run.stdout))
-        .to_string();
+    let id = bpfprof_tests::hostile::run_id_of(&run).to_string();
     let results = daemon.cli(&["results", "--run-id", &id, "--wait", "60s", "--json"]);
     results.assert_code(0);
     let reply: serde_json::Value = serde_json::from_str(&results.stdout).unwrap();

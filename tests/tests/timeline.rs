@@ -279,13 +279,7 @@ fn a_daemon_run_asking_for_a_trace_gets_one_marked_by_its_tags() {
         "--formats",
         "trace,folded",
     ]);
-    run.assert_code(0);
-    let id = run
-        .stdout
-        .trim()
-        .strip_prefix("Run Id: ")
-        .unwrap_or_else(|| panic!("expected `Run Id: N`, got {:?}", run.stdout))
-        .to_string();
+    let id = bpfprof_tests::hostile::run_id_of(&run).to_string();
     // The run ends when the workload does.
     let results = daemon.cli(&["results", "--run-id", &id, "--wait", "100s", "--json"]);
     results.assert_code(0);
