@@ -28,23 +28,22 @@ const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
 /// once, which failed a bound of 0.95 (one standard error of 45 samples is 0.03).
 const MAIN_THREAD_SHARE: f64 = 0.88;
 /// The least share of the main thread's samples under a module's forward or backward with
-/// libtorch frames below. Issue 21 asks 0.95; measured 0.62-0.95 per call (0.74-0.85 over a
-/// front end's calls): the step's `zero_grad`, `cross_entropy` and `optimizer.step` are
-/// outside forward/backward by construction, and stacks whose leaf is in oneDNN's JIT kernels (`[anon]`) or MKL's
-/// assembly (neither has CFI or keeps a frame pointer) lose the native frames above it. On
-/// 2026-11-25 pooled 0.595-0.86 over a front end's calls (40-100 samples), with per-call
-/// ended-early shares of 0.24-0.76: this bound follows the JIT gap, which stays open.
-const LIBTORCH_BELOW_SHARE: f64 = 0.5;
-/// The most share of a run's stacks that may end early (a walk that left the mappings).
-/// Issue 21 asks 0.05; measured 0.06-0.43 per call on a quiet machine and up to 0.69 with the
-/// rest of the suite running beside it: the JIT and assembly leaves above, and on a daemon's
-/// first call the first half second before libtorch_cpu.so's table is built on demand. When
-/// the tables did not fit (the issue's daemon), 0.87. On 2026-11-27 the binary front end's
-/// calls (the first process, while the daemon's niced builds of its tables run) 0.33-0.55,
-/// the Python front end's (a second process, mapping the same objects) 0-0.42. Most likely
-/// the stacks end early before libtorch_cpu.so's table is in the kernel, not in the JIT code:
-/// with the tables resident, no main-thread stack of a daemon `--pid` run missed `_start`.
-const ENDED_EARLY_SHARE: f64 = 0.8;
+/// libtorch frames below. Issue 21 asks 0.95; pooled over a front end's calls 0.89-0.98 on
+/// 2026-11-27 (load 7-9) once the daemon built sampled objects' tables boosted: the step's
+/// `zero_grad`, `cross_entropy` and `optimizer.step` are outside forward/backward by
+/// construction. (0.595-0.86 while every stack in libtorch_cpu.so ended early until its
+/// niced build finished.)
+const LIBTORCH_BELOW_SHARE: f64 = 0.8;
+/// The most share of a call's stacks that may end early (a walk that left the mappings),
+/// issue 21's number, for every call but the daemon's first: 0 in each such call of three
+/// test runs on 2026-11-27 (load 7-9), where 0.24-0.76 ended early while the daemon's builds
+/// were all niced. One stack is allowed whatever the share, since a call has 17-77 samples.
+const ENDED_EARLY_SHARE: f64 = 0.05;
+/// The same for the daemon's first call on the trainer: libtorch_cpu.so's table is built on
+/// demand once a sample shows the trainer runs in it (0.18 s of CPU, 0.5 s on a loaded
+/// machine), while the call runs. Measured 0.10-0.38; the issue's daemon, whose tables did not
+/// fit, 0.87.
+const FIRST_CALL_ENDED_EARLY_SHARE: f64 = 0.6;
 /// The least stack depth a compile phase's run keeps: PyTorch asks for 500 frames
 /// (`COMPILE_STROBELIGHT_MAX_STACK_LENGTH`), and the issue for 500.
 const COMPILE_STACK_DEPTH: u64 = 500;
@@ -231,7 +230,7 @@ fn strobelight_decorator_around_a_train_step() {
     let graph = Regex::new(r"GraphProfiler: (\S+) (\S+)").unwrap();
     let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
     let mut checks = Checks::new();
-    for (name, front_end) in &front_ends {
+    for (front_end_index, (name, front_end)) in front_ends.iter().enumerate() {
         let sandbox = Sandbox::new(front_end);
         let calls = CALLS.to_string();
         let out = run_to_end(
@@ -303,12 +302,19 @@ fn strobelight_decorator_around_a_train_step() {
             checks.check(*samples > 0 && main > 0, || {
                 format!("{name}: call {call}: {samples} samples, {main} on the main thread")
             });
-            // The first call is the daemon's first run on the process: libtorch_cpu.so's table
-            // is built on demand during it (half a second), so it is not judged.
-            checks.check(call == 0 || early_share < ENDED_EARLY_SHARE, || {
+            // The daemon's first run on the trainer builds libtorch_cpu.so's table on demand
+            // while it samples; later calls, and the second front end's process, find it
+            // resident.
+            let first = front_end_index == 0 && call == 0;
+            let bound = if first {
+                FIRST_CALL_ENDED_EARLY_SHARE
+            } else {
+                ENDED_EARLY_SHARE
+            };
+            checks.check(ended_early <= 1 || early_share <= bound, || {
                 format!(
                     "{name}: call {call}: {ended_early} of {samples} stacks ended early \
-                     ({early_share:.3}, less than {ENDED_EARLY_SHARE} allowed)"
+                     ({early_share:.3}, at most {bound} or one stack allowed)"
                 )
             });
         }

@@ -211,7 +211,8 @@ fn record(
     stop: &AtomicBool,
     started: tokio::sync::oneshot::Sender<Result<String>>,
 ) -> Result<()> {
-    let mut pool = ProgramPool::new(false).with_background_builds();
+    let mut pool =
+        ProgramPool::new(false).with_build_priority(crate::unwind::BuildPriority::Background);
     let mut recording = Recording::new(&config.request);
     let start = start(&config, &mut pool, &mut recording);
     let start = start.map(|()| {

@@ -237,7 +237,7 @@ impl Runs {
             pool: Mutex::new(
                 ProgramPool::new(false)
                     .with_linger(PROGRAM_LINGER)
-                    .with_background_builds(),
+                    .with_build_priority(crate::unwind::BuildPriority::SampledFirst),
             ),
             symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
             naming: Arc::new(NamingShares::per_owner()),

@@ -39,6 +39,10 @@ use crate::{
 const FRESH_FRAMES_MAX: usize = 1 << 18;
 /// How often stacks move from the kernel map to userspace when few new ones arrive.
 const OFFLOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often they move while tables are still to be built: a moved stack is how the loader
+/// learns which objects run (built first, boosted in a daemon), and on a daemon's first call
+/// of a PyTorch step every stack in libtorch_cpu.so ended early until its table was in.
+const OFFLOAD_INTERVAL_WHILE_BUILDING: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The eBPF object built from `profiler-ebpf` by `cargo xtask build-ebpf`.
 static PROGRAM_OBJECT: &[u8] =
@@ -1017,7 +1021,12 @@ impl KernelProgram {
         }
         let (at, moved) = self.last_offload;
         let busy = moved >= STACK_MAP_ENTRIES as usize / 64;
-        if busy || at.elapsed() >= OFFLOAD_INTERVAL {
+        let interval = if self.unwind.awaits_samples() {
+            OFFLOAD_INTERVAL_WHILE_BUILDING
+        } else {
+            OFFLOAD_INTERVAL
+        };
+        if busy || at.elapsed() >= interval {
             let moved = self.offload_stacks();
             self.last_offload = (std::time::Instant::now(), moved);
         }

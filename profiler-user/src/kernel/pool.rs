@@ -84,10 +84,10 @@ impl ProgramPool {
         }
     }
 
-    /// Builds unwind tables in the background (a daemon's or an agent's pool: see
-    /// [`BuildPriority::Background`]).
-    pub fn with_background_builds(mut self) -> ProgramPool {
-        self.build_priority = BuildPriority::Background;
+    /// Builds unwind tables at `priority` (a daemon's or an agent's pool: see
+    /// [`BuildPriority`]); a command line's builds are [`BuildPriority::Foreground`].
+    pub fn with_build_priority(mut self, priority: BuildPriority) -> ProgramPool {
+        self.build_priority = priority;
         self
     }
 

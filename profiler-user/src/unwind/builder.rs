@@ -53,10 +53,18 @@ pub enum BuildPriority {
     /// machine, libtorch_cpu.so's table took 3.8 s instead of 0.5 s, most of a 10 s run).
     #[default]
     Foreground,
-    /// [`BUILD_NICENESS`] nicer: in a daemon or an agent, the threads that answer clients and
-    /// tick runs must not wait behind builds for a CPU (a `list` waited 184 ms behind two
-    /// builds on a busy 2-core machine).
+    /// [`BUILD_NICENESS`] nicer: in an agent, which runs beside the host's work for good, and
+    /// whose threads that tick windows must not wait behind builds for a CPU.
     Background,
+    /// [`BUILD_NICENESS`] nicer, as [`Self::Background`], except the build of an object a run
+    /// was seen sampling, which runs [`FOREGROUND_BOOST`] less nice on one thread at a time:
+    /// a daemon's. Its clients must not wait behind builds for a CPU (a `list` waited 184 ms
+    /// behind two builds at equal priority on a busy 2-core machine), and one boosted build
+    /// leaves them the other cores; but a caller profiling one call of a PyTorch trainer waits
+    /// for whole stacks of the code it runs, and with every build niced, 34-48% of each
+    /// strobelight call's stacks ended early (libtorch_cpu.so's table, 0.2 s of CPU, took
+    /// seconds to build beside the trainer's spinning OpenMP threads).
+    SampledFirst,
 }
 
 /// Where a job's ELF image is: an open file (opened when the job was made, so the target may
@@ -87,6 +95,10 @@ pub(crate) struct Built {
     pub table: anyhow::Result<UnwindTable>,
     /// How long the build took.
     pub took: Duration,
+    /// The CPU it cost (less than `took` where the build waited for a CPU or for the disk).
+    pub cpu: Duration,
+    /// Whether it ran boosted (see [`BuildPriority::SampledFirst`]).
+    pub boosted: bool,
 }
 
 /// One owner's jobs not started yet, by key (the jobs themselves are in [`Queue::jobs`]: two
@@ -113,11 +125,12 @@ impl OwnerQueue {
         self.rest.retain(|(_, k)| k != key);
     }
 
-    /// Its next job: urgent ones first, then the smallest.
-    fn pop(&mut self) -> Option<FileKey> {
+    /// Its next job and whether it is urgent: urgent ones first, then the smallest.
+    fn pop(&mut self) -> Option<(FileKey, bool)> {
         self.urgent
             .pop_front()
-            .or_else(|| (!self.rest.is_empty()).then(|| self.rest.remove(0).1))
+            .map(|k| (k, true))
+            .or_else(|| (!self.rest.is_empty()).then(|| (self.rest.remove(0).1, false)))
     }
 }
 
@@ -128,6 +141,8 @@ struct Queue {
     owners: BTreeMap<Owner, OwnerQueue>,
     /// The owner served last: among owners that used as much CPU, the next one after it goes.
     last_served: Option<Owner>,
+    /// Whether a build runs boosted (see [`BuildPriority::SampledFirst`]).
+    boosted: bool,
     closed: bool,
 }
 
@@ -193,10 +208,11 @@ impl Queue {
         true
     }
 
-    /// The next job to build and whom it is charged to: the next job of the owner, among
-    /// those with no build in progress, whose builds cost the least CPU (ties in turn after
-    /// the owner served last). It leaves every owner's queue.
-    fn take(&mut self) -> Option<(Owner, Job)> {
+    /// The next job to build, whom it is charged to and whether it runs boosted (an urgent
+    /// job at [`BuildPriority::SampledFirst`] while no other build is boosted): the next job
+    /// of the owner, among those with no build in progress, whose builds cost the least CPU
+    /// (ties in turn after the owner served last). It leaves every owner's queue.
+    fn take(&mut self, priority: BuildPriority) -> Option<(Owner, Job, bool)> {
         let after = self.last_served;
         let owner = self
             .owners
@@ -205,7 +221,7 @@ impl Queue {
             // Least CPU first; among equals, the owners after the last served, in order.
             .min_by_key(|(o, q)| (q.cpu, after.is_some_and(|a| **o <= a), **o))
             .map(|(o, _)| *o)?;
-        let key = self.owners.get_mut(&owner)?.pop()?;
+        let (key, urgent) = self.owners.get_mut(&owner)?.pop()?;
         for queue in self.owners.values_mut() {
             queue.remove(&key);
         }
@@ -215,11 +231,14 @@ impl Queue {
         }
         self.last_served = Some(owner);
         self.owners.retain(|_, q| !q.is_idle());
-        Some((owner, job))
+        let boost = priority == BuildPriority::SampledFirst && urgent && !self.boosted;
+        self.boosted |= boost;
+        Some((owner, job, boost))
     }
 
-    /// Notes that a build of `owner`'s ended after costing `cpu`.
-    fn done(&mut self, owner: Owner, cpu: Duration) {
+    /// Notes that a build of `owner`'s ended after costing `cpu`, and whether it ran boosted.
+    fn done(&mut self, owner: Owner, cpu: Duration, boosted: bool) {
+        self.boosted &= !boosted;
         if let Some(queue) = self.owners.get_mut(&owner) {
             queue.running = false;
             queue.cpu += cpu;
@@ -313,41 +332,56 @@ impl Drop for Builder {
 
 fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority) {
     // Linux keeps a nice value per thread, and "the calling process" is this thread.
-    let nice = rustix::process::getpriority_process(None)
-        .ok()
-        .map(|nice| match priority {
-            BuildPriority::Foreground => (nice - FOREGROUND_BOOST).max(-20),
-            BuildPriority::Background => nice + BUILD_NICENESS,
-        });
-    if let Some(nice) = nice {
+    let nice = rustix::process::getpriority_process(None).ok();
+    let (base, boosted) = match nice {
+        Some(nice) => (
+            Some(match priority {
+                BuildPriority::Foreground => (nice - FOREGROUND_BOOST).max(-20),
+                BuildPriority::Background | BuildPriority::SampledFirst => nice + BUILD_NICENESS,
+            }),
+            Some((nice - FOREGROUND_BOOST).max(-20)),
+        ),
+        None => (None, None),
+    };
+    if let Some(nice) = base {
         // Unprivileged, a command-line run cannot lower its nice value: it builds at its own.
         if let Err(e) = rustix::process::setpriority_process(None, nice) {
             log::debug!("unwind table builds keep the process's priority: {e}");
         }
     }
     loop {
-        let (owner, job) = {
+        let (owner, job, boost) = {
             let mut queue = shared.lock();
             loop {
                 if queue.closed {
                     return;
                 }
-                if let Some(next) = queue.take() {
+                if let Some(next) = queue.take(priority) {
                     break next;
                 }
                 queue = shared.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
             }
         };
+        // A boost that the system refuses (no CAP_SYS_NICE) leaves the build niced.
+        let boosted =
+            boost && boosted.is_some_and(|n| rustix::process::setpriority_process(None, n).is_ok());
         let (started, cpu_before) = (Instant::now(), super::table::thread_cpu_time());
         let table = build(&job.image);
         let cpu = super::table::thread_cpu_time().saturating_sub(cpu_before);
-        shared.lock().done(owner, cpu);
+        if boosted {
+            if let Some(nice) = base {
+                let _ = rustix::process::setpriority_process(None, nice);
+            }
+        }
+        shared.lock().done(owner, cpu, boost);
         // The owner may have more jobs, which only it held back: another thread may take one.
         shared.wake.notify_one();
         let built = Built {
             key: job.key,
             table,
             took: started.elapsed(),
+            cpu,
+            boosted,
         };
         if finished.send(built).is_err() {
             return;
@@ -392,8 +426,8 @@ mod tests {
     /// in the order built, with their owners.
     fn drain(queue: &mut Queue, cpu: impl Fn(u64) -> Duration) -> Vec<(Owner, u64)> {
         let mut order = Vec::new();
-        while let Some((owner, job)) = queue.take() {
-            queue.done(owner, cpu(job.size));
+        while let Some((owner, job, _)) = queue.take(BuildPriority::Background) {
+            queue.done(owner, cpu(job.size), false);
             order.push((owner, job.size));
         }
         order
@@ -423,20 +457,20 @@ mod tests {
         for size in 1..=20 {
             queue.submit(job("a", size), 1000, true);
         }
-        let (owner, first) = queue.take().unwrap();
+        let (owner, first, _) = queue.take(BuildPriority::Background).unwrap();
         assert_eq!(owner, 1000);
         queue.submit(job("b", 500), 2000, false);
         queue.submit(job("b2", 600), 2000, false);
         // While owner 1000's build runs, the other thread takes owner 2000's job, never a
         // second one of owner 1000's.
-        let (owner, second) = queue.take().unwrap();
+        let (owner, second, _) = queue.take(BuildPriority::Background).unwrap();
         assert_eq!((owner, second.size), (2000, 500));
         assert!(
-            queue.take().is_none(),
+            queue.take(BuildPriority::Background).is_none(),
             "each owner runs one build at a time"
         );
-        queue.done(1000, Duration::from_secs(first.size));
-        queue.done(2000, Duration::from_secs(5));
+        queue.done(1000, Duration::from_secs(first.size), false);
+        queue.done(2000, Duration::from_secs(5), false);
         let order = drain(&mut queue, |size| Duration::from_secs(size / 100));
         // Owner 2000 used 5 s, owner 1000 20 s: 2000 goes on until it used as much.
         assert_eq!(order[0], (2000, 600));
@@ -473,15 +507,42 @@ mod tests {
     fn a_new_owner_starts_level_with_the_least_served() {
         let mut queue = Queue::default();
         queue.submit(job("a", 1), 1000, false);
-        let (owner, _) = queue.take().unwrap();
+        let (owner, _, _) = queue.take(BuildPriority::Background).unwrap();
         queue.submit(job("a", 2), 1000, false);
-        queue.done(owner, Duration::from_secs(100));
+        queue.done(owner, Duration::from_secs(100), false);
         // Owner 1000 used 100 s alone; owner 2000 arrives and does not get 100 s of turns.
         for size in [3, 4] {
             queue.submit(job("b", size), 2000, false);
         }
         let order = drain(&mut queue, |_| Duration::from_secs(1));
         assert_eq!(order, [(2000, 3), (1000, 2), (2000, 4)]);
+    }
+
+    #[test]
+    fn one_sampled_object_at_a_time_is_built_boosted_in_a_daemon() {
+        let mut queue = Queue::default();
+        queue.submit(job("small", 10), 1000, false);
+        queue.submit(job("libtorch", 400), 1000, true);
+        queue.submit(job("libc", 20), 2000, true);
+        let take = |queue: &mut Queue| {
+            let (owner, job, boost) = queue.take(BuildPriority::SampledFirst).unwrap();
+            (owner, job.size, boost)
+        };
+        // Owner 1000's sampled object goes boosted; owner 2000's, sampled too, meanwhile not.
+        assert_eq!(take(&mut queue), (1000, 400, true));
+        assert_eq!(take(&mut queue), (2000, 20, false));
+        queue.done(2000, Duration::ZERO, false);
+        queue.done(1000, Duration::ZERO, true);
+        // Not sampled: niced.
+        assert_eq!(take(&mut queue), (1000, 10, false));
+        queue.done(1000, Duration::ZERO, false);
+        queue.submit(job("libgomp", 30), 2000, true);
+        assert_eq!(take(&mut queue), (2000, 30, true));
+        // An agent's builds are never boosted.
+        queue.done(2000, Duration::ZERO, true);
+        queue.submit(job("libm", 40), 2000, true);
+        let (_, _, boost) = queue.take(BuildPriority::Background).unwrap();
+        assert!(!boost);
     }
 
     #[test]

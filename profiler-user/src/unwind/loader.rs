@@ -371,6 +371,15 @@ impl UnwindMaps {
         })
     }
 
+    /// Whether a table is queued or waits for a sample to be built: until none does, the
+    /// caller should report sampled addresses ([`Self::note_sampled`]) soon, since an object
+    /// sampled meanwhile is walked without its table.
+    pub fn awaits_samples(&self) -> bool {
+        self.tables
+            .values()
+            .any(|t| matches!(t.state, TableState::Queued | TableState::OnDemand { .. }))
+    }
+
     /// Installs the tables built since the last call; call it often (every tick).
     pub fn poll(&mut self) {
         let finished = match &self.builder {
@@ -771,6 +780,8 @@ impl UnwindMaps {
             key,
             table: Ok(UnwindTable { rows: vec![row] }),
             took: Duration::ZERO,
+            cpu: Duration::ZERO,
+            boosted: false,
         });
     }
 
@@ -812,7 +823,13 @@ impl UnwindMaps {
 
     /// Puts a finished build in the row array, or notes why it is not there.
     fn install(&mut self, built: Built) {
-        let Built { key, table, took } = built;
+        let Built {
+            key,
+            table,
+            took,
+            cpu,
+            boosted,
+        } = built;
         let Some(entry) = self.tables.get(&key) else {
             return;
         };
@@ -874,9 +891,11 @@ impl UnwindMaps {
             return;
         }
         log::debug!(
-            "unwind table for {}: {rows} rows in {} ms",
+            "unwind table for {}: {rows} rows in {} ms ({} ms of CPU{})",
             self.tables[&key].name,
-            took.as_millis()
+            took.as_millis(),
+            cpu.as_millis(),
+            if boosted { ", boosted" } else { "" }
         );
         self.decide(&key, TableState::Resident { first_row, rows });
     }
