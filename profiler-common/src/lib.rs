@@ -318,11 +318,15 @@ pub enum Counter {
     /// fit the timeline ring ([`TIMELINE_RING_BYTES`]): counted in the profile, missing from
     /// the timeline.
     TimelineLost = 15,
+    /// CFI walks with at least one frame that no table covered (unwound by frame pointer or
+    /// found by a stack scan): code with no CFI (JIT code, assembly), or an object whose table
+    /// was not in the kernel yet (still building, too large, evicted).
+    UntabledStacks = 16,
 }
 
 impl Counter {
     /// Number of counters per run.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
     /// Every counter, in index order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Counter::Samples,
@@ -341,6 +345,7 @@ impl Counter {
         Counter::OffCpuIntervals,
         Counter::OffCpuPendingFull,
         Counter::TimelineLost,
+        Counter::UntabledStacks,
     ];
 
     /// Index of this counter of `run` in the counter array.

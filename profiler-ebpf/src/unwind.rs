@@ -165,6 +165,9 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     }
     add_count(run, Counter::FramePointerFrames, walk.fp_frames);
     add_count(run, Counter::ScannedFrames, walk.scanned);
+    if walk.fp_frames != 0 || walk.scanned != 0 {
+        crate::count(run, Counter::UntabledStacks);
+    }
     if len == 0 {
         return NOT_UNWOUND;
     }

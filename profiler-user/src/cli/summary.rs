@@ -94,17 +94,33 @@ pub fn summary(profile: &Profile) -> String {
         ));
     }
     if unwound.stacks_through_untabled > 0 {
+        let mut named = String::new();
         let largest: Vec<String> = meta
             .untabled
             .iter()
             .take(3)
             .map(|o| format!("{} ({} samples: {})", o.name, o.samples, o.why))
             .collect();
+        if !largest.is_empty() {
+            named.push_str(&format!("; without a table: {}", largest.join("; ")));
+        }
+        let late: Vec<String> = meta
+            .tabled_late
+            .iter()
+            .take(3)
+            .map(|t| format!("{} ({:.2} s in)", t.name, t.after_secs))
+            .collect();
+        if !late.is_empty() {
+            named.push_str(&format!(
+                "; tables loaded during the run: {}",
+                late.join(", ")
+            ));
+        }
         out.push_str(&format!(
-            "  {} stacks ran through objects without an unwind table, walked there by frame \
-             pointer: {}\n",
+            "  {} stacks had frames that no unwind table covered, walked there by frame \
+             pointer or a stack scan (code without CFI, such as JIT code, or an object whose \
+             table was not loaded yet){named}\n",
             unwound.stacks_through_untabled,
-            largest.join("; ")
         ));
     }
     for limit in &meta.limits_hit {

@@ -397,6 +397,7 @@ pub(crate) mod fixture {
                 throttled: None,
                 unwound: Default::default(),
                 untabled: Vec::new(),
+                tabled_late: Vec::new(),
                 off_cpu: None,
                 limits_hit: Vec::new(),
             },

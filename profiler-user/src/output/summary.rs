@@ -7,7 +7,8 @@ use serde::Serialize;
 use crate::{
     output::top::{function_shares, FunctionShare},
     profile::{
-        Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled, UntabledObject, Unwound,
+        LateTable, Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled,
+        UntabledObject, Unwound,
     },
     sampling::{Event, Rate},
 };
@@ -33,6 +34,8 @@ struct Summary<'a> {
     unwind: Unwound,
     /// The objects the targets ran in without an unwind table, most samples first.
     objects_without_unwind_tables: &'a [UntabledObject],
+    /// The objects whose table went in during the run after samples had run in them.
+    unwind_tables_loaded_late: &'a [LateTable],
     /// What the bounds on reading the targets left out, one sentence per process.
     limits_hit: &'a [String],
     targets: &'a [ProfiledTarget],
@@ -110,6 +113,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         throttled: meta.throttled,
         unwind: meta.unwound,
         objects_without_unwind_tables: &meta.untabled,
+        unwind_tables_loaded_late: &meta.tabled_late,
         limits_hit: &meta.limits_hit,
         targets: &meta.targets,
         program_id: meta.program_id,

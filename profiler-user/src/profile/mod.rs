@@ -426,6 +426,9 @@ pub struct ProfileMeta {
     pub unwound: Unwound,
     /// The objects the targets ran in without an unwind table, most samples first.
     pub untabled: Vec<UntabledObject>,
+    /// The objects whose table went into the kernel during the run, after samples had run in
+    /// them without it (a table built on demand), earliest first.
+    pub tabled_late: Vec<LateTable>,
     /// Off-CPU time recorded alongside the samples (`--off-cpu`, `--mode wall`): then every
     /// writer weighs stacks in nanoseconds ([`Profile::stack_nanos`]).
     pub off_cpu: Option<crate::sampling::OffCpu>,
@@ -458,9 +461,20 @@ pub struct Unwound {
     /// last refresh, or an unreadable frame); threads that never had a Python thread state
     /// (OpenMP and other native workers) are not counted.
     pub python_stacks_missing: u64,
-    /// Samples whose user stack ran through an object that had no unwind table (its frames
-    /// there were walked by frame pointer, which code without frame pointers breaks).
+    /// CFI walks with a frame that no unwind table covered, walked there by frame pointer or
+    /// a stack scan (which code without frame pointers can lead astray): JIT code, objects
+    /// without CFI, objects whose table was not in the kernel yet. Counted by the kernel.
     pub stacks_through_untabled: u64,
+}
+
+/// An object whose unwind table went into the kernel during the run, after samples had run in
+/// it without it, for the summary.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LateTable {
+    /// Its path.
+    pub name: String,
+    /// Seconds from the run's first sample to its table going in.
+    pub after_secs: f64,
 }
 
 /// An object the targets ran in without an unwind table, for the summary.

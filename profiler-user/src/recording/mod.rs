@@ -119,6 +119,9 @@ pub struct ProcessRecording {
     pub executable_kib: Option<u64>,
     /// The objects it maps whose code had no unwind table when last looked at.
     pub untabled: Vec<crate::unwind::Untabled>,
+    /// The objects whose table went into the kernel during the run after samples had run in
+    /// them without it (see [`crate::unwind::UnwindMaps::tabled_late`]).
+    pub tabled_late: Vec<crate::profile::LateTable>,
     /// Whether the kernel's CFI walker walked its stacks: the unwinder tracked it at some
     /// point (a daemon run's target is untracked before its samples are collected).
     pub cfi_walked: bool,
@@ -129,6 +132,19 @@ pub struct ProcessRecording {
 }
 
 impl ProcessRecording {
+    /// Notes which of its objects have no table now, and which got theirs since the run
+    /// started at `started` after samples ran in them without it.
+    fn note_tables(&mut self, unwind: &crate::unwind::UnwindMaps, started: Instant) {
+        self.untabled = unwind.untabled(self.target.pid);
+        for (name, at) in unwind.tabled_late(self.target.pid, started) {
+            if !self.tabled_late.iter().any(|t| t.name == name) {
+                let after_secs = at.saturating_duration_since(started).as_secs_f64();
+                self.tabled_late
+                    .push(crate::profile::LateTable { name, after_secs });
+            }
+        }
+    }
+
     /// Stops sampling the process for good, forgetting everything read of it: its owner may
     /// no longer profile it.
     fn revoke(&mut self, program: &mut crate::kernel::KernelProgram) {
@@ -575,6 +591,7 @@ impl Recording {
                 refreshed_at: Instant::now(),
                 executable_kib: None,
                 untabled: Vec::new(),
+                tabled_late: Vec::new(),
                 cfi_walked: waited,
                 revoked: false,
             },
@@ -667,6 +684,7 @@ impl Recording {
         // process's state that much longer. Runs of targets look every tick: their end is
         // their targets' exit.
         let look_for_exits = !system || refresh;
+        let started = self.started;
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
                 && now.duration_since(p.refreshed_at) >= young_every;
@@ -700,7 +718,7 @@ impl Recording {
                     program
                         .unwind
                         .track_maps(p.target.pid, owner_uid, Some(p.maps.last_read()));
-                p.untabled = program.unwind.untabled(p.target.pid);
+                p.note_tables(&program.unwind, started);
                 p.cfi_walked |= program.unwind.is_tracked(p.target.pid);
             }
             // A new process may map its interpreter only after its exec (libpython is loaded
@@ -724,7 +742,7 @@ impl Recording {
                 // What the kernel holds for it goes at once: tables, mappings, Python state
                 // (its maps stay, to name its samples).
                 if program.unwind.is_tracked(p.target.pid) {
-                    p.untabled = program.unwind.untabled(p.target.pid);
+                    p.note_tables(&program.unwind, started);
                     program.unwind.unload_process(p.target.pid);
                 }
             }
@@ -976,6 +994,7 @@ impl Recording {
                         refreshed_at: Instant::now(),
                         executable_kib: None,
                         untabled: Vec::new(),
+                        tabled_late: Vec::new(),
                         cfi_walked,
                         revoked: false,
                     },
@@ -1042,6 +1061,7 @@ impl Recording {
                 }
             }
         }
+        let started = self.started;
         for p in self.processes.values_mut() {
             if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
                 python.stop(program);
@@ -1056,7 +1076,7 @@ impl Recording {
             }
             if let Ok(program) = pool.program(p.slot) {
                 if program.unwind.is_tracked(p.target.pid) {
-                    p.untabled = program.unwind.untabled(p.target.pid);
+                    p.note_tables(&program.unwind, started);
                     p.cfi_walked = true;
                 }
             }
@@ -1545,7 +1565,14 @@ fn assemble_samples(
         .filter(|s| s.kind != SampleKind::Cpu)
         .map(|s| s.count)
         .sum();
-    let (stacks_through_untabled, untabled) = untabled_objects(processes, &by_process);
+    let untabled = untabled_objects(processes, &by_process);
+    let mut tabled_late: Vec<crate::profile::LateTable> = Vec::new();
+    for late in processes.values().flat_map(|p| &p.tabled_late) {
+        if !tabled_late.iter().any(|t| t.name == late.name) {
+            tabled_late.push(late.clone());
+        }
+    }
+    tabled_late.sort_by(|a, b| a.after_secs.total_cmp(&b.after_secs));
     // The kernel counted every sample of a CPython thread it had no thread state for as
     // missing its Python frames; those of threads that never run Python (OpenMP and other
     // native workers) miss nothing. (Samples taken before the walker program or the
@@ -1630,9 +1657,10 @@ fn assemble_samples(
             python_stacks_missing: counters
                 .get(Counter::PythonStackMissing)
                 .saturating_sub(no_python),
-            stacks_through_untabled,
+            stacks_through_untabled: counters.get(Counter::UntabledStacks),
         },
         untabled,
+        tabled_late,
         off_cpu,
         limits_hit: (over_cap > 0)
             .then(|| {
@@ -1709,19 +1737,19 @@ impl ProcessRecording {
             refreshed_at: Instant::now(),
             executable_kib: None,
             untabled: Vec::new(),
+            tabled_late: Vec::new(),
             cfi_walked: false,
             revoked: false,
         }
     }
 }
 
-/// Samples whose user stack ran through an object without an unwind table (its frames there
-/// were walked by frame pointer), and those objects, most samples first.
+/// The objects without an unwind table at the run's end that samples' user stacks ran
+/// through (their frames there walked by frame pointer), with those samples, most first.
 fn untabled_objects(
     processes: &BTreeMap<(u32, u32, u32), ProcessRecording>,
     samples: &BTreeMap<(u32, u32, u32), Vec<Sample>>,
-) -> (u64, Vec<UntabledObject>) {
-    let mut stacks = 0;
+) -> Vec<UntabledObject> {
     let mut objects: BTreeMap<String, UntabledObject> = BTreeMap::new();
     for (key, samples) in samples {
         let Some(untabled) = processes.get(key).map(|p| &p.untabled) else {
@@ -1731,14 +1759,12 @@ fn untabled_objects(
             continue;
         }
         for sample in samples {
-            let mut hit = false;
             for object in untabled {
                 if sample
                     .user_frames
                     .iter()
                     .any(|ip| (object.start..object.end).contains(ip))
                 {
-                    hit = true;
                     objects
                         .entry(object.name.clone())
                         .or_insert_with(|| UntabledObject {
@@ -1749,14 +1775,11 @@ fn untabled_objects(
                         .samples += sample.count;
                 }
             }
-            if hit {
-                stacks += sample.count;
-            }
         }
     }
     let mut objects: Vec<UntabledObject> = objects.into_values().collect();
     objects.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.name.cmp(&b.name)));
-    (stacks, objects)
+    objects
 }
 
 /// Until when a new process's start waits for its unwind tables: with `--unwind cfi` until

@@ -170,6 +170,11 @@ struct Table {
     /// When a sample was last seen in it: `None` for a table built because the object is
     /// mapped, before any sample ran its code.
     last_sampled: Option<Instant>,
+    /// When a sample first ran in it while it had no table in the kernel, since it last had
+    /// one: the frames there were walked by frame pointer or a stack scan.
+    sampled_untabled: Option<Instant>,
+    /// When its table last went into the kernel.
+    resident_since: Option<Instant>,
     /// Whether its lack of a table was reported.
     warned: bool,
 }
@@ -426,6 +431,9 @@ impl UnwindMaps {
             return;
         };
         table.last_sampled = Some(now);
+        if !matches!(table.state, TableState::Resident { .. }) {
+            table.sampled_untabled.get_or_insert(now);
+        }
         let rows = match table.state {
             TableState::Queued => {
                 if let Some(builder) = &self.builder {
@@ -527,6 +535,28 @@ impl UnwindMaps {
                 })
             })
             .collect()
+    }
+
+    /// The objects `pid` maps whose table went into the kernel after `since` although samples
+    /// had run in them before (their frames walked by frame pointer or a stack scan until
+    /// then), with when it went in: for the summary of a run that started at `since`.
+    pub fn tabled_late(&self, pid: u32, since: Instant) -> Vec<(String, Instant)> {
+        let Some(tracked) = self.tracked.get(&pid) else {
+            return Vec::new();
+        };
+        let mut late: Vec<(String, Instant)> = tracked
+            .mappings
+            .iter()
+            .filter_map(|m| {
+                let table = self.tables.get(m.key.as_ref()?)?;
+                let resident = table.resident_since?;
+                (resident > since && table.sampled_untabled.is_some_and(|at| at < resident))
+                    .then(|| (table.name.clone(), resident))
+            })
+            .collect();
+        late.sort();
+        late.dedup_by(|a, b| a.0 == b.0);
+        late
     }
 
     /// Reads `pid`'s executable mappings and gives them to the kernel, queueing the tables of
@@ -792,6 +822,8 @@ impl UnwindMaps {
                 state: TableState::Queued,
                 name: name.to_string(),
                 last_sampled: None,
+                sampled_untabled: None,
+                resident_since: None,
                 warned: false,
             },
         );
@@ -953,6 +985,11 @@ impl UnwindMaps {
                 table.warned = true;
                 log::warn!("{} unwinds by frame pointer: {why}", table.name);
             }
+        }
+        if matches!(state, TableState::Resident { .. }) {
+            table.resident_since = Some(Instant::now());
+        } else if matches!(table.state, TableState::Resident { .. }) {
+            table.sampled_untabled = None;
         }
         table.state = state;
         self.write_processes_of(key);
