@@ -70,6 +70,17 @@ impl TestUser {
         .arg(program);
         cmd
     }
+
+    /// Copies `src` to `dest` as this user's own executable (mode 755). The copy is made as
+    /// root, since the user may not read the checkout's build folder (a clone in a private
+    /// folder such as `mktemp -d`'s).
+    pub fn give(&self, src: &std::path::Path, dest: &std::path::Path) {
+        std::fs::copy(src, dest)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dest.display()));
+        std::os::unix::fs::chown(dest, Some(self.uid), Some(self.gid)).unwrap();
+        std::fs::set_permissions(dest, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
 }
 
 /// Workload `name` run as `user` from a copy in `dir` (a folder any user can execute from),

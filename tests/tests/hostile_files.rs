@@ -169,14 +169,7 @@ fn a_fifo_in_place_of_a_deleted_interpreter_freezes_nothing() {
     let bystander = Bystander::start(&daemon, Duration::from_secs(8));
     let dir = folder_of(&mallory);
     let python = dir.path().join("python3.99");
-    shell_ok(
-        &mallory,
-        &format!(
-            "cp {} {}",
-            workload_path("spinner").display(),
-            python.display()
-        ),
-    );
+    mallory.give(&workload_path("spinner"), &python);
     let mut cmd = mallory.command(&python);
     cmd.arg("60");
     let own = Workload::spawn_command(cmd);
@@ -523,14 +516,7 @@ fn the_daemon_keeps_no_target_file_open_after_its_runs() {
     let mut targets = Vec::new();
     for i in 0..3 {
         let copy = dir.path().join(format!("deleted{i}"));
-        shell_ok(
-            &mallory,
-            &format!(
-                "cp {} {c} && chmod 755 {c}",
-                workload_path("hotcold").display(),
-                c = copy.display()
-            ),
-        );
+        mallory.give(&workload_path("hotcold"), &copy);
         let mut cmd = mallory.command(&copy);
         cmd.arg("60");
         let w = Workload::spawn_command(cmd);
