@@ -55,8 +55,9 @@ pub enum Command {
     /// p the Python view, q quits.
     Top(TopArgs),
     /// Print every thread's current stack, native and Python, with its name, state and
-    /// which thread holds the GIL (as py-spy dump); the process is stopped for well under a
-    /// millisecond per thread while its registers and stacks are copied.
+    /// which thread holds the GIL (as py-spy dump); the process is stopped (ptrace) only
+    /// while its registers, stacks and Python thread states are copied, and the dump says
+    /// for how long.
     Dump(DumpArgs),
 }
 

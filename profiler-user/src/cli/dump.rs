@@ -93,6 +93,9 @@ pub struct Dump {
     pub gil_holder: Option<u32>,
     /// How long the process was stopped, in microseconds (first stop to last release).
     pub stopped_us: u64,
+    /// Of which waiting for every thread to reach its stop (a thread waiting for a CPU stops
+    /// only once scheduled), in microseconds.
+    pub reaching_stop_us: u64,
     /// Of which reading the Python thread states and frames, in microseconds.
     pub python_read_us: u64,
     /// Why the Python threads could not be read, when they could not.
@@ -229,6 +232,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             .map(|p| format!("{}.{}", p.version().0, p.version().1)),
         gil_holder: reads.gil_holder,
         stopped_us: micros(snapshot.stopped),
+        reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
         python_error: reads.error,
         threads,
@@ -407,6 +411,7 @@ mod tests {
             python_version: Some("3.12".into()),
             gil_holder: Some(7),
             stopped_us: 1500,
+            reaching_stop_us: 1000,
             python_read_us: 50,
             python_error: None,
             threads: vec![

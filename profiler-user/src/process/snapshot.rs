@@ -95,6 +95,10 @@ pub struct Snapshot {
     /// How long the process was stopped: from the first thread's stop to the last one's
     /// release.
     pub stopped: Duration,
+    /// How long it took every thread to reach its stop after the first was asked to (part
+    /// of [`Self::stopped`]): a thread that waits for a CPU (a loaded machine) stops only
+    /// once it is scheduled, and the threads stopped before it wait with it.
+    pub reaching_stop: Duration,
     /// How long the caller's reads took while the threads were stopped (part of
     /// [`Self::stopped`]).
     pub reads: Duration,
@@ -322,6 +326,7 @@ pub fn stop_and_copy<T>(pid: u32, reads: impl FnOnce() -> T) -> Result<(Snapshot
         }
     }
     let mut threads = BTreeMap::new();
+    let mut reaching_stop = Duration::ZERO;
     for thread in &mut seized {
         let proc = procs
             .remove(&thread.tid)
@@ -335,6 +340,7 @@ pub fn stop_and_copy<T>(pid: u32, reads: impl FnOnce() -> T) -> Result<(Snapshot
             ..StoppedThread::default()
         };
         if wait_stopped(thread) {
+            reaching_stop = first_stop.elapsed();
             if let Some(regs) = registers(thread.tid) {
                 let end = mapping_end(&ranges, regs.sp)
                     .unwrap_or(regs.sp + MAX_STACK_COPY)
@@ -357,9 +363,10 @@ pub fn stop_and_copy<T>(pid: u32, reads: impl FnOnce() -> T) -> Result<(Snapshot
     let out = reads();
     let reads = reads_start.elapsed();
     for thread in seized {
-        let tid = thread.tid;
-        let stopped = thread.interrupted_at.elapsed();
+        let (tid, interrupted_at) = (thread.tid, thread.interrupted_at);
+        // Let go by the detach in its drop: its stop ends when that returns.
         drop(thread);
+        let stopped = interrupted_at.elapsed();
         if let Some(t) = threads.get_mut(&tid) {
             t.stopped = stopped;
         }
@@ -369,6 +376,7 @@ pub fn stop_and_copy<T>(pid: u32, reads: impl FnOnce() -> T) -> Result<(Snapshot
         Snapshot {
             threads,
             stopped,
+            reaching_stop,
             reads,
         },
         out,
