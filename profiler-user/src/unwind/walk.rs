@@ -252,3 +252,68 @@ impl ProcessTables {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks this thread's own stack from inside this function (its frame and its callers'
+    /// stay put while it runs), reading memory directly.
+    #[inline(never)]
+    fn walk_here(tables: &ProcessTables) -> (Vec<u64>, WalkEnd, u64) {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers; no memory is touched.
+        unsafe {
+            std::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+                options(nomem, nostack, preserves_flags)
+            )
+        };
+        let read = |addr: u64| {
+            let bytes = crate::process::snapshot::read_memory(std::process::id(), addr, 8);
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let (frames, end) = tables.walk(Registers { ip, sp, bp }, read);
+        (frames, end, ip)
+    }
+
+    #[test]
+    fn a_thread_of_this_process_unwinds_to_its_start() {
+        let tables = ProcessTables::build(std::process::id()).unwrap();
+        // The test harness runs each test on a thread of its own: the walk goes through the
+        // harness and the standard library to the thread's entry (`clone3`).
+        let (frames, end, ip) = walk_here(&tables);
+        let pid = std::process::id();
+        let maps = crate::process::maps::ProcessMaps::capture(pid, pid).unwrap();
+        let mut symbolizer = crate::symbolize::Symbolizer::new();
+        let addrs: Vec<u64> = crate::symbolize::lookup_addresses(&frames).collect();
+        symbolizer.prepare_user(&maps, addrs.iter().copied());
+        let names: Vec<String> = addrs
+            .iter()
+            .map(|a| {
+                symbolizer
+                    .user(&maps, *a)
+                    .last()
+                    .map(|f| f.name.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(end, WalkEnd::Complete, "{names:?}");
+        assert_eq!(frames[0], ip);
+        // This function, then its caller, then on to the thread's entry.
+        assert!(names[0].ends_with("walk_here"), "{names:?}");
+        assert!(
+            names[1].ends_with("a_thread_of_this_process_unwinds_to_its_start"),
+            "{names:?}"
+        );
+        assert!(
+            names.last().is_some_and(|n| n.starts_with("clone")),
+            "{names:?}"
+        );
+    }
+}
