@@ -493,6 +493,26 @@ fn bad_targets_get_clear_errors_and_distinct_exit_codes() {
     let run = spawn_bpfprof_command(cmd).wait_timeout(DUMP_TIMEOUT);
     run.assert_code(exit::PERMISSION_DENIED);
     run.assert_stderr_mentions(&["permission denied"]);
+    // A process traced already (here by this test, as a debugger would): refused, not stolen.
+    let traced = Workload::spawn("nofp_dump", &["60"]);
+    // SAFETY: plain ptrace request; the tracee is killed when `traced` drops.
+    let seized = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            traced.pid() as libc::pid_t,
+            0usize,
+            0usize,
+        )
+    };
+    assert_eq!(
+        seized,
+        0,
+        "PTRACE_SEIZE: {}",
+        std::io::Error::last_os_error()
+    );
+    let run = run_bpfprof(["dump", "--pid", &traced.pid().to_string()], DUMP_TIMEOUT);
+    run.assert_code(exit::PERMISSION_DENIED);
+    run.assert_stderr_mentions(&["traced already"]);
     // The process was not touched: no thread left stopped.
     for tid in std::fs::read_dir(format!("/proc/{}/task", target.pid())).unwrap() {
         let tid: u64 = tid.unwrap().file_name().to_string_lossy().parse().unwrap();
