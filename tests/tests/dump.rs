@@ -3,7 +3,8 @@
 //! the main thread in `pthread_join`) and a Python program (its main thread spinning in
 //! `spin_main` with the GIL, a thread named "worker-a" blocked on a lock) on every CPython
 //! here (pyenv's 3.10-3.13, built without frame pointers, and Debian's 3.11). What a user
-//! looks at is asserted: each thread's name and state, the known functions in the right
+//! looks at is asserted: each thread's names (the OS's, and Python's `threading` names) and
+//! state, the known functions in the right
 //! threads in the right order, the GIL holder, the JSON parsing; that the target runs on
 //! after the dump (a blocked call restarted, not failed); the errors' exit codes; and the text
 //! as a terminal shows it, through tmux. Needs root (ptrace, kernel stacks).
@@ -119,6 +120,11 @@ fn a_c_program_without_frame_pointers_shows_each_thread_where_it_is() {
     );
     checks.eq("spinner's state", spinner["state"].as_str(), Some("R"));
     checks.eq("no GIL in C", &spinner["holds_gil"], &Value::Null);
+    checks.eq(
+        "no threading names in C",
+        &spinner["python_name"],
+        &Value::Null,
+    );
     // The reader: blocked in read() called by wait_for_input, in the kernel's pipe read.
     let reader_frames = frames(reader);
     let read_at = reader_frames
@@ -304,6 +310,17 @@ fn python_threads_show_their_functions_their_states_and_the_gil_holder() {
             &worker["holds_gil"],
             &Value::Bool(false),
         );
+        // Python's own names of the threads.
+        checks.eq(
+            &format!("{who}: main's threading name"),
+            main["python_name"].as_str(),
+            Some("MainThread"),
+        );
+        checks.eq(
+            &format!("{who}: worker's threading name"),
+            worker["python_name"].as_str(),
+            Some("worker-a"),
+        );
         checks.eq(
             &format!("{who}: main runs Python"),
             &main["python"],
@@ -445,9 +462,11 @@ fn dump_through_a_terminal_shows_the_gil_holder_and_the_blocked_thread() {
         || format!("the process header:\n{screen}"),
     );
     // The main thread's line says it holds the GIL, its first frame is spin_main.
-    let main_at = lines
-        .iter()
-        .position(|l| l.starts_with(&format!("Thread {pid} ")) && l.ends_with(", holds the GIL"));
+    let main_at = lines.iter().position(|l| {
+        l.starts_with(&format!("Thread {pid} "))
+            && l.contains(" [MainThread] ")
+            && l.ends_with(", holds the GIL")
+    });
     checks.check(
         main_at.is_some_and(|i| {
             lines
@@ -460,7 +479,7 @@ fn dump_through_a_terminal_shows_the_gil_holder_and_the_blocked_thread() {
     let worker_at = lines.iter().position(|l| {
         l.starts_with("Thread ")
             && !l.starts_with(&format!("Thread {pid} "))
-            && l.contains("(sleeping")
+            && l.contains(" [worker-a] (sleeping")
     });
     checks.check(
         worker_at.is_some_and(|i| {

@@ -36,6 +36,8 @@ struct PythonReads {
     frames: HashMap<u32, Vec<PythonFrame>>,
     /// The host tid whose thread state holds the GIL.
     gil_holder: Option<u32>,
+    /// Each Python thread: host tid and thread state.
+    threads: Vec<(u32, u64)>,
     /// Why the Python threads could not be read, if they could not.
     error: Option<String>,
 }
@@ -62,6 +64,9 @@ pub struct DumpThread {
     pub tid: u32,
     /// Its name (`comm`).
     pub name: String,
+    /// Its Python `threading` name (`MainThread`, `Thread(name=...)`), where the interpreter
+    /// has one.
+    pub python_name: Option<String>,
     /// The scheduler state letter (R, S, D, T, t, Z, I).
     pub state: String,
     /// The state in words.
@@ -187,6 +192,11 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             }
         }
     }
+    // Thread names change rarely: read with the target running.
+    let python_names = python
+        .as_mut()
+        .map(|p| p.threading_names(&reads.threads))
+        .unwrap_or_default();
     let has_python = python.is_some() && reads.error.is_none();
     let threads = snapshot
         .threads
@@ -216,6 +226,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             let user = merge(native, &packed, &symbols, MergeOptions::default(), ());
             dump_thread(
                 thread,
+                python_names.get(&thread.proc.tid).cloned(),
                 user.into_iter().map(|(f, ())| f).collect(),
                 walk.map(|(_, end)| *end),
                 py.is_some(),
@@ -251,19 +262,21 @@ fn read_python(python: &mut PythonTarget) -> PythonReads {
     };
     // A thread state held by no live thread (3.12 before its GIL exists) holds nothing.
     let holder = python.gil_holder().ok().flatten();
-    for (tid, tstate) in listing.python {
+    for &(tid, tstate) in &listing.python {
         if holder == Some(tstate) {
             out.gil_holder = Some(tid);
         }
         let frames = python.walk_thread(tstate).unwrap_or_default();
         out.frames.insert(tid, frames);
     }
+    out.threads = listing.python;
     out
 }
 
 /// A thread of the dump from its snapshot and merged user frames (root first).
 fn dump_thread(
     thread: &StoppedThread,
+    python_name: Option<String>,
     user: Vec<Frame>,
     unwind: Option<WalkEnd>,
     python: bool,
@@ -302,6 +315,7 @@ fn dump_thread(
     DumpThread {
         tid: thread.proc.tid,
         name: thread.proc.name.clone(),
+        python_name,
         state: thread.proc.state.to_string(),
         state_name: state_name(thread.proc.state),
         wchan: thread.proc.wchan.clone(),
@@ -355,7 +369,11 @@ pub fn render_text(dump: &Dump) -> String {
     }
     for t in &dump.threads {
         let _ = writeln!(s);
-        let mut line = format!("Thread {} \"{}\" ({}", t.tid, t.name, t.state_name);
+        let mut line = format!("Thread {} \"{}\"", t.tid, t.name);
+        if let Some(name) = &t.python_name {
+            let _ = write!(line, " [{name}]");
+        }
+        let _ = write!(line, " ({}", t.state_name);
         if let Some(w) = t.wchan.as_ref().filter(|_| t.state != "R") {
             let _ = write!(line, " in {w}");
         }
@@ -396,6 +414,7 @@ mod tests {
         let thread = |tid, name: &str, state: char, gil, frames| DumpThread {
             tid,
             name: name.into(),
+            python_name: (tid == 7).then(|| "MainThread".to_string()),
             state: state.to_string(),
             state_name: state_name(state),
             wchan: Some("do_nanosleep".into()),
@@ -433,7 +452,9 @@ mod tests {
         };
         let text = render_text(&dump);
         assert!(text.starts_with("Process 7 python3 (CPython 3.12): 2 threads, stopped 1.500 ms"));
-        assert!(text.contains("Thread 7 \"python3\" (running), holds the GIL\n    spin (w.py:3)"));
+        assert!(text.contains(
+            "Thread 7 \"python3\" [MainThread] (running), holds the GIL\n    spin (w.py:3)"
+        ));
         assert!(text
             .contains("Thread 8 \"python3\" (sleeping in do_nanosleep)\n    clock_nanosleep (m)"));
     }
