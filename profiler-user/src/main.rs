@@ -73,6 +73,7 @@ fn main() -> ExitCode {
         Some(Command::Agent(args)) => runtime.block_on(drivers::agent(args)),
         Some(Command::Doctor(args)) => drivers::doctor(args),
         Some(Command::Top(args)) => runtime.block_on(cli::top::run(args)),
+        Some(Command::Dump(args)) => cli::dump::run(args),
         Some(command) => client::client_command(command),
     };
     let code = match result {

@@ -118,6 +118,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "nofp_dlopen" => env!("WORKLOAD_NOFP_DLOPEN"),
         "nofp_realign" => env!("WORKLOAD_NOFP_REALIGN"),
         "nofp_jit" => env!("WORKLOAD_NOFP_JIT"),
+        "nofp_dump" => env!("WORKLOAD_NOFP_DUMP"),
         "libhot" => env!("WORKLOAD_LIBHOT"),
         "rustwork_nofp" => env!("WORKLOAD_RUSTWORK_NOFP"),
         "rustwork_fp" => env!("WORKLOAD_RUSTWORK_FP"),

@@ -54,6 +54,26 @@ pub enum Command {
     /// and perf top): keys s/t sort by self/total, i by the last interval or since the start,
     /// p the Python view, q quits.
     Top(TopArgs),
+    /// Print every thread's current stack, native and Python, with its name, state and
+    /// which thread holds the GIL (as py-spy dump); the process is stopped (ptrace) only
+    /// while its registers, stacks and Python thread states are copied, and the dump says
+    /// for how long.
+    Dump(DumpArgs),
+}
+
+/// Options of `bpfprof dump`.
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// Process to dump: PID or NS:PID.
+    #[arg(short, long = "pid", value_name = "PID|NS:PID")]
+    pub pid: String,
+    /// Write JSON (the schema is in the README) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Show only the Python frames of threads that run Python (as `py-spy dump` without
+    /// `--native`); threads without Python keep their native frames.
+    #[arg(long)]
+    pub python_only: bool,
 }
 
 /// Options of `bpfprof top`.

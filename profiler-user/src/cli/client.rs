@@ -19,7 +19,11 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
         Command::Status(a) | Command::Stop(a) => &a.client,
         Command::Results(a) => &a.client,
         Command::List(a) => a,
-        Command::Daemon(_) | Command::Doctor(_) | Command::Agent(_) | Command::Top(_) => {
+        Command::Daemon(_)
+        | Command::Doctor(_)
+        | Command::Agent(_)
+        | Command::Top(_)
+        | Command::Dump(_) => {
             unreachable!("handled by main")
         }
     };
@@ -87,7 +91,11 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
             runs: Some(client.list().map_err(Error::from)?),
             ..Reply::ok()
         },
-        Command::Daemon(_) | Command::Doctor(_) | Command::Agent(_) | Command::Top(_) => {
+        Command::Daemon(_)
+        | Command::Doctor(_)
+        | Command::Agent(_)
+        | Command::Top(_)
+        | Command::Dump(_) => {
             unreachable!("handled by main")
         }
     };

@@ -3,6 +3,7 @@
 //! control are opened and read as hostile input ([`target_file`]).
 
 pub mod maps;
+pub mod snapshot;
 pub mod target;
 pub mod target_file;
 pub mod vdso;

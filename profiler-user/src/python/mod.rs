@@ -8,13 +8,15 @@
 //! the kernel's thread map; [`PythonTarget::walk_thread`] walks a thread's frames from userspace
 //! by the kernel program's own rules (the reference the kernel's output is checked against);
 //! [`PythonTarget::resolve`] names a recorded frame (reading its code object once, [`code`]) with
-//! its line ([`linetable`]).
+//! its line ([`linetable`]); [`PythonTarget::threading_names`] reads the threads' `threading`
+//! names ([`names`]).
 
 pub mod code;
 pub mod detect;
 pub mod layout;
 pub mod linetable;
 pub mod memory;
+pub mod names;
 pub mod shares;
 pub mod stacks;
 
@@ -601,6 +603,85 @@ impl PythonTarget {
             u32::try_from(units).unwrap_or(u32::MAX)
         };
         Ok(Some(PythonFrame::pack(code, instruction, entry)))
+    }
+
+    /// Python's `threading` names of the threads `threads` lists (host tid, thread state),
+    /// by host tid; empty when the program never imported `threading` or no thread runs
+    /// its code (see [`names`]). Reads the process's memory without stopping it.
+    pub fn threading_names(&mut self, threads: &[(u32, u64)]) -> HashMap<u32, String> {
+        let Ok(listed) = list_thread_states(&self.memory, &self.layout, self.interpreter.runtime)
+        else {
+            return HashMap::new();
+        };
+        let ident: HashMap<u64, u64> = listed
+            .states
+            .iter()
+            .map(|t| (t.address, t.thread_id))
+            .collect();
+        let reader_minor = self.interpreter.version.1;
+        let globals_offset = names::NameReader {
+            memory: &self.memory,
+            layout: &self.layout,
+            minor: reader_minor,
+        }
+        .frame_globals_offset();
+        let k = self.layout.kernel;
+        let mut globals = None;
+        'threads: for &(_, tstate) in threads {
+            let Ok(mut frame) = self.current_frame(tstate) else {
+                continue;
+            };
+            for _ in 0..MAX_FRAMES_VISITED {
+                if frame == 0 {
+                    break;
+                }
+                if let Ok(code) = self
+                    .memory
+                    .read_u64(frame.wrapping_add(k.frame_code as u64))
+                {
+                    let in_threading = self
+                        .resolve(PythonFrame {
+                            code,
+                            instruction: 0,
+                            eval_entry: false,
+                        })
+                        .is_ok_and(|f| f.file.ends_with("threading.py"));
+                    if in_threading {
+                        globals = self.memory.read_u64(frame + globals_offset).ok();
+                        break 'threads;
+                    }
+                }
+                frame = match self
+                    .memory
+                    .read_u64(frame.wrapping_add(k.frame_previous as u64))
+                {
+                    Ok(previous) => previous,
+                    Err(_) => break,
+                };
+            }
+        }
+        let Some(globals) = globals.filter(|g| *g != 0) else {
+            return HashMap::new();
+        };
+        let reader = names::NameReader {
+            memory: &self.memory,
+            layout: &self.layout,
+            minor: reader_minor,
+        };
+        let by_ident = match reader.names(globals) {
+            Ok(n) => n,
+            Err(e) => {
+                log::debug!("pid {}: no threading names: {e:#}", self.pid);
+                return HashMap::new();
+            }
+        };
+        threads
+            .iter()
+            .filter_map(|(tid, tstate)| {
+                let name = by_ident.get(ident.get(tstate)?)?;
+                Some((*tid, name.clone()))
+            })
+            .collect()
     }
 
     /// Name, file, line of one recorded frame; cached by code address.

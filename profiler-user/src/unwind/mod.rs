@@ -1,9 +1,11 @@
 //! CFI unwinding: tables built from each object's `.eh_frame`, shared across processes, and
-//! loaded into the kernel program so that it can walk stacks without frame pointers.
+//! loaded into the kernel program so that it can walk stacks without frame pointers, and
+//! walked in userspace by the same rules for `bpfprof dump` ([`walk`]).
 
 mod builder;
 pub mod loader;
 pub mod table;
+pub mod walk;
 
 pub use builder::BuildPriority;
 pub use loader::{FileKey, TableState, Untabled, UnwindMaps};

@@ -1,0 +1,461 @@
+//! `bpfprof dump`: every thread's current stack, native and Python, with its name, its
+//! scheduler state and which thread holds the GIL, as `py-spy dump` prints them.
+//!
+//! The data flows: what can be read without stopping the target first (its unwind tables,
+//! memory maps and interpreter), then one stop of every thread at once
+//! ([`snapshot::stop_and_copy`]: registers, the used part of each stack, and the Python
+//! thread states, GIL holder and frames), then, with the target running again, the native
+//! walks over the copies ([`ProcessTables::walk`]), symbols, the Python frames' names
+//! (code objects do not change) and the merge of Python frames into the native stacks at
+//! each `_PyEval_EvalFrameDefault` ([`crate::python::stacks::merge`]).
+
+use std::{collections::HashMap, io::Write, time::Duration};
+
+use serde::Serialize;
+
+use crate::{
+    cli::args::DumpArgs,
+    error::{exit_code, Error, Result},
+    process::{
+        maps::ProcessMaps,
+        snapshot::{self, StoppedThread},
+        target::{Target, TargetSpec},
+    },
+    python::{
+        stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
+        PythonFrame, PythonTarget,
+    },
+    symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
+    unwind::walk::{ProcessTables, WalkEnd},
+};
+
+/// The Python side of a dump, read while the threads were stopped.
+#[derive(Default)]
+struct PythonReads {
+    /// Host tid -> its frames (innermost first).
+    frames: HashMap<u32, Vec<PythonFrame>>,
+    /// The host tid whose thread state holds the GIL.
+    gil_holder: Option<u32>,
+    /// Each Python thread: host tid and thread state.
+    threads: Vec<(u32, u64)>,
+    /// Why the Python threads could not be read, if they could not.
+    error: Option<String>,
+}
+
+/// One frame of a dumped stack, as the JSON output writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DumpFrame {
+    /// `python`, `native` or `kernel`.
+    pub kind: &'static str,
+    /// The function (a Python function's qualified name on 3.11+).
+    pub name: String,
+    /// The object file of a native frame, the source file of a Python frame.
+    pub module: Option<String>,
+    /// The source file, where known.
+    pub file: Option<String>,
+    /// The line being run, where known.
+    pub line: Option<u32>,
+}
+
+/// One thread of a dump.
+#[derive(Clone, Debug, Serialize)]
+pub struct DumpThread {
+    /// Its id in bpfprof's pid namespace.
+    pub tid: u32,
+    /// Its name (`comm`).
+    pub name: String,
+    /// Its Python `threading` name (`MainThread`, `Thread(name=...)`), where the interpreter
+    /// has one.
+    pub python_name: Option<String>,
+    /// The scheduler state letter (R, S, D, T, t, Z, I).
+    pub state: String,
+    /// The state in words.
+    pub state_name: &'static str,
+    /// The kernel function a sleeping thread waits in.
+    pub wchan: Option<String>,
+    /// Whether it runs Python (has a thread state in the interpreter).
+    pub python: bool,
+    /// Whether it holds the GIL (`null` in a process without Python).
+    pub holds_gil: Option<bool>,
+    /// How long it was stopped, in microseconds.
+    pub stopped_us: u64,
+    /// How its native walk ended: `complete`, `early` or `cut`.
+    pub unwind: Option<WalkEnd>,
+    /// Its frames, innermost first: kernel, then user (native and Python merged).
+    pub frames: Vec<DumpFrame>,
+}
+
+/// A whole dump, as `--json` writes it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Dump {
+    /// The process id (in bpfprof's pid namespace).
+    pub pid: u32,
+    /// Its name.
+    pub comm: String,
+    /// `3.12` when it runs CPython, else `null`.
+    pub python_version: Option<String>,
+    /// The tid holding the GIL, `null` when it is free or there is no Python.
+    pub gil_holder: Option<u32>,
+    /// How long the process was stopped, in microseconds (first stop to last release).
+    pub stopped_us: u64,
+    /// Of which waiting for every thread to reach its stop (a thread waiting for a CPU stops
+    /// only once scheduled), in microseconds.
+    pub reaching_stop_us: u64,
+    /// Of which reading the Python thread states and frames, in microseconds.
+    pub python_read_us: u64,
+    /// Why the Python threads could not be read, when they could not.
+    pub python_error: Option<String>,
+    /// Every thread, by tid.
+    pub threads: Vec<DumpThread>,
+}
+
+/// Runs `bpfprof dump`.
+pub fn run(args: DumpArgs) -> Result<i32> {
+    let spec: TargetSpec = args.pid.parse()?;
+    let target = Target::resolve(&spec)?;
+    if target.pid == std::process::id() {
+        return Err(Error::Usage(
+            "bpfprof dump cannot stop its own threads: give another process".into(),
+        ));
+    }
+    let dump = take(&target, args.python_only)?;
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &dump)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        out.write_all(render_text(&dump).as_bytes())
+    };
+    written.map_err(|e| Error::Output {
+        path: "-".into(),
+        source: e,
+    })?;
+    Ok(exit_code::OK)
+}
+
+/// Takes the dump of `target`.
+pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
+    let pid = target.pid;
+    // Everything that can be read with the target running, before it is stopped.
+    let tables = ProcessTables::build(pid).map_err(|e| {
+        if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+            Error::NoSuchProcess(format!("pid {pid} exited"))
+        } else {
+            Error::Other(e)
+        }
+    })?;
+    for failed in &tables.failed {
+        log::info!("no unwind table: {failed}");
+    }
+    let maps = ProcessMaps::capture(pid, target.ns_pid)?;
+    let mut python = match PythonTarget::detect(pid) {
+        Ok(p) => p,
+        Err(e) => {
+            log::warn!("pid {pid}: cannot read its interpreter: {e}");
+            None
+        }
+    };
+    let (snapshot, reads) =
+        snapshot::stop_and_copy(pid, || python.as_mut().map(read_python).unwrap_or_default())?;
+    // The target runs again: unwind, name and merge from the copies.
+    let mut walks: HashMap<u32, (Vec<u64>, WalkEnd)> = HashMap::new();
+    for (tid, thread) in &snapshot.threads {
+        if let Some(regs) = thread.registers {
+            let read = |addr: u64| {
+                thread.stack.read_u64(addr).or_else(|| {
+                    let live = snapshot::read_memory(pid, addr, 8);
+                    Some(u64::from_le_bytes(live.try_into().ok()?))
+                })
+            };
+            walks.insert(*tid, tables.walk(regs, read));
+        }
+    }
+    let mut symbolizer = Symbolizer::new();
+    symbolizer.prepare_user(
+        &maps,
+        walks.values().flat_map(|(ips, _)| lookup_addresses(ips)),
+    );
+    let mut symbols = PythonSymbols::new();
+    if let Some(p) = python.as_mut() {
+        for frame in reads.frames.values().flatten() {
+            let packed = PythonFrame::pack(frame.code, frame.instruction, false);
+            if let std::collections::hash_map::Entry::Vacant(slot) =
+                symbols.entry(symbol_key(packed))
+            {
+                match p.resolve(*frame) {
+                    Ok(f) => {
+                        slot.insert(f);
+                    }
+                    Err(e) => log::debug!("{e:#}"),
+                }
+            }
+        }
+    }
+    // Thread names change rarely: read with the target running.
+    let python_names = python
+        .as_mut()
+        .map(|p| p.threading_names(&reads.threads))
+        .unwrap_or_default();
+    let has_python = python.is_some() && reads.error.is_none();
+    let threads = snapshot
+        .threads
+        .values()
+        .map(|thread| {
+            let walk = walks.get(&thread.proc.tid);
+            let native: Vec<(Frame, ())> = walk
+                .map(|(ips, _)| {
+                    let addrs: Vec<u64> = lookup_addresses(ips).collect();
+                    addrs
+                        .iter()
+                        .rev()
+                        .flat_map(|a| symbolizer.user(&maps, *a).to_vec())
+                        .map(|f| (f, ()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let py = reads.frames.get(&thread.proc.tid);
+            let packed: Vec<u64> = py
+                .map(|frames| {
+                    frames
+                        .iter()
+                        .map(|f| PythonFrame::pack(f.code, f.instruction, f.eval_entry))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let user = merge(native, &packed, &symbols, MergeOptions::default(), ());
+            dump_thread(
+                thread,
+                python_names.get(&thread.proc.tid).cloned(),
+                user.into_iter().map(|(f, ())| f).collect(),
+                walk.map(|(_, end)| *end),
+                py.is_some(),
+                has_python.then_some(reads.gil_holder == Some(thread.proc.tid)),
+                python_only,
+            )
+        })
+        .collect();
+    Ok(Dump {
+        pid,
+        comm: target.comm.clone(),
+        python_version: python
+            .as_ref()
+            .map(|p| format!("{}.{}", p.version().0, p.version().1)),
+        gil_holder: reads.gil_holder,
+        stopped_us: micros(snapshot.stopped),
+        reaching_stop_us: micros(snapshot.reaching_stop),
+        python_read_us: micros(snapshot.reads),
+        python_error: reads.error,
+        threads,
+    })
+}
+
+/// Reads the Python threads, their frames and the GIL holder (while the target is stopped).
+fn read_python(python: &mut PythonTarget) -> PythonReads {
+    let mut out = PythonReads::default();
+    let listing = match python.thread_listing() {
+        Ok(l) => l,
+        Err(e) => {
+            out.error = Some(format!("{e:#}"));
+            return out;
+        }
+    };
+    // A thread state held by no live thread (3.12 before its GIL exists) holds nothing.
+    let holder = python.gil_holder().ok().flatten();
+    for &(tid, tstate) in &listing.python {
+        if holder == Some(tstate) {
+            out.gil_holder = Some(tid);
+        }
+        let frames = python.walk_thread(tstate).unwrap_or_default();
+        out.frames.insert(tid, frames);
+    }
+    out.threads = listing.python;
+    out
+}
+
+/// A thread of the dump from its snapshot and merged user frames (root first).
+fn dump_thread(
+    thread: &StoppedThread,
+    python_name: Option<String>,
+    user: Vec<Frame>,
+    unwind: Option<WalkEnd>,
+    python: bool,
+    holds_gil: Option<bool>,
+    python_only: bool,
+) -> DumpThread {
+    let mut frames: Vec<DumpFrame> = Vec::new();
+    let python_only = python_only && python;
+    // A running thread's kernel stack is whatever it ran last (an interrupt's exit): only a
+    // blocked thread's says what it waits in.
+    if !python_only && thread.proc.state != 'R' {
+        frames.extend(thread.proc.kernel_stack.iter().map(|name| DumpFrame {
+            kind: "kernel",
+            name: name.clone(),
+            module: None,
+            file: None,
+            line: None,
+        }));
+    }
+    for f in user.into_iter().rev() {
+        if python_only && f.kind != FrameKind::Python {
+            continue;
+        }
+        frames.push(DumpFrame {
+            kind: match f.kind {
+                FrameKind::Python => "python",
+                FrameKind::Kernel => "kernel",
+                FrameKind::User => "native",
+            },
+            name: f.name,
+            module: f.module,
+            file: f.file,
+            line: f.line,
+        });
+    }
+    DumpThread {
+        tid: thread.proc.tid,
+        name: thread.proc.name.clone(),
+        python_name,
+        state: thread.proc.state.to_string(),
+        state_name: state_name(thread.proc.state),
+        wchan: thread.proc.wchan.clone(),
+        python,
+        holds_gil,
+        stopped_us: micros(thread.stopped),
+        unwind,
+        frames,
+    }
+}
+
+/// A scheduler state letter in words, as `ps` documents them.
+pub fn state_name(state: char) -> &'static str {
+    match state {
+        'R' => "running",
+        'S' => "sleeping",
+        'D' => "uninterruptible sleep",
+        'T' => "stopped",
+        't' => "tracing stop",
+        'Z' => "zombie",
+        'X' => "dead",
+        'I' => "idle",
+        'P' => "parked",
+        _ => "unknown",
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The text output: a header, then each thread's line and its frames, innermost first.
+pub fn render_text(dump: &Dump) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let python = dump
+        .python_version
+        .as_ref()
+        .map(|v| format!(" (CPython {v})"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "Process {} {}{python}: {} threads, stopped {:.3} ms",
+        dump.pid,
+        dump.comm,
+        dump.threads.len(),
+        dump.stopped_us as f64 / 1000.0
+    );
+    if let Some(e) = &dump.python_error {
+        let _ = writeln!(s, "Python threads not read: {e}");
+    }
+    for t in &dump.threads {
+        let _ = writeln!(s);
+        let mut line = format!("Thread {} \"{}\"", t.tid, t.name);
+        if let Some(name) = &t.python_name {
+            let _ = write!(line, " [{name}]");
+        }
+        let _ = write!(line, " ({}", t.state_name);
+        if let Some(w) = t.wchan.as_ref().filter(|_| t.state != "R") {
+            let _ = write!(line, " in {w}");
+        }
+        line.push(')');
+        if t.holds_gil == Some(true) {
+            line.push_str(", holds the GIL");
+        }
+        let _ = writeln!(s, "{line}");
+        for f in &t.frames {
+            let place = match (f.kind, &f.file, f.line, &f.module) {
+                ("kernel", ..) => "[kernel]".to_string(),
+                (_, Some(file), Some(line), _) => format!("{file}:{line}"),
+                (_, _, _, Some(module)) => module.clone(),
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "    {} ({place})", f.name);
+        }
+        if t.unwind == Some(WalkEnd::Early) {
+            let _ = writeln!(s, "    [the native stack could not be unwound further]");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_names_each_thread_its_state_and_the_gil_holder() {
+        let frame = |kind, name: &str, file: Option<&str>, line| DumpFrame {
+            kind,
+            name: name.into(),
+            module: Some("m".into()),
+            file: file.map(Into::into),
+            line,
+        };
+        let thread = |tid, name: &str, state: char, gil, frames| DumpThread {
+            tid,
+            name: name.into(),
+            python_name: (tid == 7).then(|| "MainThread".to_string()),
+            state: state.to_string(),
+            state_name: state_name(state),
+            wchan: Some("do_nanosleep".into()),
+            python: true,
+            holds_gil: Some(gil),
+            stopped_us: 100,
+            unwind: Some(WalkEnd::Complete),
+            frames,
+        };
+        let dump = Dump {
+            pid: 7,
+            comm: "python3".into(),
+            python_version: Some("3.12".into()),
+            gil_holder: Some(7),
+            stopped_us: 1500,
+            reaching_stop_us: 1000,
+            python_read_us: 50,
+            python_error: None,
+            threads: vec![
+                thread(
+                    7,
+                    "python3",
+                    'R',
+                    true,
+                    vec![frame("python", "spin", Some("w.py"), Some(3))],
+                ),
+                thread(
+                    8,
+                    "python3",
+                    'S',
+                    false,
+                    vec![frame("native", "clock_nanosleep", None, None)],
+                ),
+            ],
+        };
+        let text = render_text(&dump);
+        assert!(text.starts_with("Process 7 python3 (CPython 3.12): 2 threads, stopped 1.500 ms"));
+        assert!(text.contains(
+            "Thread 7 \"python3\" [MainThread] (running), holds the GIL\n    spin (w.py:3)"
+        ));
+        assert!(text
+            .contains("Thread 8 \"python3\" (sleeping in do_nanosleep)\n    clock_nanosleep (m)"));
+    }
+}
