@@ -249,7 +249,7 @@ impl StackCount {
     /// The distinct stacks of `counts` (frames and addresses to samples), most samples first,
     /// ties by frames then addresses so that every writer's output is stable.
     pub fn sorted(
-        counts: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight>,
+        counts: impl IntoIterator<Item = ((Vec<FrameId>, Vec<Option<CodeAddress>>), Weight)>,
     ) -> Vec<StackCount> {
         let mut stacks: Vec<StackCount> = counts
             .into_iter()
