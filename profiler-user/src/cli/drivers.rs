@@ -326,6 +326,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
     let assembled_at = stopped.elapsed();
+    log::debug!("end of run: aggregated; {}", own_usage());
     let view = outputs
         .iter()
         .any(|o| o.format() == Format::Pstats)
