@@ -182,7 +182,7 @@ impl Dictionary {
         if let Some(&i) = self.locations.get(&key) {
             return i;
         }
-        let mut mapping_index = address.map_or(0, |a| self.mappings[a.mapping]);
+        let mut mapping_index = address.map_or(0, |a| self.mappings[a.mapping_id()]);
         let mut kind = None;
         let mut lines = Vec::with_capacity(group.len());
         // The innermost inlined callee first, the real caller last.

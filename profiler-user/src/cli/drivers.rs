@@ -314,11 +314,19 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         })
         .await?;
     bar.finish_and_clear();
+    // The end of the run's steps are timed for `-vv`: the bench's stop-to-written figure
+    // is their sum.
+    let stopped = std::time::Instant::now();
+    log::debug!("end of run: stopping; {}", own_usage());
     let (collected, outcome) = recorder.finish(end)?;
+    let collected_at = stopped.elapsed();
+    log::debug!("end of run: collected; {}", own_usage());
     let profile = symbolizer
         .run(move |s| collected.assemble(end, s, &options))
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
+    let assembled_at = stopped.elapsed();
+    log::debug!("end of run: aggregated; {}", own_usage());
     let view = outputs
         .iter()
         .any(|o| o.format() == Format::Pstats)
@@ -334,6 +342,15 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
             }
         },
     )?;
+    log::debug!(
+        "end of run: collected in {:.3} s, symbolized and aggregated in {:.3} s, written in \
+         {:.3} s; {} stacks; {}",
+        collected_at.as_secs_f64(),
+        (assembled_at - collected_at).as_secs_f64(),
+        (stopped.elapsed() - assembled_at).as_secs_f64(),
+        profile.stacks.len(),
+        own_usage()
+    );
     if !cli.quiet {
         eprint!("{}", crate::cli::summary::summary(&profile));
     }
@@ -354,6 +371,25 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         }
         RunEnd::Interrupted => exit_code::INTERRUPTED,
     })
+}
+
+/// bpfprof's CPU time so far and its memory now and at its peak, for `-vv`'s account of the
+/// end of a run.
+fn own_usage() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or_else(String::new, |v| v.trim().to_string())
+    };
+    let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    format!(
+        "CPU {:.3} s, RSS {}, peak {}",
+        cpu.tv_sec as f64 + cpu.tv_nsec as f64 / 1e9,
+        field("VmRSS:"),
+        field("VmHWM:")
+    )
 }
 
 /// The exit code of a launch-mode run: the command's own status, as `time` and `perf stat`

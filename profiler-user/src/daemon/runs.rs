@@ -599,6 +599,7 @@ impl Runs {
                 // targets' files): the symbolizer closes the files it opened for it, a
                 // target's deleted binaries among them.
                 symbolizer.release();
+                symbolizer.bound();
                 // The daemon serves many runs: this run's cost is the CPU spent on its work
                 // (attach, ticks, collection, processing), beside the daemon's peak memory.
                 cpu += thread_cpu_time().saturating_sub(before);

@@ -14,19 +14,40 @@ use crate::profile::Profile;
 /// differed only in addresses) are one line.
 pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
     let labels = frame_labels(profile);
-    let mut lines: Vec<(String, u64)> = Vec::with_capacity(profile.stacks.len());
-    let mut index: HashMap<String, usize> = HashMap::new();
+    // Frames of one label (a function's lines, without --line-numbers) are one frame here:
+    // stacks are merged by their labels' numbers, and each line is made once, after.
+    let mut label_ids: HashMap<&str, u32> = HashMap::new();
+    let label_of: Vec<u32> = labels
+        .iter()
+        .map(|l| {
+            let next = label_ids.len() as u32;
+            *label_ids.entry(l.as_str()).or_insert(next)
+        })
+        .collect();
+    let mut merged: Vec<(Vec<u32>, u64)> = Vec::with_capacity(profile.stacks.len());
+    let mut index: HashMap<Vec<u32>, usize> = HashMap::new();
     for stack in &profile.stacks {
-        let line: Vec<&str> = stack.frames.iter().map(|&id| labels[id].as_str()).collect();
-        let line = line.join(";");
-        match index.get(&line) {
-            Some(&i) => lines[i].1 += profile.stack_weight(stack),
+        let key: Vec<u32> = stack.frames.iter().map(|&id| label_of[id]).collect();
+        match index.get(&key) {
+            Some(&i) => merged[i].1 += profile.stack_weight(stack),
             None => {
-                index.insert(line.clone(), lines.len());
-                lines.push((line, profile.stack_weight(stack)));
+                index.insert(key.clone(), merged.len());
+                merged.push((key, profile.stack_weight(stack)));
             }
         }
     }
+    drop(index);
+    let mut by_id: Vec<&str> = vec![""; label_ids.len()];
+    for (label, id) in label_ids {
+        by_id[id as usize] = label;
+    }
+    let mut lines: Vec<(String, u64)> = merged
+        .into_iter()
+        .map(|(key, count)| {
+            let line: Vec<&str> = key.iter().map(|&id| by_id[id as usize]).collect();
+            (line.join(";"), count)
+        })
+        .collect();
     lines.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     for (line, count) in lines {
         writeln!(w, "{line} {count}")?;

@@ -37,43 +37,55 @@ fn shares_of<'a>(
     stacks: impl Iterator<Item = &'a StackCount>,
 ) -> Vec<FunctionShare> {
     // Rows by (kernel, label) with their (self, total) samples; frames of one function
-    // (different sampled lines, inlined copies) share a row.
-    let mut shares: HashMap<(bool, String), (u64, u64, u64)> = HashMap::new();
-    let keys: Vec<Option<(bool, String)>> = profile
+    // (different sampled lines, inlined copies) share a row. Each frame's row is found once,
+    // so that stacks add up row numbers, not labels hashed again for every frame.
+    // Each row's key and its (self, total, total off the CPU) weights.
+    type Row = ((bool, String), (u64, u64, u64));
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row_of: HashMap<(bool, String), usize> = HashMap::new();
+    let keys: Vec<Option<usize>> = profile
         .frames
         .iter()
         .map(|frame| match frame {
-            ProfileFrame::Code(_) => Some((frame.is_kernel(), frame.function_label())),
+            ProfileFrame::Code(_) => {
+                let key = (frame.is_kernel(), frame.function_label());
+                Some(*row_of.entry(key.clone()).or_insert_with(|| {
+                    rows.push((key, (0, 0, 0)));
+                    rows.len() - 1
+                }))
+            }
             _ => None,
         })
         .collect();
-    for stack in stacks {
+    // The stack each row was last counted in (its total counts a recursive function once).
+    let mut counted_in: Vec<usize> = vec![usize::MAX; rows.len()];
+    for (n, stack) in stacks.enumerate() {
         let off_cpu = profile.off_cpu_state(stack).is_some();
-        let mut seen = std::collections::HashSet::new();
-        let code: Vec<&(bool, String)> = stack
-            .frames
-            .iter()
-            .filter_map(|&id| keys[id].as_ref())
-            .collect();
-        for (i, key) in code.iter().enumerate() {
-            let entry = shares.entry((*key).clone()).or_default();
-            // Samples, or nanoseconds in a profile with off-CPU time.
-            let weight = profile.stack_weight(stack);
-            if i + 1 == code.len() {
-                entry.0 += weight;
-            }
-            if seen.insert(*key) {
+        // Samples, or nanoseconds in a profile with off-CPU time.
+        let weight = profile.stack_weight(stack);
+        let mut leaf = None;
+        for row in stack.frames.iter().filter_map(|&id| keys[id]) {
+            leaf = Some(row);
+            if counted_in[row] != n {
+                counted_in[row] = n;
+                let entry = &mut rows[row].1;
                 entry.1 += weight;
                 if off_cpu {
                     entry.2 += weight;
                 }
             }
         }
+        if let Some(row) = leaf {
+            rows[row].1 .0 += weight;
+        }
     }
-    let mut out: Vec<FunctionShare> = shares
+    let mut out: Vec<FunctionShare> = rows
         .into_iter()
+        .zip(counted_in)
+        // A row no stack reached (a frame only of stacks left out) says nothing.
+        .filter(|(_, counted)| *counted != usize::MAX)
         .map(
-            |((kernel, name), (self_samples, total_samples, total_off_cpu))| FunctionShare {
+            |(((kernel, name), (self_samples, total_samples, total_off_cpu)), _)| FunctionShare {
                 name,
                 kernel,
                 self_samples,

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::profile::*;
 use crate::{
     process::maps::ProcessMaps,
@@ -33,6 +35,21 @@ pub struct AggregateOptions {
     /// outputs, `--timeline`, a daemon run asking for the `trace` format): the kernel writes
     /// each of the run's samples to its timeline ring then.
     pub timeline: bool,
+}
+
+impl AggregateOptions {
+    /// `frame` as this profile shows it: without its lines unless lines were asked for.
+    fn shown(&self, mut frame: Frame) -> Frame {
+        if !self.line_numbers {
+            frame.line = None;
+            // A Python function's first line comes with its code object (no debug info to
+            // read), and pstats keys functions by it, as cProfile does.
+            if frame.kind != FrameKind::Python {
+                frame.start_line = None;
+            }
+        }
+        frame
+    }
 }
 
 impl Default for AggregateOptions {
@@ -96,13 +113,14 @@ pub fn aggregate(
 ) -> Profile {
     let mut interner = Interner::default();
     let mut mappings = Mappings::default();
-    let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
+    let mut stacks: FxHashMap<StackKey, Weight> = FxHashMap::default();
     let mut truncated = 0;
     let mut ended_early = 0;
     // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
-    type StackKey = (Vec<FrameId>, Vec<Option<CodeAddress>>);
     let mut timed: Vec<(StackKey, u32, u32, &[u64])> = Vec::new();
     let mut thread_names = std::collections::BTreeMap::new();
+    // Each kernel address's frames, interned once for the whole profile.
+    let mut kernel_frames = FrameMemo::default();
     symbolizer.set_start_lines(options.line_numbers);
     for input in inputs {
         symbolizer.prepare_user(
@@ -118,6 +136,9 @@ pub fn aggregate(
                 .iter()
                 .flat_map(|s| lookup_addresses(&s.kernel_frames)),
         );
+        // Each user address's frames in this process, interned once: a sample's frames are
+        // then copied ids, not names hashed again (that was most of the end of a run).
+        let mut user_frames_of = FrameMemo::default();
         let comm = if input.maps.comm().is_empty() {
             input.target.comm.clone()
         } else {
@@ -142,7 +163,7 @@ pub fn aggregate(
             pid,
             comm,
         }));
-        let mut threads: HashMap<u32, FrameId> = HashMap::new();
+        let mut threads: FxHashMap<u32, FrameId> = FxHashMap::default();
         for sample in input.samples {
             let mut frames = root.clone();
             if options.per_thread {
@@ -190,49 +211,72 @@ pub fn aggregate(
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
             let mut addresses = vec![None; frames.len()];
-            let mut push = |frame: &Frame, address: Option<CodeAddress>| {
-                let mut frame = frame.clone();
-                if !options.line_numbers {
-                    frame.line = None;
-                    // A Python function's first line comes with its code object (no debug
-                    // info to read), and pstats keys functions by it, as cProfile does.
-                    if frame.kind != FrameKind::Python {
-                        frame.start_line = None;
+            if let Some(symbols) = input.python {
+                // Python frames go between native ones by name: merged as frames.
+                let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
+                if unread_user {
+                    user.clear();
+                    user_frames.push((Frame::named(EXITED_UNREAD, None, FrameKind::User), None));
+                }
+                for addr in user.iter().rev() {
+                    let address = mappings.user(input.target.pid, input.maps, *addr);
+                    for frame in symbolizer.user(input.maps, *addr).iter() {
+                        user_frames.push((frame.clone(), address));
                     }
                 }
-                frames.push(interner.intern(ProfileFrame::Code(frame)));
-                addresses.push(address);
-            };
-            let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
-            if unread_user {
-                // A process that exited before its maps were read (a shell pipeline's
-                // `head`, a shim's `bash`): its addresses name nothing, and one frame per
-                // address split its few samples into as many meaningless stacks.
-                user.clear();
-                user_frames.push((Frame::named(EXITED_UNREAD, None, FrameKind::User), None));
-            }
-            for addr in user.iter().rev() {
-                let address = mappings.user(input.target.pid, input.maps, *addr);
-                for frame in symbolizer.user(input.maps, *addr).iter() {
-                    user_frames.push((frame.clone(), address));
-                }
-            }
-            if let Some(symbols) = input.python {
-                user_frames = crate::python::stacks::merge(
+                let user_frames = crate::python::stacks::merge(
                     user_frames,
                     &python_frames,
                     symbols,
                     options.python,
                     None,
                 );
-            }
-            for (frame, address) in &user_frames {
-                push(frame, *address);
+                for (frame, address) in user_frames {
+                    let frame = options.shown(frame);
+                    frames.push(interner.intern(ProfileFrame::Code(frame)));
+                    addresses.push(address);
+                }
+            } else if unread_user {
+                // A process that exited before its maps were read (a shell pipeline's
+                // `head`, a shim's `bash`): its addresses name nothing, and one frame per
+                // address split its few samples into as many meaningless stacks.
+                let frame = Frame::named(EXITED_UNREAD, None, FrameKind::User);
+                frames.push(interner.intern(ProfileFrame::Code(frame)));
+                addresses.push(None);
+            } else {
+                for addr in user.iter().rev() {
+                    let resolved = user_frames_of.get(*addr, || {
+                        let address = mappings.user(input.target.pid, input.maps, *addr);
+                        symbolizer
+                            .user(input.maps, *addr)
+                            .iter()
+                            .map(|f| {
+                                let frame = options.shown(f.clone());
+                                (interner.intern(ProfileFrame::Code(frame)), address)
+                            })
+                            .collect()
+                    });
+                    for (id, address) in resolved {
+                        frames.push(*id);
+                        addresses.push(*address);
+                    }
+                }
             }
             for addr in kernel.iter().rev() {
-                let address = mappings.kernel(*addr);
-                for frame in symbolizer.kernel(*addr).iter() {
-                    push(frame, Some(address));
+                let resolved = kernel_frames.get(*addr, || {
+                    let address = Some(mappings.kernel(*addr));
+                    symbolizer
+                        .kernel(*addr)
+                        .iter()
+                        .map(|f| {
+                            let frame = options.shown(f.clone());
+                            (interner.intern(ProfileFrame::Code(frame)), address)
+                        })
+                        .collect()
+                });
+                for (id, address) in resolved {
+                    frames.push(*id);
+                    addresses.push(*address);
                 }
             }
             if let Some(state) = OffCpuState::of(sample.kind) {
@@ -253,15 +297,27 @@ pub fn aggregate(
                     }
                 }
             }
-            *stacks.entry((frames, addresses)).or_default() += Weight {
+            let weight = Weight {
                 count: sample.count,
                 off_cpu_ns: sample.off_cpu_ns,
             };
+            let key = (frames, addresses);
+            match stacks.get_mut(&key) {
+                Some(total) => *total += weight,
+                None => {
+                    // Kept for the profile's life: without the room the pushes left (up to
+                    // as much again), 25k stacks of 40 frames took 10 MB more.
+                    let (mut frames, mut addresses) = key;
+                    frames.shrink_to_fit();
+                    addresses.shrink_to_fit();
+                    stacks.insert((frames, addresses), weight);
+                }
+            }
         }
     }
     let stacks = StackCount::sorted(stacks);
     let timeline = options.timeline.then(|| {
-        let index: HashMap<(&[FrameId], &[Option<CodeAddress>]), usize> = stacks
+        let index: FxHashMap<(&[FrameId], &[Option<CodeAddress>]), usize> = stacks
             .iter()
             .enumerate()
             .map(|(i, s)| ((s.frames.as_slice(), s.addresses.as_slice()), i))
@@ -391,7 +447,7 @@ impl Mappings {
         }
         Some(CodeAddress {
             address: addr,
-            mapping: id,
+            mapping: id as u32,
         })
     }
 
@@ -412,7 +468,7 @@ impl Mappings {
         *high = (*high).max(addr);
         CodeAddress {
             address: addr,
-            mapping: *id,
+            mapping: *id as u32,
         }
     }
 
@@ -446,7 +502,37 @@ fn thread_frame(input: &TargetSamples<'_>, tid: u32) -> ProfileFrame {
 #[derive(Default)]
 struct Interner {
     frames: Vec<ProfileFrame>,
-    ids: HashMap<ProfileFrame, FrameId>,
+    ids: FxHashMap<ProfileFrame, FrameId>,
+}
+
+/// A stack's frames and their addresses: what stacks are told apart by.
+type StackKey = (Vec<FrameId>, Vec<Option<CodeAddress>>);
+
+/// The interned frames (with their addresses) of each address seen, resolved once: an
+/// address's frames are the same in every sample of one process (user code) or of the
+/// machine (kernel code).
+#[derive(Default)]
+struct FrameMemo {
+    /// Each address's frames, as a range of `frames`.
+    ranges: FxHashMap<u64, (u32, u32)>,
+    frames: Vec<(FrameId, Option<CodeAddress>)>,
+}
+
+impl FrameMemo {
+    /// The frames at `addr`, outermost first, resolved by `resolve` the first time.
+    fn get(
+        &mut self,
+        addr: u64,
+        resolve: impl FnOnce() -> Vec<(FrameId, Option<CodeAddress>)>,
+    ) -> &[(FrameId, Option<CodeAddress>)] {
+        let (start, len) = *self.ranges.entry(addr).or_insert_with(|| {
+            let resolved = resolve();
+            let start = self.frames.len() as u32;
+            self.frames.extend(resolved);
+            (start, self.frames.len() as u32 - start)
+        });
+        &self.frames[start as usize..(start + len) as usize]
+    }
 }
 
 impl Interner {

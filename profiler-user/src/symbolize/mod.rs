@@ -13,6 +13,12 @@ use std::{
 /// The module of frames named from a JIT's perf map (`perf-PID.map`).
 pub const JIT_MODULE: &str = "[jit]";
 
+/// Most addresses a [`SymbolizerThread`]'s symbolizer keeps names for before it forgets them
+/// all, with its open files ([`Symbolizer::bound`]): the daemon's symbolizer serves runs for
+/// as long as it lives. About 60 MB of names; a run that samples more addresses than this
+/// names those forgotten again at its end.
+pub const MAX_CACHED_NAMES: usize = 250_000;
+
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
     CodeInfo, Input, Symbolized, Symbolizer as Blazesym,
@@ -156,6 +162,16 @@ impl Symbolizer {
         self.release();
         self.user = HashMap::new();
         self.kernel = HashMap::new();
+    }
+
+    /// Forgets everything ([`Self::forget`]) when more than [`MAX_CACHED_NAMES`] addresses
+    /// are named: a bound on a long-lived symbolizer's memory.
+    pub fn bound(&mut self) {
+        let (names, files) = self.cache_sizes();
+        if names > MAX_CACHED_NAMES {
+            log::info!("symbol caches at {names} names and {files} files: emptied");
+            self.forget();
+        }
     }
 
     /// Whether user frames get [`Frame::start_line`] (for `--line-numbers`); turning it on
@@ -434,7 +450,10 @@ impl SymbolizerThread {
             // A gone thread fails the run's own processing, which says so.
             let _ = jobs.send(Box::new(move |s: &mut Symbolizer| {
                 // A panic here would end the thread and every run's processing with it.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.warm(warm)));
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    s.warm(warm);
+                    s.bound();
+                }));
             }));
         })
     }

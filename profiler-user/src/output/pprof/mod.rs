@@ -159,7 +159,7 @@ impl Tables {
                 .addresses
                 .iter()
                 .flatten()
-                .map(|a| a.mapping)
+                .map(|a| a.mapping_id())
                 .find(|&m| profile.mappings[m].executable)
         });
         order.sort_by_key(|&m| {
@@ -270,7 +270,7 @@ impl Tables {
         if let Some(id) = self.location_ids.get(&key) {
             return *id;
         }
-        let mut mapping_id = address.map_or(0, |a| self.profile_mapping_ids[a.mapping]);
+        let mut mapping_id = address.map_or(0, |a| self.profile_mapping_ids[a.mapping_id()]);
         let mut lines = Vec::with_capacity(group.len());
         let (mut files, mut line_numbers) = (false, false);
         // pprof lists the innermost inlined callee first and the real caller last.

@@ -239,7 +239,12 @@ fn locations_keep_real_addresses_and_mappings() {
             executable: true,
         },
     ];
-    let at = |address: u64, mapping: usize| Some(CodeAddress { address, mapping });
+    let at = |address: u64, mapping: usize| {
+        Some(CodeAddress {
+            address,
+            mapping: mapping as u32,
+        })
+    };
     // tag, app, main, parent_hot, leaf_hot: the two code callers in the app, the leaf in
     // the library, at two addresses that must stay two locations.
     profile.stacks[0].addresses = vec![
