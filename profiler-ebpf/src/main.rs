@@ -92,9 +92,9 @@ static SAMPLES: HashMap<SampleKey, SampleValue> = HashMap::with_max_entries(SAMP
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIES, 0);
 
 /// The walker program (CFI and Python walks) at [`WALKER_SLOT`] once userspace has loaded it.
-/// It takes ten times longer to verify than the sampling program, so userspace starts sampling
-/// with the sampling program alone and adds the walker from a background thread: samples
-/// taken before that use frame pointers and are counted as such.
+/// It takes twice as long to verify as the sampling program (20k verified instructions against
+/// 10k), so userspace starts sampling with the sampling program alone and adds the walker from
+/// a background thread: samples taken before that use frame pointers and are counted as such.
 #[map]
 static WALKERS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
@@ -454,98 +454,112 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
     };
     let map_full = !increment_sample(&key, 0);
     let timeline_lost = !timeline::record(&key);
-    let counts = RunCounts {
-        runs,
-        base: Counter::Samples as u32,
-        extra: [
-            user_stack.err().map_or(NO_COUNTER, |c| c as u32),
-            kernel_stack.err().map_or(NO_COUNTER, |c| c as u32),
-            if map_full {
-                Counter::SampleMapFull as u32
-            } else {
-                NO_COUNTER
-            },
-            if timeline_lost {
-                Counter::TimelineLost as u32
-            } else {
-                NO_COUNTER
-            },
-            if walker_missed {
-                Counter::CfiNotReady as u32
-            } else {
-                NO_COUNTER
-            },
-        ],
-    };
-    count_runs(&counts);
+    // One set of counter bits rather than the counters themselves: to the verifier, every
+    // combination of these outcomes is then the same unknown number, and it checks what follows
+    // once instead of once per combination (it followed this tail up to 143 times).
+    let mut counters = 1 << Counter::Samples as u32;
+    if let Err(c) = user_stack {
+        counters |= 1 << c as u32;
+    }
+    if let Err(c) = kernel_stack {
+        counters |= 1 << c as u32;
+    }
+    if map_full {
+        counters |= 1 << Counter::SampleMapFull as u32;
+    }
+    if timeline_lost {
+        counters |= 1 << Counter::TimelineLost as u32;
+    }
+    if walker_missed {
+        counters |= 1 << Counter::CfiNotReady as u32;
+    }
+    count_runs(runs, counters);
 }
 
-/// Counts `counts.base` and the extra counters for every run of `counts.runs` (non-zero).
+/// Adds one to each counter of the set `counters` (bit `c` for `Counter` `c`) for every run
+/// of `runs`.
 #[inline(always)]
-pub(crate) fn count_runs(counts: &RunCounts) {
-    let runs = counts.runs;
+pub(crate) fn count_runs(runs: u64, counters: u64) {
+    bpfprof_count_runs(runs, counters);
+}
+
+/// [`count_runs`] itself. A global function, which the verifier checks once on its own, with
+/// both arguments unknown: inlined, it was checked again for every combination of counters its
+/// callers could pass (each a constant to the verifier).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn bpfprof_count_runs(runs: u64, counters: u64) -> u64 {
+    if runs == 0 {
+        return 0;
+    }
     if runs & (runs - 1) == 0 {
         // One run, the common case: no loop at all.
-        count_run_counters(lowest_bit(runs), counts);
+        count_run_counters(lowest_bit(runs), counters);
     } else {
         // Several runs watch this process. A bounded loop over every run slot would be
-        // verified once per slot and per combination of the branches above (over a second
-        // of verification per load); under bpf_loop the body is verified once.
+        // verified once per slot; under bpf_loop the body is verified once.
+        let mut counts = RunCounts { runs, counters };
         // SAFETY: `count_run` has the callback signature bpf_loop expects, and `counts`
         // outlives the call.
         unsafe {
             bpf_loop(
                 MAX_RUNS,
                 count_run as *mut _,
-                (counts as *const RunCounts).cast_mut().cast(),
+                (&mut counts as *mut RunCounts).cast(),
                 0,
             )
         };
     }
+    0
 }
 
 /// What to count for each run of a sample, shared with the `bpf_loop` callback.
 #[repr(C)]
-pub(crate) struct RunCounts {
-    pub(crate) runs: u64,
-    /// The counter every recorded sample adds one to: [`Counter::Samples`], or
-    /// [`Counter::OffCpuIntervals`] for off-CPU time; [`NO_COUNTER`] for none.
-    pub(crate) base: u32,
-    /// Counters to add one to besides `Samples` (a stack that could not be read or stored, a
-    /// full sample map, a timeline ring with no room, a sample that wanted the walker before it
-    /// was loaded), or
-    /// [`NO_COUNTER`].
-    pub(crate) extra: [u32; 5],
+struct RunCounts {
+    runs: u64,
+    /// The counters to add one to, as bits (bit `c` for `Counter` `c`).
+    counters: u64,
 }
 
+/// The bit of `counter` in a set for [`count_runs`]; none for [`NO_COUNTER`].
+#[inline(always)]
+pub(crate) fn counter_bit(counter: u32) -> u64 {
+    if counter < Counter::COUNT {
+        1 << counter
+    } else {
+        0
+    }
+}
+
+/// No counter: a loss that did not happen (see `OffCpuPending::stack_losses`).
 pub(crate) const NO_COUNTER: u32 = u32::MAX;
 
 /// The `bpf_loop` callback: counts one sample for run `index` if the sample belongs to it.
 extern "C" fn count_run(index: u64, counts: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the pointer `record` gave it.
+    // SAFETY: bpf_loop passes back the pointer `bpfprof_count_runs` gave it.
     let counts = unsafe { &*(counts as *const RunCounts) };
     let run = index as u32;
     if run >= MAX_RUNS {
         return 1;
     }
     if counts.runs & (1u64 << run) != 0 {
-        count_run_counters(run, counts);
+        count_run_counters(run, counts.counters);
     }
     0
 }
 
+/// Adds one to each counter of `counters` for `run`: one step per counter set, most often one.
 #[inline(always)]
-fn count_run_counters(run: u32, counts: &RunCounts) {
+fn count_run_counters(run: u32, counters: u64) {
     if run >= MAX_RUNS {
         return;
     }
-    if counts.base < Counter::COUNT {
-        increment(run * Counter::COUNT + counts.base);
-    }
-    for extra in counts.extra {
-        if extra < Counter::COUNT {
-            increment(run * Counter::COUNT + extra);
-        }
+    let mut left = counters & ((1 << Counter::COUNT) - 1);
+    let mut n = 0;
+    while n < Counter::COUNT && left != 0 {
+        increment(run * Counter::COUNT + lowest_bit(left));
+        left &= left - 1;
+        n += 1;
     }
 }
 
@@ -646,8 +660,8 @@ pub(crate) fn store_frames(len: usize, full: Counter) -> Result<StackId, Counter
 /// never 0).
 ///
 /// A global function, which the verifier checks once on its own: inlined at each of its four
-/// callers, its hash loop (then 127 steps) was checked again for every state of every caller (the
-/// walker program took 220k verified instructions with it inlined, 108k without; the sampling
+/// callers, its hash loop was checked again for every state of every caller (the walker
+/// program took 220k verified instructions with it inlined, 108k without; the sampling
 /// program 33k and 8.5k).
 #[no_mangle]
 #[inline(never)]
@@ -659,7 +673,7 @@ pub extern "C" fn bpfprof_store_frames(len: u64) -> u64 {
     let frames = unsafe { &mut *frames };
     let len = (len as usize).min(MAX_STACK_DEPTH);
     frames.len = len as u64;
-    let id = stack_hash(&frames.ips, len);
+    let id = stack_hash(frames, len);
     // SAFETY: only tested for presence.
     if unsafe { STACKS.get(id) }.is_some() {
         return id;
@@ -671,16 +685,45 @@ pub extern "C" fn bpfprof_store_frames(len: u64) -> u64 {
     }
 }
 
+/// The hash's multiplier (the golden ratio's, as in Fibonacci hashing).
+const HASH_K: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Frames [`stack_hash`] mixes in one `bpf_loop` iteration: a few, so that the loop's cost
+/// per frame stays that of a plain loop.
+const HASH_CHUNK: usize = 8;
+const _: () = assert!(MAX_STACK_DEPTH.is_multiple_of(HASH_CHUNK));
+
+/// [`stack_hash`]'s state, shared with its `bpf_loop` callback.
+#[repr(C)]
+struct Hashing {
+    frames: *const StackFrames,
+    len: u64,
+    h: u64,
+}
+
 /// A 64-bit hash of the first `len` frames, never 0. With 64 bits, two distinct stacks of one
 /// run share an id with probability about n²/2⁶⁵: one in 10⁹ for a million stacks.
+///
+/// The frames are mixed under `bpf_loop`, [`HASH_CHUNK`] an iteration: as a bounded loop the
+/// verifier checked the loop body once per possible frame (512 times: 13k of the sampling
+/// program's 36k verified instructions, in each of the three programs).
 #[inline(always)]
-fn stack_hash(ips: &[u64; MAX_STACK_DEPTH], len: usize) -> StackId {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut h = (len as u64).wrapping_mul(K);
-    for ip in ips.iter().take(len) {
-        h = (h ^ *ip).wrapping_mul(K);
-        h ^= h >> 29;
-    }
+fn stack_hash(frames: &StackFrames, len: usize) -> StackId {
+    let mut state = Hashing {
+        frames,
+        len: len as u64,
+        h: (len as u64).wrapping_mul(HASH_K),
+    };
+    // SAFETY: `hash_chunk` has the callback signature bpf_loop expects, and `state` outlives
+    // the call.
+    unsafe {
+        bpf_loop(
+            len.div_ceil(HASH_CHUNK) as u32,
+            hash_chunk as *mut _,
+            (&mut state as *mut Hashing).cast(),
+            0,
+        )
+    };
+    let mut h = state.h;
     // murmur3's finalizer, so that every input bit reaches every output bit.
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -692,6 +735,31 @@ fn stack_hash(ips: &[u64; MAX_STACK_DEPTH], len: usize) -> StackId {
     } else {
         h
     }
+}
+
+/// The `bpf_loop` callback of [`stack_hash`]: mixes frames `index * HASH_CHUNK` on, up to the
+/// stack's length.
+#[inline(never)]
+extern "C" fn hash_chunk(index: u64, state: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `stack_hash` gave it.
+    let state = unsafe { &mut *(state as *mut Hashing) };
+    let first = index.wrapping_mul(HASH_CHUNK as u64);
+    if first > (MAX_STACK_DEPTH - HASH_CHUNK) as u64 {
+        return 1;
+    }
+    let first = first as usize;
+    // SAFETY: the scratch slot `stack_hash` was given, valid while the program runs.
+    let frames = unsafe { &*state.frames };
+    let len = state.len as usize;
+    let mut h = state.h;
+    for j in 0..HASH_CHUNK {
+        if first + j < len {
+            h = (h ^ frames.ips[first + j]).wrapping_mul(HASH_K);
+            h ^= h >> 29;
+        }
+    }
+    state.h = h;
+    0
 }
 
 /// Adds one to `counter` of `run`; nothing for a run out of range (the off-CPU program's walks

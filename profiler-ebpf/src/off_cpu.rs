@@ -36,8 +36,8 @@ use profiler_common::{
 };
 
 use crate::{
-    config, count_runs, current_target, increment, increment_sample, is_kernel_thread, python,
-    report_new_process, store_stack, unwind, RunCounts, NO_COUNTER,
+    config, count_runs, counter_bit, current_target, increment, increment_sample, is_kernel_thread,
+    python, report_new_process, store_stack, unwind, NO_COUNTER,
 };
 
 /// Target threads off the CPU, by global thread id: their stacks and state at the
@@ -84,21 +84,12 @@ fn switch_in(ctx: &TracePointContext) {
     };
     increment(ALL_RUNS_SAMPLES_INDEX);
     let map_full = !increment_sample(&key, ns);
-    count_runs(&RunCounts {
-        runs,
-        base: Counter::OffCpuIntervals as u32,
-        extra: [
-            pending.stack_losses[0],
-            pending.stack_losses[1],
-            if map_full {
-                Counter::SampleMapFull as u32
-            } else {
-                NO_COUNTER
-            },
-            NO_COUNTER,
-            NO_COUNTER,
-        ],
-    });
+    let mut counters = 1 << Counter::OffCpuIntervals as u32;
+    counters |= counter_bit(pending.stack_losses[0]) | counter_bit(pending.stack_losses[1]);
+    if map_full {
+        counters |= 1 << Counter::SampleMapFull as u32;
+    }
+    count_runs(runs, counters);
 }
 
 /// Remembers the outgoing thread's stacks, state and time if it is a target of an off-CPU run
@@ -173,11 +164,7 @@ fn switch_out(ctx: &TracePointContext) {
         .insert(pid_tgid as u32, pending, BPF_ANY as u64)
         .is_err()
     {
-        count_runs(&RunCounts {
-            runs,
-            base: Counter::OffCpuPendingFull as u32,
-            extra: [NO_COUNTER; 5],
-        });
+        count_runs(runs, 1 << Counter::OffCpuPendingFull as u32);
     }
 }
 

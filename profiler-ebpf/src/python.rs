@@ -69,6 +69,14 @@ fn field_u8(buf: &[u8; FRAME_COPY_BYTES], offset: u32) -> u8 {
 /// Loop iterations of one walk: each frame, plus one shim frame per eval call at most.
 const MAX_ITERATIONS: u32 = 2 * MAX_STACK_DEPTH as u32;
 
+/// Each CPU's walk state. In a map value rather than on the stack, as the CFI walk's
+/// (`unwind::WALKS`): the verifier tracks what the stack holds (the pending frame, the
+/// failure flag) and checked the loop body for each combination it met (39 times, 23k of the
+/// walker program's 64k verified instructions), while every map value read is to it the same
+/// unknown number.
+#[map]
+static PYTHON_WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
 /// The walk's state, shared with the `bpf_loop` callback.
 #[repr(C)]
 struct Walk {
@@ -131,7 +139,10 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
         crate::count(run, Counter::PythonStackMissing);
         return Some(0);
     };
-    let mut walk = Walk {
+    let walk = PYTHON_WALKS.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
+    let walk = unsafe { &mut *walk };
+    *walk = Walk {
         layout,
         frame,
         pending: 0,
@@ -144,13 +155,15 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
     unsafe { (*frames).len = 0 };
     if frame != 0 {
-        // SAFETY: `step` has the callback signature bpf_loop expects and `walk` outlives the
+        // bpf_loop's context must point into the stack: a slot holding the walk's address.
+        let mut slot: *mut Walk = walk;
+        // SAFETY: `step` has the callback signature bpf_loop expects and `slot` outlives the
         // call.
         unsafe {
             bpf_loop(
                 MAX_ITERATIONS,
                 step as *mut _,
-                (&mut walk as *mut Walk).cast(),
+                (&mut slot as *mut *mut Walk).cast(),
                 0,
             )
         };
@@ -207,8 +220,9 @@ fn current_frame(layout: &PythonProcess, tstate: u64) -> Option<u64> {
 /// Reads one frame and moves to its caller, writing the frame read before. Returns 1 to stop.
 #[inline(never)]
 extern "C" fn step(_index: u64, walk: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the pointer `walk_python_stack` gave it.
-    let walk = unsafe { &mut *(walk as *mut Walk) };
+    // SAFETY: bpf_loop passes back the stack slot `walk_python_stack` gave it, which holds
+    // this CPU's walk.
+    let walk = unsafe { &mut **(walk as *mut *mut Walk) };
     let Some(frames) = crate::SCRATCH.get_ptr_mut(0) else {
         return 1;
     };
