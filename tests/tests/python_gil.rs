@@ -98,16 +98,18 @@ fn without_the_option_no_gil_frame_is_shown() {
     let target = Workload::spawn_command(cmd);
     std::thread::sleep(Duration::from_millis(800));
     let dir = tempdir();
-    let profile = profile_pid(target.pid(), "2s", &[], dir.path());
-    assert!(
-        profile.count_containing("spinning") > 50,
-        "{}",
-        profile.top(5)
-    );
-    assert_eq!(
-        profile.count_where(|f| f.iter().any(|x| x.starts_with("[GIL"))),
-        0,
-        "{}",
-        profile.top(5)
-    );
+    // Windows of 2 s until 50 samples spin: on a loaded machine one window had 74-78 samples
+    // in all. Every window is judged for GIL frames.
+    let (mut spinning, mut gil, mut tops) = (0, 0, Vec::new());
+    for _ in 0..5 {
+        let profile = profile_pid(target.pid(), "2s", &[], dir.path());
+        spinning += profile.count_containing("spinning");
+        gil += profile.count_where(|f| f.iter().any(|x| x.starts_with("[GIL")));
+        tops.push(profile.top(5));
+        if spinning > 50 {
+            break;
+        }
+    }
+    assert!(spinning > 50, "{spinning} samples spinning:\n{}", tops.join("\n"));
+    assert_eq!(gil, 0, "{}", tops.join("\n"));
 }
