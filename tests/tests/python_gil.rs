@@ -110,6 +110,10 @@ fn without_the_option_no_gil_frame_is_shown() {
             break;
         }
     }
-    assert!(spinning > 50, "{spinning} samples spinning:\n{}", tops.join("\n"));
+    assert!(
+        spinning > 50,
+        "{spinning} samples spinning:\n{}",
+        tops.join("\n")
+    );
     assert_eq!(gil, 0, "{}", tops.join("\n"));
 }

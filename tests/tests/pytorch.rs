@@ -64,6 +64,11 @@ const PID_TO_START_SHARE: f64 = 0.75;
 /// When a `--pid` run that should have ended after 10 s is killed (it failed by then).
 const PID_RUN_KILL: Duration = Duration::from_secs(60);
 /// How far bpfprof's share of `forward` may be from py-spy's on the same process (points).
+/// Both measure the main thread's wall-clock time: bpfprof `--mode wall` (CPU samples plus
+/// time off the CPU), py-spy `--idle` (every thread sampled whatever its state). CPU samples
+/// against py-spy's default, which counts a thread waiting for a CPU as busy, parted with the
+/// load: 0.415 against 0.403 at load 5, 0.421 against 0.529 at load 8 (2026-11-27); at load 4
+/// the four measures were 0.530 (CPU), 0.544 (wall), 0.551 (py-spy), 0.549 (py-spy --idle).
 const PY_SPY_TOLERANCE: f64 = 0.05;
 /// Longest the training loop may take to start (import torch, build the model, a first step):
 /// about 8 s alone, over 20 s on a loaded machine, when a fixed warm-up attached to it still
@@ -423,9 +428,9 @@ fn py_spy() -> Option<PathBuf> {
     })
 }
 
-/// `bpfprof --pid` on a training loop for 10 s, with py-spy recording the same process: the
-/// run ends on time, the main thread's stacks reach `_start`, and `forward`'s share of them is
-/// py-spy's within a few points.
+/// `bpfprof --pid --mode wall` on a training loop for 10 s, with py-spy recording the same
+/// process: the run ends on time, the main thread's stacks (on and off the CPU) reach `_start`,
+/// and `forward`'s share of its time is py-spy's within a few points.
 #[test]
 fn pid_run_on_a_training_loop_next_to_py_spy() {
     if !require_root() {
@@ -457,18 +462,37 @@ fn pid_run_on_a_training_loop_next_to_py_spy() {
     let pid = target.pid().to_string();
     let spy = py_spy.as_ref().map(|bin| {
         let mut cmd = Command::new(bin);
-        cmd.args(["record", "--format", "raw", "--nonblocking", "-r", "100"])
-            .args(["-d", "10", "--pid", &pid, "-o"])
-            .arg(&spy_out)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
+        // `--idle`: every sample of every thread, whatever its state, as bpfprof's wall mode
+        // weighs them (see `PY_SPY_TOLERANCE`).
+        cmd.args([
+            "record",
+            "--format",
+            "raw",
+            "--nonblocking",
+            "--idle",
+            "-r",
+            "100",
+        ])
+        .args(["-d", "10", "--pid", &pid, "-o"])
+        .arg(&spy_out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
         cmd.spawn().expect("start py-spy")
     });
     let secs = format!("{}s", PID_RUN.as_secs());
     let folded_arg = folded.display().to_string();
     let run_started = Instant::now();
     let run = run_bpfprof(
-        ["--pid", &pid, "-d", &secs, "-o", &folded_arg],
+        [
+            "--pid",
+            &pid,
+            "-d",
+            &secs,
+            "--mode",
+            "wall",
+            "-o",
+            &folded_arg,
+        ],
         PID_RUN_KILL,
     );
     let took = run_started.elapsed();
@@ -488,7 +512,7 @@ fn pid_run_on_a_training_loop_next_to_py_spy() {
     });
     let share = forward as f64 / main.max(1) as f64;
     eprintln!(
-        "--pid: {:.2} s; {} samples, main thread {main}, reaching _start {to_start}, forward \
+        "--pid: {:.2} s; {} ns of wall time, main thread {main}, reaching _start {to_start}, forward \
          {forward} ({share:.3})",
         took.as_secs_f64(),
         profile.total()
