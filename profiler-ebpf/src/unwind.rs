@@ -2,8 +2,10 @@
 //! userspace built from each object's `.eh_frame`, so that code without frame pointers still
 //! yields full stacks.
 //!
-//! Each frame costs one hash lookup (the process's mappings), a bisection over those mappings,
-//! a bisection over the object's rows (array lookups the verifier inlines) and two user reads.
+//! Each frame costs a bisection over the object's rows (array lookups the verifier inlines),
+//! and when it leaves the previous frame's object a hash lookup (the process's mappings) and a
+//! bisection over those mappings. Its return address and saved rbp come from a window of stack
+//! copied 512 bytes at a time: the user read, a helper call, was half a frame's cost.
 //! The frame loop runs under `bpf_loop`, so the verifier checks one frame's code once instead
 //! of 127 unrolled copies: that is what lets the walk reach the full depth.
 //!
@@ -87,7 +89,20 @@ struct Walk {
     /// The mapping of the previous frame: most callers sit in the same object as their
     /// callee, and this skips the process lookup and the mapping bisection for them.
     mapping: UnwindMapping,
+    /// User address of `window[0]`.
+    window_at: u64,
+    /// Bytes of `window` that hold user memory (0: none).
+    window_len: u64,
+    /// A copy of the stack from `window_at`, read at once: the next frames' return addresses
+    /// and saved registers lie just above the current one, and one read of the window costs
+    /// about what one read of a word does (a helper call each).
+    window: [u64; STACK_WINDOW_WORDS],
 }
+
+/// Words of stack [`Walk::window`] copies at once: 512 bytes, 32 frames of a small
+/// recursive function. A power of two, since indexes into it are masked.
+const STACK_WINDOW_WORDS: usize = 64;
+const _: () = assert!(STACK_WINDOW_WORDS.is_power_of_two());
 
 /// Whether userspace loaded CFI tables for process `tgid` (host tgid).
 #[inline(always)]
@@ -137,6 +152,9 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         scanned: 0,
         scan_found: 0,
         mapping,
+        window_at: 0,
+        window_len: 0,
+        window: [0; STACK_WINDOW_WORDS],
     };
     // bpf_loop's context must point into the stack: a slot holding the walk's address. That
     // the address escapes also tells the compiler the callbacks change the walk.
@@ -316,23 +334,50 @@ fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
     if cfa <= walk.sp {
         return WalkEnd::Early;
     }
-    // SAFETY: user memory read through the checked helper.
-    let Ok(ra) = (unsafe { bpf_probe_read_user(ra_at as *const u64) }) else {
-        return WalkEnd::Early;
-    };
+    // The saved rbp first: it lies below the return address, so that a window read for it
+    // holds the return address too.
     if let Some(at) = rbp_at {
-        // SAFETY: as above.
-        match unsafe { bpf_probe_read_user(at as *const u64) } {
-            Ok(bp) => walk.bp = bp,
-            Err(_) => return WalkEnd::Early,
+        match read_stack(walk, at) {
+            Some(bp) => walk.bp = bp,
+            None => return WalkEnd::Early,
         }
     }
+    let Some(ra) = read_stack(walk, ra_at) else {
+        return WalkEnd::Early;
+    };
     if ra == 0 {
         return WalkEnd::Complete;
     }
     walk.ip = ra;
     walk.sp = cfa;
     WalkEnd::Running
+}
+
+/// The user word at `at`, from the walk's stack window when it holds it, else read with a
+/// new window from `at` (or alone, near the top of the stack where a window's bytes are not
+/// all mapped).
+#[inline(always)]
+fn read_stack(walk: &mut Walk, at: u64) -> Option<u64> {
+    let offset = at.wrapping_sub(walk.window_at);
+    if offset & 7 == 0 && offset < walk.window_len {
+        return Some(walk.window[(offset / 8) as usize & (STACK_WINDOW_WORDS - 1)]);
+    }
+    // SAFETY: user memory read through the checked helper, into this CPU's walk.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            walk.window.as_mut_ptr().cast(),
+            (STACK_WINDOW_WORDS * 8) as u32,
+            at as *const core::ffi::c_void,
+        )
+    };
+    if read == 0 {
+        walk.window_at = at;
+        walk.window_len = (STACK_WINDOW_WORDS * 8) as u64;
+        return Some(walk.window[0]);
+    }
+    walk.window_len = 0;
+    // SAFETY: user memory read through the checked helper.
+    unsafe { bpf_probe_read_user(at as *const u64) }.ok()
 }
 
 /// Unwinds a frame that no CFI covers. By its frame pointer when that leads above the frame

@@ -140,7 +140,7 @@ impl Bench {
             (med(i, KERNEL_DEPTHS[1]) - med(i, KERNEL_DEPTHS[0]))
                 / (f(KERNEL_DEPTHS[1]) - f(KERNEL_DEPTHS[0]))
         };
-        writeln!(md, "\nOne more frame costs {:.0} ns by CFI and {:.0} ns by frame pointers (medians; the difference between the two depths over the difference in frames). A CFI frame is a binary search of the process's mappings and then of the object's table (in BPF maps, each step a bounds-checked map access), the CFA rule applied, and two user reads (return address and saved rbp); a frame-pointer frame is the kernel's own loop of one user read. At {} frames that is {:.1} µs against {:.1} µs.", per_frame(1), per_frame(0), KERNEL_DEPTHS[1], med(1, KERNEL_DEPTHS[1]) / 1e3, med(0, KERNEL_DEPTHS[1]) / 1e3)?;
+        writeln!(md, "\nOne more frame costs {:.0} ns by CFI and {:.0} ns by frame pointers (medians; the difference between the two depths over the difference in frames). A CFI frame is a binary search of the object's table (in a BPF array, each step a bounds-checked map access; a search of the process's mappings too when the frame leaves the previous frame's object) and the CFA rule applied; its return address and saved rbp come from a 512-byte window of stack that one user read (a helper call) fills for all the frames it holds, 32 of `descend`'s 16-byte frames. A frame-pointer frame is the kernel's own loop of one user read. At {} frames that is {:.1} µs against {:.1} µs.", per_frame(1), per_frame(0), KERNEL_DEPTHS[1], med(1, KERNEL_DEPTHS[1]) / 1e3, med(0, KERNEL_DEPTHS[1]) / 1e3)?;
         verdicts.push(Verdict {
             target: format!(
                 "kernel CFI walk at most 2x the frame-pointer walk, {} frames deep",
