@@ -147,3 +147,43 @@ pub fn bpf_prog_exists(bpftool: &Path, id: u32) -> bool {
         .expect("running bpftool")
         .success()
 }
+
+/// pyenv's CPythons, the newest installed 3.10, 3.11, 3.12 and 3.13 (built without frame
+/// pointers); all four are required under CI.
+pub fn pyenv_cpythons() -> Vec<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
+    let found: Vec<PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .filter_map(|minor| {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
+                .ok()?
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{minor}."))
+                })
+                .map(|e| e.path().join("bin/python3"))
+                .filter(|p| p.exists())
+                .collect();
+            v.sort();
+            v.pop()
+        })
+        .collect();
+    assert!(
+        found.len() == 4 || !ci(),
+        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
+    );
+    found
+}
+
+/// [`pyenv_cpythons`] and Debian's own CPython 3.11 where it is installed.
+pub fn cpythons() -> Vec<std::path::PathBuf> {
+    let mut found = pyenv_cpythons();
+    let debian = std::path::PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(debian);
+    }
+    found
+}

@@ -9,11 +9,7 @@
 //! after the dump (a blocked call restarted, not failed); the errors' exit codes; and the text
 //! as a terminal shows it, through tmux. Needs root (ptrace, kernel stacks).
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use bpfprof_tests::*;
 use serde_json::Value;
@@ -206,38 +202,6 @@ fn a_c_program_without_frame_pointers_shows_each_thread_where_it_is() {
     checks.finish();
 }
 
-/// The interpreters: pyenv's 3.10-3.13 (built without frame pointers) and Debian's 3.11.
-fn interpreters() -> Vec<PathBuf> {
-    let home = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
-    let mut found: Vec<PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
-        .iter()
-        .filter_map(|minor| {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
-                .ok()?
-                .filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{minor}."))
-                })
-                .map(|e| e.path().join("bin/python3"))
-                .filter(|p| p.exists())
-                .collect();
-            v.sort();
-            v.pop()
-        })
-        .collect();
-    assert!(
-        found.len() == 4 || !ci(),
-        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
-    );
-    let debian = PathBuf::from("/usr/bin/python3.11");
-    if debian.exists() {
-        found.push(debian);
-    }
-    found
-}
-
 /// pydump.py under `python`, for `seconds`.
 fn pydump(python: &Path, seconds: &str) -> Workload {
     let mut cmd = Command::new(python);
@@ -270,7 +234,7 @@ fn python_threads_show_their_functions_their_states_and_the_gil_holder() {
         return;
     }
     let mut checks = Checks::new();
-    for python in interpreters() {
+    for python in cpythons() {
         let target = pydump(&python, "120");
         let pid = target.pid();
         let Some(dump) = settled_python_dump(pid, &[]) else {
@@ -409,10 +373,10 @@ fn dump_through_a_terminal_shows_the_gil_holder_and_the_blocked_thread() {
         eprintln!("skipping: no tmux");
         return;
     };
-    let python = interpreters()
+    let python = cpythons()
         .into_iter()
         .find(|p| p.to_string_lossy().contains("3.12"))
-        .or_else(|| interpreters().into_iter().next())
+        .or_else(|| cpythons().into_iter().next())
         .expect("a CPython");
     let target = pydump(&python, "120");
     let pid = target.pid();

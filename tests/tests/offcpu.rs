@@ -483,34 +483,6 @@ fn off_cpu_agrees_with_bpftrace_on_the_same_run() {
     c.finish();
 }
 
-/// The interpreters: pyenv's CPython 3.10-3.13, built without frame pointers.
-fn pyenv_interpreters() -> Vec<std::path::PathBuf> {
-    let home = std::path::PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
-    let found: Vec<std::path::PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
-        .iter()
-        .filter_map(|minor| {
-            let mut v: Vec<std::path::PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
-                .ok()?
-                .filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{minor}."))
-                })
-                .map(|e| e.path().join("bin/python3"))
-                .filter(|p| p.exists())
-                .collect();
-            v.sort();
-            v.pop()
-        })
-        .collect();
-    assert!(
-        found.len() == 4 || !ci(),
-        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
-    );
-    found
-}
-
 /// A folded frame's function: Python frames may carry `(file:line)`.
 fn function(frame: &str) -> &str {
     frame.split_once(" (").map_or(frame, |(name, _)| name)
@@ -523,7 +495,7 @@ fn python_waits_appear_under_their_python_callers() {
     }
     let script = workspace_root().join("tests/workloads/pyoffcpu.py");
     let mut failures = Vec::new();
-    for python in pyenv_interpreters() {
+    for python in pyenv_cpythons() {
         let mut cmd = Command::new(&python);
         cmd.arg(&script).arg("30");
         let target = Workload::spawn_command(cmd);

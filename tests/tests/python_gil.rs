@@ -3,41 +3,9 @@
 //! (always holding the GIL), another hashes large buffers (hashlib releases the GIL while
 //! it hashes), on every CPython 3.10-3.13 here.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use bpfprof_tests::*;
-
-/// The interpreters: pyenv's 3.10-3.13 and Debian's 3.11.
-fn interpreters() -> Vec<PathBuf> {
-    let home = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()));
-    let mut found: Vec<PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
-        .iter()
-        .filter_map(|minor| {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(home.join(".pyenv/versions"))
-                .ok()?
-                .filter_map(|e| e.ok())
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{minor}."))
-                })
-                .map(|e| e.path().join("bin/python3"))
-                .filter(|p| p.exists())
-                .collect();
-            v.sort();
-            v.pop()
-        })
-        .collect();
-    assert!(
-        found.len() == 4 || !ci(),
-        "pyenv's CPython 3.10-3.13 are needed under CI (see cargo xtask setup); found {found:?}"
-    );
-    let debian = PathBuf::from("/usr/bin/python3.11");
-    if debian.exists() {
-        found.push(debian);
-    }
-    found
-}
 
 /// Samples of `function` whose stack starts with `[GIL held]` (`held`) or `[GIL not held]`.
 fn with_gil(profile: &Profile, function: &str, held: bool) -> u64 {
@@ -52,7 +20,7 @@ fn the_gil_holder_and_the_threads_without_it_are_told_apart() {
     }
     let script = workspace_root().join("tests/workloads/pygil.py");
     let mut failures = Vec::new();
-    for python in interpreters() {
+    for python in cpythons() {
         let mut cmd = Command::new(&python);
         cmd.arg(&script).arg("30");
         let target = Workload::spawn_command(cmd);
@@ -91,7 +59,7 @@ fn without_the_option_no_gil_frame_is_shown() {
     if !require_root() {
         return;
     }
-    let python = interpreters().remove(0);
+    let python = cpythons().remove(0);
     let script = workspace_root().join("tests/workloads/pygil.py");
     let mut cmd = Command::new(&python);
     cmd.arg(&script).arg("30");

@@ -50,6 +50,21 @@ fn profile_large(duration: &str, args: &[&str]) -> (Profile, Summary, String) {
     (Profile::read(&folded), Summary::read(&summary), run.stderr)
 }
 
+/// The large library's entry in a summary's list of objects (null when it is not there).
+fn the_library_in(objects: &serde_json::Value) -> serde_json::Value {
+    objects
+        .as_array()
+        .and_then(|list| {
+            list.iter().find(|o| {
+                o["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("liblarge-cfi.so"))
+            })
+        })
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Samples in `lib_work` whose stack reaches `main` through `call_lib`.
 fn whole_lib_work(profile: &Profile) -> (u64, u64) {
     let in_lib = profile.count_containing("lib_work");
@@ -144,17 +159,7 @@ fn a_table_that_cannot_fit_is_decided_once_and_named() {
         format!("only {in_lib} samples in lib_work")
     });
     let objects = summary.field("objects_without_unwind_tables");
-    let entry = objects
-        .as_array()
-        .and_then(|list| {
-            list.iter().find(|o| {
-                o["name"]
-                    .as_str()
-                    .is_some_and(|n| n.ends_with("liblarge-cfi.so"))
-            })
-        })
-        .cloned()
-        .unwrap_or_default();
+    let entry = the_library_in(objects);
     c.check(entry["samples"].as_u64().unwrap_or(0) > 0, || {
         format!("the summary does not name the library with its samples: {objects}")
     });
@@ -209,17 +214,7 @@ fn a_table_built_during_the_run_is_named_and_the_stacks_before_it_counted() {
         format!("only {in_lib} samples in lib_work")
     });
     let late = summary.field("unwind_tables_loaded_late");
-    let entry = late
-        .as_array()
-        .and_then(|list| {
-            list.iter().find(|o| {
-                o["name"]
-                    .as_str()
-                    .is_some_and(|n| n.ends_with("liblarge-cfi.so"))
-            })
-        })
-        .cloned()
-        .unwrap_or_default();
+    let entry = the_library_in(late);
     let after = entry["after_secs"].as_f64().unwrap_or(-1.0);
     c.check(after >= 0.0, || {
         format!("the library is not named as loaded during the run: {late}")
