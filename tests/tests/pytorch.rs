@@ -35,15 +35,15 @@ const MAIN_THREAD_SHARE: f64 = 0.88;
 /// niced build finished.)
 const LIBTORCH_BELOW_SHARE: f64 = 0.8;
 /// The most share of a call's stacks that may end early (a walk that left the mappings),
-/// issue 21's number, for every call but the daemon's first: 0 in each such call of three
-/// test runs on 2026-11-27 (load 7-9), where 0.24-0.76 ended early while the daemon's builds
-/// were all niced. One stack is allowed whatever the share, since a call has 17-77 samples.
+/// issue 21's number, for every call that starts with libtorch_cpu.so's table in the kernel:
+/// 0 in each such call of four test runs on 2026-11-27 (load 7-9), where 0.24-0.76 ended early
+/// while the daemon's builds were all niced. One stack is allowed whatever the share, since a
+/// call has 17-86 samples. The calls before (the daemon builds that table on demand, once a
+/// sample shows the trainer runs in it: 0.18 s of CPU, 0.5 s or more on a loaded machine, so
+/// one call or two of 0.3-1 s) are judged by what their summary says instead: 0.10-0.54 of
+/// their stacks ended early, and the summary must name the table and count the stacks walked
+/// without it.
 const ENDED_EARLY_SHARE: f64 = 0.05;
-/// The same for the daemon's first call on the trainer: libtorch_cpu.so's table is built on
-/// demand once a sample shows the trainer runs in it (0.18 s of CPU, 0.5 s on a loaded
-/// machine), while the call runs. Measured 0.10-0.38; the issue's daemon, whose tables did not
-/// fit, 0.87.
-const FIRST_CALL_ENDED_EARLY_SHARE: f64 = 0.6;
 /// The least stack depth a compile phase's run keeps: PyTorch asks for 500 frames
 /// (`COMPILE_STROBELIGHT_MAX_STACK_LENGTH`), and the issue for 500.
 const COMPILE_STACK_DEPTH: u64 = 500;
@@ -235,7 +235,8 @@ fn strobelight_decorator_around_a_train_step() {
     let graph = Regex::new(r"GraphProfiler: (\S+) (\S+)").unwrap();
     let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
     let mut checks = Checks::new();
-    for (front_end_index, (name, front_end)) in front_ends.iter().enumerate() {
+    let (mut cold_calls, mut warm_calls) = (0, 0);
+    for (name, front_end) in &front_ends {
         let sandbox = Sandbox::new(front_end);
         let calls = CALLS.to_string();
         let out = run_to_end(
@@ -307,21 +308,41 @@ fn strobelight_decorator_around_a_train_step() {
             checks.check(*samples > 0 && main > 0, || {
                 format!("{name}: call {call}: {samples} samples, {main} on the main thread")
             });
-            // The daemon's first run on the trainer builds libtorch_cpu.so's table on demand
-            // while it samples; later calls, and the second front end's process, find it
-            // resident.
-            let first = front_end_index == 0 && call == 0;
-            let bound = if first {
-                FIRST_CALL_ENDED_EARLY_SHARE
-            } else {
-                ENDED_EARLY_SHARE
+            // Whether the call ran before libtorch_cpu.so's table was in the kernel: its
+            // summary names the library among the objects without a table at its end, or
+            // among the tables loaded during it.
+            let names_libtorch = |field: &str| {
+                summary.0[field].as_array().is_some_and(|list| {
+                    list.iter().any(|o| {
+                        o["name"]
+                            .as_str()
+                            .is_some_and(|n| n.ends_with("/libtorch_cpu.so"))
+                    })
+                })
             };
-            checks.check(ended_early <= 1 || early_share <= bound, || {
-                format!(
-                    "{name}: call {call}: {ended_early} of {samples} stacks ended early \
-                     ({early_share:.3}, at most {bound} or one stack allowed)"
-                )
-            });
+            let cold = names_libtorch("objects_without_unwind_tables")
+                || names_libtorch("unwind_tables_loaded_late");
+            if cold {
+                cold_calls += 1;
+                let walked_without = summary.0["unwind"]["stacks_through_untabled"]
+                    .as_u64()
+                    .unwrap_or(0);
+                checks.check(walked_without >= 1, || {
+                    format!(
+                        "{name}: call {call} ran before libtorch_cpu.so's table, but its \
+                         summary counts no stack walked without a table"
+                    )
+                });
+            } else {
+                warm_calls += 1;
+                checks.check(ended_early <= 1 || early_share <= ENDED_EARLY_SHARE, || {
+                    format!(
+                        "{name}: call {call}: {ended_early} of {samples} stacks ended early \
+                         ({early_share:.3}, at most {ENDED_EARLY_SHARE} or one stack allowed, \
+                         libtorch_cpu.so's table being in)"
+                    )
+                });
+            }
         }
         let step_share = in_step_all as f64 / main_all.max(1) as f64;
         let share = good_all as f64 / main_all.max(1) as f64;
@@ -341,10 +362,20 @@ fn strobelight_decorator_around_a_train_step() {
             eprintln!("{name}: the workload's stderr:\n{}", out.stderr);
         }
     }
+    // The second front end's process maps the same files: its calls find the table built,
+    // unless the machine is so loaded that the build outlasts more calls (4 of 6 calls once
+    // with the whole suite running beside, 2 of 6 in CI): at least one call must be judged.
     eprintln!(
-        "strobelight_decorator_around_a_train_step: {:.1} s",
+        "strobelight_decorator_around_a_train_step: {:.1} s; calls before libtorch_cpu.so's \
+         table {cold_calls}, after it {warm_calls}",
         started.elapsed().as_secs_f64()
     );
+    checks.check(warm_calls >= 1, || {
+        format!(
+            "no call of {} ran with libtorch_cpu.so's table in",
+            2 * CALLS
+        )
+    });
     checks.finish();
 }
 
