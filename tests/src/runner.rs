@@ -85,6 +85,8 @@ pub struct BpfprofProcess {
     stdout: Option<JoinHandle<String>>,
     stderr_buf: Arc<Mutex<String>>,
     stderr: Option<JoinHandle<()>>,
+    /// The unwind table cache of this process alone (see [`spawn_bpfprof_command`]).
+    _table_cache: Option<tempfile::TempDir>,
 }
 
 /// Starts bpfprof with `args` (stdin null, stdout/stderr piped).
@@ -99,7 +101,20 @@ where
 }
 
 /// Starts a prepared bpfprof command (e.g. wrapped in `setpriv`).
+///
+/// Each process gets an unwind table cache of its own, empty (`BPFPROF_UNWIND_CACHE`, unless
+/// the command sets it): a test's tables are built as its run makes them, whatever earlier
+/// tests left in the machine's cache. A test of the cache names its own with
+/// `--unwind-cache`.
 pub fn spawn_bpfprof_command(mut cmd: Command) -> BpfprofProcess {
+    let table_cache = (!cmd.get_envs().any(|(k, _)| k == "BPFPROF_UNWIND_CACHE")).then(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("bpfprof-test-tables-")
+            .tempdir()
+            .expect("a temporary folder");
+        cmd.env("BPFPROF_UNWIND_CACHE", dir.path().join("unwind"));
+        dir
+    });
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -134,6 +149,7 @@ pub fn spawn_bpfprof_command(mut cmd: Command) -> BpfprofProcess {
         stdout: Some(stdout),
         stderr_buf,
         stderr: Some(stderr),
+        _table_cache: table_cache,
     }
 }
 

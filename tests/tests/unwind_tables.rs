@@ -240,3 +240,166 @@ fn a_table_built_during_the_run_is_named_and_the_stacks_before_it_counted() {
     );
     c.finish();
 }
+
+/// A program without frame pointers whose hot leaf runs under `main` → `CHAIN` for a second
+/// and a half of its own CPU time (as many samples on a loaded machine, over a longer run);
+/// `PAD` bytes of code ahead of the chain move every function.
+const REBUILT_SOURCE: &str = r#"
+#include <time.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void pad(volatile long *x) { PAD }
+__attribute__((noinline)) long hot_leaf(long n) {
+    long acc = 0;
+    for (long i = 0; i < n; i++) acc = acc * 31 + i;
+    return acc;
+}
+__attribute__((noinline)) long CHAIN(double until) {
+    volatile long sink = 0;
+    while (now() < until) sink += hot_leaf(200000);
+    return sink;
+}
+int main(void) {
+    volatile long x = 0;
+    pad(&x);
+    return (int)(CHAIN(now() + 1.5) & 1);
+}
+"#;
+
+/// Builds `REBUILT_SOURCE` at `path` with `chain` as the middle function and `pads`
+/// increments of padding, without frame pointers.
+fn build_rebuilt(dir: &Path, chain: &str, pads: usize) -> std::path::PathBuf {
+    let source = REBUILT_SOURCE
+        .replace("CHAIN", chain)
+        .replace("PAD", &"*x += 1; ".repeat(pads));
+    bpfprof_tests::hostile::compile(
+        dir,
+        "rebuilt",
+        "c",
+        &source,
+        &[
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-fno-inline",
+        ],
+    )
+}
+
+/// Profiles `program` with `--unwind cfi` and the table cache in `cache`: the profile and
+/// the summary.
+fn profile_cached(program: &Path, cache: &Path, dir: &Path) -> (Profile, Summary) {
+    let folded = dir.join("rebuilt.folded");
+    let summary = dir.join("rebuilt.summary.json");
+    let run = run_bpfprof(
+        [
+            "-F",
+            "499",
+            "--unwind",
+            "cfi",
+            "--unwind-cache",
+            cache.to_str().unwrap(),
+            "-o",
+            folded.to_str().unwrap(),
+            "--summary-json",
+            summary.to_str().unwrap(),
+            "--",
+            program.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    run.assert_code(exit::OK);
+    (Profile::read(&folded), Summary::read(&summary))
+}
+
+/// Issue 28: tables kept on disk between runs are read back by the next run, and a binary
+/// rebuilt at the same path (same name, new code and unwind information) never gets the old
+/// one: its stacks through the new chain are whole, and nothing of the old chain appears.
+#[test]
+fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let cache = dir.path().join("cache");
+    let whole = |profile: &Profile, chain: &str| {
+        profile.count_where(|frames| {
+            bpfprof_tests::user_frames(frames).ends_with(&["main", chain, "hot_leaf"])
+        })
+    };
+    let cost = |summary: &Summary, key: &str| summary.field("cost")[key].as_u64().unwrap_or(0);
+    let mut c = Checks::new();
+
+    let program = build_rebuilt(dir.path(), "chain_before", 0);
+    let (first, first_summary) = profile_cached(&program, &cache, dir.path());
+    let (second, second_summary) = profile_cached(&program, &cache, dir.path());
+    // The same binary again: its tables (and libc's) come from the cache.
+    c.check(cost(&first_summary, "unwind_tables_cached") == 0, || {
+        format!(
+            "an empty cache served tables: {}",
+            first_summary.field("cost")
+        )
+    });
+    c.check(cost(&second_summary, "unwind_tables_cached") >= 2, || {
+        format!(
+            "the second run built its tables again: {}",
+            second_summary.field("cost")
+        )
+    });
+    // A launched command runs at once: its stacks before the CFI walker is verified are
+    // walked by frame pointer, which this binary has not, and counted apart.
+    let early = |summary: &Summary| {
+        summary.field("unwind")["before_walker_ready"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    for (run, profile, summary) in [
+        ("first", &first, &first_summary),
+        ("second", &second, &second_summary),
+    ] {
+        let hot = profile.count_containing("hot_leaf");
+        let w = whole(profile, "chain_before");
+        let walked = hot.saturating_sub(early(summary));
+        c.check(hot >= 100 && w * 100 >= walked * 95, || {
+            format!(
+                "{run} run: {w} of {hot} hot_leaf stacks ({walked} after the walker was ready) \
+                 reach main through chain_before"
+            )
+        });
+    }
+    let entries = std::fs::read_dir(&cache).unwrap().count();
+
+    // Rebuilt at the same path: new function names, every address moved by the padding.
+    let rebuilt = build_rebuilt(dir.path(), "chain_after", 3000);
+    assert_eq!(rebuilt, program);
+    let (third, third_summary) = profile_cached(&rebuilt, &cache, dir.path());
+    let hot = third.count_containing("hot_leaf");
+    let w = whole(&third, "chain_after");
+    let walked = hot.saturating_sub(early(&third_summary));
+    c.check(hot >= 100 && w * 100 >= walked * 95, || {
+        format!(
+            "after the rebuild: {w} of {hot} hot_leaf stacks ({walked} after the walker was \
+             ready) reach main through chain_after"
+        )
+    });
+    c.check(third.count_containing("chain_before") == 0, || {
+        "the old binary's function appears after the rebuild".into()
+    });
+    // libc came from the cache, the rebuilt program's table was built and filed anew.
+    let (built, cached) = (
+        cost(&third_summary, "unwind_tables_built"),
+        cost(&third_summary, "unwind_tables_cached"),
+    );
+    c.check(cached >= 1 && cached < built, || {
+        format!("after the rebuild {cached} of {built} tables came from the cache")
+    });
+    let now = std::fs::read_dir(&cache).unwrap().count();
+    c.check(now == entries + 1, || {
+        format!("the cache held {entries} entries, {now} after the rebuild's run")
+    });
+    c.finish();
+}

@@ -89,6 +89,9 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     /// Where to export each window (OTLP profiles, Pyroscope), if anywhere, and the spool.
     pub export: Option<export::ExportConfig>,
+    /// Where unwind tables are kept between windows' programs and restarts
+    /// (`--unwind-cache`: a folder or `off`).
+    pub table_cache: String,
 }
 
 impl AgentConfig {
@@ -211,8 +214,9 @@ fn record(
     stop: &AtomicBool,
     started: tokio::sync::oneshot::Sender<Result<String>>,
 ) -> Result<()> {
-    let mut pool =
-        ProgramPool::new(false).with_build_priority(crate::unwind::BuildPriority::Background);
+    let mut pool = ProgramPool::new(false)
+        .with_build_priority(crate::unwind::BuildPriority::Background)
+        .with_table_cache(crate::unwind::open_table_cache(&config.table_cache));
     let mut recording = Recording::new(&config.request);
     let start = start(&config, &mut pool, &mut recording);
     let start = start.map(|()| {

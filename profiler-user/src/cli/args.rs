@@ -128,6 +128,11 @@ pub struct AgentArgs {
     /// recently are evicted.
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
+    /// Where unwind tables are kept between runs, so that objects seen before get theirs at
+    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
+    /// builds every table.
+    #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
+    pub unwind_cache: String,
     /// Also record where threads block (sleeps, locks, pipes, disk) and for how long: each
     /// window then carries off-CPU stacks weighed in nanoseconds beside the CPU samples
     /// (pprof's `off_cpu` sample type, an OTLP `off_cpu` profile).
@@ -237,6 +242,11 @@ pub struct DaemonArgs {
     /// within this cap.
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
+    /// Where unwind tables are kept between runs, so that objects seen before get theirs at
+    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
+    /// builds every table.
+    #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
+    pub unwind_cache: String,
     /// Where runs and their results are kept.
     #[arg(long, default_value = "/var/lib/bpfprof")]
     pub state_dir: PathBuf,
@@ -490,6 +500,11 @@ pub struct RecordArgs {
     /// unwind by frame pointer, with a warning.
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
+    /// Where unwind tables are kept between runs, so that objects seen before get theirs at
+    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
+    /// builds every table.
+    #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
+    pub unwind_cache: String,
 
     /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
     /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.

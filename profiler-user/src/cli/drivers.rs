@@ -16,6 +16,7 @@ use crate::{
     },
     daemon::DaemonConfig,
     error::{exit_code, Error},
+    kernel::pool::ProgramPool,
     output::{Format, Output},
     process::target::TargetSpec,
     profile::RunEnd,
@@ -38,6 +39,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         idle_timeout: args.client_idle_timeout,
         max_duration: args.max_duration,
         table_mib: args.unwind_table_mib,
+        table_cache: args.unwind_cache,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
         export,
@@ -100,6 +102,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         rules,
         socket: protocol::socket_path(args.socket.as_deref()),
         export,
+        table_cache: args.unwind_cache,
     })
     .await
 }
@@ -265,12 +268,14 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     validated.options.timeline =
         cli.timeline || outputs.iter().any(|o| o.format() == Format::TraceJson);
     let options = validated.options.clone();
+    let pool = ProgramPool::new(cli.bpf_stats)
+        .with_table_cache(crate::unwind::open_table_cache(&cli.unwind_cache));
     let recorder = if launch {
-        Recorder::launch(&validated, &cli.command, cli.bpf_stats, false)
+        Recorder::launch(&validated, &cli.command, pool, false)
     } else if cli.all {
-        Recorder::system(&validated, cli.bpf_stats)
+        Recorder::system(&validated, pool)
     } else {
-        Recorder::attach(&validated, &specs, cli.bpf_stats)
+        Recorder::attach(&validated, &specs, pool)
     };
     let mut recorder = match recorder {
         Ok(r) => r,

@@ -91,10 +91,10 @@ impl Recorder {
     pub fn attach(
         request: &RecordingRequest,
         specs: &[TargetSpec],
-        bpf_stats: bool,
+        pool: ProgramPool,
     ) -> Result<Recorder> {
         let targets = resolve_targets(specs)?;
-        let mut recorder = Recorder::new(request, bpf_stats);
+        let mut recorder = Recorder::new(request, pool);
         for target in targets {
             recorder.recording.add_target(&mut recorder.pool, target)?;
         }
@@ -103,8 +103,8 @@ impl Recorder {
     }
 
     /// Starts sampling every process on the machine, as the request's system-wide scope says.
-    pub fn system(request: &RecordingRequest, bpf_stats: bool) -> Result<Recorder> {
-        let mut recorder = Recorder::new(request, bpf_stats);
+    pub fn system(request: &RecordingRequest, pool: ProgramPool) -> Result<Recorder> {
+        let mut recorder = Recorder::new(request, pool);
         recorder.recording.start_system(&mut recorder.pool)?;
         recorder.log_start();
         Ok(recorder)
@@ -117,14 +117,14 @@ impl Recorder {
     pub fn launch(
         request: &RecordingRequest,
         command: &[OsString],
-        bpf_stats: bool,
+        pool: ProgramPool,
         detach_stdio: bool,
     ) -> Result<Recorder> {
         let (program_name, args) = command.split_first().ok_or_else(|| Error::InvalidTarget {
             spec: String::new(),
             reason: "no command given after --".into(),
         })?;
-        let mut recorder = Recorder::new(request, bpf_stats);
+        let mut recorder = Recorder::new(request, pool);
         // The child tells us its pid, then waits at the gate until that pid is registered
         // with the kernel program, so the command is sampled from its first instruction.
         // `spawn` itself waits for the exec, so it runs on a helper thread meanwhile.
@@ -194,9 +194,9 @@ impl Recorder {
         Ok(recorder)
     }
 
-    fn new(request: &RecordingRequest, bpf_stats: bool) -> Recorder {
+    fn new(request: &RecordingRequest, pool: ProgramPool) -> Recorder {
         Recorder {
-            pool: ProgramPool::new(bpf_stats),
+            pool,
             recording: Recording::new(request),
             child: None,
             outcome: None,

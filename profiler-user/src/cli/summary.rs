@@ -128,9 +128,13 @@ pub fn summary(profile: &Profile) -> String {
     }
     if cost.unwind_tables_built > 0 {
         out.push_str(&format!(
-            "  unwind tables: {} built ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} MiB \
-             of kernel memory in use\n",
+            "  unwind tables: {} built{} ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} \
+             MiB of kernel memory in use\n",
             cost.unwind_tables_built,
+            match cost.unwind_tables_cached {
+                0 => String::new(),
+                n => format!(", {n} of them read from the cache"),
+            },
             (cost.unwind_rows_built * 8) as f64 / (1024.0 * 1024.0),
             cost.unwind_build_secs * 1e3,
             cost.unwind_resident_bytes as f64 / (1024.0 * 1024.0),

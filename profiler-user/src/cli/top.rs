@@ -24,6 +24,7 @@ use crate::{
         record::{CommandOutcome, Recorder},
     },
     error::{exit_code, Error, Result},
+    kernel::pool::ProgramPool,
     output::top::function_shares,
     process::target::TargetSpec,
     profile::{Losses, Profile, RunEnd},
@@ -413,12 +414,15 @@ pub async fn run(args: TopArgs) -> Result<i32> {
     } else {
         format!("pid {}", args.pids.join(", "))
     };
+    let pool = ProgramPool::new(false).with_table_cache(crate::unwind::open_table_cache(
+        crate::unwind::DEFAULT_TABLE_CACHE,
+    ));
     let mut recorder = if launch {
-        Recorder::launch(&request, &args.command, false, true)?
+        Recorder::launch(&request, &args.command, pool, true)?
     } else if args.all {
-        Recorder::system(&request, false)?
+        Recorder::system(&request, pool)?
     } else {
-        Recorder::attach(&request, &specs, false)?
+        Recorder::attach(&request, &specs, pool)?
     };
     // The event and its rate per CPU, short: the header has one line of 80 columns.
     let sampling = recorder.sampling().map_or_else(String::new, |s| {

@@ -135,6 +135,9 @@ pub struct DaemonConfig {
     pub max_duration: Duration,
     /// The cap on a kernel program's unwind row array, in MiB (`--unwind-table-mib`).
     pub table_mib: u32,
+    /// Where unwind tables are kept between runs and restarts (`--unwind-cache`: a folder or
+    /// `off`).
+    pub table_cache: String,
     /// Most ended runs kept.
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
@@ -185,6 +188,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             table_mib: config.table_mib,
         },
         export,
+        crate::unwind::open_table_cache(&config.table_cache),
     ));
     let nofile = raise_nofile_limit();
     // Half of the descriptors for connections; the rest stay for runs and result files.

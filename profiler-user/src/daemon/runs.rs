@@ -207,7 +207,12 @@ fn refusal(e: Error) -> Refusal {
 
 impl Runs {
     /// Loads the runs kept in `store` (marking interrupted ones FAILED) and applies cleanup.
-    pub fn new(store: Store, limits: Limits, export: Option<Export>) -> Runs {
+    pub fn new(
+        store: Store,
+        limits: Limits,
+        export: Option<Export>,
+        table_cache: Option<Arc<crate::unwind::TableCache>>,
+    ) -> Runs {
         let loaded = store.load_all();
         let deleted = store.cleanup(&loaded.runs);
         let next_id = loaded.next_id;
@@ -237,7 +242,8 @@ impl Runs {
             pool: Mutex::new(
                 ProgramPool::new(false)
                     .with_linger(PROGRAM_LINGER)
-                    .with_build_priority(crate::unwind::BuildPriority::SampledFirst),
+                    .with_build_priority(crate::unwind::BuildPriority::SampledFirst)
+                    .with_table_cache(table_cache),
             ),
             symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
             naming: Arc::new(NamingShares::per_owner()),

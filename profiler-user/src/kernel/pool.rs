@@ -70,6 +70,8 @@ pub struct ProgramPool {
     spare: Option<(KernelProgram, Instant)>,
     /// Whether unwind table builds yield to the rest of the process.
     build_priority: BuildPriority,
+    /// Where built unwind tables are kept between processes (see [`crate::unwind::cache`]).
+    table_cache: Option<std::sync::Arc<crate::unwind::TableCache>>,
 }
 
 impl ProgramPool {
@@ -81,7 +83,17 @@ impl ProgramPool {
             linger: None,
             spare: None,
             build_priority: BuildPriority::Foreground,
+            table_cache: None,
         }
+    }
+
+    /// Reads and files unwind tables in `cache` (none: every table is built).
+    pub fn with_table_cache(
+        mut self,
+        cache: Option<std::sync::Arc<crate::unwind::TableCache>>,
+    ) -> ProgramPool {
+        self.table_cache = cache;
+        self
     }
 
     /// Builds unwind tables at `priority` (a daemon's or an agent's pool: see
@@ -179,6 +191,7 @@ impl ProgramPool {
             Some((program, _)) => program,
             None => {
                 let mut program = KernelProgram::load(table_rows, self.build_priority)?;
+                program.unwind.set_cache(self.table_cache.clone());
                 if self.bpf_stats {
                     program.enable_run_stats()?;
                 }

@@ -580,6 +580,8 @@ pub struct RunCost {
     pub python_naming_secs: f64,
     /// Unwind tables the run's kernel program built so far (every run it served).
     pub unwind_tables_built: u64,
+    /// Of those, the tables read from the on-disk cache instead of built.
+    pub unwind_tables_cached: u64,
     /// Their rows.
     pub unwind_rows_built: u64,
     /// The build thread's time on them, in seconds (off the thread that samples and answers).

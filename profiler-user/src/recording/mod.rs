@@ -1387,6 +1387,8 @@ impl TimelineClock {
 #[derive(Clone, Copy, Debug, Default)]
 struct TableCost {
     built: usize,
+    /// Of `built`, read from the on-disk cache.
+    cached: usize,
     rows: u64,
     build_secs: f64,
     resident_bytes: u64,
@@ -1398,6 +1400,7 @@ impl TableCost {
         let (built, rows, took) = unwind.build_cost();
         TableCost {
             built,
+            cached: unwind.tables_from_cache(),
             rows,
             build_secs: took.as_secs_f64(),
             resident_bytes: unwind.resident_bytes() as u64,
@@ -1696,6 +1699,7 @@ fn assemble_samples(
     cost.off_cpu_bpf_run_time_ns = off_cpu_bpf_run.map(|(t, _)| t);
     cost.off_cpu_bpf_run_count = off_cpu_bpf_run.map(|(_, n)| n);
     cost.unwind_tables_built = tables.built as u64;
+    cost.unwind_tables_cached = tables.cached as u64;
     cost.unwind_rows_built = tables.rows;
     cost.unwind_build_secs = tables.build_secs;
     cost.unwind_resident_bytes = tables.resident_bytes;

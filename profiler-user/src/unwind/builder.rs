@@ -22,7 +22,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{loader::FileKey, table::UnwindTable};
+use super::{
+    cache::TableCache,
+    loader::FileKey,
+    table::{CfiInputs, UnwindTable},
+};
 
 /// Whom a build is for: the uid of the run's owner (0 for root and the command line, which
 /// count as one owner).
@@ -99,6 +103,8 @@ pub(crate) struct Built {
     pub cpu: Duration,
     /// Whether it ran boosted (see [`BuildPriority::SampledFirst`]).
     pub boosted: bool,
+    /// Whether the table was read from the on-disk cache instead of built.
+    pub cached: bool,
 }
 
 /// One owner's jobs not started yet, by key (the jobs themselves are in [`Queue::jobs`]: two
@@ -266,18 +272,21 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    /// Starts the build threads.
-    pub fn spawn(priority: BuildPriority) -> std::io::Result<Builder> {
+    /// Starts the build threads, which read and file tables in `cache` where given.
+    pub fn spawn(
+        priority: BuildPriority,
+        cache: Option<Arc<TableCache>>,
+    ) -> std::io::Result<Builder> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
         });
         let (tx, finished) = mpsc::channel();
         for i in 0..BUILD_THREADS {
-            let (worker, tx) = (shared.clone(), tx.clone());
+            let (worker, tx, cache) = (shared.clone(), tx.clone(), cache.clone());
             std::thread::Builder::new()
                 .name(format!("unwind-tables-{i}"))
-                .spawn(move || build_loop(&worker, &tx, priority))?;
+                .spawn(move || build_loop(&worker, &tx, priority, cache))?;
         }
         Ok(Builder { shared, finished })
     }
@@ -330,7 +339,12 @@ impl Drop for Builder {
     }
 }
 
-fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority) {
+fn build_loop(
+    shared: &Shared,
+    finished: &Sender<Built>,
+    priority: BuildPriority,
+    cache: Option<Arc<TableCache>>,
+) {
     // Linux keeps a nice value per thread, and "the calling process" is this thread.
     let nice = rustix::process::getpriority_process(None).ok();
     let (base, boosted) = match nice {
@@ -366,7 +380,9 @@ fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority
         let boosted =
             boost && boosted.is_some_and(|n| rustix::process::setpriority_process(None, n).is_ok());
         let (started, cpu_before) = (Instant::now(), super::table::thread_cpu_time());
-        let table = build(&job.image);
+        let result = build(&job.image, cache.as_deref());
+        let cached = matches!(result, Ok((_, true)));
+        let table = result.map(|(table, _)| table);
         let cpu = super::table::thread_cpu_time().saturating_sub(cpu_before);
         if boosted {
             if let Some(nice) = base {
@@ -382,6 +398,7 @@ fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority
             took: started.elapsed(),
             cpu,
             boosted,
+            cached,
         };
         if finished.send(built).is_err() {
             return;
@@ -389,18 +406,37 @@ fn build_loop(shared: &Shared, finished: &Sender<Built>, priority: BuildPriority
     }
 }
 
-/// The table of one image. A hostile or broken file (truncated, not ELF, no CFI) is an
+/// The table of one image, from `cache` where it holds it (filed there when built), and
+/// whether it came from there. A hostile or broken file (truncated, not ELF, no CFI) is an
 /// error for this object only.
-fn build(image: &Image) -> anyhow::Result<UnwindTable> {
-    let (table, _source) = match image {
+fn build(image: &Image, cache: Option<&TableCache>) -> anyhow::Result<(UnwindTable, bool)> {
+    match image {
         Image::File(file) => {
             // Read by pread, not mapped: the target's user may truncate the file meanwhile.
             let reader = crate::process::target_file::ElfReader::new(file.try_clone()?);
-            UnwindTable::from_elf(&reader).map_err(|e| reader.explain(e))?
+            build_elf(&reader, cache).map_err(|e| reader.explain(e))
         }
-        Image::Memory(bytes) => UnwindTable::from_elf(bytes.as_slice())?,
+        Image::Memory(bytes) => build_elf(bytes.as_slice(), cache),
+    }
+}
+
+fn build_elf<'data>(
+    data: impl object::ReadRef<'data>,
+    cache: Option<&TableCache>,
+) -> anyhow::Result<(UnwindTable, bool)> {
+    use anyhow::Context;
+    let elf = object::File::parse(data).context("parsing the ELF headers")?;
+    let inputs = CfiInputs::read(&elf)?;
+    let Some(cache) = cache else {
+        return Ok((inputs.build()?.0, false));
     };
-    Ok(table)
+    let key = cache.key(&inputs);
+    if let Some(table) = cache.get(&key) {
+        return Ok((table, true));
+    }
+    let (table, _source) = inputs.build()?;
+    cache.put(&key, &table);
+    Ok((table, false))
 }
 
 #[cfg(test)]
@@ -547,11 +583,55 @@ mod tests {
 
     #[test]
     fn a_broken_image_is_an_error_not_a_panic() {
-        let builder = Builder::spawn(BuildPriority::Background).unwrap();
+        let builder = Builder::spawn(BuildPriority::Background, None).unwrap();
         builder.submit(job("not an ELF file", 10), 0, false);
         let built = builder
             .wait_finished(Instant::now() + Duration::from_secs(10))
             .expect("the build finishes");
         assert!(built.table.is_err());
+    }
+
+    #[test]
+    fn a_table_filed_in_the_cache_is_read_back_by_another_build_and_a_changed_object_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(TableCache::open(&dir.path().join("unwind"), 1 << 30).unwrap());
+        let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let build = |image: Vec<u8>| {
+            // A builder of its own each time: a new bpfprof process, as far as the cache goes.
+            let builder = Builder::spawn(BuildPriority::Background, Some(cache.clone())).unwrap();
+            let mut job = job("", image.len() as u64);
+            job.image = Image::Memory(image);
+            builder.submit(job, 0, false);
+            let built = builder
+                .wait_finished(Instant::now() + Duration::from_secs(60))
+                .expect("the build finishes");
+            (built.table, built.cached)
+        };
+        let (first, cached) = build(libc.clone());
+        let first = first.unwrap();
+        assert!(!cached, "an empty cache builds");
+        assert!(first.rows.len() > 1000);
+        let (second, cached) = build(libc.clone());
+        let second = second.unwrap();
+        assert!(cached, "the second build reads the first one's table");
+        assert_eq!(first, second);
+        assert_eq!(super::super::cache::usage(cache.dir()).unwrap().0, 1);
+
+        // One byte of .eh_frame changed (the object rebuilt at the same path): a new key, so
+        // a build, never the old table.
+        let elf = object::File::parse(libc.as_slice()).unwrap();
+        use object::{Object, ObjectSection};
+        let (offset, _) = elf
+            .section_by_name(".eh_frame")
+            .unwrap()
+            .file_range()
+            .unwrap();
+        let mut changed = libc.clone();
+        let at = offset as usize + 0x10;
+        changed[at] = changed[at].wrapping_add(1);
+        // Whatever the change makes of the CFI (a broken entry here), it is not the old table.
+        let (changed, cached) = build(changed);
+        assert!(!cached, "a changed .eh_frame misses the cache");
+        assert!(changed.map_or(true, |t| t != first));
     }
 }

@@ -6,6 +6,7 @@ use std::{
     collections::HashMap as StdHashMap,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -18,6 +19,7 @@ use profiler_common::{
 
 use super::{
     builder::{BuildPriority, Builder, Built, Image, Job, Owner},
+    cache::TableCache,
     table::{load_bias, UnwindTable},
     UnwindMode,
 };
@@ -247,8 +249,12 @@ pub struct UnwindMaps {
     mode: UnwindMode,
     /// Whether the build threads yield to the rest of the process.
     priority: BuildPriority,
+    /// Where the build threads read and file tables (see [`super::cache`]).
+    cache: Option<Arc<TableCache>>,
     /// What the tables cost so far: (tables built, rows built, build time).
     built: (usize, u64, Duration),
+    /// How many of the tables built were read from the cache.
+    from_cache: usize,
     /// Tables evicted so far to make room for sampled ones (the array's cap hit).
     evictions: u64,
 }
@@ -279,9 +285,17 @@ impl UnwindMaps {
             builder: None,
             mode,
             priority,
+            cache: None,
             built: (0, 0, Duration::ZERO),
+            from_cache: 0,
             evictions: 0,
         })
+    }
+
+    /// Reads and files tables in `cache` (set before the first build; a build thread
+    /// started without one keeps building every table).
+    pub fn set_cache(&mut self, cache: Option<Arc<TableCache>>) {
+        self.cache = cache;
     }
 
     /// Sets how the stacks of processes tracked from now on are walked.
@@ -509,6 +523,11 @@ impl UnwindMaps {
     /// Tables built so far, their rows and the time the build thread spent on them.
     pub fn build_cost(&self) -> (usize, u64, Duration) {
         self.built
+    }
+
+    /// How many of the tables built so far were read from the on-disk cache.
+    pub fn tables_from_cache(&self) -> usize {
+        self.from_cache
     }
 
     /// The state of the table of the object at `path`'s key, for tests and benches.
@@ -812,6 +831,7 @@ impl UnwindMaps {
             took: Duration::ZERO,
             cpu: Duration::ZERO,
             boosted: false,
+            cached: false,
         });
     }
 
@@ -832,7 +852,7 @@ impl UnwindMaps {
     /// Hands a table to the build threads (started on first use), in `owner`'s queue.
     fn submit(&mut self, key: FileKey, image: Image, size: u64, owner: Owner, urgent: bool) {
         if self.builder.is_none() {
-            match Builder::spawn(self.priority) {
+            match Builder::spawn(self.priority, self.cache.clone()) {
                 Ok(builder) => self.builder = Some(builder),
                 Err(e) => {
                     self.decide(
@@ -861,6 +881,7 @@ impl UnwindMaps {
             took,
             cpu,
             boosted,
+            cached,
         } = built;
         let Some(entry) = self.tables.get(&key) else {
             return;
@@ -881,6 +902,7 @@ impl UnwindMaps {
         self.built.0 += 1;
         self.built.1 += table.rows.len() as u64;
         self.built.2 += took;
+        self.from_cache += usize::from(cached);
         let rows = table.rows.len() as u32;
         if table.rows.is_empty() {
             self.decide(

@@ -3,13 +3,43 @@
 //! walked in userspace by the same rules for `bpfprof dump` ([`walk`]).
 
 mod builder;
+pub mod cache;
 pub mod loader;
 pub mod table;
 pub mod walk;
 
 pub use builder::BuildPriority;
+pub use cache::TableCache;
 pub use loader::{FileKey, TableState, Untabled, UnwindMaps};
-pub use table::{CfiSource, UnwindTable};
+pub use table::{CfiInputs, CfiSource, UnwindTable};
+
+/// Where the unwind tables of objects seen before are kept between bpfprof processes
+/// (`--unwind-cache`; see [`cache`]).
+pub const DEFAULT_TABLE_CACHE: &str = "/var/cache/bpfprof/unwind";
+
+/// Most bytes the table cache keeps (least recently used entries go first): the tables of a
+/// few PyTorch versions (libtorch_cpu.so's is 20 MiB; a CUDA build's objects about 80 MiB).
+pub const TABLE_CACHE_BYTES: u64 = 1 << 30;
+
+/// Opens the table cache that `--unwind-cache` names (a folder, or `off` for none) for a
+/// pool's build threads; a cache that cannot be used is logged and the tables are built.
+pub fn open_table_cache(arg: &str) -> Option<std::sync::Arc<TableCache>> {
+    if arg == "off" {
+        return None;
+    }
+    match TableCache::open(std::path::Path::new(arg), TABLE_CACHE_BYTES) {
+        Ok(cache) => Some(std::sync::Arc::new(cache)),
+        // The default folder is root's: a user with the BPF capabilities only is told with -v.
+        Err(e) if arg == DEFAULT_TABLE_CACHE => {
+            log::info!("no unwind table cache: {e:#}; every table is built");
+            None
+        }
+        Err(e) => {
+            log::warn!("no unwind table cache: {e:#}; every table is built");
+            None
+        }
+    }
+}
 
 /// How long a new process's start waits for its unwind tables with `--unwind auto`: enough
 /// for an executable and the usual libraries (libc: 2 ms), not for a 400 MB library

@@ -56,49 +56,7 @@ impl UnwindTable {
         data: impl object::ReadRef<'data>,
     ) -> anyhow::Result<(UnwindTable, CfiSource)> {
         let elf = object::File::parse(data).context("parsing the ELF headers")?;
-        if elf.architecture() != object::Architecture::X86_64 {
-            return Err(anyhow!(
-                "CFI unwinding supports x86-64 only, not {:?}",
-                elf.architecture()
-            ));
-        }
-        let section = |name: &str| {
-            elf.section_by_name(name)
-                .and_then(|s| Some((s.address(), s.data().ok()?)))
-                .filter(|(_, d)| !d.is_empty())
-        };
-        let text = elf.section_by_name(".text").map(|s| s.address());
-        let got = elf.section_by_name(".got").map(|s| s.address());
-        let mut builder = RowBuilder::new(row_limit(&elf), BUILD_CPU_BUDGET);
-        let source = if let Some((eh_addr, eh_data)) = section(".eh_frame") {
-            let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
-            if let Some(text) = text {
-                bases = bases.set_text(text);
-            }
-            if let Some(got) = got {
-                bases = bases.set_got(got);
-            }
-            let eh_frame = EhFrame::new(eh_data, LittleEndian);
-            match section(".eh_frame_hdr") {
-                Some((hdr_addr, hdr_data)) => {
-                    bases = bases.set_eh_frame_hdr(hdr_addr);
-                    collect_from_hdr(&eh_frame, eh_data.len(), hdr_data, &bases, &mut builder)?;
-                    CfiSource::EhFrameHdr
-                }
-                None => {
-                    collect_all(&eh_frame, &bases, &mut builder)?;
-                    CfiSource::EhFrame
-                }
-            }
-        } else if let Some((_, df_data)) = section(".debug_frame") {
-            let mut debug_frame = DebugFrame::new(df_data, LittleEndian);
-            debug_frame.set_address_size(8);
-            collect_all(&debug_frame, &BaseAddresses::default(), &mut builder)?;
-            CfiSource::DebugFrame
-        } else {
-            CfiSource::None
-        };
-        Ok((builder.finish()?, source))
+        CfiInputs::read(&elf)?.build()
     }
 
     /// The row that holds at ELF virtual address `pc`, if any.
@@ -111,6 +69,127 @@ impl UnwindTable {
     /// Bytes the rows take (in userspace and in the kernel's row array alike).
     pub fn bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<UnwindRow>()
+    }
+}
+
+/// Everything of an ELF object that its table is made from, and nothing else: the table is
+/// a function of these alone (see [`Self::build`]), so their hash ([`Self::key`]) names the
+/// table in the on-disk cache ([`super::cache`]) and a rebuilt object at the same path, whose
+/// call frame information or addresses changed, can never get the old table.
+pub struct CfiInputs<'data> {
+    /// The most rows the table may have (see [`row_limit`]).
+    row_limit: usize,
+    /// The address of `.text`, for `DW_EH_PE_textrel` pointers.
+    text: Option<u64>,
+    /// The address of `.got`, for `DW_EH_PE_datarel` pointers.
+    got: Option<u64>,
+    /// `.eh_frame`'s address and bytes.
+    eh_frame: Option<(u64, &'data [u8])>,
+    /// `.eh_frame_hdr`'s address and bytes.
+    eh_frame_hdr: Option<(u64, &'data [u8])>,
+    /// `.debug_frame`'s bytes, read only when the object has no `.eh_frame`.
+    debug_frame: Option<&'data [u8]>,
+}
+
+/// Version of the table format and of the rules that make rows from CFI: part of every
+/// [`CfiInputs::key`], so that a bpfprof whose builder differs never reads another's tables
+/// (the executable's own build id is part of the key as well; see [`super::cache`]).
+const TABLE_FORMAT: u32 = 1;
+
+impl<'data> CfiInputs<'data> {
+    /// Reads the inputs of `elf`'s table (an x86-64 object's; any other is an error).
+    pub fn read<R: object::ReadRef<'data>>(
+        elf: &object::File<'data, R>,
+    ) -> anyhow::Result<CfiInputs<'data>> {
+        if elf.architecture() != object::Architecture::X86_64 {
+            return Err(anyhow!(
+                "CFI unwinding supports x86-64 only, not {:?}",
+                elf.architecture()
+            ));
+        }
+        let section = |name: &str| {
+            elf.section_by_name(name)
+                .and_then(|s| Some((s.address(), s.data().ok()?)))
+                .filter(|(_, d)| !d.is_empty())
+        };
+        let eh_frame = section(".eh_frame");
+        Ok(CfiInputs {
+            row_limit: row_limit(elf),
+            text: elf.section_by_name(".text").map(|s| s.address()),
+            got: elf.section_by_name(".got").map(|s| s.address()),
+            eh_frame,
+            eh_frame_hdr: eh_frame.and_then(|_| section(".eh_frame_hdr")),
+            debug_frame: match eh_frame {
+                Some(_) => None,
+                None => section(".debug_frame").map(|(_, d)| d),
+            },
+        })
+    }
+
+    /// A hash of every input and of `salt` (what else the table depends on: the builder's
+    /// identity), naming the table these inputs make.
+    pub fn key(&self, salt: &[u8]) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        // Each field with its tag and length, so that no two different inputs hash alike.
+        let mut field = |tag: u8, bytes: &[u8]| {
+            h.update([tag]);
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(0, &TABLE_FORMAT.to_le_bytes());
+        field(1, salt);
+        field(2, &(self.row_limit as u64).to_le_bytes());
+        let opt = |v: Option<u64>| {
+            v.map_or([0; 9], |v| {
+                let mut b = [1; 9];
+                b[1..].copy_from_slice(&v.to_le_bytes());
+                b
+            })
+        };
+        field(3, &opt(self.text));
+        field(4, &opt(self.got));
+        for (tag, section) in [(5, self.eh_frame), (7, self.eh_frame_hdr)] {
+            field(tag, &opt(section.map(|(a, _)| a)));
+            field(tag + 1, section.map_or(&[][..], |(_, d)| d));
+        }
+        field(9, &opt(self.debug_frame.map(|d| d.len() as u64)));
+        field(10, self.debug_frame.unwrap_or_default());
+        h.finalize().into()
+    }
+
+    /// Builds the table.
+    pub fn build(&self) -> anyhow::Result<(UnwindTable, CfiSource)> {
+        let mut builder = RowBuilder::new(self.row_limit, BUILD_CPU_BUDGET);
+        let source = if let Some((eh_addr, eh_data)) = self.eh_frame {
+            let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
+            if let Some(text) = self.text {
+                bases = bases.set_text(text);
+            }
+            if let Some(got) = self.got {
+                bases = bases.set_got(got);
+            }
+            let eh_frame = EhFrame::new(eh_data, LittleEndian);
+            match self.eh_frame_hdr {
+                Some((hdr_addr, hdr_data)) => {
+                    bases = bases.set_eh_frame_hdr(hdr_addr);
+                    collect_from_hdr(&eh_frame, eh_data.len(), hdr_data, &bases, &mut builder)?;
+                    CfiSource::EhFrameHdr
+                }
+                None => {
+                    collect_all(&eh_frame, &bases, &mut builder)?;
+                    CfiSource::EhFrame
+                }
+            }
+        } else if let Some(df_data) = self.debug_frame {
+            let mut debug_frame = DebugFrame::new(df_data, LittleEndian);
+            debug_frame.set_address_size(8);
+            collect_all(&debug_frame, &BaseAddresses::default(), &mut builder)?;
+            CfiSource::DebugFrame
+        } else {
+            CfiSource::None
+        };
+        Ok((builder.finish()?, source))
     }
 }
 

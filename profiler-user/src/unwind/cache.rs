@@ -1,0 +1,419 @@
+//! Unwind tables kept on disk between bpfprof processes, so that a process whose objects
+//! were seen before gets their tables in the time it takes to read them: libtorch_cpu.so's
+//! table (2.6 million rows) costs half a second to seconds of a build thread, which every
+//! new PyTorch process, every short command-line run and every daemon restart paid again.
+//!
+//! A table is filed under the hash of everything it is made from ([`CfiInputs::key`]: the
+//! object's call frame information, the addresses it is read at, the row limit) and of the
+//! bpfprof executable that built it, never under a path, a file identity or a build id that
+//! a rebuilt object could keep: a rebuilt binary at the same path, with any change to its
+//! unwind information, misses the cache and is built afresh. Entries are checked when read
+//! (length, key, checksum, sorted rows); one that fails is removed and the table built.
+//!
+//! The folder is the running user's own (created 0700; a folder that another user owns,
+//! that others may write, or that is a symbolic link is refused, and the run goes on without
+//! a cache), entries are written whole and renamed into place, and the least recently used
+//! are removed once the folder holds more than its cap.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{Read, Write},
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use anyhow::{anyhow, Context};
+use profiler_common::UnwindRow;
+
+use super::table::{CfiInputs, UnwindTable, MAX_TABLE_ROWS};
+
+/// The first bytes of every entry (and the entry format's version).
+const MAGIC: &[u8; 8] = b"BPFUNW01";
+/// Bytes before the rows: magic, key, row count, checksum of the rows.
+const HEADER: usize = 8 + 32 + 8 + 32;
+/// Bytes of one encoded row: `pc`, `cfa_offset`, `info`, little-endian.
+const ROW_BYTES: usize = 8;
+/// The name every entry's file name ends with.
+const SUFFIX: &str = ".rows";
+
+/// The cache in one folder.
+pub struct TableCache {
+    dir: PathBuf,
+    /// The building executable's identity, part of every key.
+    salt: Vec<u8>,
+    /// Most bytes of entries kept.
+    max_bytes: u64,
+}
+
+impl TableCache {
+    /// Opens (creating it where missing) the cache in `dir`, holding at most `max_bytes`;
+    /// an error says why it cannot be used (the run then builds every table).
+    pub fn open(dir: &Path, max_bytes: u64) -> anyhow::Result<TableCache> {
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        match fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(anyhow!(e).context(format!("creating {}", dir.display()))),
+        }
+        let meta =
+            fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+        let euid = rustix::process::geteuid().as_raw();
+        if !meta.is_dir() {
+            return Err(anyhow!("{} is not a folder", dir.display()));
+        }
+        if meta.uid() != euid {
+            return Err(anyhow!(
+                "{} belongs to uid {}, not to this user ({euid})",
+                dir.display(),
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(anyhow!(
+                "{} may be written by other users (mode {:o})",
+                dir.display(),
+                meta.mode() & 0o777
+            ));
+        }
+        Ok(TableCache {
+            dir: dir.to_path_buf(),
+            salt: own_identity()?,
+            max_bytes,
+        })
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The key under which the table of `inputs` is filed.
+    pub fn key(&self, inputs: &CfiInputs<'_>) -> [u8; 32] {
+        inputs.key(&self.salt)
+    }
+
+    fn path(&self, key: &[u8; 32]) -> PathBuf {
+        self.dir.join(format!("{}{SUFFIX}", hex(key)))
+    }
+
+    /// The table filed under `key`, if a sound entry holds it.
+    pub fn get(&self, key: &[u8; 32]) -> Option<UnwindTable> {
+        let path = self.path(key);
+        let mut file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                log::debug!("unwind table cache: {}: {e}", path.display());
+                return None;
+            }
+        };
+        match read_entry(&mut file, key) {
+            Ok(table) => {
+                // Recently used: kept longest when the folder is trimmed.
+                let _ = file.set_modified(SystemTime::now());
+                Some(table)
+            }
+            Err(e) => {
+                log::warn!(
+                    "unwind table cache: removing {}: {e:#}; the table is built again",
+                    path.display()
+                );
+                let _ = fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Files `table` under `key` (written whole, then renamed into place), then trims the
+    /// folder to its cap; a failure is logged and changes nothing else.
+    pub fn put(&self, key: &[u8; 32], table: &UnwindTable) {
+        if let Err(e) = self.write(key, table) {
+            log::warn!("unwind table cache: not kept: {e:#}");
+            return;
+        }
+        if let Err(e) = self.trim() {
+            log::warn!("unwind table cache: trimming {}: {e:#}", self.dir.display());
+        }
+    }
+
+    fn write(&self, key: &[u8; 32], table: &UnwindTable) -> anyhow::Result<()> {
+        use sha2::Digest;
+        let mut bytes = Vec::with_capacity(HEADER + table.rows.len() * ROW_BYTES);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(&(table.rows.len() as u64).to_le_bytes());
+        let rows = encode(&table.rows);
+        bytes.extend_from_slice(&sha2::Sha256::digest(&rows));
+        bytes.extend_from_slice(&rows);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let tmp = self.dir.join(format!(".{}.{tid}.tmp", hex(key)));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
+        let written = file.write_all(&bytes).and_then(|()| {
+            drop(file);
+            fs::rename(&tmp, self.path(key))
+        });
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(anyhow!(e).context(format!("writing {}", tmp.display())));
+        }
+        Ok(())
+    }
+
+    /// Removes the least recently used entries while the folder holds more than its cap.
+    fn trim(&self) -> std::io::Result<()> {
+        let mut entries = Vec::new();
+        let mut total = 0u64;
+        for entry in fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if !entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            total += meta.len();
+            entries.push((meta.modified().ok(), meta.len(), entry.path()));
+        }
+        if total <= self.max_bytes {
+            return Ok(());
+        }
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes every entry of the cache in `dir` (and the folder, once empty): how many files
+/// and bytes went; a missing folder is an empty cache.
+pub fn clean(dir: &Path) -> std::io::Result<(usize, u64)> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(e),
+    };
+    let (mut files, mut bytes) = (0, 0);
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.ends_with(SUFFIX) || name.ends_with(".tmp")) {
+            continue;
+        }
+        let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+        fs::remove_file(entry.path())?;
+        files += 1;
+        bytes += len;
+    }
+    let _ = fs::remove_dir(dir);
+    Ok((files, bytes))
+}
+
+/// How many entries and bytes the cache in `dir` holds.
+pub fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
+    let mut usage = (0, 0);
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+            usage.0 += 1;
+            usage.1 += entry.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    Ok(usage)
+}
+
+/// Reads and checks one entry: its length, magic, key, checksum, and that its rows are
+/// sorted with no two alike (what every built table is).
+fn read_entry(file: &mut File, key: &[u8; 32]) -> anyhow::Result<UnwindTable> {
+    use sha2::Digest;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(anyhow!("not a regular file"));
+    }
+    let max = (HEADER + MAX_TABLE_ROWS * ROW_BYTES) as u64;
+    if meta.len() < HEADER as u64 || meta.len() > max {
+        return Err(anyhow!("{} bytes", meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max).read_to_end(&mut bytes)?;
+    if &bytes[..8] != MAGIC {
+        return Err(anyhow!("not an entry of this format"));
+    }
+    if &bytes[8..40] != key {
+        return Err(anyhow!("filed under another key"));
+    }
+    let count = u64::from_le_bytes(bytes[40..48].try_into().expect("8 bytes"));
+    let rows = &bytes[HEADER..];
+    if count.checked_mul(ROW_BYTES as u64) != Some(rows.len() as u64) {
+        return Err(anyhow!("{count} rows in {} bytes", rows.len()));
+    }
+    if sha2::Sha256::digest(rows).as_slice() != &bytes[48..80] {
+        return Err(anyhow!("checksum mismatch"));
+    }
+    let rows: Vec<UnwindRow> = rows
+        .chunks_exact(ROW_BYTES)
+        .map(|r| UnwindRow {
+            pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
+            cfa_offset: u16::from_le_bytes([r[4], r[5]]),
+            info: u16::from_le_bytes([r[6], r[7]]),
+        })
+        .collect();
+    if rows.windows(2).any(|w| w[0].pc >= w[1].pc) {
+        return Err(anyhow!("rows out of order"));
+    }
+    Ok(UnwindTable { rows })
+}
+
+fn encode(rows: &[UnwindRow]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(rows.len() * ROW_BYTES);
+    for row in rows {
+        bytes.extend_from_slice(&row.pc.to_le_bytes());
+        bytes.extend_from_slice(&row.cfa_offset.to_le_bytes());
+        bytes.extend_from_slice(&row.info.to_le_bytes());
+    }
+    bytes
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The running executable's identity: its GNU build id, else the hash of its bytes; so that
+/// a bpfprof whose table builder differs (a new version, a local build) never reads the
+/// tables of another.
+fn own_identity() -> anyhow::Result<Vec<u8>> {
+    use sha2::Digest;
+    let exe = File::open("/proc/self/exe").context("opening /proc/self/exe")?;
+    let reader = crate::process::target_file::ElfReader::new(exe.try_clone()?);
+    if let Some(id) = crate::process::target_file::gnu_build_id(&reader) {
+        return Ok(id);
+    }
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0; 1 << 16];
+    loop {
+        match (&exe).read(&mut buf).context("reading /proc/self/exe")? {
+            0 => return Ok(hasher.finalize().to_vec()),
+            n => hasher.update(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> UnwindTable {
+        UnwindTable {
+            rows: (0..100)
+                .map(|i| UnwindRow {
+                    pc: i * 16,
+                    cfa_offset: 8 + (i % 3) as u16 * 8,
+                    info: (i % 2) as u16,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_table_comes_back_as_it_was_filed_and_a_damaged_entry_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = TableCache::open(&dir.path().join("unwind"), 1 << 20).unwrap();
+        let key = [7u8; 32];
+        assert!(cache.get(&key).is_none());
+        cache.put(&key, &table());
+        assert_eq!(cache.get(&key).unwrap(), table());
+        assert!(cache.get(&[8u8; 32]).is_none(), "another key misses");
+
+        // One flipped bit in a row: the checksum refuses it, and the entry goes.
+        let path = cache.path(&key);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[HEADER + 5] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert!(cache.get(&key).is_none());
+        assert!(!path.exists());
+
+        // Truncated (a torn write of another program): refused too.
+        cache.put(&key, &table());
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(cache.get(&key).is_none());
+
+        // An entry copied under another key's name is not that key's table.
+        cache.put(&key, &table());
+        fs::copy(&path, cache.path(&[9u8; 32])).unwrap();
+        assert!(cache.get(&[9u8; 32]).is_none());
+    }
+
+    #[test]
+    fn a_folder_others_may_write_or_a_link_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = TableCache::open(&open, 1 << 20).err().unwrap();
+        assert!(format!("{err:#}").contains("other users"), "{err:#}");
+
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        let err = TableCache::open(&link, 1 << 20).err().unwrap();
+        assert!(format!("{err:#}").contains("not a folder"), "{err:#}");
+
+        // An entry that is a link (planted by whoever could write the folder) is not read.
+        let cache = TableCache::open(&dir.path().join("ok"), 1 << 20).unwrap();
+        let target = dir.path().join("elsewhere.rows");
+        cache.put(&[1u8; 32], &table());
+        fs::rename(cache.path(&[1u8; 32]), &target).unwrap();
+        std::os::unix::fs::symlink(&target, cache.path(&[1u8; 32])).unwrap();
+        assert!(cache.get(&[1u8; 32]).is_none());
+    }
+
+    #[test]
+    fn the_least_recently_used_entries_go_first_when_the_folder_is_over_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = (HEADER + 100 * ROW_BYTES) as u64;
+        let cache = TableCache::open(&dir.path().join("unwind"), 2 * one).unwrap();
+        cache.put(&[1u8; 32], &table());
+        cache.put(&[2u8; 32], &table());
+        // Entry 1 read after entry 2 was written: entry 2 is now the least recently used.
+        let old = SystemTime::now() - std::time::Duration::from_secs(60);
+        File::options()
+            .write(true)
+            .open(cache.path(&[2u8; 32]))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        File::options()
+            .write(true)
+            .open(cache.path(&[1u8; 32]))
+            .unwrap()
+            .set_modified(old - std::time::Duration::from_secs(60))
+            .unwrap();
+        assert!(cache.get(&[1u8; 32]).is_some());
+        cache.put(&[3u8; 32], &table());
+        assert!(cache.path(&[1u8; 32]).exists());
+        assert!(!cache.path(&[2u8; 32]).exists());
+        assert!(cache.path(&[3u8; 32]).exists());
+        assert_eq!(usage(cache.dir()).unwrap(), (2, 2 * one));
+        assert_eq!(clean(cache.dir()).unwrap(), (2, 2 * one));
+        assert!(!cache.dir().exists());
+    }
+}
