@@ -401,5 +401,35 @@ fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
     c.check(now == entries + 1, || {
         format!("the cache held {entries} entries, {now} after the rebuild's run")
     });
+
+    // `bpfprof doctor` reports what the cache holds, and `--clean` empties it.
+    let cache_arg = cache.to_str().unwrap();
+    let report = run_bpfprof(
+        ["doctor", "--json", "--unwind-cache", cache_arg],
+        Duration::from_secs(60),
+    );
+    c.check(report.stdout.contains(&format!("{now} tables")), || {
+        format!(
+            "doctor does not report the {now} tables:\n{}",
+            report.stdout
+        )
+    });
+    let cleaned = run_bpfprof(
+        ["doctor", "--clean", "--unwind-cache", cache_arg],
+        Duration::from_secs(60),
+    );
+    c.check(
+        cleaned
+            .stderr
+            .contains(&format!("removed {now} unwind tables"))
+            && !cache.exists(),
+        || {
+            format!(
+                "doctor --clean left {}:\n{}",
+                cache.display(),
+                cleaned.stderr
+            )
+        },
+    );
     c.finish();
 }

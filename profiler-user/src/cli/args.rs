@@ -229,6 +229,12 @@ pub struct DoctorArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The unwind table cache to report on (and to empty with `--clean`).
+    #[arg(long, value_name = "DIR", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
+    pub unwind_cache: PathBuf,
+    /// Empty the unwind table cache (the tables are built again as runs need them).
+    #[arg(long)]
+    pub clean: bool,
 }
 
 /// Options of `bpfprof daemon`.

@@ -102,8 +102,9 @@ fn check(name: &'static str, status: Status, found: impl Into<String>, advice: &
     }
 }
 
-/// Runs every check; `socket` is the daemon socket to try (else `BPFPROF_SOCKET` or the default).
-pub fn run(socket: Option<&Path>) -> Report {
+/// Runs every check; `socket` is the daemon socket to try (else `BPFPROF_SOCKET` or the
+/// default), `table_cache` the unwind table cache to report on.
+pub fn run(socket: Option<&Path>, table_cache: &Path) -> Report {
     let mut checks = vec![
         kernel_version(),
         btf(),
@@ -129,7 +130,36 @@ pub fn run(socket: Option<&Path>) -> Report {
     checks.extend(program_load_and_attach());
     checks.extend(helpers());
     checks.push(daemon(socket));
+    checks.push(unwind_cache(table_cache));
     Report { checks }
+}
+
+/// What the unwind table cache holds: never a failure (without it tables are built).
+fn unwind_cache(dir: &Path) -> Check {
+    match crate::unwind::cache::usage(dir) {
+        Ok((files, bytes)) => check(
+            "unwind_cache",
+            Status::Ok,
+            format!(
+                "{files} tables, {:.1} MiB in {} (bpfprof doctor --clean empties it)",
+                bytes as f64 / (1024.0 * 1024.0),
+                dir.display()
+            ),
+            "",
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => check(
+            "unwind_cache",
+            Status::Ok,
+            format!("empty: {} is made by the first run", dir.display()),
+            "",
+        ),
+        Err(e) => check(
+            "unwind_cache",
+            Status::Warn,
+            format!("{}: {e}", dir.display()),
+            "runs build every unwind table again; give --unwind-cache a folder of your own",
+        ),
+    }
 }
 
 fn read_trimmed(path: &str) -> Option<String> {

@@ -166,7 +166,20 @@ fn export_config(
 
 /// Prints `bpfprof doctor`'s checks; exit 12 when any check failed.
 pub fn doctor(args: DoctorArgs) -> Result<i32, Error> {
-    let report = crate::cli::doctor::run(args.socket.as_deref());
+    if args.clean {
+        let (files, bytes) = crate::unwind::cache::clean(&args.unwind_cache).map_err(|e| {
+            Error::Other(anyhow::anyhow!(e).context(format!(
+                "emptying the unwind table cache {}",
+                args.unwind_cache.display()
+            )))
+        })?;
+        eprintln!(
+            "bpfprof: removed {files} unwind tables ({:.1} MiB) from {}",
+            bytes as f64 / (1024.0 * 1024.0),
+            args.unwind_cache.display()
+        );
+    }
+    let report = crate::cli::doctor::run(args.socket.as_deref(), &args.unwind_cache);
     if args.json {
         println!(
             "{}",
