@@ -86,6 +86,28 @@ impl Bench {
         }
         writeln!(md, "\nDrops: samples the profiler's probe fired for but did not keep (bpfprof's loss counters; perf's LOST records; bpftrace's `@n` less its map's total, empty stacks counted as drops).")?;
         let b = &runs[&Tool::Bpfprof];
+        let med_of = |tool: Tool, g: &dyn Fn(&Attached) -> f64| {
+            median(&runs[&tool].iter().map(g).collect::<Vec<_>>())
+        };
+        let (stop, unique) = (
+            med_of(Tool::Bpfprof, &|a| a.stop_secs),
+            med_of(Tool::Bpfprof, &|a| a.stacks.len() as f64),
+        );
+        verdicts.push(Verdict {
+            target: "end of run under 0.5 s, many unique stacks (section 4; issue 28)".into(),
+            measured: format!("{stop:.2} s at {unique:.0} unique stacks (medians)"),
+            met: stop < 0.5,
+        });
+        let (rss, perf_rss) = (
+            med_of(Tool::Bpfprof, &peak_rss_mib),
+            med_of(Tool::Perf, &peak_rss_mib),
+        );
+        verdicts.push(Verdict {
+            target: "peak RSS at most perf record's, many unique stacks (section 4; issue 28)"
+                .into(),
+            measured: format!("bpfprof {rss:.1} MiB, perf {perf_rss:.1} MiB (medians)"),
+            met: rss <= perf_rss,
+        });
         let drops: Vec<f64> = b.iter().map(|a| a.drops.unwrap_or(0) as f64).collect();
         verdicts.push(Verdict {
             target: format!("no drops at {hz} Hz, many unique stacks (section 4)"),

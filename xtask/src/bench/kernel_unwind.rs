@@ -152,6 +152,15 @@ impl Bench {
             met: ratio <= 2.0,
         });
         let cfi120 = med(1, KERNEL_DEPTHS[1]);
+        let ratio120 = cfi120 / med(0, KERNEL_DEPTHS[1]);
+        verdicts.push(Verdict {
+            target: format!(
+                "kernel CFI walk at most 1.3x the frame-pointer walk, {} frames deep (issue 28)",
+                KERNEL_DEPTHS[1]
+            ),
+            measured: format!("{ratio120:.2}x (medians)"),
+            met: ratio120 <= 1.3,
+        });
         verdicts.push(Verdict {
             target: format!(
                 "kernel CFI walk under 10 µs per sample, {} frames deep",

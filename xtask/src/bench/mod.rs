@@ -186,7 +186,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         big = bench.end_of_run(&plan, &mut sections, &mut verdicts)?;
     }
     if want(5) {
-        bench.own_cost(&plan, &mut sections)?;
+        bench.own_cost(&plan, &mut sections, &mut verdicts)?;
     }
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;

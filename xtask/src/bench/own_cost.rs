@@ -7,14 +7,19 @@ use anyhow::Result;
 
 use super::plan::{Plan, Tool, ATTACH_SECS, TOOLS_COMPARED};
 use super::process::stop_target;
-use super::records::{AttachOpts, Attached};
+use super::records::{AttachOpts, Attached, Verdict};
 use super::stats::{median, rotate, stat};
 use super::Bench;
 
 impl Bench {
     /// Section 5: the profilers' own CPU and memory, and the per-sample cost of the BPF
     /// programs.
-    pub(super) fn own_cost(&self, plan: &Plan, md: &mut String) -> Result<()> {
+    pub(super) fn own_cost(
+        &self,
+        plan: &Plan,
+        md: &mut String,
+        verdicts: &mut Vec<Verdict>,
+    ) -> Result<()> {
         println!("==> 5. own cost");
         let mut runs: BTreeMap<(Tool, u64), Vec<Attached>> = BTreeMap::new();
         let mut target = self.spawn_target("burn", &["0", &self.cpus.to_string()])?;
@@ -101,6 +106,22 @@ impl Bench {
                 tool.name(),
                 bpf.get(&tool).map_or("not measured".into(), |v| stat(v, 0))
             )?;
+        }
+        for &hz in &plan.own_cost_hz {
+            let rss = |tool| {
+                median(
+                    &runs[&(tool, hz)]
+                        .iter()
+                        .map(|a| a.usage.max_rss_kib / 1024.0)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let (b, p) = (rss(Tool::Bpfprof), rss(Tool::Perf));
+            verdicts.push(Verdict {
+                target: format!("peak RSS at most perf record's, {hz} Hz (section 5; issue 28)"),
+                measured: format!("bpfprof {b:.1} MiB, perf {p:.1} MiB (medians)"),
+                met: b <= p,
+            });
         }
         let mut f = self.findings.borrow_mut();
         f.bpf_ns = bpf.clone();
