@@ -381,8 +381,15 @@ fn build_loop(
             boost && boosted.is_some_and(|n| rustix::process::setpriority_process(None, n).is_ok());
         let (started, cpu_before) = (Instant::now(), super::table::thread_cpu_time());
         let result = build(&job.image, cache.as_deref());
-        let cached = matches!(result, Ok((_, true)));
-        let table = result.map(|(table, _)| table);
+        let cached = matches!(result, Ok(Cached::Read(_)));
+        let (table, to_file) = match result {
+            Ok(Cached::Read(table)) | Ok(Cached::Off(table)) => (Ok(table), None),
+            Ok(Cached::Missed(table, key)) => {
+                let entry = TableCache::entry(&key, &table);
+                (Ok(table), Some((key, entry)))
+            }
+            Err(e) => (Err(e), None),
+        };
         let cpu = super::table::thread_cpu_time().saturating_sub(cpu_before);
         if boosted {
             if let Some(nice) = base {
@@ -403,13 +410,28 @@ fn build_loop(
         if finished.send(built).is_err() {
             return;
         }
+        // Filed after the table went to the loader, and no longer boosted: writing it to disk
+        // delays neither the table nor the threads that answer clients.
+        if let (Some(cache), Some((key, entry))) = (&cache, to_file) {
+            cache.store(&key, &entry);
+        }
     }
 }
 
-/// The table of one image, from `cache` where it holds it (filed there when built), and
-/// whether it came from there. A hostile or broken file (truncated, not ELF, no CFI) is an
-/// error for this object only.
-fn build(image: &Image, cache: Option<&TableCache>) -> anyhow::Result<(UnwindTable, bool)> {
+/// A table and what the cache made of it.
+enum Cached {
+    /// Read from the cache.
+    Read(UnwindTable),
+    /// Built; it is to be filed under the key.
+    Missed(UnwindTable, [u8; 32]),
+    /// Built, with no cache in use.
+    Off(UnwindTable),
+}
+
+/// The table of one image, from `cache` where it holds it (else built, and the key to file it
+/// under). A hostile or broken file (truncated, not ELF, no CFI) is an error for this object
+/// only.
+fn build(image: &Image, cache: Option<&TableCache>) -> anyhow::Result<Cached> {
     match image {
         Image::File(file) => {
             // Read by pread, not mapped: the target's user may truncate the file meanwhile.
@@ -423,20 +445,18 @@ fn build(image: &Image, cache: Option<&TableCache>) -> anyhow::Result<(UnwindTab
 fn build_elf<'data>(
     data: impl object::ReadRef<'data>,
     cache: Option<&TableCache>,
-) -> anyhow::Result<(UnwindTable, bool)> {
+) -> anyhow::Result<Cached> {
     use anyhow::Context;
     let elf = object::File::parse(data).context("parsing the ELF headers")?;
     let inputs = CfiInputs::read(&elf)?;
     let Some(cache) = cache else {
-        return Ok((inputs.build()?.0, false));
+        return Ok(Cached::Off(inputs.build()?.0));
     };
     let key = cache.key(&inputs);
     if let Some(table) = cache.get(&key) {
-        return Ok((table, true));
+        return Ok(Cached::Read(table));
     }
-    let (table, _source) = inputs.build()?;
-    cache.put(&key, &table);
-    Ok((table, false))
+    Ok(Cached::Missed(inputs.build()?.0, key))
 }
 
 #[cfg(test)]
@@ -596,6 +616,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = Arc::new(TableCache::open(&dir.path().join("unwind"), 1 << 30).unwrap());
         let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let files = std::cell::Cell::new(0);
         let build = |image: Vec<u8>| {
             // A builder of its own each time: a new bpfprof process, as far as the cache goes.
             let builder = Builder::spawn(BuildPriority::Background, Some(cache.clone())).unwrap();
@@ -605,6 +626,16 @@ mod tests {
             let built = builder
                 .wait_finished(Instant::now() + Duration::from_secs(60))
                 .expect("the build finishes");
+            // A built table is filed after it is handed on: wait for the entry.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while built.table.is_ok()
+                && !built.cached
+                && super::super::cache::usage(cache.dir()).unwrap().0 < files.get() + 1
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            files.set(super::super::cache::usage(cache.dir()).unwrap().0);
             (built.table, built.cached)
         };
         let (first, cached) = build(libc.clone());

@@ -36,6 +36,8 @@ const HEADER: usize = 8 + 32 + 8 + 32;
 const ROW_BYTES: usize = 8;
 /// The name every entry's file name ends with.
 const SUFFIX: &str = ".rows";
+/// Age past which a half-written entry (its writer exited) is removed.
+const STALE_WRITE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The cache in one folder.
 pub struct TableCache {
@@ -134,16 +136,12 @@ impl TableCache {
     /// Files `table` under `key` (written whole, then renamed into place), then trims the
     /// folder to its cap; a failure is logged and changes nothing else.
     pub fn put(&self, key: &[u8; 32], table: &UnwindTable) {
-        if let Err(e) = self.write(key, table) {
-            log::warn!("unwind table cache: not kept: {e:#}");
-            return;
-        }
-        if let Err(e) = self.trim() {
-            log::warn!("unwind table cache: trimming {}: {e:#}", self.dir.display());
-        }
+        self.store(key, &Self::entry(key, table));
     }
 
-    fn write(&self, key: &[u8; 32], table: &UnwindTable) -> anyhow::Result<()> {
+    /// The bytes of `table`'s entry under `key`, for [`Self::store`]: a build thread makes
+    /// them while it holds the table, hands the table on, then stores them.
+    pub fn entry(key: &[u8; 32], table: &UnwindTable) -> Vec<u8> {
         use sha2::Digest;
         let mut bytes = Vec::with_capacity(HEADER + table.rows.len() * ROW_BYTES);
         bytes.extend_from_slice(MAGIC);
@@ -152,6 +150,22 @@ impl TableCache {
         let rows = encode(&table.rows);
         bytes.extend_from_slice(&sha2::Sha256::digest(&rows));
         bytes.extend_from_slice(&rows);
+        bytes
+    }
+
+    /// Writes an entry made by [`Self::entry`], then trims the folder to its cap; a failure
+    /// is logged and changes nothing else.
+    pub fn store(&self, key: &[u8; 32], entry: &[u8]) {
+        if let Err(e) = self.write(key, entry) {
+            log::warn!("unwind table cache: not kept: {e:#}");
+            return;
+        }
+        if let Err(e) = self.trim() {
+            log::warn!("unwind table cache: trimming {}: {e:#}", self.dir.display());
+        }
+    }
+
+    fn write(&self, key: &[u8; 32], bytes: &[u8]) -> anyhow::Result<()> {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let tmp = self.dir.join(format!(".{}.{tid}.tmp", hex(key)));
@@ -162,7 +176,7 @@ impl TableCache {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .with_context(|| format!("creating {}", tmp.display()))?;
-        let written = file.write_all(&bytes).and_then(|()| {
+        let written = file.write_all(bytes).and_then(|()| {
             drop(file);
             fs::rename(&tmp, self.path(key))
         });
@@ -179,10 +193,23 @@ impl TableCache {
         let mut total = 0u64;
         for entry in fs::read_dir(&self.dir)? {
             let entry = entry?;
-            if !entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+            let Ok(meta) = entry.metadata() else { continue };
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            // A write that a process's exit cut short: gone once no writer can still be at it.
+            if name.ends_with(".tmp")
+                && meta
+                    .modified()
+                    .ok()
+                    .and_then(|m| m.elapsed().ok())
+                    .is_some_and(|age| age > STALE_WRITE)
+            {
+                let _ = fs::remove_file(entry.path());
                 continue;
             }
-            let Ok(meta) = entry.metadata() else { continue };
+            if !name.ends_with(SUFFIX) {
+                continue;
+            }
             total += meta.len();
             entries.push((meta.modified().ok(), meta.len(), entry.path()));
         }
