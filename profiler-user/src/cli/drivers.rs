@@ -24,7 +24,7 @@ use crate::{
     recording::aggregate::pstats_view,
     recording::request::{split_tag, RecordingRequest, Scope, SystemScope, TagsAndStacks, Walks},
     sampling::{EventChoice, IntervalArg, Mode, OffCpu, SamplingRequest},
-    symbolize::SymbolizerThread,
+    symbolize::{Symbolizer, SymbolizerThread},
 };
 
 /// Serves as the root daemon (`bpfprof daemon`) until SIGINT or SIGTERM.
@@ -280,6 +280,8 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // A trace is drawn from each sample's time: the kernel records it for this run only.
     validated.options.timeline =
         cli.timeline || outputs.iter().any(|o| o.format() == Format::TraceJson);
+    // Only pprof shows where each frame's instruction is.
+    validated.options.addresses = outputs.iter().any(|o| o.format() == Format::Pprof);
     let options = validated.options.clone();
     let pool = ProgramPool::new(cli.bpf_stats)
         .with_table_cache(crate::unwind::open_table_cache(&cli.unwind_cache));
@@ -340,7 +342,9 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     let collected_at = stopped.elapsed();
     log::debug!("end of run: collected; {}", own_usage());
     let profile = symbolizer
-        .run(move |s| collected.assemble(end, s, &options))
+        // Nothing is named after this profile: the symbolizer's parsed debug info goes as
+        // soon as every address is, and the profile is built in its room.
+        .run(move |s| collected.assemble(end, s, &options, Symbolizer::unload))
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
     let assembled_at = stopped.elapsed();

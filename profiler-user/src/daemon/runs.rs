@@ -27,7 +27,7 @@ use crate::{
         run_loop::{self, RunDriver},
         Recording,
     },
-    symbolize::SymbolizerThread,
+    symbolize::{Symbolizer, SymbolizerThread},
 };
 
 /// Formats a run writes when the request names none.
@@ -600,11 +600,15 @@ impl Runs {
                 if !may_see_kernel_frames(owner) {
                     collected.drop_kernel_frames();
                 }
-                let mut profile = collected.assemble(end, symbolizer, &validated.recording.options);
-                // The run's frames are named (`assemble` took the run's own handles on its
-                // targets' files): the symbolizer closes the files it opened for it, a
-                // target's deleted binaries among them.
-                symbolizer.release();
+                // Once the run's frames are named (`assemble` took the run's own handles on
+                // its targets' files), the symbolizer closes the files it opened for it, a
+                // target's deleted binaries among them, before the profile is built.
+                let mut profile = collected.assemble(
+                    end,
+                    symbolizer,
+                    &validated.recording.options,
+                    Symbolizer::release,
+                );
                 symbolizer.bound();
                 // The daemon serves many runs: this run's cost is the CPU spent on its work
                 // (attach, ticks, collection, processing), beside the daemon's peak memory.

@@ -1,6 +1,6 @@
 //! Map draining: reads the kernel program's sample counts and stack traces into [`Sample`]s.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use profiler_common::{SampleKind, StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
@@ -16,7 +16,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     let counts = program.take_samples(run);
     // Times whose key has no count (the sample map was full) go with the samples lost.
     let mut times = program.take_times(run);
-    let mut stacks: HashMap<StackId, Vec<u64>> = HashMap::new();
+    let mut stacks: HashMap<StackId, Arc<[u64]>> = HashMap::new();
     let mut out = Vec::with_capacity(counts.len());
     for (key, value) in counts {
         let user_frames = stack(program, &mut stacks, key.user_stack)?;
@@ -49,11 +49,12 @@ fn user_truncated(len: usize) -> bool {
     len == KERNEL_STACK_DEPTH || len >= MAX_STACK_DEPTH
 }
 
+/// The frames of stack `id`, read once and shared by every sample of the drain that has it.
 fn stack(
     program: &KernelProgram,
-    cache: &mut HashMap<StackId, Vec<u64>>,
+    cache: &mut HashMap<StackId, Arc<[u64]>>,
     id: StackId,
-) -> Result<Vec<u64>> {
+) -> Result<Arc<[u64]>> {
     if let Some(frames) = cache.get(&id) {
         return Ok(frames.clone());
     }

@@ -147,7 +147,8 @@ pub struct KernelProgram {
     stacks: HashMap<MapData, StackId, StackFrames>,
     /// Stacks moved out of the kernel map by [`Self::offload_stacks`]. Stack ids are hashes of
     /// the frames, so a stack that recurs after the move is stored again under the same id.
-    offloaded_stacks: StdHashMap<StackId, Vec<u64>>,
+    /// Shared with the samples drained from them, so that a run's end holds each stack once.
+    offloaded_stacks: StdHashMap<StackId, std::sync::Arc<[u64]>>,
     /// Addresses of the stacks offloaded since [`Self::take_fresh_frames`] last took them:
     /// what a run symbolizes while it samples (at most [`FRESH_FRAMES_MAX`]).
     fresh_frames: std::collections::HashSet<u64>,
@@ -1104,7 +1105,7 @@ impl KernelProgram {
                     self.fresh_frames
                         .extend(crate::symbolize::lookup_addresses(&frames));
                 }
-                self.offloaded_stacks.insert(id, frames);
+                self.offloaded_stacks.insert(id, frames.into());
                 moved += 1;
             }
             let _ = self.stacks.remove(&id);
@@ -1132,17 +1133,17 @@ impl KernelProgram {
     }
 
     /// The frames of stack `id` (innermost first), wherever it is; empty for id 0 or a stack
-    /// that was never stored.
-    pub(crate) fn stack(&self, id: StackId) -> Result<Vec<u64>> {
+    /// that was never stored. A stack moved to userspace is shared, not copied.
+    pub(crate) fn stack(&self, id: StackId) -> Result<std::sync::Arc<[u64]>> {
         if id == 0 {
-            return Ok(Vec::new());
+            return Ok(std::sync::Arc::from([]));
         }
         if let Some(frames) = self.offloaded_stacks.get(&id) {
             return Ok(frames.clone());
         }
         match self.stacks.get(&id, 0) {
-            Ok(frames) => Ok(frames_of(&frames)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
+            Ok(frames) => Ok(frames_of(&frames).into()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(std::sync::Arc::from([])),
             Err(e) => Err(kernel_err(
                 anyhow!(e).context(format!("reading stack {id:#x}")),
             )),

@@ -3,7 +3,10 @@
 //! the CPython frame walk) produces these through [`crate::kernel::drain`]; symbolization and
 //! the writers never see how frames were found.
 
-/// One distinct stack of one thread, with its sample count.
+use std::sync::Arc;
+
+/// One distinct stack of one thread, with its sample count. Its frames are shared with the
+/// other samples of the same stack (other threads, other kinds), not copied for each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
     /// Run slot: which target (and its tags) the sample belongs to.
@@ -13,12 +16,12 @@ pub struct Sample {
     /// Thread id as seen in the target's pid namespace.
     pub tid: u32,
     /// User-space instruction pointers, leaf first; return addresses after the first.
-    pub user_frames: Vec<u64>,
+    pub user_frames: Arc<[u64]>,
     /// Kernel instruction pointers, leaf first.
-    pub kernel_frames: Vec<u64>,
+    pub kernel_frames: Arc<[u64]>,
     /// Python frames the kernel read from the interpreter, leaf first, packed as
     /// [`profiler_common::PythonFrame`]s; empty for other processes.
-    pub python_frames: Vec<u64>,
+    pub python_frames: Arc<[u64]>,
     /// Whether the unwinder stopped at its depth limit, so outer frames are missing.
     pub truncated: bool,
     /// How many samples had exactly this run, thread and stack (for off-CPU time: how many

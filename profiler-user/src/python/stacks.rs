@@ -234,7 +234,7 @@ impl PythonTracking {
             let Ok(frames) = program.stack(*id) else {
                 continue;
             };
-            for packed in frames {
+            for &packed in frames.iter() {
                 let key = symbol_key(packed);
                 if self.symbols.contains_key(&key) || self.queued_keys.contains(&key) {
                     continue;

@@ -35,6 +35,11 @@ pub struct AggregateOptions {
     /// outputs, `--timeline`, a daemon run asking for the `trace` format): the kernel writes
     /// each of the run's samples to its timeline ring then.
     pub timeline: bool,
+    /// Keep each frame's address ([`StackCount::addresses`]), for outputs that show them
+    /// (pprof, the agent's exports). Without them, stacks that differ only in addresses are
+    /// one stack, as every other writer shows them: 13 bytes less a frame, at 25k unique
+    /// stacks 17 MB of a command-line run's peak.
+    pub addresses: bool,
 }
 
 impl AggregateOptions {
@@ -62,6 +67,7 @@ impl Default for AggregateOptions {
             python: Default::default(),
             pid_roots: false,
             timeline: false,
+            addresses: true,
         }
     }
 }
@@ -104,12 +110,15 @@ fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
 pub const EXITED_UNREAD: &str = "[user code: exited before its maps were read]";
 
 /// Builds the profile of the samples of each target; `meta` describes the run, and gets the
-/// count of truncated stacks.
+/// count of truncated stacks. Every address is named first; `after_naming` then gets the
+/// symbolizer before any stack is built (a run's end drops its parsed debug info there, so
+/// that the profile is built in that memory rather than beside it).
 pub fn aggregate(
     inputs: &[TargetSamples<'_>],
     symbolizer: &mut Symbolizer,
     options: &AggregateOptions,
     mut meta: ProfileMeta,
+    after_naming: impl FnOnce(&mut Symbolizer),
 ) -> Profile {
     let mut interner = Interner::default();
     let mut mappings = Mappings::default();
@@ -136,6 +145,9 @@ pub fn aggregate(
                 .iter()
                 .flat_map(|s| lookup_addresses(&s.kernel_frames)),
         );
+    }
+    after_naming(symbolizer);
+    for input in inputs {
         // Each user address's frames in this process, interned once: a sample's frames are
         // then copied ids, not names hashed again (that was most of the end of a run).
         let mut user_frames_of = FrameMemo::default();
@@ -282,6 +294,9 @@ pub fn aggregate(
             if let Some(state) = OffCpuState::of(sample.kind) {
                 frames.push(interner.intern(ProfileFrame::OffCpu(state)));
                 addresses.push(None);
+            }
+            if !options.addresses {
+                addresses = Vec::new();
             }
             if options.timeline && !sample.times_ns.is_empty() {
                 let pid = if pid == 0 { input.sample_pid } else { pid };

@@ -1111,7 +1111,7 @@ impl Recording {
                 drain(program, slot.run)
             });
             match drained {
-                Ok(s) => samples.extend(s.into_iter().map(|s| (slot.program_id, s))),
+                Ok(s) => samples.push((slot.program_id, s)),
                 Err(e) => result = Err(e),
             }
             bpf_run = bpf_run.or_else(|| program.run_stats());
@@ -1219,7 +1219,7 @@ impl Recording {
                 drain(program, slot.run)
             });
             match drained {
-                Ok(s) => samples.extend(s.into_iter().map(|s| (slot.program_id, s))),
+                Ok(s) => samples.push((slot.program_id, s)),
                 Err(e) => result = Err(e),
             }
             tables = TableCost::of(&program.unwind);
@@ -1261,6 +1261,8 @@ impl Recording {
             RunEnd::Completed,
             symbolizer,
             options,
+            // The next window names the same code: the symbolizer keeps its files.
+            |_| {},
         );
         self.drop_exited(pool);
         Ok(profile)
@@ -1337,8 +1339,9 @@ pub struct Collected {
     program_id: u32,
     duration: Duration,
     processes: BTreeMap<(u32, u32, u32), ProcessRecording>,
-    /// Samples with the id of the program that recorded them.
-    samples: Vec<(u32, Sample)>,
+    /// Samples by the id of the program that recorded them (as drained: copied into one list,
+    /// two lists of 25k samples were held at once, the peak of a run's end).
+    samples: Vec<(u32, Vec<Sample>)>,
     counters: Counters,
     bpf_run: Option<(u64, u64)>,
     /// The off-CPU program's run time and runs, where statistics were on.
@@ -1412,8 +1415,8 @@ impl TableCost {
 impl Collected {
     /// Forgets every kernel frame: for a client the kernel would not show them to.
     pub fn drop_kernel_frames(&mut self) {
-        for (_, sample) in &mut self.samples {
-            sample.kernel_frames.clear();
+        for sample in self.samples.iter_mut().flat_map(|(_, s)| s) {
+            sample.kernel_frames = Arc::from([]);
         }
     }
 
@@ -1422,12 +1425,16 @@ impl Collected {
         self.counters.get(Counter::Samples)
     }
 
-    /// Symbolizes and aggregates the samples into a profile that ended as `end`.
+    /// Symbolizes and aggregates the samples into a profile that ended as `end`; `after_naming`
+    /// gets the symbolizer once every address is named, before the stacks are built (see
+    /// [`aggregate`]): [`Symbolizer::release`] where it serves later runs, [`Symbolizer::unload`]
+    /// where it serves nothing more.
     pub fn assemble(
         self,
         end: RunEnd,
         symbolizer: &mut Symbolizer,
         options: &AggregateOptions,
+        after_naming: impl FnOnce(&mut Symbolizer),
     ) -> Profile {
         let Collected {
             sampling,
@@ -1461,7 +1468,15 @@ impl Collected {
             off_cpu,
             timeline_clock,
         };
-        assemble_samples(&mut processes, samples, head, end, symbolizer, options)
+        assemble_samples(
+            &mut processes,
+            samples,
+            head,
+            end,
+            symbolizer,
+            options,
+            after_naming,
+        )
     }
 }
 
@@ -1489,14 +1504,16 @@ struct Head {
 }
 
 /// Symbolizes and aggregates `samples` of `processes` (processes known only by their samples'
-/// pids are added to it, as gone) into a profile that ended as `end`.
+/// pids are added to it, as gone) into a profile that ended as `end`; `after_naming` as
+/// [`aggregate`] takes it.
 fn assemble_samples(
     processes: &mut BTreeMap<(u32, u32, u32), ProcessRecording>,
-    samples: Vec<(u32, Sample)>,
+    samples: Vec<(u32, Vec<Sample>)>,
     head: Head,
     end: RunEnd,
     symbolizer: &mut Symbolizer,
     options: &AggregateOptions,
+    after_naming: impl FnOnce(&mut Symbolizer),
 ) -> Profile {
     let Head {
         sampling,
@@ -1520,6 +1537,9 @@ fn assemble_samples(
     // Samples of processes that came and went between two ticks: counted, not symbolized.
     let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
     let mut not_profilable = 0;
+    let samples = samples
+        .into_iter()
+        .flat_map(|(id, s)| s.into_iter().map(move |s| (id, s)));
     for (program_id, sample) in samples {
         let key = (program_id, sample.run, sample.pid);
         if processes.get(&key).is_some_and(|p| p.revoked) {
@@ -1691,7 +1711,7 @@ fn assemble_samples(
             }))
             .collect(),
     };
-    let mut profile = aggregate(&inputs, symbolizer, options, meta);
+    let mut profile = aggregate(&inputs, symbolizer, options, meta, after_naming);
     // Measured after symbolization, which is most of bpfprof's own work.
     let mut cost = own_cost();
     cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);

@@ -260,6 +260,8 @@ impl RecordingRequest {
                 pid_roots: false,
                 // The driver sets it from the outputs asked for.
                 timeline: false,
+                // Likewise, where no output shows addresses.
+                addresses: true,
             },
             unwind: walks.unwind,
             python: walks.python,

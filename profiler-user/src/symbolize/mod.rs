@@ -121,11 +121,7 @@ impl Symbolizer {
     /// as C++, so that C's `a` and `b` became `signed char` and `bool`).
     pub fn new() -> Symbolizer {
         Symbolizer {
-            blazesym: Blazesym::builder()
-                .enable_demangling(false)
-                .enable_inlined_fns(true)
-                .enable_code_info(true)
-                .build(),
+            blazesym: new_blazesym(),
             user: HashMap::new(),
             kernel: HashMap::new(),
             function_starts: HashMap::new(),
@@ -149,6 +145,20 @@ impl Symbolizer {
         }
         self.plt.clear();
         self.function_starts.clear();
+    }
+
+    /// Drops everything the symbolizer parsed to name addresses (each file's debug info and
+    /// symbols, the kernel's symbols), keeping the names resolved, and gives the freed memory
+    /// back to the system: for a symbolizer that names nothing more (the command line's, once
+    /// a run's addresses are named). At 20k unique stacks of a 2 MiB binary built with `-g`,
+    /// that memory was a third of the run's peak, and the profile was built beside it.
+    pub fn unload(&mut self) {
+        self.release();
+        self.blazesym = new_blazesym();
+        // The parsed data was freed in many small pieces that malloc keeps for reuse; this
+        // returns their pages (the profile is then built in fresh ones, as needed).
+        // SAFETY: malloc_trim takes no pointer; it only returns free pages to the kernel.
+        unsafe { libc::malloc_trim(0) };
     }
 
     /// Addresses whose names are cached, and files held open.
@@ -389,6 +399,16 @@ impl Symbolizer {
             .cloned()
             .unwrap_or_else(|| unknown("[kernel]", addr, FrameKind::Kernel))
     }
+}
+
+/// blazesym's symbolizer as bpfprof uses it: inlined functions and source lines on, names
+/// demangled by bpfprof (see [`Symbolizer::new`]).
+fn new_blazesym() -> Blazesym {
+    Blazesym::builder()
+        .enable_demangling(false)
+        .enable_inlined_fns(true)
+        .enable_code_info(true)
+        .build()
 }
 
 type Job = Box<dyn FnOnce(&mut Symbolizer) + Send>;
