@@ -136,9 +136,9 @@ impl ProgramPool {
 
     /// What [`Self::acquire`] would load now for `request`, `unwind` and `table_rows` asked by
     /// `uid`: `None` when a program in use has a free slot, the spare serves, or the request
-    /// would be refused (no place free, over the user's share). A caller
-    /// that shares the pool loads it without the pool's lock ([`PoolLoad::load`]) and hands it
-    /// over with [`Self::offer`] before acquiring, so that other runs keep ticking meanwhile.
+    /// would be refused (no place free, over the user's share). A caller that shares the pool
+    /// loads it without the pool's lock ([`PoolLoad::load`]) and hands it over with
+    /// [`Self::offer`] before acquiring, so that other runs keep ticking meanwhile.
     pub fn load_needed(
         &self,
         request: &SamplingRequest,
