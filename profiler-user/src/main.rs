@@ -33,10 +33,25 @@ fn main() -> ExitCode {
         (false, 1) => "info",
         (false, _) => "debug",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
-        .format_timestamp(None)
-        .format_target(false)
-        .init();
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level));
+    logger.format_timestamp(None).format_target(false);
+    if cli.record.verbose > 0 {
+        // `-v` dates each line from the start of main, so that a run's start-up reads as a
+        // breakdown (the maps read, the program loaded, the walker verified, the first sample).
+        let started = std::time::Instant::now();
+        logger.format(move |buf, record| {
+            use std::io::Write;
+            writeln!(
+                buf,
+                "[{:>8.1} ms {:<5}] {}",
+                started.elapsed().as_secs_f64() * 1e3,
+                record.level(),
+                record.args()
+            )
+        });
+    }
+    logger.init();
     let daemon = matches!(cli.command, Some(Command::Daemon(_)));
     // The agent serves HTTP clients: like the daemon, a client hanging up must not kill it.
     let serves = daemon || matches!(cli.command, Some(Command::Agent(_)));

@@ -406,6 +406,8 @@ fn program_load_and_attach() -> Vec<Check> {
     let mut program = match KernelProgram::load(
         crate::unwind::table_rows_for(Some(std::process::id()), crate::unwind::DEFAULT_TABLE_ROWS),
         crate::unwind::BuildPriority::Foreground,
+        // The walker on its own, so that its verification is timed alone (the bench reads it).
+        crate::kernel::WalkerLoad::Background,
     ) {
         Ok(p) => p,
         Err(e) => {

@@ -14,7 +14,7 @@ use crate::{
     agent::{export::Queue, labels, windows::Window},
     daemon::store::{now_ms, Store},
     error::Error,
-    kernel::pool::ProgramPool,
+    kernel::{pool::ProgramPool, thread_cpu_time},
     output::{summary, top::function_shares, write_all, Format, Output},
     process::target::{Owner, Target, TargetSpec},
     profile::CostScope,
@@ -879,20 +879,6 @@ struct Processed {
     files: BTreeMap<String, String>,
     top: Vec<TopFunction>,
     summary: Option<serde_json::Value>,
-}
-
-/// CPU time (user and system) the calling thread has used: a run's work is measured on the
-/// threads that do it, as the daemon's own usage covers every run.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given; this clock exists on Linux.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// The name of a run's result file in `format`.

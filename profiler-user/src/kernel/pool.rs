@@ -14,7 +14,7 @@ use profiler_common::MAX_RUNS;
 
 use crate::{
     error::{Error, Result},
-    kernel::KernelProgram,
+    kernel::{KernelProgram, WalkerLoad},
     sampling::{KernelLimits, Sampling, SamplingRequest},
     unwind::{BuildPriority, UnwindMode},
 };
@@ -146,6 +146,49 @@ impl ProgramPool {
         self.acquire_in(request, unwind, table_rows, 0, true)
     }
 
+    /// What [`Self::acquire`] would load now for `request`, `unwind` and `table_rows` asked by
+    /// `uid`: `None` when a program in use has a free slot, the spare serves, or the request
+    /// would be refused (no place free, over the user's share). A caller that shares the pool
+    /// loads it without the pool's lock ([`PoolLoad::load`]) and hands it over with
+    /// [`Self::offer`] before acquiring, so that other runs keep ticking meanwhile.
+    pub fn load_needed(
+        &self,
+        request: &SamplingRequest,
+        unwind: UnwindMode,
+        table_rows: u32,
+        uid: u32,
+    ) -> Option<PoolLoad> {
+        let joins = self.programs.values().any(|p| {
+            !p.system && p.request == *request && p.unwind == unwind && p.used != u64::MAX
+        });
+        let table_bytes = table_rows as usize * std::mem::size_of::<profiler_common::UnwindRow>();
+        let spare_serves = self
+            .spare
+            .as_ref()
+            .is_some_and(|(p, _)| p.unwind.capacity_bytes() >= table_bytes);
+        let refused = self.programs.len() >= MAX_PROGRAMS
+            || (uid != 0 && self.check_fair_share(request, unwind, uid).is_err());
+        (!joins && !spare_serves && !refused).then_some(PoolLoad {
+            table_rows,
+            build_priority: self.build_priority,
+            bpf_stats: self.bpf_stats,
+            walker_load: WalkerLoad::WithSampling,
+            table_cache: self.table_cache.clone(),
+        })
+    }
+
+    /// Takes `program` (from [`PoolLoad::load`]) as the spare that the next acquisition uses,
+    /// unless the spare already serves as large an unwind array.
+    pub fn offer(&mut self, program: KernelProgram) {
+        let better = self
+            .spare
+            .as_ref()
+            .is_none_or(|(p, _)| p.unwind.capacity_bytes() < program.unwind.capacity_bytes());
+        if better {
+            self.spare = Some((program, Instant::now()));
+        }
+    }
+
     fn acquire_in(
         &mut self,
         request: &SamplingRequest,
@@ -189,14 +232,14 @@ impl ProgramPool {
             .filter(|(p, _)| p.unwind.capacity_bytes() >= table_bytes);
         let mut program = match spare {
             Some((program, _)) => program,
-            None => {
-                let mut program = KernelProgram::load(table_rows, self.build_priority)?;
-                program.unwind.set_cache(self.table_cache.clone());
-                if self.bpf_stats {
-                    program.enable_run_stats()?;
-                }
-                program
+            None => PoolLoad {
+                table_rows,
+                build_priority: self.build_priority,
+                bpf_stats: self.bpf_stats,
+                walker_load: WalkerLoad::Background,
+                table_cache: self.table_cache.clone(),
             }
+            .load()?,
         };
         program.unwind.set_mode(unwind);
         let sampling = program.attach(&plan)?;
@@ -310,6 +353,35 @@ impl ProgramPool {
     /// Whether no program is attached.
     pub fn is_empty(&self) -> bool {
         self.programs.is_empty()
+    }
+}
+
+/// A program load the pool needs ([`ProgramPool::load_needed`]), to be done without its lock.
+pub struct PoolLoad {
+    table_rows: u32,
+    build_priority: BuildPriority,
+    bpf_stats: bool,
+    walker_load: WalkerLoad,
+    table_cache: Option<std::sync::Arc<crate::unwind::TableCache>>,
+}
+
+impl PoolLoad {
+    /// Verifies the walker as `walker_load` says (with the sampling program by default: the
+    /// caller waits for it).
+    pub fn walker(mut self, walker_load: WalkerLoad) -> PoolLoad {
+        self.walker_load = walker_load;
+        self
+    }
+
+    /// Loads the program (the slow part of a first run's start: the kernel verifies it).
+    pub fn load(self) -> Result<KernelProgram> {
+        let mut program =
+            KernelProgram::load(self.table_rows, self.build_priority, self.walker_load)?;
+        program.unwind.set_cache(self.table_cache);
+        if self.bpf_stats {
+            program.enable_run_stats()?;
+        }
+        Ok(program)
     }
 }
 

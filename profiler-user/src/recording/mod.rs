@@ -427,6 +427,7 @@ impl Recording {
                 "a system-wide recording has no targets".into(),
             ));
         }
+        let mut steps = crate::kernel::Steps::start(format!("pid {}", target.pid));
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
         // The row array is sized from the objects the target maps (read here, not under the
         // pool).
@@ -434,7 +435,25 @@ impl Recording {
             crate::unwind::UnwindMode::Fp => 1,
             _ => crate::unwind::table_rows_for(Some(target.pid), self.table_rows_cap),
         };
+        steps.done("maps read and tables sized");
         let owner_uid = self.owner_uid();
+        if self.slots.iter().all(|(_, ns)| *ns != target.ns) {
+            // A program to load is loaded before taking the pool (verifying it is most of a
+            // first run's start), so that a shared pool's other runs keep ticking meanwhile.
+            let load = pool.with_pool(|pool| {
+                pool.load_needed(&self.request, self.unwind, table_rows, owner_uid)
+            });
+            if let Some(load) = load {
+                // A running process waits for the walker (whole stacks from its first sample):
+                // verified alongside the sampling program. A launched command starts at once.
+                let program = if crate::unwind::loader::is_unexeced_child(target.pid) {
+                    load.walker(crate::kernel::WalkerLoad::Background).load()?
+                } else {
+                    load.load()?
+                };
+                pool.with_pool(|pool| pool.offer(program));
+            }
+        }
         let slot = pool.with_pool(|pool| -> Result<_> {
             let slot = match self.slots.iter().find(|(_, ns)| *ns == target.ns) {
                 Some((slot, _)) => *slot,
@@ -473,6 +492,7 @@ impl Recording {
             }
             Ok(slot)
         })?;
+        steps.done("program attached and tables queued");
         // Outside the pool, looking in briefly: the walker's verification (0.1 s, more on a
         // loaded machine) and the first tables (see `table_deadline`), so that the other runs
         // of a shared pool keep ticking meanwhile.
@@ -496,7 +516,10 @@ impl Recording {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        pool.with_pool(|pool| self.register(pool, slot, target, maps))
+        steps.done("waited for the walker and first tables");
+        let registered = pool.with_pool(|pool| self.register(pool, slot, target, maps));
+        steps.done("registered: sampling");
+        registered
     }
 
     /// Frees `slot` when no process of this recording uses it (a target that failed to register).
