@@ -42,6 +42,9 @@ const FRAME_BYTES: u64 = PYTHON_FRAME_BYTES as u64;
 /// mapped too, so a window read never starts below the frame's page.
 const PAGE_BYTES: u64 = 4096;
 
+// The GIL marker's index is masked with `MAX_STACK_DEPTH - 1`.
+const _: () = assert!(MAX_STACK_DEPTH.is_power_of_two());
+
 /// Loop iterations of one walk: each frame, plus one shim frame per eval call at most.
 const MAX_ITERATIONS: u32 = 2 * MAX_STACK_DEPTH as u32;
 
@@ -170,8 +173,13 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
             } else {
                 PythonFrame::GIL_NOT_HELD
             };
-            // SAFETY: as above; `len` is below the array's length.
-            unsafe { (*frames).ips[len] = marker };
+            // Masked, though `len` is below the array's length: LLVM checked the unclamped
+            // count and indexed with the clamped one, and the verifiers of 6.1 and 6.12 did not
+            // relate the two ("invalid access to map value ... off=4104"). `black_box` keeps
+            // LLVM from dropping the mask it knows to be a no-op.
+            let at = core::hint::black_box(len) & (MAX_STACK_DEPTH - 1);
+            // SAFETY: as above.
+            unsafe { (*frames).ips[at] = marker };
             len += 1;
             // SAFETY: as above.
             unsafe { (*frames).len = len as u64 };
