@@ -599,8 +599,15 @@ pub enum PythonEntryRule {
 }
 
 /// Bytes of a frame the kernel reads at once: every field of [`PythonProcess`] that is read
-/// from a frame must end within them (3.10's `f_lasti`, the farthest, ends at byte 100).
+/// from a frame must end within them (3.10's `f_lasti`, the farthest, ends at byte 100), and
+/// pointer fields must be 8-aligned, `int`s 4-aligned (the kernel takes them from whole words).
 pub const PYTHON_FRAME_BYTES: usize = 104;
+
+/// Most bytes of memory the kernel copies at once for the Python walk
+/// ([`PythonProcess::frame_window`]): 3.11 and later keep a thread's frames one after another
+/// on its data stack, each caller just below its callee (about 130 bytes for a function with a
+/// few locals), so one copy of the 1 KiB below a frame holds its next callers too.
+pub const PYTHON_FRAME_WINDOW_BYTES: usize = 1024;
 
 /// The owner value of 3.12+'s shim frames (`FRAME_OWNED_BY_CSTACK`).
 pub const PYTHON_FRAME_OWNED_BY_CSTACK: u8 = 3;
@@ -647,8 +654,18 @@ pub struct PythonProcess {
     /// Address of the GIL's `last_holder` (the `PyThreadState` that last took it), or 0 when
     /// unknown (then no sample says whether its thread held the GIL).
     pub gil_holder: u64,
-    /// Address of the GIL's `locked` flag (a C `int`); read with `gil_holder`.
+    /// Address of the GIL's `locked` flag (a C `int`); read with `gil_holder`, in the same
+    /// read where it follows it (at `gil_holder + 8`, as in every version's
+    /// `_gil_runtime_state`).
     pub gil_locked: u64,
+    /// Bytes the kernel copies at once to read a frame: the frame's [`PYTHON_FRAME_BYTES`]
+    /// and up to this many bytes in all below them (never below the frame's page, which is
+    /// mapped since the frame is), from which its callers are read while they lie there.
+    /// [`PYTHON_FRAME_BYTES`] for 3.10, whose frames are separate heap objects;
+    /// [`PYTHON_FRAME_WINDOW_BYTES`] at most.
+    pub frame_window: u32,
+    /// Always zero; keeps the struct free of padding.
+    pub reserved: u32,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address

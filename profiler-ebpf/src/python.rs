@@ -3,13 +3,17 @@
 //! (the native stack shows only the interpreter's `_PyEval_EvalFrameDefault`).
 //!
 //! Userspace finds the interpreter, its version's structure offsets ([`PythonProcess`]) and
-//! each thread's `PyThreadState`; the kernel reads only user memory at those offsets. A frame
-//! costs three or four user reads; the loop runs under `bpf_loop` so that the verifier checks
-//! one frame's code once.
+//! each thread's `PyThreadState`; the kernel reads only user memory at those offsets. Frames
+//! are taken from a copy of the memory that ends with the frame (up to
+//! [`PYTHON_FRAME_WINDOW_BYTES`]): from 3.11 on a thread's frames lie one after another on its
+//! data stack, callers below callees, so one user read serves several frames (a read costs
+//! about 50 ns, most of a frame's cost when each frame had its own). The loop runs under
+//! `bpf_loop` so that the verifier checks one frame's code once.
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_user, bpf_probe_read_user_buf, generated::bpf_loop,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{self, bpf_loop},
     },
     macros::map,
     maps::{HashMap, PerCpuArray},
@@ -17,7 +21,7 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, StackFrames,
     MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
-    PYTHON_FRAME_OWNED_BY_CSTACK,
+    PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES,
 };
 
 /// CPython processes and their interpreter's offsets, by host tgid.
@@ -29,42 +33,17 @@ static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
 #[map]
 static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_PYTHON_THREADS, 0);
 
-/// This CPU's copy of the frame being read (see `read_frame`), with room past
-/// [`PYTHON_FRAME_BYTES`] so that a field at any offset the mask lets through is in bounds.
-#[map]
-static FRAME_COPY: PerCpuArray<[u8; FRAME_COPY_BYTES]> = PerCpuArray::with_max_entries(1, 0);
+/// Words of [`Walk::window`].
+const WINDOW_WORDS: usize = PYTHON_FRAME_WINDOW_BYTES / 8;
+const _: () = assert!(WINDOW_WORDS.is_power_of_two());
+/// A frame's bytes: every field read lies within them.
+const FRAME_BYTES: u64 = PYTHON_FRAME_BYTES as u64;
+/// The smallest page x86-64 maps: memory from a mapped address down to its page's start is
+/// mapped too, so a window read never starts below the frame's page.
+const PAGE_BYTES: u64 = 4096;
 
-/// Offsets into the copy are masked to this, so the verifier sees every read in bounds.
-const FIELD_OFFSET_MASK: u32 = 127;
-const FRAME_COPY_BYTES: usize = FIELD_OFFSET_MASK as usize + 1 + 8;
-
-/// The `size` bytes at `offset` of the frame copy, little-endian.
-#[inline(always)]
-fn field(buf: &[u8; FRAME_COPY_BYTES], offset: u32, size: usize) -> u64 {
-    let at = (offset & FIELD_OFFSET_MASK) as usize;
-    let mut v = 0u64;
-    let mut i = 0;
-    while i < size && i < 8 {
-        v |= (buf[at + i] as u64) << (8 * i);
-        i += 1;
-    }
-    v
-}
-
-#[inline(always)]
-fn field_u64(buf: &[u8; FRAME_COPY_BYTES], offset: u32) -> u64 {
-    field(buf, offset, 8)
-}
-
-#[inline(always)]
-fn field_u32(buf: &[u8; FRAME_COPY_BYTES], offset: u32) -> u32 {
-    field(buf, offset, 4) as u32
-}
-
-#[inline(always)]
-fn field_u8(buf: &[u8; FRAME_COPY_BYTES], offset: u32) -> u8 {
-    field(buf, offset, 1) as u8
-}
+// The GIL marker's index is masked with `MAX_STACK_DEPTH - 1`.
+const _: () = assert!(MAX_STACK_DEPTH.is_power_of_two());
 
 /// Loop iterations of one walk: each frame, plus one shim frame per eval call at most.
 const MAX_ITERATIONS: u32 = 2 * MAX_STACK_DEPTH as u32;
@@ -88,6 +67,20 @@ struct Walk {
     pending: u64,
     /// Non-zero when a read failed before the end of the chain.
     failed: u64,
+    /// User address of `window[0]`.
+    window_at: u64,
+    /// Bytes of `window` that hold user memory (0: none).
+    window_len: u64,
+    /// A copy of the memory that ends with the last frame read anew (see `window_offset`).
+    window: [u64; WINDOW_WORDS],
+}
+
+/// What each `bpf_loop` iteration of the walk gets: its state and the stack it writes, found
+/// once per walk rather than once per frame.
+#[repr(C)]
+struct StepContext {
+    walk: *mut Walk,
+    frames: *mut StackFrames,
 }
 
 /// Whether process `tgid` (host tgid) is a CPython the kernel walks.
@@ -142,12 +135,14 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     let walk = PYTHON_WALKS.get_ptr_mut(0)?;
     // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
     let walk = unsafe { &mut *walk };
-    *walk = Walk {
-        layout,
-        frame,
-        pending: 0,
-        failed: 0,
-    };
+    // Field by field: the window's old bytes are not read again (`window_len` is 0), so
+    // clearing its 1 KiB would only cost time.
+    walk.layout = layout;
+    walk.frame = frame;
+    walk.pending = 0;
+    walk.failed = 0;
+    walk.window_at = 0;
+    walk.window_len = 0;
     let frames = scratch.get_ptr_mut(0)?;
     // The count of frames written lives in the map value, not in `walk`: the verifier does not
     // track map contents, so every iteration of the loop looks alike to it and it checks the
@@ -155,15 +150,15 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     // SAFETY: this CPU's scratch slot; perf_event programs do not nest on a CPU.
     unsafe { (*frames).len = 0 };
     if frame != 0 {
-        // bpf_loop's context must point into the stack: a slot holding the walk's address.
-        let mut slot: *mut Walk = walk;
-        // SAFETY: `step` has the callback signature bpf_loop expects and `slot` outlives the
-        // call.
+        // bpf_loop's context must point into the stack: a struct holding both addresses.
+        let mut context = StepContext { walk, frames };
+        // SAFETY: `step` has the callback signature bpf_loop expects and `context` outlives
+        // the call.
         unsafe {
             bpf_loop(
                 MAX_ITERATIONS,
                 step as *mut _,
-                (&mut slot as *mut *mut Walk).cast(),
+                (&mut context as *mut StepContext).cast(),
                 0,
             )
         };
@@ -172,21 +167,19 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     let mut len = (unsafe { (*frames).len } as usize).min(MAX_STACK_DEPTH);
     if len > 0 && layout.gil_holder != 0 && len < MAX_STACK_DEPTH {
         // Whether this thread holds the GIL: it is locked and this thread took it last.
-        // SAFETY: user memory read through the checked helper.
-        let state = unsafe {
-            (
-                bpf_probe_read_user(layout.gil_locked as *const i32),
-                bpf_probe_read_user(layout.gil_holder as *const u64),
-            )
-        };
-        if let (Ok(locked), Ok(holder)) = state {
+        if let Some((locked, holder)) = gil_state(&layout) {
             let marker = if locked != 0 && holder == tstate {
                 PythonFrame::GIL_HELD
             } else {
                 PythonFrame::GIL_NOT_HELD
             };
-            // SAFETY: as above; `len` is below the array's length.
-            unsafe { (*frames).ips[len] = marker };
+            // Masked, though `len` is below the array's length: LLVM checked the unclamped
+            // count and indexed with the clamped one, and the verifiers of 6.1 and 6.12 did not
+            // relate the two ("invalid access to map value ... off=4104"). `black_box` keeps
+            // LLVM from dropping the mask it knows to be a no-op.
+            let at = core::hint::black_box(len) & (MAX_STACK_DEPTH - 1);
+            // SAFETY: as above.
+            unsafe { (*frames).ips[at] = marker };
             len += 1;
             // SAFETY: as above.
             unsafe { (*frames).len = len as u64 };
@@ -198,6 +191,23 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
         crate::count(run, Counter::PythonStackMissing);
     }
     Some(len)
+}
+
+/// The GIL's `locked` flag and `last_holder`, or `None` on a bad read: one read where `locked`
+/// follows `last_holder` (every CPython's `_gil_runtime_state`), else one each.
+#[inline(always)]
+fn gil_state(layout: &PythonProcess) -> Option<(i32, u64)> {
+    if layout.gil_locked == layout.gil_holder.wrapping_add(8) {
+        // SAFETY: user memory read through the checked helper; the 4 bytes after `locked`
+        // are its struct's padding.
+        let pair = unsafe { bpf_probe_read_user(layout.gil_holder as *const [u64; 2]) }.ok()?;
+        return Some((pair[1] as u32 as i32, pair[0]));
+    }
+    // SAFETY: as above.
+    let locked = unsafe { bpf_probe_read_user(layout.gil_locked as *const i32) }.ok()?;
+    // SAFETY: as above.
+    let holder = unsafe { bpf_probe_read_user(layout.gil_holder as *const u64) }.ok()?;
+    Some((locked, holder))
 }
 
 /// The thread's innermost frame (0 when it runs no Python code), or `None` on a bad read.
@@ -219,15 +229,12 @@ fn current_frame(layout: &PythonProcess, tstate: u64) -> Option<u64> {
 
 /// Reads one frame and moves to its caller, writing the frame read before. Returns 1 to stop.
 #[inline(never)]
-extern "C" fn step(_index: u64, walk: *mut core::ffi::c_void) -> i64 {
+extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     // SAFETY: bpf_loop passes back the stack slot `walk_python_stack` gave it, which holds
-    // this CPU's walk.
-    let walk = unsafe { &mut **(walk as *mut *mut Walk) };
-    let Some(frames) = crate::SCRATCH.get_ptr_mut(0) else {
-        return 1;
-    };
-    // SAFETY: this CPU's scratch slot.
-    let frames = unsafe { &mut *frames };
+    // this CPU's walk and scratch slot.
+    let context = unsafe { &*(context as *const StepContext) };
+    // SAFETY: as above.
+    let (walk, frames) = unsafe { (&mut *context.walk, &mut *context.frames) };
     match read_frame(walk) {
         Frame::Code(packed) => {
             if !flush(walk, frames) {
@@ -283,50 +290,39 @@ enum Frame {
 /// Reads `walk.frame` and moves `walk.frame` to its caller.
 #[inline(always)]
 fn read_frame(walk: &mut Walk) -> Frame {
-    let layout = &walk.layout;
     let frame = walk.frame;
     if frame == 0 {
         return Frame::End;
     }
-    // One user read per frame instead of one per field: the fields are then taken from this
-    // CPU's copy. User reads dominate the walk's cost (about 0.1 µs each).
-    let Some(buf) = FRAME_COPY.get_ptr_mut(0) else {
+    let Some(at) = window_offset(walk, frame) else {
         walk.failed = 1;
         return Frame::End;
     };
-    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
-    let buf = unsafe { &mut *buf };
-    // SAFETY: user memory read through the checked helper into the slot's first bytes.
-    if unsafe { bpf_probe_read_user_buf(frame as *const u8, &mut buf[..PYTHON_FRAME_BYTES]) }
-        .is_err()
-    {
-        walk.failed = 1;
-        return Frame::End;
-    }
-    let previous = field_u64(buf, layout.frame_previous);
+    let layout = &walk.layout;
+    let previous = word(walk, at, layout.frame_previous);
     let entry_byte = if layout.entry_rule == PythonEntryRule::EveryFrame as u32 {
         0u8
     } else {
-        field_u8(buf, layout.frame_entry)
+        word(walk, at, layout.frame_entry) as u8
     };
     let shim = layout.entry_rule == PythonEntryRule::ShimFrame as u32
         && entry_byte == PYTHON_FRAME_OWNED_BY_CSTACK;
     let code = if shim {
         0
     } else {
-        field_u64(buf, layout.frame_code)
+        word(walk, at, layout.frame_code)
     };
     let instruction = if shim {
         0
     } else if layout.instr_rule == PythonInstrRule::LastiIndex as u32 {
-        let lasti = field_u32(buf, layout.frame_instr) as i32;
+        let lasti = word(walk, at, layout.frame_instr) as u32 as i32;
         if lasti > 0 {
             lasti as u32
         } else {
             0
         }
     } else {
-        let ptr = field_u64(buf, layout.frame_instr);
+        let ptr = word(walk, at, layout.frame_instr);
         let first = code.wrapping_add(layout.code_instructions as u64);
         if ptr >= first {
             // Code units are 2 bytes.
@@ -346,4 +342,56 @@ fn read_frame(walk: &mut Walk) -> Frame {
     } else {
         Frame::Code(PythonFrame::pack(code, instruction, entry))
     }
+}
+
+/// Where the frame at user address `frame` starts in `walk.window`, read anew unless the
+/// window holds all its [`FRAME_BYTES`]; `None` for a frame that is not 8-aligned (CPython's
+/// all are) or cannot be read.
+///
+/// A new window ends with the frame's bytes and starts up to `layout.frame_window` bytes
+/// below, but not below the frame's page: that memory is mapped, since the frame is, where
+/// the page below may not be (a failed read costs a fault and gives nothing).
+#[inline(always)]
+fn window_offset(walk: &mut Walk, frame: u64) -> Option<u64> {
+    if frame & 7 != 0 {
+        return None;
+    }
+    let offset = frame.wrapping_sub(walk.window_at);
+    if walk.window_len >= FRAME_BYTES && offset <= walk.window_len - FRAME_BYTES {
+        return Some(offset);
+    }
+    let end = frame.checked_add(FRAME_BYTES)?;
+    let bytes = (walk.layout.frame_window as u64 & !7).clamp(FRAME_BYTES, WINDOW_WORDS as u64 * 8);
+    let start = end.saturating_sub(bytes).max(frame & !(PAGE_BYTES - 1));
+    let len = end - start;
+    // Always true (`start` is at least `end - bytes`); said again for the verifier.
+    if len > (WINDOW_WORDS * 8) as u64 {
+        return None;
+    }
+    walk.window_len = 0;
+    // SAFETY: user memory read through the checked helper into the window, `len` bytes of
+    // its `WINDOW_WORDS * 8`.
+    let rc = unsafe {
+        generated::bpf_probe_read_user(
+            walk.window.as_mut_ptr().cast(),
+            len as u32,
+            start as *const core::ffi::c_void,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    walk.window_at = start;
+    walk.window_len = len;
+    Some(frame - start)
+}
+
+/// The field at `offset` of the frame at byte `at` of the window, in the low bits of the
+/// 8-byte word that holds it: fields are aligned to their size (userspace checks), and so is
+/// every frame in the window (an 8-aligned frame, `FRAME_BYTES` and the window's size are
+/// multiples of 8), so no field spans two words.
+#[inline(always)]
+fn word(walk: &Walk, at: u64, offset: u32) -> u64 {
+    let byte = at.wrapping_add(offset as u64);
+    walk.window[(byte / 8) as usize & (WINDOW_WORDS - 1)] >> ((byte & 7) * 8)
 }

@@ -139,23 +139,22 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     };
     // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
     let walk = unsafe { &mut *walk };
-    *walk = Walk {
-        ip,
-        sp,
-        bp,
-        tgid,
-        end: WalkEnd::Running as u32,
-        len: 0,
-        fp_frames: 0,
-        exact_ip: 0,
-        scans_left: STACK_SCANS,
-        scanned: 0,
-        scan_found: 0,
-        mapping,
-        window_at: 0,
-        window_len: 0,
-        window: [0; STACK_WINDOW_WORDS],
-    };
+    // Field by field: the window's old words are never read (`window_len` is 0), and
+    // clearing its 512 bytes on every sample would cost 64 stores.
+    walk.ip = ip;
+    walk.sp = sp;
+    walk.bp = bp;
+    walk.tgid = tgid;
+    walk.end = WalkEnd::Running as u32;
+    walk.len = 0;
+    walk.fp_frames = 0;
+    walk.exact_ip = 0;
+    walk.scans_left = STACK_SCANS;
+    walk.scanned = 0;
+    walk.scan_found = 0;
+    walk.mapping = mapping;
+    walk.window_at = 0;
+    walk.window_len = 0;
     // bpf_loop's context must point into the stack: a slot holding the walk's address. That
     // the address escapes also tells the compiler the callbacks change the walk.
     let mut slot: *mut Walk = walk;
@@ -592,13 +591,58 @@ fn find_mapping(tgid: u32, pc: u64) -> Option<UnwindMapping> {
     }
 }
 
-/// The row of `mapping`'s table that holds at object address `pc`.
+/// Slots of [`ROW_CACHE`]: a power of two, since slot numbers are masked.
+const ROW_CACHE_SLOTS: u32 = 256;
+const _: () = assert!(ROW_CACHE_SLOTS.is_power_of_two());
+
+/// Each CPU's recently found rows: the slot of a (table, pc) pair ([`row_cache_slot`]) holds the
+/// index of the row that covered that pc when it was last looked up. A sampled program returns
+/// to the same few dozen addresses sample after sample (an interpreter's eval loop, a
+/// recursion), and a large table's bisection is up to 22 steps through an array of megabytes,
+/// most of them cache misses. A slot is only a hint: its row is used when it and the next one
+/// bracket the pc within the mapping's table, which makes it the row the bisection finds
+/// whatever the array holds now (a table replaced since, a slot two pcs share).
+#[map]
+static ROW_CACHE: PerCpuArray<u32> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
+
+/// The [`ROW_CACHE`] slot of object address `pc` in the table from row `first_row`.
+#[inline(always)]
+fn row_cache_slot(first_row: u32, pc: u32) -> u32 {
+    ((pc ^ first_row.rotate_left(16)).wrapping_mul(0x9e37_79b1) >> 24) & (ROW_CACHE_SLOTS - 1)
+}
+
+/// Row `index` when it is the row of `mapping`'s table that holds `pc`: in the table, at or
+/// below `pc`, and the table's last row or followed by one above `pc`.
+#[inline(always)]
+fn cached_row(mapping: &UnwindMapping, pc: u32, index: u32) -> Option<UnwindRow> {
+    let end = mapping.first_row.wrapping_add(mapping.rows);
+    if index < mapping.first_row || index >= end {
+        return None;
+    }
+    let row = *UNWIND_ROWS.get(index)?;
+    if row.pc > pc {
+        return None;
+    }
+    if index + 1 < end && UNWIND_ROWS.get(index + 1)?.pc <= pc {
+        return None;
+    }
+    Some(row)
+}
+
+/// The row of `mapping`'s table that holds at object address `pc`: this CPU's cached row when
+/// it still holds it, else found by bisection and cached.
 #[inline(always)]
 fn find_row(mapping: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
     if pc > u32::MAX as u64 {
         return None;
     }
     let pc = pc as u32;
+    let slot = ROW_CACHE.get_ptr_mut(row_cache_slot(mapping.first_row, pc))?;
+    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU (and a tracepoint
+    // program that interrupted one could only leave a hint that is checked before use).
+    if let Some(row) = cached_row(mapping, pc, unsafe { *slot }) {
+        return Some(row);
+    }
     let mut lo = mapping.first_row;
     let mut n = mapping.rows;
     let mut step = 0;
@@ -615,6 +659,8 @@ fn find_row(mapping: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
     }
     let row = *UNWIND_ROWS.get(lo)?;
     if row.pc <= pc {
+        // SAFETY: as above.
+        unsafe { *slot = lo };
         Some(row)
     } else {
         None

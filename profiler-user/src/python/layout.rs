@@ -10,7 +10,9 @@
 //! `_PyRuntime`; [`Layout::from_debug_offsets`] builds the layout from those.
 
 use anyhow::{anyhow, ensure};
-use profiler_common::{PythonEntryRule, PythonInstrRule, PythonProcess};
+use profiler_common::{
+    PythonEntryRule, PythonInstrRule, PythonProcess, PYTHON_FRAME_BYTES, PYTHON_FRAME_WINDOW_BYTES,
+};
 
 use super::linetable::LineTableFormat;
 use anyhow::Result;
@@ -110,6 +112,10 @@ const BYTES_DATA: u32 = 32;
 /// `Layout::kernel.cframe_current_frame` where the thread state points to the frame directly.
 const NO_CFRAME: u32 = u32::MAX;
 
+/// `Layout::kernel.frame_window` of 3.11 and later, whose frames lie one after another on each
+/// thread's data stack: the kernel reads a frame's next callers with it.
+const DATA_STACK_WINDOW: u32 = PYTHON_FRAME_WINDOW_BYTES as u32;
+
 /// The layout of CPython 3.`minor` for `minor` in 10..=12; 3.13 and later describe themselves.
 pub fn table(minor: u8) -> Option<Layout> {
     let version = 0x0300 | minor as u32;
@@ -128,6 +134,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 version,
                 gil_holder: 0,
                 gil_locked: 0,
+                // Frame objects are allocated one by one: their callers are elsewhere.
+                frame_window: PYTHON_FRAME_BYTES as u32,
+                reserved: 0,
             },
             runtime_interpreters_head: 32,
             interp_next: 0,
@@ -168,6 +177,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 version,
                 gil_holder: 0,
                 gil_locked: 0,
+                frame_window: DATA_STACK_WINDOW,
+                reserved: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -208,6 +219,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 version,
                 gil_holder: 0,
                 gil_locked: 0,
+                frame_window: DATA_STACK_WINDOW,
+                reserved: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -331,6 +344,8 @@ impl Layout {
                 version: 0x030d,
                 gil_holder: 0,
                 gil_locked: 0,
+                frame_window: DATA_STACK_WINDOW,
+                reserved: 0,
             },
             runtime_interpreters_head: small(d::RUNTIME_INTERPRETERS_HEAD)?,
             interp_next: small(d::INTERP_NEXT)?,

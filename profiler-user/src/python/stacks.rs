@@ -141,7 +141,7 @@ impl PythonTracking {
         if !fits_frame_copy(&layout) {
             log::warn!(
                 "pid {pid}: CPython {major}.{minor}'s frame fields lie past the {} bytes the \
-                 kernel reads per frame: no Python frames",
+                 kernel reads per frame, or are not aligned: no Python frames",
                 profiler_common::PYTHON_FRAME_BYTES
             );
             return None;
@@ -413,13 +413,16 @@ impl ThreadKinds {
     }
 }
 
-/// Whether every frame field the kernel reads ends within the bytes it copies per frame.
+/// Whether every frame field the kernel reads ends within the bytes it copies per frame and is
+/// aligned to its size (the kernel takes fields from whole 8-byte words of its copy), and the
+/// copy's window is one the kernel can hold.
 fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
     let instr = if k.instr_rule == profiler_common::PythonInstrRule::LastiIndex as u32 {
         4
     } else {
         8
     };
+    let window = k.frame_window as usize;
     [
         (k.frame_previous, 8),
         (k.frame_code, 8),
@@ -427,7 +430,12 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
         (k.frame_entry, 1),
     ]
     .iter()
-    .all(|&(offset, size)| offset as usize + size <= profiler_common::PYTHON_FRAME_BYTES)
+    .all(|&(offset, size)| {
+        offset as usize + size <= profiler_common::PYTHON_FRAME_BYTES
+            && (offset as usize).is_multiple_of(size)
+    }) && window.is_multiple_of(8)
+        && (profiler_common::PYTHON_FRAME_BYTES..=profiler_common::PYTHON_FRAME_WINDOW_BYTES)
+            .contains(&window)
 }
 
 /// The key of a packed frame in [`PythonSymbols`]: the frame without its eval-entry flag.
@@ -920,5 +928,19 @@ mod tests {
         };
         assert_eq!(names(false), ["[unknown Python code]", "main"]);
         assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
+    }
+
+    #[test]
+    fn every_tabled_layout_fits_the_kernels_frame_copy() {
+        for minor in 10..=12 {
+            let layout = super::super::layout::table(minor).expect("a tabled version");
+            assert!(fits_frame_copy(&layout.kernel), "3.{minor}");
+        }
+        let mut misaligned = super::super::layout::table(12).expect("3.12").kernel;
+        misaligned.frame_previous += 4;
+        assert!(!fits_frame_copy(&misaligned));
+        let mut too_wide = super::super::layout::table(12).expect("3.12").kernel;
+        too_wide.frame_window = profiler_common::PYTHON_FRAME_WINDOW_BYTES as u32 + 8;
+        assert!(!fits_frame_copy(&too_wide));
     }
 }
