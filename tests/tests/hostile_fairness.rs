@@ -38,8 +38,11 @@ const WHOLE_SHARE: f64 = 0.8;
 /// Assembly of a shared object whose call frame information costs the table builder the most
 /// CPU per byte: one CIE with a long list of initial instructions, shared by many one-word
 /// FDEs (each evaluation of an FDE starts with its CIE's instructions).
-fn costly_cfi_asm() -> String {
-    let code = COSTLY_FDES * 4;
+fn costly_cfi_asm(variant: usize) -> String {
+    // Each variant's code is 16 bytes longer, which moves its `.eh_frame`: a table of its own
+    // (the table cache files tables by their content, so byte-identical copies would share
+    // one build).
+    let code = COSTLY_FDES * 4 + variant * 16;
     format!(
         r#"
 	.text
@@ -109,7 +112,8 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The attacker's process maps six 1 MB objects whose CFI costs the build thread seconds of
+/// The attacker's process maps six 1 MB objects, each with CFI of its own (copies of one would
+/// share one build through the table cache), whose CFI costs the build thread seconds of
 /// CPU each (about 20 s in all); the victim's `nofp` (no frame pointers: its stacks unwind only
 /// by CFI) starts right after. Served in one queue by one thread, the victim's executable
 /// waited for the attacker's build in progress and its libc behind every one of the
@@ -127,20 +131,17 @@ fn one_users_costly_objects_do_not_hold_up_another_users_tables() {
     let victim = test_user("bpfprof-t2");
     let dir = shared_dir();
 
-    let first = compile(
-        dir.path(),
-        "costly0.so",
-        "s",
-        &costly_cfi_asm(),
-        &["-shared", "-nostdlib", "-Wl,--eh-frame-hdr"],
-    );
-    let mut objects = vec![first.clone()];
-    for i in 1..COSTLY_OBJECTS {
-        // Copies are other files (other inodes): each gets a table of its own.
-        let copy = dir.path().join(format!("costly{i}.so"));
-        std::fs::copy(&first, &copy).unwrap();
-        objects.push(copy);
-    }
+    let objects: Vec<_> = (0..COSTLY_OBJECTS)
+        .map(|i| {
+            compile(
+                dir.path(),
+                &format!("costly{i}.so"),
+                "s",
+                &costly_cfi_asm(i),
+                &["-shared", "-nostdlib", "-Wl,--eh-frame-hdr"],
+            )
+        })
+        .collect();
     for object in &objects {
         std::os::unix::fs::chown(object, Some(attacker.uid), Some(attacker.gid)).unwrap();
         std::fs::set_permissions(object, std::fs::Permissions::from_mode(0o755)).unwrap();
