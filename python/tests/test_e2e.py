@@ -146,6 +146,9 @@ def test_wall_mode_shows_half_of_a_half_asleep_function_off_the_cpu(real_daemon)
                 if name in frames:
                     weights[name] += int(weight)
     whole, asleep = weights["half_asleep"] / 1e9, weights["_nap"] / 1e9
-    assert 0.9 * 2.0 <= whole <= took, (whole, took)
+    # The time on the CPU is counted in samples of the mean period (each drawn within ±50%), so
+    # the sum may pass the function's own clock by a few per cent (CI at 06bd896: 2.070 s
+    # against 2.061).
+    assert 0.9 * 2.0 <= whole <= took * 1.05, (whole, took)
     # Asleep half the time, give or take the sleeps' late wakeups and the spins' preemptions.
     assert 0.4 <= asleep / whole <= 0.6, (asleep, whole)
