@@ -214,9 +214,10 @@ fn record(
     stop: &AtomicBool,
     started: tokio::sync::oneshot::Sender<Result<String>>,
 ) -> Result<()> {
+    let table_cache = crate::unwind::open_table_cache(&config.table_cache);
     let mut pool = ProgramPool::new(false)
         .with_build_priority(crate::unwind::BuildPriority::Background)
-        .with_table_cache(crate::unwind::open_table_cache(&config.table_cache));
+        .with_table_cache(table_cache.clone());
     let mut recording = Recording::new(&config.request);
     let start = start(&config, &mut pool, &mut recording);
     let start = start.map(|()| {
@@ -232,7 +233,7 @@ fn record(
     let mut agent = Agent {
         config,
         shared,
-        symbolizer: Symbolizer::new(),
+        symbolizer: Symbolizer::new().with_kernel_cache(table_cache),
         labels: HashMap::new(),
         host,
         export,

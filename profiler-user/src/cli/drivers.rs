@@ -283,8 +283,8 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // Only pprof shows where each frame's instruction is.
     validated.options.addresses = outputs.iter().any(|o| o.format() == Format::Pprof);
     let options = validated.options.clone();
-    let pool = ProgramPool::new(cli.bpf_stats)
-        .with_table_cache(crate::unwind::open_table_cache(&cli.unwind_cache));
+    let table_cache = crate::unwind::open_table_cache(&cli.unwind_cache);
+    let pool = ProgramPool::new(cli.bpf_stats).with_table_cache(table_cache.clone());
     let recorder = if launch {
         Recorder::launch(&validated, &cli.command, pool, false)
     } else if cli.all {
@@ -301,7 +301,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     };
     // Symbols are loaded and sampled addresses resolved while the run goes on, so that the
     // profile is out soon after the end of --duration.
-    let symbolizer = SymbolizerThread::spawn()
+    let symbolizer = SymbolizerThread::spawn(table_cache)
         .map_err(|e| Error::Other(anyhow::anyhow!("starting the symbolizer thread: {e}")))?;
     let line_numbers = options.line_numbers;
     symbolizer

@@ -414,9 +414,8 @@ pub async fn run(args: TopArgs) -> Result<i32> {
     } else {
         format!("pid {}", args.pids.join(", "))
     };
-    let pool = ProgramPool::new(false).with_table_cache(crate::unwind::open_table_cache(
-        crate::unwind::DEFAULT_TABLE_CACHE,
-    ));
+    let table_cache = crate::unwind::open_table_cache(crate::unwind::DEFAULT_TABLE_CACHE);
+    let pool = ProgramPool::new(false).with_table_cache(table_cache.clone());
     let mut recorder = if launch {
         Recorder::launch(&request, &args.command, pool, true)?
     } else if args.all {
@@ -432,7 +431,7 @@ pub async fn run(args: TopArgs) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
     let mut sighup = signal(SignalKind::hangup()).map_err(anyhow::Error::from)?;
-    let mut symbolizer = Symbolizer::new();
+    let mut symbolizer = Symbolizer::new().with_kernel_cache(table_cache);
     let started = std::time::Instant::now();
     let end = {
         let mut screen = Screen::enter()?;

@@ -243,9 +243,10 @@ impl Runs {
                 ProgramPool::new(false)
                     .with_linger(PROGRAM_LINGER)
                     .with_build_priority(crate::unwind::BuildPriority::SampledFirst)
-                    .with_table_cache(table_cache),
+                    .with_table_cache(table_cache.clone()),
             ),
-            symbolizer: SymbolizerThread::spawn().expect("spawning the symbolizer thread"),
+            symbolizer: SymbolizerThread::spawn(table_cache)
+                .expect("spawning the symbolizer thread"),
             naming: Arc::new(NamingShares::per_owner()),
             store,
             limits,

@@ -1,6 +1,7 @@
 //! Symbolization: instruction pointers to function names with blazesym, each unique address
 //! resolved once and cached for the rest of the process's life.
 
+pub mod kernel;
 pub mod plt;
 pub mod stripped;
 
@@ -26,8 +27,10 @@ use blazesym::symbolize::{
 
 use crate::{
     process::maps::{FileId, Location, MappedFile, ProcessMaps},
+    symbolize::kernel::KernelSymbols,
     symbolize::plt::PltStubs,
     symbolize::stripped::FunctionStarts,
+    unwind::cache::TableCache,
 };
 
 /// Addresses a recording's targets ran at since the last tick, placed in their files: what
@@ -98,6 +101,11 @@ pub struct Symbolizer {
     /// (file identity, file offset) -> frames, outermost first (inlined callees after callers).
     user: HashMap<(FileId, u64), Arc<[Frame]>>,
     kernel: HashMap<u64, Arc<[Frame]>>,
+    /// The core kernel's function names, read on the first kernel address (`None` until then;
+    /// `Some(None)` where they are not to be had: blazesym names every kernel address).
+    kernel_symbols: Option<Option<KernelSymbols>>,
+    /// Where the kernel's names are kept between processes.
+    kernel_cache: Option<Arc<TableCache>>,
     /// Where each file's functions start, for code no symbol covers (read on first need).
     function_starts: HashMap<FileId, Option<FunctionStarts>>,
     /// Each file's PLT stubs, which no symbol covers (read on first sight of the file).
@@ -124,11 +132,20 @@ impl Symbolizer {
             blazesym: new_blazesym(),
             user: HashMap::new(),
             kernel: HashMap::new(),
+            kernel_symbols: None,
+            kernel_cache: None,
             function_starts: HashMap::new(),
             plt: HashMap::new(),
             start_lines: false,
             opened: HashMap::new(),
         }
+    }
+
+    /// The same symbolizer, keeping the kernel's names in `cache` between processes (see
+    /// [`kernel`]).
+    pub fn with_kernel_cache(mut self, cache: Option<Arc<TableCache>>) -> Symbolizer {
+        self.kernel_cache = cache;
+        self
     }
 
     /// Forgets every open file (blazesym's cached descriptors and mappings, each file's PLT
@@ -155,6 +172,7 @@ impl Symbolizer {
     pub fn unload(&mut self) {
         self.release();
         self.blazesym = new_blazesym();
+        self.kernel_symbols = None;
         // The parsed data was freed in many small pieces that malloc keeps for reuse; this
         // returns their pages (the profile is then built in fresh ones, as needed).
         // SAFETY: malloc_trim takes no pointer; it only returns free pages to the kernel.
@@ -374,6 +392,28 @@ impl Symbolizer {
         if addrs.is_empty() {
             return;
         }
+        // The core kernel text from the table kept for this boot, the rest (modules, BPF
+        // programs) by blazesym, which reads /proc/kallsyms again.
+        let table = self
+            .kernel_symbols
+            .get_or_insert_with(|| KernelSymbols::load(self.kernel_cache.as_ref()));
+        if let Some(table) = table {
+            addrs.retain(|addr| match table.lookup(*addr) {
+                Some(name) => {
+                    let frame = Frame::named(
+                        stripped::demangle(name),
+                        Some("[kernel]".to_string()),
+                        FrameKind::Kernel,
+                    );
+                    self.kernel.insert(*addr, Arc::new([frame]));
+                    false
+                }
+                None => true,
+            });
+            if addrs.is_empty() {
+                return;
+            }
+        }
         let source = Source::Kernel(Kernel::default());
         match self.blazesym.symbolize(&source, Input::AbsAddr(&addrs)) {
             Ok(results) => {
@@ -421,13 +461,14 @@ pub struct SymbolizerThread {
 }
 
 impl SymbolizerThread {
-    /// Starts the thread, with a symbolizer that has demangling and inlining on.
-    pub fn spawn() -> std::io::Result<SymbolizerThread> {
+    /// Starts the thread, with a symbolizer that has demangling and inlining on and keeps
+    /// the kernel's names in `cache`.
+    pub fn spawn(cache: Option<Arc<TableCache>>) -> std::io::Result<SymbolizerThread> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut symbolizer = Symbolizer::new();
+                let mut symbolizer = Symbolizer::new().with_kernel_cache(cache);
                 for job in rx {
                     job(&mut symbolizer);
                 }

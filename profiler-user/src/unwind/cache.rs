@@ -28,14 +28,44 @@ use profiler_common::UnwindRow;
 
 use super::table::{CfiInputs, UnwindTable, MAX_TABLE_ROWS};
 
-/// The first bytes of every entry (and the entry format's version).
-const MAGIC: &[u8; 8] = b"BPFUNW01";
-/// Bytes before the rows: magic, key, row count, checksum of the rows.
+/// Bytes before an entry's payload: magic, key, unit count, checksum of the payload.
 const HEADER: usize = 8 + 32 + 8 + 32;
 /// Bytes of one encoded row: `pc`, `cfa_offset`, `info`, little-endian.
 const ROW_BYTES: usize = 8;
-/// The name every entry's file name ends with.
-const SUFFIX: &str = ".rows";
+/// Most bytes of any other entry's payload (the kernel's symbols: 3-4 MiB).
+const MAX_BLOB_BYTES: usize = 64 << 20;
+
+/// What an entry holds: its first bytes (and the format's version), its file names' end,
+/// the bytes of one unit of its payload and the most units it may hold.
+struct Kind {
+    magic: &'static [u8; 8],
+    suffix: &'static str,
+    unit: usize,
+    max_units: usize,
+}
+
+/// An unwind table's entry: its rows.
+const TABLE: Kind = Kind {
+    magic: b"BPFUNW01",
+    suffix: ".rows",
+    unit: ROW_BYTES,
+    max_units: MAX_TABLE_ROWS,
+};
+
+/// Any other entry ([`TableCache::put_bytes`]): bytes its reader checks.
+const BLOB: Kind = Kind {
+    magic: b"BPFBLB01",
+    suffix: ".blob",
+    unit: 1,
+    max_units: MAX_BLOB_BYTES,
+};
+
+/// Whether a file of the folder is an entry (of any kind).
+fn is_entry(name: &str) -> bool {
+    [TABLE.suffix, BLOB.suffix]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
 /// Age past which a half-written entry (its writer exited) is removed.
 const STALE_WRITE: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -97,13 +127,53 @@ impl TableCache {
         inputs.key(&self.salt)
     }
 
+    /// The key under which anything else made from `inputs` is filed ([`Self::put_bytes`]),
+    /// with this executable's identity, as a table's.
+    pub fn key_of(&self, inputs: &[u8]) -> [u8; 32] {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"bpfprof cache entry\0");
+        hasher.update(&self.salt);
+        hasher.update(inputs);
+        hasher.finalize().into()
+    }
+
+    #[cfg(test)]
     fn path(&self, key: &[u8; 32]) -> PathBuf {
-        self.dir.join(format!("{}{SUFFIX}", hex(key)))
+        self.path_of(key, &TABLE)
+    }
+
+    fn path_of(&self, key: &[u8; 32], kind: &Kind) -> PathBuf {
+        self.dir.join(format!("{}{}", hex(key), kind.suffix))
     }
 
     /// The table filed under `key`, if a sound entry holds it.
     pub fn get(&self, key: &[u8; 32]) -> Option<UnwindTable> {
-        let path = self.path(key);
+        self.read(key, &TABLE, decode_table)
+    }
+
+    /// What `decode` makes of the bytes filed under `key` by [`Self::put_bytes`], if a sound
+    /// entry holds them and `decode` takes them (an entry it refuses is removed).
+    pub fn get_bytes<T>(
+        &self,
+        key: &[u8; 32],
+        decode: impl FnOnce(Vec<u8>) -> anyhow::Result<T>,
+    ) -> Option<T> {
+        self.read(key, &BLOB, decode)
+    }
+
+    /// Files `bytes` under `key`, as [`Self::put`] files a table.
+    pub fn put_bytes(&self, key: &[u8; 32], bytes: &[u8]) {
+        self.store_as(key, &entry_of(&BLOB, key, bytes, bytes.len()), &BLOB);
+    }
+
+    fn read<T>(
+        &self,
+        key: &[u8; 32],
+        kind: &Kind,
+        decode: impl FnOnce(Vec<u8>) -> anyhow::Result<T>,
+    ) -> Option<T> {
+        let path = self.path_of(key, kind);
         let mut file = match OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -116,7 +186,7 @@ impl TableCache {
                 return None;
             }
         };
-        match read_entry(&mut file, key) {
+        match read_entry(&mut file, key, kind).and_then(decode) {
             Ok(table) => {
                 // Recently used: kept longest when the folder is trimmed.
                 let _ = file.set_modified(SystemTime::now());
@@ -124,7 +194,7 @@ impl TableCache {
             }
             Err(e) => {
                 log::warn!(
-                    "unwind table cache: removing {}: {e:#}; the table is built again",
+                    "unwind table cache: removing {}: {e:#}; it is made again",
                     path.display()
                 );
                 let _ = fs::remove_file(&path);
@@ -142,21 +212,17 @@ impl TableCache {
     /// The bytes of `table`'s entry under `key`, for [`Self::store`]: a build thread makes
     /// them while it holds the table, hands the table on, then stores them.
     pub fn entry(key: &[u8; 32], table: &UnwindTable) -> Vec<u8> {
-        use sha2::Digest;
-        let mut bytes = Vec::with_capacity(HEADER + table.rows.len() * ROW_BYTES);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(&(table.rows.len() as u64).to_le_bytes());
-        let rows = encode(&table.rows);
-        bytes.extend_from_slice(&sha2::Sha256::digest(&rows));
-        bytes.extend_from_slice(&rows);
-        bytes
+        entry_of(&TABLE, key, &encode(&table.rows), table.rows.len())
     }
 
     /// Writes an entry made by [`Self::entry`], then trims the folder to its cap; a failure
     /// is logged and changes nothing else.
     pub fn store(&self, key: &[u8; 32], entry: &[u8]) {
-        if let Err(e) = self.write(key, entry) {
+        self.store_as(key, entry, &TABLE);
+    }
+
+    fn store_as(&self, key: &[u8; 32], entry: &[u8], kind: &Kind) {
+        if let Err(e) = self.write(&self.path_of(key, kind), entry) {
             log::warn!("unwind table cache: not kept: {e:#}");
             return;
         }
@@ -165,10 +231,11 @@ impl TableCache {
         }
     }
 
-    fn write(&self, key: &[u8; 32], bytes: &[u8]) -> anyhow::Result<()> {
+    fn write(&self, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let tmp = self.dir.join(format!(".{}.{tid}.tmp", hex(key)));
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = self.dir.join(format!(".{name}.{tid}.tmp"));
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -178,7 +245,7 @@ impl TableCache {
             .with_context(|| format!("creating {}", tmp.display()))?;
         let written = file.write_all(bytes).and_then(|()| {
             drop(file);
-            fs::rename(&tmp, self.path(key))
+            fs::rename(&tmp, path)
         });
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
@@ -207,7 +274,7 @@ impl TableCache {
                 let _ = fs::remove_file(entry.path());
                 continue;
             }
-            if !name.ends_with(SUFFIX) {
+            if !is_entry(&name) {
                 continue;
             }
             total += meta.len();
@@ -242,7 +309,7 @@ pub fn clean(dir: &Path) -> std::io::Result<(usize, u64)> {
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if !(name.ends_with(SUFFIX) || name.ends_with(".tmp")) {
+        if !(is_entry(&name) || name.ends_with(".tmp")) {
             continue;
         }
         let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
@@ -259,7 +326,7 @@ pub fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
     let mut usage = (0, 0);
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+        if is_entry(&entry.file_name().to_string_lossy()) {
             usage.0 += 1;
             usage.1 += entry.metadata().map(|m| m.len()).unwrap_or(0);
         }
@@ -267,34 +334,51 @@ pub fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
     Ok(usage)
 }
 
-/// Reads and checks one entry: its length, magic, key, checksum, and that its rows are
-/// sorted with no two alike (what every built table is).
-fn read_entry(file: &mut File, key: &[u8; 32]) -> anyhow::Result<UnwindTable> {
+/// An entry of `kind` filed under `key` holding `count` units in `payload`.
+fn entry_of(kind: &Kind, key: &[u8; 32], payload: &[u8], count: usize) -> Vec<u8> {
+    use sha2::Digest;
+    let mut bytes = Vec::with_capacity(HEADER + payload.len());
+    bytes.extend_from_slice(kind.magic);
+    bytes.extend_from_slice(key);
+    bytes.extend_from_slice(&(count as u64).to_le_bytes());
+    bytes.extend_from_slice(&sha2::Sha256::digest(payload));
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Reads and checks one entry of `kind`: its length, magic, key and checksum; its payload.
+fn read_entry(file: &mut File, key: &[u8; 32], kind: &Kind) -> anyhow::Result<Vec<u8>> {
     use sha2::Digest;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(anyhow!("not a regular file"));
     }
-    let max = (HEADER + MAX_TABLE_ROWS * ROW_BYTES) as u64;
+    let max = (HEADER + kind.max_units * kind.unit) as u64;
     if meta.len() < HEADER as u64 || meta.len() > max {
         return Err(anyhow!("{} bytes", meta.len()));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(max).read_to_end(&mut bytes)?;
-    if &bytes[..8] != MAGIC {
+    if &bytes[..8] != kind.magic {
         return Err(anyhow!("not an entry of this format"));
     }
     if &bytes[8..40] != key {
         return Err(anyhow!("filed under another key"));
     }
     let count = u64::from_le_bytes(bytes[40..48].try_into().expect("8 bytes"));
-    let rows = &bytes[HEADER..];
-    if count.checked_mul(ROW_BYTES as u64) != Some(rows.len() as u64) {
-        return Err(anyhow!("{count} rows in {} bytes", rows.len()));
+    let payload = &bytes[HEADER..];
+    if count.checked_mul(kind.unit as u64) != Some(payload.len() as u64) {
+        return Err(anyhow!("{count} units in {} bytes", payload.len()));
     }
-    if sha2::Sha256::digest(rows).as_slice() != &bytes[48..80] {
+    if sha2::Sha256::digest(payload).as_slice() != &bytes[48..80] {
         return Err(anyhow!("checksum mismatch"));
     }
+    bytes.drain(..HEADER);
+    Ok(bytes)
+}
+
+/// A table's payload, checked: its rows sorted with no two alike (what every built table is).
+fn decode_table(rows: Vec<u8>) -> anyhow::Result<UnwindTable> {
     let rows: Vec<UnwindRow> = rows
         .chunks_exact(ROW_BYTES)
         .map(|r| UnwindRow {
@@ -387,6 +471,28 @@ mod tests {
         cache.put(&key, &table());
         fs::copy(&path, cache.path(&[9u8; 32])).unwrap();
         assert!(cache.get(&[9u8; 32]).is_none());
+    }
+
+    #[test]
+    fn bytes_come_back_under_their_key_only_and_an_entry_the_reader_refuses_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = TableCache::open(&dir.path().join("unwind"), 1 << 20).unwrap();
+        let key = cache.key_of(b"some inputs");
+        assert_ne!(key, cache.key_of(b"other inputs"));
+        cache.put_bytes(&key, b"payload");
+        assert_eq!(cache.get_bytes(&key, Ok).unwrap(), b"payload");
+        // Not a table, whatever its key: a table's reader never sees the bytes.
+        assert!(cache.get(&key).is_none());
+        assert!(cache
+            .get_bytes(&cache.key_of(b"other inputs"), Ok)
+            .is_none());
+        let refused = cache.get_bytes(&key, |_| -> anyhow::Result<()> { Err(anyhow!("no")) });
+        assert!(refused.is_none());
+        assert!(
+            cache.get_bytes(&key, Ok).is_none(),
+            "the refused entry was removed"
+        );
+        assert_eq!(usage(cache.dir()).unwrap(), (0, 0));
     }
 
     #[test]
