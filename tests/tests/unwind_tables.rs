@@ -350,8 +350,8 @@ fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
             second_summary.field("cost")
         )
     });
-    // A launched command runs at once: its stacks before the CFI walker is verified are
-    // walked by frame pointer, which this binary has not, and counted apart.
+    // A launched command starts once the CFI walker is verified: no stack of it is walked by
+    // frame pointer (which this binary has not) for want of the walker.
     let early = |summary: &Summary| {
         summary.field("unwind")["before_walker_ready"]
             .as_u64()
@@ -361,6 +361,12 @@ fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
         ("first", &first, &first_summary),
         ("second", &second, &second_summary),
     ] {
+        c.check(early(summary) == 0, || {
+            format!(
+                "{run} run: {} stacks were taken before the walker was ready",
+                early(summary)
+            )
+        });
         let hot = profile.count_containing("hot_leaf");
         let w = whole(profile, "chain_before");
         let walked = hot.saturating_sub(early(summary));
@@ -408,9 +414,10 @@ fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
         ["doctor", "--json", "--unwind-cache", cache_arg],
         Duration::from_secs(60),
     );
-    c.check(report.stdout.contains(&format!("{now} tables")), || {
+    // The tables and the kernel's names, filed by the first run.
+    c.check(report.stdout.contains(&format!("{now} entries")), || {
         format!(
-            "doctor does not report the {now} tables:\n{}",
+            "doctor does not report the {now} entries:\n{}",
             report.stdout
         )
     });
@@ -419,10 +426,7 @@ fn a_rebuilt_binary_at_the_same_path_never_gets_its_old_cached_table() {
         Duration::from_secs(60),
     );
     c.check(
-        cleaned
-            .stderr
-            .contains(&format!("removed {now} unwind tables"))
-            && !cache.exists(),
+        cleaned.stderr.contains(&format!("removed {now} entries")) && !cache.exists(),
         || {
             format!(
                 "doctor --clean left {}:\n{}",

@@ -54,6 +54,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "golang-github-google-pprof-dev",
     "binutils",
     "xz-utils",
+    // libc's separate debug file: its internal functions (`start_thread`,
+    // `__libc_start_call_main`) are named from its symbol table, which tests assert on.
+    "libc6-dbg",
     "chromium",
     // The `bpfprof top` test drives the live view in a detached 80x24 terminal.
     "tmux",

@@ -129,8 +129,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
     /// Where unwind tables are kept between runs, so that objects seen before get theirs at
-    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
-    /// builds every table.
+    /// once instead of being built again (libtorch_cpu.so: half a second or more), with the
+    /// kernel's function names for this boot; `off` builds every table and reads the names.
     #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
     pub unwind_cache: String,
     /// Also record where threads block (sleeps, locks, pipes, disk) and for how long: each
@@ -249,8 +249,8 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
     /// Where unwind tables are kept between runs, so that objects seen before get theirs at
-    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
-    /// builds every table.
+    /// once instead of being built again (libtorch_cpu.so: half a second or more), with the
+    /// kernel's function names for this boot; `off` builds every table and reads the names.
     #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
     pub unwind_cache: String,
     /// Where runs and their results are kept.
@@ -507,8 +507,8 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = crate::unwind::DEFAULT_TABLE_MIB)]
     pub unwind_table_mib: u32,
     /// Where unwind tables are kept between runs, so that objects seen before get theirs at
-    /// once instead of being built again (libtorch_cpu.so: half a second or more); `off`
-    /// builds every table.
+    /// once instead of being built again (libtorch_cpu.so: half a second or more), with the
+    /// kernel's function names for this boot; `off` builds every table and reads the names.
     #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
     pub unwind_cache: String,
 

@@ -141,7 +141,8 @@ fn unwind_cache(dir: &Path) -> Check {
             "unwind_cache",
             Status::Ok,
             format!(
-                "{files} tables, {:.1} MiB in {} (bpfprof doctor --clean empties it)",
+                "{files} entries (unwind tables, the kernel's names), {:.1} MiB in {} \
+                 (bpfprof doctor --clean empties it)",
                 bytes as f64 / (1024.0 * 1024.0),
                 dir.display()
             ),

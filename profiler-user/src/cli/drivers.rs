@@ -174,7 +174,8 @@ pub fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             )))
         })?;
         eprintln!(
-            "bpfprof: removed {files} unwind tables ({:.1} MiB) from {}",
+            "bpfprof: removed {files} entries (unwind tables, the kernel's names; {:.1} MiB) \
+             from {}",
             bytes as f64 / (1024.0 * 1024.0),
             args.unwind_cache.display()
         );

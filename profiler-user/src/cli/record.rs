@@ -169,6 +169,10 @@ impl Recorder {
         };
         let registered = Target::from_pid(pid)
             .and_then(|target| recorder.recording.add_target(&mut recorder.pool, target));
+        if registered.is_ok() {
+            // Before the command runs, not beside it: a short command keeps every CPU busy.
+            recorder.recording.wait_for_walker(&mut recorder.pool);
+        }
         gate.open();
         if let Err(e) = registered {
             // Never leave the command running unprofiled behind an error.

@@ -522,6 +522,17 @@ impl Recording {
         registered
     }
 
+    /// Waits for the walker program of every slot in use to be verified (or to fail): a
+    /// launched command is held at its exec until then, so that its stacks are whole from the
+    /// first sample and the kernel's verification (15-20 ms of CPU) is not taken from it.
+    pub fn wait_for_walker(&mut self, pool: &mut impl PoolAccess) {
+        for (slot, _) in self.slots.clone() {
+            while pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending())) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Frees `slot` when no process of this recording uses it (a target that failed to register).
     fn release_unused(&mut self, pool: &mut ProgramPool, slot: Slot) {
         if !self
@@ -550,8 +561,8 @@ impl Recording {
             if program.unwind.is_tracked(target.pid) {
                 // A running process is profiled from its first sample with whole stacks: its
                 // samples wait for the CFI walker (verifying since the program loaded). A
-                // launched command is added before it execs, with no tables, and starts at
-                // once; its first samples use frame pointers and are counted.
+                // launched command, added before it execs with no tables, waits for it at its
+                // exec ([`Self::wait_for_walker`]).
                 if let Err(e) = program.wait_walker() {
                     log::warn!("CFI walker unavailable ({e}): stacks use frame pointers");
                 }

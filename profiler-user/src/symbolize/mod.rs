@@ -1,6 +1,7 @@
 //! Symbolization: instruction pointers to function names with blazesym, each unique address
 //! resolved once and cached for the rest of the process's life.
 
+pub mod debug_file;
 pub mod kernel;
 pub mod plt;
 pub mod stripped;
@@ -27,6 +28,7 @@ use blazesym::symbolize::{
 
 use crate::{
     process::maps::{FileId, Location, MappedFile, ProcessMaps},
+    symbolize::debug_file::DebugSymbols,
     symbolize::kernel::KernelSymbols,
     symbolize::plt::PltStubs,
     symbolize::stripped::FunctionStarts,
@@ -110,6 +112,9 @@ pub struct Symbolizer {
     function_starts: HashMap<FileId, Option<FunctionStarts>>,
     /// Each file's PLT stubs, which no symbol covers (read on first sight of the file).
     plt: HashMap<FileId, Option<PltStubs>>,
+    /// Each stripped file's separate debug file, named from its symbol table alone (see
+    /// [`debug_file`]; looked for on first sight of the file, unless lines are wanted).
+    debug_files: HashMap<FileId, Option<DebugSymbols>>,
     /// Whether user frames get their function's first line (one more lookup per function).
     start_lines: bool,
     /// The path blazesym opened each file by (`/proc/self/fd/N` of its [`MappedFile`]), so
@@ -136,6 +141,7 @@ impl Symbolizer {
             kernel_cache: None,
             function_starts: HashMap::new(),
             plt: HashMap::new(),
+            debug_files: HashMap::new(),
             start_lines: false,
             opened: HashMap::new(),
         }
@@ -158,6 +164,14 @@ impl Symbolizer {
                 blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(path));
             if let Err(e) = self.blazesym.evict(&evict) {
                 log::debug!("releasing a symbolized file: {e}");
+            }
+        }
+        for debug in self.debug_files.drain().filter_map(|(_, d)| d) {
+            let evict = blazesym::symbolize::evict::Evict::Elf(
+                blazesym::symbolize::evict::Elf::new(debug.path),
+            );
+            if let Err(e) = self.blazesym.evict(&evict) {
+                log::debug!("releasing a debug file: {e}");
             }
         }
         self.plt.clear();
@@ -207,6 +221,8 @@ impl Symbolizer {
     pub fn set_start_lines(&mut self, on: bool) {
         if on && !self.start_lines {
             self.user.clear();
+            // Lines come from DWARF, which debug files are otherwise not read for.
+            self.debug_files.clear();
         }
         self.start_lines = on;
     }
@@ -248,11 +264,36 @@ impl Symbolizer {
                 continue;
             };
             self.opened.insert(id, path.clone());
-            let source = Source::Elf(Elf::new(path.clone()));
-            match self
-                .blazesym
-                .symbolize(&source, Input::FileOffset(&offsets))
-            {
+            // A stripped system library with its debug file installed: that file's symbol
+            // table, at the virtual addresses of the offsets (all of them or none).
+            let start_lines = self.start_lines;
+            let debug = self
+                .debug_files
+                .entry(id)
+                .or_insert_with(|| {
+                    (!start_lines)
+                        .then(|| DebugSymbols::find(&path, file.build_id()))
+                        .flatten()
+                })
+                .as_ref()
+                .and_then(|debug| {
+                    let virt: Option<Vec<u64>> =
+                        offsets.iter().map(|o| debug.virt_offset(*o)).collect();
+                    Some((debug.path.clone(), virt?))
+                });
+            let source = match &debug {
+                Some((debug_path, _)) => {
+                    let mut elf = Elf::new(debug_path.clone());
+                    elf.debug_syms = false;
+                    Source::Elf(elf)
+                }
+                None => Source::Elf(Elf::new(path.clone())),
+            };
+            let input = match &debug {
+                Some((_, virt)) => Input::VirtOffset(virt.as_slice()),
+                None => Input::FileOffset(offsets.as_slice()),
+            };
+            match self.blazesym.symbolize(&source, input) {
                 Ok(results) => {
                     let build_id = file.build_id();
                     let start_lines = if self.start_lines {
@@ -271,7 +312,19 @@ impl Symbolizer {
                             // A PLT stub: whatever symbol precedes it (`_init`) is not it.
                             renamed(&module, stub)
                         } else if result.as_sym().is_some() {
-                            to_frames(&result, &module, *offset, FrameKind::User)
+                            let frames = to_frames(&result, &module, *offset, FrameKind::User);
+                            if debug.is_some() {
+                                // Of the library, not of the debug file blazesym read.
+                                frames
+                                    .iter()
+                                    .map(|f| Frame {
+                                        module: Some(module.clone()),
+                                        ..f.clone()
+                                    })
+                                    .collect()
+                            } else {
+                                frames
+                            }
                         } else {
                             // No symbol covers it (a stripped library): name its function
                             // by where it starts, so its samples share one frame.
