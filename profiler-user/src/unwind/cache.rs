@@ -149,17 +149,23 @@ impl TableCache {
 
     /// The table filed under `key`, if a sound entry holds it.
     pub fn get(&self, key: &[u8; 32]) -> Option<UnwindTable> {
-        self.read(key, &TABLE, decode_table)
+        self.read(key, &TABLE, |file| {
+            read_entry(file, key, &TABLE).and_then(decode_table)
+        })
     }
 
     /// What `decode` makes of the bytes filed under `key` by [`Self::put_bytes`], if a sound
-    /// entry holds them and `decode` takes them (an entry it refuses is removed).
+    /// entry holds them and `decode` takes them (an entry it refuses is removed). The bytes
+    /// are a read-only mapping of the entry: pages its reader does not touch (again) are not
+    /// this process's memory.
     pub fn get_bytes<T>(
         &self,
         key: &[u8; 32],
-        decode: impl FnOnce(Vec<u8>) -> anyhow::Result<T>,
+        decode: impl FnOnce(memmap2::Mmap) -> anyhow::Result<T>,
     ) -> Option<T> {
-        self.read(key, &BLOB, decode)
+        self.read(key, &BLOB, |file| {
+            map_entry(file, key, &BLOB).and_then(decode)
+        })
     }
 
     /// Files `bytes` under `key`, as [`Self::put`] files a table.
@@ -171,7 +177,7 @@ impl TableCache {
         &self,
         key: &[u8; 32],
         kind: &Kind,
-        decode: impl FnOnce(Vec<u8>) -> anyhow::Result<T>,
+        load: impl FnOnce(&mut File) -> anyhow::Result<T>,
     ) -> Option<T> {
         let path = self.path_of(key, kind);
         let mut file = match OpenOptions::new()
@@ -186,7 +192,7 @@ impl TableCache {
                 return None;
             }
         };
-        match read_entry(&mut file, key, kind).and_then(decode) {
+        match load(&mut file) {
             Ok(table) => {
                 // Recently used: kept longest when the folder is trimmed.
                 let _ = file.set_modified(SystemTime::now());
@@ -377,6 +383,45 @@ fn read_entry(file: &mut File, key: &[u8; 32], kind: &Kind) -> anyhow::Result<Ve
     Ok(bytes)
 }
 
+/// Checks one entry of `kind` as [`read_entry`] does, and maps its payload (read-only, private)
+/// instead of reading it.
+fn map_entry(file: &mut File, key: &[u8; 32], kind: &Kind) -> anyhow::Result<memmap2::Mmap> {
+    use sha2::Digest;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(anyhow!("not a regular file"));
+    }
+    let max = (HEADER + kind.max_units * kind.unit) as u64;
+    if meta.len() <= HEADER as u64 || meta.len() > max {
+        return Err(anyhow!("{} bytes", meta.len()));
+    }
+    let mut header = [0u8; HEADER];
+    file.read_exact(&mut header)?;
+    if &header[..8] != kind.magic {
+        return Err(anyhow!("not an entry of this format"));
+    }
+    if &header[8..40] != key {
+        return Err(anyhow!("filed under another key"));
+    }
+    let count = u64::from_le_bytes(header[40..48].try_into().expect("8 bytes"));
+    let len = meta.len() - HEADER as u64;
+    if count.checked_mul(kind.unit as u64) != Some(len) {
+        return Err(anyhow!("{count} units in {len} bytes"));
+    }
+    // SAFETY: a private, read-only mapping of a file in this user's own folder (see
+    // `TableCache::open`), whose entries are replaced by rename and never written in place.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(HEADER as u64)
+            .len(len as usize)
+            .map_copy_read_only(&*file)?
+    };
+    if sha2::Sha256::digest(&map[..]).as_slice() != &header[48..80] {
+        return Err(anyhow!("checksum mismatch"));
+    }
+    Ok(map)
+}
+
 /// A table's payload, checked: its rows sorted with no two alike (what every built table is).
 fn decode_table(rows: Vec<u8>) -> anyhow::Result<UnwindTable> {
     let rows: Vec<UnwindRow> = rows
@@ -480,7 +525,15 @@ mod tests {
         let key = cache.key_of(b"some inputs");
         assert_ne!(key, cache.key_of(b"other inputs"));
         cache.put_bytes(&key, b"payload");
-        assert_eq!(cache.get_bytes(&key, Ok).unwrap(), b"payload");
+        assert_eq!(&cache.get_bytes(&key, Ok).unwrap()[..], b"payload");
+        // One flipped bit: refused and removed.
+        let path = cache.path_of(&key, &BLOB);
+        let mut bytes = fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert!(cache.get_bytes(&key, Ok).is_none());
+        assert!(!path.exists());
+        cache.put_bytes(&key, b"payload");
         // Not a table, whatever its key: a table's reader never sees the bytes.
         assert!(cache.get(&key).is_none());
         assert!(cache
