@@ -1571,30 +1571,45 @@ fn assemble_samples(
     // Samples of processes that came and went between two ticks: counted, not symbolized.
     let mut by_process: BTreeMap<(u32, u32, u32), Vec<Sample>> = BTreeMap::new();
     let mut not_profilable = 0;
-    let samples = samples
-        .into_iter()
-        .flat_map(|(id, s)| s.into_iter().map(move |s| (id, s)));
-    for (program_id, sample) in samples {
-        let key = (program_id, sample.run, sample.pid);
+    let mut known = |key: (u32, u32, u32)| {
         if processes.get(&key).is_some_and(|p| p.revoked) {
-            // Never named, not even by address: its owner may not profile it.
-            not_profilable += sample.count;
-            continue;
+            return false;
         }
         processes.entry(key).or_insert_with(|| {
-            let slot = Slot {
-                program_id,
-                run: sample.run,
-            };
-            let mut gone = ProcessRecording::gone(slot, sample.pid);
+            let (program_id, run, pid) = key;
+            let mut gone = ProcessRecording::gone(Slot { program_id, run }, pid);
             if system {
                 // Not a child: a process that came and went between two looks.
                 gone.target.comm = EXITED_PROCESS.into();
-                gone.maps = ProcessMaps::gone_as(sample.pid, EXITED_PROCESS);
+                gone.maps = ProcessMaps::gone_as(pid, EXITED_PROCESS);
             }
             gone
         });
-        by_process.entry(key).or_default().push(sample);
+        true
+    };
+    for (program_id, samples) in samples {
+        let key_of = |s: &Sample| (program_id, s.run, s.pid);
+        // One process's samples (a run of one target): moved whole rather than copied into
+        // a second vector beside the first, which at 25k stacks was the end's largest piece.
+        if let Some(key) = samples.first().map(key_of) {
+            if samples.iter().all(|s| key_of(s) == key) && !by_process.contains_key(&key) {
+                if known(key) {
+                    by_process.insert(key, samples);
+                } else {
+                    // Never named, not even by address: its owner may not profile it.
+                    not_profilable += samples.iter().map(|s| s.count).sum::<u64>();
+                }
+                continue;
+            }
+        }
+        for sample in samples {
+            let key = key_of(&sample);
+            if known(key) {
+                by_process.entry(key).or_default().push(sample);
+            } else {
+                not_profilable += sample.count;
+            }
+        }
     }
     let empty = Vec::new();
     let inputs: Vec<TargetSamples<'_>> = processes
