@@ -233,7 +233,7 @@ fn record(
     let mut agent = Agent {
         config,
         shared,
-        symbolizer: Symbolizer::new().with_kernel_cache(table_cache),
+        symbolizer: Symbolizer::new().with_kernel_cache(table_cache.map(|c| c as _)),
         labels: HashMap::new(),
         host,
         export,

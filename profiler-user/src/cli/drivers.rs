@@ -302,7 +302,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     };
     // Symbols are loaded and sampled addresses resolved while the run goes on, so that the
     // profile is out soon after the end of --duration.
-    let symbolizer = SymbolizerThread::spawn(table_cache)
+    let symbolizer = SymbolizerThread::spawn(table_cache.map(|c| c as _))
         .map_err(|e| Error::Other(anyhow::anyhow!("starting the symbolizer thread: {e}")))?;
     let line_numbers = options.line_numbers;
     symbolizer

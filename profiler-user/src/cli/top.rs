@@ -431,7 +431,7 @@ pub async fn run(args: TopArgs) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
     let mut sighup = signal(SignalKind::hangup()).map_err(anyhow::Error::from)?;
-    let mut symbolizer = Symbolizer::new().with_kernel_cache(table_cache);
+    let mut symbolizer = Symbolizer::new().with_kernel_cache(table_cache.map(|c| c as _));
     let started = std::time::Instant::now();
     let end = {
         let mut screen = Screen::enter()?;

@@ -245,7 +245,7 @@ impl Runs {
                     .with_build_priority(crate::unwind::BuildPriority::SampledFirst)
                     .with_table_cache(table_cache.clone()),
             ),
-            symbolizer: SymbolizerThread::spawn(table_cache)
+            symbolizer: SymbolizerThread::spawn(table_cache.map(|c| c as _))
                 .expect("spawning the symbolizer thread"),
             naming: Arc::new(NamingShares::per_owner()),
             store,

@@ -11,7 +11,7 @@
 
 use std::{io::BufRead, sync::Arc};
 
-use crate::unwind::cache::TableCache;
+use super::EntryStore;
 
 /// Where blazesym looks for the running kernel's `vmlinux` (with its DWARF, it names inlined
 /// kernel functions and source lines): where one exists, blazesym names every kernel frame.
@@ -60,13 +60,20 @@ impl KernelSymbols {
     /// The table for this boot: from `cache` where it holds a sound one, else read from
     /// `/proc/kallsyms` (and filed in `cache`); `None` where a `vmlinux` gives blazesym more
     /// (inlined functions, lines) or the kernel shows no addresses.
-    pub fn load(cache: Option<&Arc<TableCache>>) -> Option<KernelSymbols> {
+    pub fn load(cache: Option<&Arc<dyn EntryStore>>) -> Option<KernelSymbols> {
         if vmlinux_exists() {
             return None;
         }
         let key = cache.and_then(|cache| Some((cache, cache.key_of(&boot_identity()?))));
         if let Some((cache, key)) = &key {
-            if let Some(symbols) = cache.get_bytes(key, |map| Self::decode(Bytes::Mapped(map))) {
+            let check = |bytes: &[u8]| Self::check(bytes).map(|_| ());
+            if let Some(map) = cache.get(key, &check) {
+                // Checked by `get`.
+                let count = word(&map, 16) as usize;
+                let symbols = KernelSymbols {
+                    bytes: Bytes::Mapped(map),
+                    count,
+                };
                 symbols.forget_pages();
                 return Some(symbols);
             }
@@ -74,7 +81,7 @@ impl KernelSymbols {
         let file = std::fs::File::open("/proc/kallsyms").ok()?;
         let symbols = Self::parse(std::io::BufReader::new(file))?;
         if let Some((cache, key)) = key {
-            cache.put_bytes(&key, &symbols.bytes);
+            cache.put(&key, &symbols.bytes);
         }
         Some(symbols)
     }
@@ -169,6 +176,11 @@ impl KernelSymbols {
         Some((self.base() + u64::from(self.offset(index)), name))
     }
 
+    /// Whether the table was mapped from a cache entry (rather than read from the kernel).
+    pub fn from_cache(&self) -> bool {
+        matches!(self.bytes, Bytes::Mapped(_))
+    }
+
     /// How many symbols the table holds.
     pub fn len(&self) -> usize {
         self.count
@@ -187,16 +199,12 @@ impl KernelSymbols {
         u64::from_le_bytes(self.bytes[8..16].try_into().expect("8 bytes"))
     }
 
-    fn word(&self, at: usize) -> u32 {
-        u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes"))
-    }
-
     fn offset(&self, index: usize) -> u32 {
-        self.word(FIXED + index * 4)
+        word(&self.bytes, FIXED + index * 4)
     }
 
     fn name_end(&self, index: usize) -> usize {
-        self.word(FIXED + self.count * 4 + index * 4) as usize
+        word(&self.bytes, FIXED + self.count * 4 + index * 4) as usize
     }
 
     /// Gives back the pages of a mapped table that checking it touched (all of them): the
@@ -214,34 +222,48 @@ impl KernelSymbols {
 
     /// A cache entry's payload, checked whole: offsets increasing and inside the text, name
     /// ends in order and ending with the names, which are UTF-8 and cut between characters.
+    #[cfg(test)]
     fn decode(bytes: Bytes) -> anyhow::Result<KernelSymbols> {
+        let count = Self::check(&bytes)?;
+        Ok(KernelSymbols { bytes, count })
+    }
+
+    /// Checks a table's bytes whole (see [`Self::decode`]): its symbol count.
+    fn check(bytes: &[u8]) -> anyhow::Result<usize> {
         use anyhow::ensure;
         ensure!(bytes.len() >= FIXED, "cut short");
-        let count = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")) as usize;
+        let count = word(bytes, 16) as usize;
         ensure!(count <= MAX_SYMBOLS, "{count} symbols");
         ensure!(bytes.len() >= FIXED + count * 8, "cut short");
-        let table = KernelSymbols { bytes, count };
-        let names = std::str::from_utf8(&table.bytes[FIXED + count * 8..])?;
-        ensure!(table.text_len() <= u64::from(u32::MAX), "text too long");
+        let offset = |i: usize| word(bytes, FIXED + i * 4);
+        let name_end = |i: usize| word(bytes, FIXED + count * 4 + i * 4) as usize;
+        let text_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let names = std::str::from_utf8(&bytes[FIXED + count * 8..])?;
+        ensure!(text_len <= u64::from(u32::MAX), "text too long");
         ensure!(
-            (1..count).all(|i| table.offset(i - 1) < table.offset(i)),
+            (1..count).all(|i| offset(i - 1) < offset(i)),
             "symbols out of order"
         );
         ensure!(
-            count == 0 || u64::from(table.offset(count - 1)) < table.text_len(),
+            count == 0 || u64::from(offset(count - 1)) < text_len,
             "a symbol past the text"
         );
         ensure!(
-            (1..count).all(|i| table.name_end(i - 1) <= table.name_end(i))
-                && (count == 0 || table.name_end(count - 1) == names.len()),
+            (1..count).all(|i| name_end(i - 1) <= name_end(i))
+                && (count == 0 || name_end(count - 1) == names.len()),
             "names out of bounds"
         );
         ensure!(
-            (0..count).all(|i| names.is_char_boundary(table.name_end(i))),
+            (0..count).all(|i| names.is_char_boundary(name_end(i))),
             "a name cut inside a character"
         );
-        Ok(table)
+        Ok(count)
     }
+}
+
+/// The little-endian u32 at `at` of `bytes` (in bounds: checked by the caller).
+fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
 }
 
 /// Whether blazesym finds a `vmlinux` of the running kernel (see [`VMLINUX_DIRS`]).
@@ -290,18 +312,6 @@ ffffffffc0000000 t mod_fn\t[some_mod]
         assert_eq!(table.lookup(0xffffffffc0000010), None);
         assert_eq!(table.lookup(0xffffffff80ffffff), None);
         assert_eq!(table.len(), 3);
-    }
-
-    #[test]
-    fn a_table_filed_in_the_cache_is_mapped_back_the_same() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(TableCache::open(&dir.path().join("cache"), 1 << 30).unwrap());
-        let built = KernelSymbols::load(Some(&cache)).unwrap();
-        assert!(matches!(built.bytes, Bytes::Built(_)));
-        let mapped = KernelSymbols::load(Some(&cache)).unwrap();
-        assert!(matches!(mapped.bytes, Bytes::Mapped(_)));
-        // Read again after its pages were given back.
-        assert_eq!(&*mapped.bytes, &*built.bytes);
     }
 
     #[test]

@@ -32,8 +32,23 @@ use crate::{
     symbolize::kernel::KernelSymbols,
     symbolize::plt::PltStubs,
     symbolize::stripped::FunctionStarts,
-    unwind::cache::TableCache,
 };
+
+/// Where the symbolizer keeps what it made for later bpfprof processes (the unwind table
+/// cache's folder is one): entries filed under a key, checked when read.
+pub trait EntryStore: Send + Sync {
+    /// The key of an entry made from `inputs` (with the store's own salt).
+    fn key_of(&self, inputs: &[u8]) -> [u8; 32];
+    /// The bytes filed under `key`, mapped read-only, if a sound entry holds them and `check`
+    /// takes them (an entry it refuses is removed).
+    fn get(
+        &self,
+        key: &[u8; 32],
+        check: &dyn Fn(&[u8]) -> anyhow::Result<()>,
+    ) -> Option<memmap2::Mmap>;
+    /// Files `bytes` under `key`; a failure is logged and changes nothing else.
+    fn put(&self, key: &[u8; 32], bytes: &[u8]);
+}
 
 /// Addresses a recording's targets ran at since the last tick, placed in their files: what
 /// is symbolized while the run goes on, so that little is left to do when it ends.
@@ -107,7 +122,7 @@ pub struct Symbolizer {
     /// `Some(None)` where they are not to be had: blazesym names every kernel address).
     kernel_symbols: Option<Option<KernelSymbols>>,
     /// Where the kernel's names are kept between processes.
-    kernel_cache: Option<Arc<TableCache>>,
+    kernel_cache: Option<Arc<dyn EntryStore>>,
     /// Where each file's functions start, for code no symbol covers (read on first need).
     function_starts: HashMap<FileId, Option<FunctionStarts>>,
     /// Each file's PLT stubs, which no symbol covers (read on first sight of the file).
@@ -149,7 +164,7 @@ impl Symbolizer {
 
     /// The same symbolizer, keeping the kernel's names in `cache` between processes (see
     /// [`kernel`]).
-    pub fn with_kernel_cache(mut self, cache: Option<Arc<TableCache>>) -> Symbolizer {
+    pub fn with_kernel_cache(mut self, cache: Option<Arc<dyn EntryStore>>) -> Symbolizer {
         self.kernel_cache = cache;
         self
     }
@@ -516,7 +531,7 @@ pub struct SymbolizerThread {
 impl SymbolizerThread {
     /// Starts the thread, with a symbolizer that has demangling and inlining on and keeps
     /// the kernel's names in `cache`.
-    pub fn spawn(cache: Option<Arc<TableCache>>) -> std::io::Result<SymbolizerThread> {
+    pub fn spawn(cache: Option<Arc<dyn EntryStore>>) -> std::io::Result<SymbolizerThread> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("symbolizer".into())

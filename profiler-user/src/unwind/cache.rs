@@ -302,6 +302,25 @@ impl TableCache {
     }
 }
 
+/// The symbolizer keeps the kernel's names here (see [`crate::symbolize::kernel`]).
+impl crate::symbolize::EntryStore for TableCache {
+    fn key_of(&self, inputs: &[u8]) -> [u8; 32] {
+        TableCache::key_of(self, inputs)
+    }
+
+    fn get(
+        &self,
+        key: &[u8; 32],
+        check: &dyn Fn(&[u8]) -> anyhow::Result<()>,
+    ) -> Option<memmap2::Mmap> {
+        self.get_bytes(key, |map| check(&map).map(|()| map))
+    }
+
+    fn put(&self, key: &[u8; 32], bytes: &[u8]) {
+        self.put_bytes(key, bytes);
+    }
+}
+
 /// Removes every entry of the cache in `dir` (and the folder, once empty): how many files
 /// and bytes went; a missing folder is an empty cache.
 pub fn clean(dir: &Path) -> std::io::Result<(usize, u64)> {
@@ -546,6 +565,32 @@ mod tests {
             "the refused entry was removed"
         );
         assert_eq!(usage(cache.dir()).unwrap(), (0, 0));
+    }
+
+    #[test]
+    fn the_kernels_names_are_filed_once_and_mapped_back_the_same() {
+        use crate::symbolize::{kernel::KernelSymbols, EntryStore};
+        let dir = tempfile::tempdir().unwrap();
+        let cache: std::sync::Arc<dyn EntryStore> =
+            std::sync::Arc::new(TableCache::open(&dir.path().join("unwind"), 1 << 30).unwrap());
+        let built = KernelSymbols::load(Some(&cache)).unwrap();
+        assert!(!built.from_cache());
+        assert_eq!(usage(&dir.path().join("unwind")).unwrap().0, 1);
+        let mapped = KernelSymbols::load(Some(&cache)).unwrap();
+        assert!(mapped.from_cache());
+        assert_eq!(mapped.len(), built.len());
+        // Read again after its pages were given back: the same names at every address tried.
+        let listing = fs::read_to_string("/proc/kallsyms").unwrap();
+        let addrs: Vec<u64> = listing
+            .lines()
+            .step_by(50)
+            .filter_map(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+            .map(|a| a + 1)
+            .collect();
+        assert!(addrs.iter().any(|a| built.lookup(*a).is_some()));
+        for addr in addrs {
+            assert_eq!(mapped.lookup(addr), built.lookup(addr), "at {addr:#x}");
+        }
     }
 
     #[test]
