@@ -757,7 +757,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         .rev()
         .map(|(f, _)| match f.kind {
             FrameKind::Python => format!("py:{}", f.name),
-            _ => f.name.clone(),
+            _ => f.name.to_string(),
         })
         .collect();
     let leaf = names
@@ -1065,4 +1065,59 @@ fn a_missing_process_is_an_error() {
         matches!(err, bpfprof::Error::NoSuchProcess(_)),
         "NoSuchProcess: {err}"
     );
+}
+
+/// CPython frees code objects (3.10 frees its start-up modules' code after their import) and
+/// puts later ones at their addresses: a frame recorded at an address whose code object was
+/// named before is named after the object there now. The script puts function `bravo`'s
+/// code object (its fixed fields) over `alpha`'s, as when `alpha`'s block is reused.
+#[test]
+fn a_code_object_at_the_address_of_one_named_before_is_named_anew() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    const SCRIPT: &str = r#"
+import ctypes, os, sys
+SOURCE = "def {}():\n    x = 1\n    return x\n"
+def make(name):
+    ns = {}
+    exec(SOURCE.format(name), ns)
+    return ns[name].__code__
+alpha, bravo = make("alpha"), make("bravo")
+print(id(alpha), flush=True)
+sys.stdin.readline()
+# Past the reference count and the type, up to the variable part (3.11+'s bytecode).
+ctypes.memmove(id(alpha) + 16, id(bravo) + 16, type(alpha).__basicsize__ - 16)
+print("moved", flush=True)
+sys.stdin.readline()
+os._exit(0)
+"#;
+    for python in cpythons() {
+        let mut child = Command::new(&python)
+            .args(["-c", SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut line = || lines.next().expect("a line").expect("read a line");
+        let code: u64 = line().trim().parse().expect("id(alpha)");
+        let mut target = PythonTarget::detect(child.id())
+            .expect("detect")
+            .expect("CPython");
+        let at = |instruction| PythonFrame {
+            code,
+            instruction,
+            eval_entry: false,
+        };
+        let before = target.resolve(at(0)).expect("resolve alpha");
+        writeln!(stdin).unwrap();
+        assert_eq!(line(), "moved");
+        let after = target.resolve(at(1)).expect("resolve at the same address");
+        writeln!(stdin).unwrap();
+        child.wait().unwrap();
+        eprintln!("{}: {} then {}", python.display(), before.name, after.name);
+        assert_eq!(before.name, "alpha", "{}", python.display());
+        assert_eq!(after.name, "bravo", "{}", python.display());
+    }
 }

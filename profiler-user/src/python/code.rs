@@ -33,7 +33,13 @@ pub struct CodeInfo {
     pub first_line: u32,
     /// `co_linetable` decoded, in address order.
     pub lines: Vec<linetable::LineRange>,
+    /// The object's header words that tell it apart from another code object put at its
+    /// address once it is freed (see [`CodeReader::identity`]).
+    pub identity: CodeIdentity,
 }
+
+/// A code object's type, name, file name and line table pointers and its first line, as read.
+pub type CodeIdentity = [u64; 5];
 
 impl CodeInfo {
     /// The line of instruction `index` (in code units), or the first line where the table has
@@ -69,15 +75,7 @@ impl CodeReader {
         layout: &Layout,
         addr: u64,
     ) -> Result<CodeInfo> {
-        let fields = [
-            layout.object_type,
-            layout.code_qualname.unwrap_or(layout.code_name),
-            layout.code_filename,
-            layout.code_firstlineno,
-            layout.code_linetable,
-        ];
-        let span = fields.iter().max().copied().unwrap_or(0) as usize + 8;
-        let header = mem.read_vec(addr, span)?;
+        let (header, identity) = Self::header(mem, layout, addr)?;
         let word = |off: u32| field_u64(&header, off);
         let ty = word(layout.object_type);
         if self.code_type != Some(ty) {
@@ -119,7 +117,30 @@ impl CodeReader {
             file,
             first_line,
             lines: linetable::ranges(layout.line_format, &line_table, first_line),
+            identity,
         })
+    }
+
+    /// The identity of the object now at `addr` (one read of its header), to compare with a
+    /// cached [`CodeInfo::identity`]: CPython frees code objects (3.10's startup modules'
+    /// after their import) and puts later ones, of other functions, at their addresses.
+    pub fn identity(mem: &ProcessMemory, layout: &Layout, addr: u64) -> Result<CodeIdentity> {
+        Ok(Self::header(mem, layout, addr)?.1)
+    }
+
+    /// The header of the code object at `addr` and its identity.
+    fn header(mem: &ProcessMemory, layout: &Layout, addr: u64) -> Result<(Vec<u8>, CodeIdentity)> {
+        let fields = [
+            layout.object_type,
+            layout.code_qualname.unwrap_or(layout.code_name),
+            layout.code_filename,
+            layout.code_firstlineno,
+            layout.code_linetable,
+        ];
+        let span = fields.iter().max().copied().unwrap_or(0) as usize + 8;
+        let header = mem.read_vec(addr, span)?;
+        let identity = fields.map(|off| field_u64(&header, off));
+        Ok((header, identity))
     }
 }
 

@@ -684,8 +684,26 @@ impl PythonTarget {
             .collect()
     }
 
-    /// Name, file, line of one recorded frame; cached by code address.
+    /// Name, file, line of one recorded frame; cached by code address, and read again where
+    /// another code object took that address since (CPython frees code objects, a module's
+    /// once it is imported, and reuses their memory). Without that check, one loaded CI run
+    /// named a launched 3.10 script's leaf function `<module>` in every sample, which fits a
+    /// start-up module's code named at that address first. A frame recorded before the
+    /// change and named after it still takes the new name: no later read can tell.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
+        let replaced = self.codes.get(&frame.code).is_some_and(|info| {
+            // A failed read (the process is gone) keeps what was read while it lived.
+            code::CodeReader::identity(&self.memory, &self.layout, frame.code)
+                .is_ok_and(|now| now != info.identity)
+        });
+        if replaced {
+            if let Some(old) = self.codes.remove(&frame.code) {
+                let kept =
+                    (old.name.len() + old.file.len() + std::mem::size_of_val(old.lines.as_slice()))
+                        as u64;
+                self.kept_bytes = self.kept_bytes.saturating_sub(kept);
+            }
+        }
         if !self.codes.contains_key(&frame.code) {
             let before = self.memory.bytes_read();
             let read = self
