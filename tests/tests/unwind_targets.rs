@@ -251,60 +251,80 @@ fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
     let input = dir.path().join("input.txt");
     // 20 MB of pseudo-random text: xz -9 compresses it for longer than the runs.
     write_random_text(&input, 20_000_000);
-    let mut cmd = Command::new("xz");
-    cmd.args(["-9", "-T1", "-c"])
-        .arg(&input)
-        .stdout(Stdio::null());
-    let target = Workload::spawn_command(cmd);
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = target.pid();
-    let perf_data = dir.path().join("perf.data");
-    let mut perf = Command::new("perf")
-        .args([
-            "record",
-            "-q",
-            "-e",
-            "cpu-clock",
-            "-F",
-            "999",
-            "--call-graph",
-            "dwarf",
-        ])
-        .args(["-p", &pid.to_string(), "-o"])
-        .arg(&perf_data)
-        .args(["--", "sleep", "3"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("running perf (linux-perf)");
-    let bpfprof = profile_pid("cfi", pid, 3, &dir.path().join("xz.folded"));
-    assert!(perf.wait().unwrap().success(), "perf record failed");
-    let script = Command::new("perf")
-        .args(["script", "-F", "comm,ip,dso", "--no-inline", "-i"])
-        .arg(&perf_data)
-        .stderr(Stdio::null())
-        .output()
-        .expect("running perf script");
-    assert!(script.status.success(), "perf script failed");
+    // Both profilers over one xz for a window; on a loaded machine xz runs less of each
+    // second, so the window doubles (with a fresh xz) until both took enough samples.
+    let record = |secs: u32| {
+        let mut cmd = Command::new("xz");
+        cmd.args(["-9", "-T1", "-c"])
+            .arg(&input)
+            .stdout(Stdio::null());
+        let target = Workload::spawn_command(cmd);
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = target.pid();
+        let perf_data = dir.path().join("perf.data");
+        let mut perf = Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "999",
+                "--call-graph",
+                "dwarf",
+            ])
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(&perf_data)
+            .args(["--", "sleep", &secs.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("running perf (linux-perf)");
+        let bpfprof = profile_pid("cfi", pid, secs, &dir.path().join("xz.folded"));
+        assert!(perf.wait().unwrap().success(), "perf record failed");
+        let script = Command::new("perf")
+            .args(["script", "-F", "comm,ip,dso", "--no-inline", "-i"])
+            .arg(&perf_data)
+            .stderr(Stdio::null())
+            .output()
+            .expect("running perf script");
+        assert!(script.status.success(), "perf script failed");
 
-    // perf's stacks: leaf first, as (DSO path, file offset), user frames only.
-    let mut perf_stacks: Vec<Vec<(String, u64)>> = Vec::new();
-    for sample in String::from_utf8_lossy(&script.stdout).split("\n\n") {
-        let frames: Vec<(String, u64)> = sample
-            .lines()
-            .filter(|l| l.starts_with('\t'))
-            .filter_map(|l| {
-                // `\t    15b76 (/usr/lib/x86_64-linux-gnu/liblzma.so.5.4.1)`; kernel frames
-                // name no file.
-                let (addr, dso) = l.trim().split_once(' ')?;
-                let dso = dso.trim_start_matches('(').trim_end_matches(')');
-                let offset = u64::from_str_radix(addr, 16).ok()?;
-                dso.starts_with('/').then(|| (dso.to_string(), offset))
-            })
-            .collect();
-        if !frames.is_empty() {
-            perf_stacks.push(frames);
+        // perf's stacks: leaf first, as (DSO path, file offset), user frames only.
+        let mut perf_stacks: Vec<Vec<(String, u64)>> = Vec::new();
+        for sample in String::from_utf8_lossy(&script.stdout).split("\n\n") {
+            let frames: Vec<(String, u64)> = sample
+                .lines()
+                .filter(|l| l.starts_with('\t'))
+                .filter_map(|l| {
+                    // `\t    15b76 (/usr/lib/x86_64-linux-gnu/liblzma.so.5.4.1)`; kernel
+                    // frames name no file.
+                    let (addr, dso) = l.trim().split_once(' ')?;
+                    let dso = dso.trim_start_matches('(').trim_end_matches(')');
+                    let offset = u64::from_str_radix(addr, 16).ok()?;
+                    dso.starts_with('/').then(|| (dso.to_string(), offset))
+                })
+                .collect();
+            if !frames.is_empty() {
+                perf_stacks.push(frames);
+            }
         }
-    }
+        (target, bpfprof, perf_stacks)
+    };
+    let mut secs = 3;
+    let (target, bpfprof, perf_stacks) = loop {
+        let (target, bpfprof, perf_stacks) = record(secs);
+        let enough = bpfprof.total() >= 1000 && perf_stacks.len() >= 1000;
+        if enough || secs >= 12 {
+            break (target, bpfprof, perf_stacks);
+        }
+        eprintln!(
+            "{secs} s gave bpfprof {} and perf {} samples (a loaded machine): again, longer",
+            bpfprof.total(),
+            perf_stacks.len()
+        );
+        secs *= 2;
+    };
+    let pid = target.pid();
     // Runtime addresses, from the mappings of the DSOs perf names.
     let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let runtime = |dso: &str, offset: u64| -> Option<u64> {
@@ -349,7 +369,7 @@ fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
                     symbolizer
                         .user(&maps, *a)
                         .iter()
-                        .map(|f| f.name.clone())
+                        .map(|f| f.name.to_string())
                         .collect::<Vec<_>>()
                 })
                 .collect()
