@@ -68,7 +68,7 @@ fn check_stub_names(workload: &str) {
     let mut c = Checks::new();
     for (addr, expected) in &addrs {
         let frames = symbolizer.user(&maps, *addr);
-        c.check(frames[0].name == *expected, || {
+        c.check(&*frames[0].name == *expected, || {
             format!(
                 "{workload}: {addr:#x} (file {:#x}) is {:?}, objdump says {expected}",
                 addr - base,

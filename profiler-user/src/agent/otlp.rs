@@ -190,11 +190,11 @@ impl Dictionary {
             let line = match &profile.frames[id] {
                 ProfileFrame::Code(f) => {
                     if let (0, Some(module)) = (mapping_index, &f.module) {
-                        mapping_index = match self.modules.get(module) {
+                        mapping_index = match self.modules.get(&**module) {
                             Some(&m) => m,
                             None => {
                                 let m = self.mapping(module, f.build_id.as_deref());
-                                self.modules.insert(module.clone(), m);
+                                self.modules.insert(module.to_string(), m);
                                 m
                             }
                         };

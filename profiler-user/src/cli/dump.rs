@@ -306,9 +306,9 @@ fn dump_thread(
                 FrameKind::Kernel => "kernel",
                 FrameKind::User => "native",
             },
-            name: f.name,
-            module: f.module,
-            file: f.file,
+            name: f.name.to_string(),
+            module: f.module.map(|m| m.to_string()),
+            file: f.file.map(|f| f.to_string()),
             line: f.line,
         });
     }

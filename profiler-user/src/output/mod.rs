@@ -270,7 +270,7 @@ pub(crate) mod fixture {
 
     fn code(name: &str, kind: FrameKind, inlined: bool, line: Option<u32>) -> ProfileFrame {
         ProfileFrame::Code(Frame {
-            name: name.to_string(),
+            name: name.into(),
             module: Some(
                 if kind == FrameKind::Kernel {
                     "[kernel]"
@@ -281,10 +281,10 @@ pub(crate) mod fixture {
             ),
             kind,
             inlined,
-            file: (kind == FrameKind::User).then(|| "/src/app.c".to_string()),
+            file: (kind == FrameKind::User).then(|| "/src/app.c".into()),
             line,
             start_line: line.map(|l| l - 2),
-            build_id: (kind == FrameKind::User).then(|| "0123abcd".to_string()),
+            build_id: (kind == FrameKind::User).then(|| "0123abcd".into()),
         })
     }
 

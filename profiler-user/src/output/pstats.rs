@@ -214,7 +214,7 @@ fn key(frame: &ProfileFrame) -> Key {
             };
             // The function's first line, as cProfile keys a function: never the sampled
             // line, which would split one function into an entry per line.
-            (file, f.start_line.unwrap_or(0), f.name.clone())
+            (file, f.start_line.unwrap_or(0), f.name.to_string())
         }
         other => ("~".to_string(), 0, other.name().to_string()),
     }

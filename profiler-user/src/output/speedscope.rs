@@ -262,9 +262,9 @@ fn frame(frame: &ProfileFrame, label: &str) -> Frame {
         };
     };
     let (file, line) = match &code.file {
-        Some(file) => (Some(file.clone()), code.line),
+        Some(file) => (Some(file.to_string()), code.line),
         None => {
-            let module = code.module.clone();
+            let module = code.module.as_deref().map(str::to_string);
             let file = if code.kind == FrameKind::Kernel {
                 // Kernel modules are named bare (`ext4`): keep them recognisably kernel.
                 Some(match module {

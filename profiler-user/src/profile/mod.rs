@@ -124,7 +124,7 @@ impl ProfileFrame {
             ProfileFrame::Code(frame)
                 if frame.kind == FrameKind::Python && frame.line.is_none() =>
             {
-                frame.name.clone()
+                frame.name.to_string()
             }
             ProfileFrame::Code(frame) => frame_label(frame, frame.start_line),
             other => other.name().to_string(),
@@ -141,13 +141,13 @@ impl ProfileFrame {
 fn frame_label(frame: &Frame, line: Option<u32>) -> String {
     match (&frame.file, line) {
         (Some(file), Some(line)) => {
-            let file = std::path::Path::new(file)
+            let file = std::path::Path::new(&**file)
                 .file_name()
                 .map(|f| f.to_string_lossy())
                 .unwrap_or_default();
             format!("{} ({file}:{line})", frame.name)
         }
-        _ => frame.name.clone(),
+        _ => frame.name.to_string(),
     }
 }
 

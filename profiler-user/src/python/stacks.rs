@@ -448,11 +448,11 @@ pub fn symbol_key(packed: u64) -> u64 {
 fn python_frame(function: Option<&PythonFunction>) -> Frame {
     match function {
         Some(f) => Frame {
-            name: f.name.clone(),
-            module: Some(f.file.clone()),
+            name: f.name.as_str().into(),
+            module: Some(f.file.as_str().into()),
             kind: FrameKind::Python,
             inlined: false,
-            file: Some(f.file.clone()),
+            file: Some(f.file.as_str().into()),
             line: Some(f.line),
             start_line: Some(f.first_line),
             build_id: None,
@@ -543,7 +543,9 @@ fn module_name_starts_with(frame: &Frame, prefixes: &[&str]) -> bool {
 pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     let is_python = |f: &Option<&Frame>| {
         f.is_some_and(|f| {
-            f.kind == FrameKind::Python && f.name != GIL_HELD_FRAME && f.name != GIL_NOT_HELD_FRAME
+            f.kind == FrameKind::Python
+                && *f.name != *GIL_HELD_FRAME
+                && *f.name != *GIL_NOT_HELD_FRAME
         })
     };
     let mut keep = vec![true; frames.len()];
@@ -580,7 +582,7 @@ fn is_interpreter(frame: &Frame) -> bool {
 /// kernel walked the Python frames they only repeat them.
 fn is_perf_trampoline(frame: &Frame) -> bool {
     frame.kind == FrameKind::User
-        && (frame.name == PERF_TRAMPOLINE_EVALUATOR
+        && (*frame.name == *PERF_TRAMPOLINE_EVALUATOR
             || (frame.name.starts_with(PERF_TRAMPOLINE_PREFIX)
                 && frame.module.as_deref() == Some(crate::symbolize::JIT_MODULE)))
 }
@@ -638,7 +640,7 @@ fn merge_frames<A: Clone>(
     }
     let evals = native
         .iter()
-        .filter(|(f, _)| f.kind == FrameKind::User && f.name == EVAL_FUNCTION)
+        .filter(|(f, _)| f.kind == FrameKind::User && *f.name == *EVAL_FUNCTION)
         .count();
     // The innermost `evals` groups replace the eval frames; the rest go at the root.
     let leftover = groups.len().saturating_sub(evals);
@@ -651,7 +653,7 @@ fn merge_frames<A: Clone>(
     // stay as they are, at the root side.
     let mut unmatched_evals = evals.saturating_sub(evals.min(groups.len()));
     for (frame, address) in native {
-        if frame.kind == FrameKind::User && frame.name == EVAL_FUNCTION {
+        if frame.kind == FrameKind::User && *frame.name == *EVAL_FUNCTION {
             if unmatched_evals > 0 {
                 unmatched_evals -= 1;
             } else if let Some(group) = groups.next() {
@@ -727,7 +729,11 @@ mod tests {
             native(EVAL_FUNCTION, PY),
             native("time_sleep", PY),
         ];
-        let names = |v: &[(Frame, u32)]| v.iter().map(|(f, _)| f.name.clone()).collect::<Vec<_>>();
+        let names = |v: &[(Frame, u32)]| {
+            v.iter()
+                .map(|(f, _)| f.name.to_string())
+                .collect::<Vec<_>>()
+        };
         let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
         assert_eq!(
             names(&merged),
@@ -786,7 +792,11 @@ mod tests {
             native(EVAL_FUNCTION, PY),
             native("burn", "/x/ext.so"),
         ];
-        let names = |v: &[(Frame, u32)]| v.iter().map(|(f, _)| f.name.clone()).collect::<Vec<_>>();
+        let names = |v: &[(Frame, u32)]| {
+            v.iter()
+                .map(|(f, _)| f.name.to_string())
+                .collect::<Vec<_>>()
+        };
         let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
         assert_eq!(names(&merged), ["Py_RunMain", "<module>", "leaf", "burn"]);
         // Glue kept: every frame, trampolines too.
@@ -820,7 +830,7 @@ mod tests {
             MergeOptions::default(),
             0,
         );
-        let names: Vec<&str> = merged.iter().map(|(f, _)| f.name.as_str()).collect();
+        let names: Vec<&str> = merged.iter().map(|(f, _)| &*f.name).collect();
         assert_eq!(names, ["f", "burn"]);
         // An unnamed frame is still a frame.
         let merged = merge(
@@ -830,7 +840,7 @@ mod tests {
             MergeOptions::default(),
             0,
         );
-        assert_eq!(merged[0].0.name, "[unknown Python code]");
+        assert_eq!(&*merged[0].0.name, "[unknown Python code]");
     }
 
     /// Below the innermost Python function the interpreter's frames, the C runtime they call
@@ -847,7 +857,7 @@ mod tests {
                 .iter()
                 .zip(python_view_keep(&refs))
                 .filter(|(_, k)| *k)
-                .map(|(f, _)| f.name.clone())
+                .map(|(f, _)| f.name.to_string())
                 .collect::<Vec<_>>()
         };
         let alloc = [
@@ -923,7 +933,7 @@ mod tests {
             };
             merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
                 .into_iter()
-                .map(|(f, _)| f.name)
+                .map(|(f, _)| f.name.to_string())
                 .collect::<Vec<_>>()
         };
         assert_eq!(names(false), ["[unknown Python code]", "main"]);

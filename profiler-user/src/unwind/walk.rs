@@ -299,7 +299,7 @@ mod tests {
                 symbolizer
                     .user(&maps, *a)
                     .last()
-                    .map(|f| f.name.clone())
+                    .map(|f| f.name.to_string())
                     .unwrap_or_default()
             })
             .collect();

@@ -196,7 +196,7 @@ impl Tables {
                 if let ProfileFrame::Code(f) = frame {
                     let addressed = stack.addresses.get(i).is_some_and(Option::is_some);
                     if let (false, Some(module)) = (addressed, &f.module) {
-                        let entry = (frame.is_kernel(), module.as_str(), f.build_id.as_deref());
+                        let entry = (frame.is_kernel(), &**module, f.build_id.as_deref());
                         if !modules.iter().any(|m| m.1 == entry.1) {
                             modules.push(entry);
                         }
@@ -278,7 +278,7 @@ impl Tables {
             let (function_id, line) = match &profile.frames[frame_id] {
                 ProfileFrame::Code(f) => {
                     if let (0, Some(module)) = (mapping_id, &f.module) {
-                        mapping_id = self.module_mapping_ids.get(module).copied().unwrap_or(0);
+                        mapping_id = self.module_mapping_ids.get(&**module).copied().unwrap_or(0);
                     }
                     files |= f.file.is_some();
                     line_numbers |= f.line.is_some();
