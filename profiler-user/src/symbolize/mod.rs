@@ -130,6 +130,11 @@ impl SharedStrings {
         s.clone()
     }
 
+    /// Forgets the strings no cached frame holds any more.
+    fn prune(&mut self) {
+        self.0.retain(|s| Arc::strong_count(s) > 1);
+    }
+
     /// `frames` with their strings replaced by the shared copies.
     fn share(&mut self, frames: &[Frame]) -> Arc<[Frame]> {
         let mut shared = Vec::with_capacity(frames.len());
@@ -234,6 +239,8 @@ impl Symbolizer {
         }
         self.plt.clear();
         self.function_starts.clear();
+        // Those of frames forgotten since (with lines turned on) or only in finished profiles.
+        self.strings.prune();
     }
 
     /// Drops everything the symbolizer parsed to name addresses (each file's debug info and
@@ -280,6 +287,7 @@ impl Symbolizer {
     pub fn set_start_lines(&mut self, on: bool) {
         if on && !self.start_lines {
             self.user.clear();
+            self.strings.prune();
             // Lines come from DWARF, which debug files are otherwise not read for.
             self.debug_files.clear();
         }
@@ -716,4 +724,38 @@ fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {
         Some(module.into()),
         kind,
     )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_share_one_copy_of_each_string_until_no_frame_holds_it() {
+        let mut strings = SharedStrings::default();
+        let frame = |name: &str| Frame {
+            file: Some("/src/app.c".into()),
+            build_id: Some("0123abcd".into()),
+            ..Frame::named(name, Some("app".into()), FrameKind::User)
+        };
+        let a = strings.share(&[frame("main"), frame("work")]);
+        let b = strings.share(&[frame("work")]);
+        assert_eq!(*a[1].name, *"work");
+        assert!(Arc::ptr_eq(&a[1].name, &b[0].name), "one copy of a name");
+        for (x, y) in [
+            (&a[0].module, &b[0].module),
+            (&a[0].file, &b[0].file),
+            (&a[0].build_id, &b[0].build_id),
+        ] {
+            assert!(Arc::ptr_eq(x.as_ref().unwrap(), y.as_ref().unwrap()));
+        }
+        // "main", "work", "app", the file and the build id.
+        assert_eq!(strings.0.len(), 5);
+        drop(a);
+        strings.prune();
+        assert_eq!(strings.0.len(), 4, "main is no frame's any more");
+        drop(b);
+        strings.prune();
+        assert!(strings.0.is_empty());
+    }
 }
