@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
         file: String::new(),
         first_line,
         lines,
+        identity: [0; 5],
     };
     for r in code.lines.iter().take(64) {
         for addr in [r.start, r.end.saturating_sub(1), r.end].map(|a| a & !1) {
