@@ -42,6 +42,11 @@ pub struct CodeInfo {
 pub type CodeIdentity = [u64; 5];
 
 impl CodeInfo {
+    /// Bytes it keeps: its name, file name and line ranges.
+    pub fn kept_bytes(&self) -> u64 {
+        (self.name.len() + self.file.len() + std::mem::size_of_val(self.lines.as_slice())) as u64
+    }
+
     /// The line of instruction `index` (in code units), or the first line where the table has
     /// none (artificial code, an index past the end).
     pub fn line(&self, index: u32) -> u32 {

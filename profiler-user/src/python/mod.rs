@@ -691,17 +691,16 @@ impl PythonTarget {
     /// start-up module's code named at that address first. A frame recorded before the
     /// change and named after it still takes the new name: no later read can tell.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
+        let before = self.memory.bytes_read();
         let replaced = self.codes.get(&frame.code).is_some_and(|info| {
             // A failed read (the process is gone) keeps what was read while it lived.
             code::CodeReader::identity(&self.memory, &self.layout, frame.code)
                 .is_ok_and(|now| now != info.identity)
         });
+        self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
         if replaced {
             if let Some(old) = self.codes.remove(&frame.code) {
-                let kept =
-                    (old.name.len() + old.file.len() + std::mem::size_of_val(old.lines.as_slice()))
-                        as u64;
-                self.kept_bytes = self.kept_bytes.saturating_sub(kept);
+                self.kept_bytes = self.kept_bytes.saturating_sub(old.kept_bytes());
             }
         }
         if !self.codes.contains_key(&frame.code) {
@@ -712,9 +711,7 @@ impl PythonTarget {
             self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
             let info =
                 read.with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
-            let kept = (info.name.len()
-                + info.file.len()
-                + std::mem::size_of_val(info.lines.as_slice())) as u64;
+            let kept = info.kept_bytes();
             self.naming_bytes += kept;
             self.kept_bytes += kept;
             self.codes.insert(frame.code, info);

@@ -376,24 +376,12 @@ impl Symbolizer {
                         .map(|o| plt.as_ref().and_then(|p| p.name(*o)).map(str::to_string))
                         .collect();
                     for ((offset, result), stub) in offsets.iter().zip(results).zip(stub_names) {
-                        let is_stub = stub.is_some();
-                        let mut frames = if let Some(stub) = stub {
+                        let named_by_symbol = result.as_sym().filter(|_| stub.is_none());
+                        let frames = if let Some(stub) = stub {
                             // A PLT stub: whatever symbol precedes it (`_init`) is not it.
                             renamed(&module, stub)
-                        } else if result.as_sym().is_some() {
-                            let frames = to_frames(&result, &module, *offset, FrameKind::User);
-                            if debug.is_some() {
-                                // Of the library, not of the debug file blazesym read.
-                                frames
-                                    .iter()
-                                    .map(|f| Frame {
-                                        module: Some(module.as_str().into()),
-                                        ..f.clone()
-                                    })
-                                    .collect()
-                            } else {
-                                frames
-                            }
+                        } else if named_by_symbol.is_some() {
+                            to_frames(&result, &module, *offset, FrameKind::User)
                         } else {
                             // No symbol covers it (a stripped library): name its function
                             // by where it starts, so its samples share one frame.
@@ -406,24 +394,25 @@ impl Symbolizer {
                                 None => unknown(&module, *offset, FrameKind::User),
                             }
                         };
-                        let named_by_symbol = result.as_sym().filter(|_| !is_stub);
-                        if let (Some(sym), Some(first)) = (named_by_symbol, frames.first()) {
-                            let start_line = start_lines.get(&sym.addr).copied();
-                            let mut owned = frames.to_vec();
-                            owned[0] = Frame {
-                                start_line,
-                                ..first.clone()
-                            };
-                            frames = owned.into();
+                        // Completed in one copy, then shared.
+                        let mut frames = frames.to_vec();
+                        if let Some(sym) = named_by_symbol {
+                            if debug.is_some() {
+                                // Of the library, not of the debug file blazesym read.
+                                let library: Arc<str> = module.as_str().into();
+                                for f in &mut frames {
+                                    f.module = Some(library.clone());
+                                }
+                            }
+                            if let Some(first) = frames.first_mut() {
+                                first.start_line = start_lines.get(&sym.addr).copied();
+                            }
                         }
                         if let Some(build_id) = build_id {
-                            frames = frames
-                                .iter()
-                                .map(|f| Frame {
-                                    build_id: Some(build_id.into()),
-                                    ..f.clone()
-                                })
-                                .collect();
+                            let build_id: Arc<str> = build_id.into();
+                            for f in &mut frames {
+                                f.build_id = Some(build_id.clone());
+                            }
                         }
                         let frames = self.strings.share(&frames);
                         self.user.insert((id, *offset), frames);
