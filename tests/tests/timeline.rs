@@ -263,6 +263,15 @@ fn a_daemon_run_asking_for_a_trace_gets_one_marked_by_its_tags() {
         return;
     }
     let daemon = Daemon::start(&[]);
+    // Twice: the kernel program's timeline ring is mapped while a run records a timeline and
+    // unmapped after, so the second run's trace needs it mapped again.
+    for _ in 0..2 {
+        daemon_trace_run(&daemon);
+    }
+}
+
+/// One daemon run of the `phases` workload asking for a trace, checked.
+fn daemon_trace_run(daemon: &Daemon) {
     // Two seconds of the thread's CPU in each phase: the daemon attaches while phase_a runs.
     let target = Workload::spawn("phases", &["2"]);
     let run = daemon.cli(&[

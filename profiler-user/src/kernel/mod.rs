@@ -114,8 +114,12 @@ pub struct KernelProgram {
     execed: HashMap<MapData, u32, u64>,
     /// Processes a system-wide run sampled for the first time, by global tgid.
     new_processes: aya::maps::RingBuf<MapData>,
-    /// The timeline ring: samples of the runs that record a timeline, with their times.
-    timeline: aya::maps::RingBuf<MapData>,
+    /// The timeline ring's map: samples of the runs that record a timeline, with their times.
+    timeline_map: MapData,
+    /// The timeline ring as mapped into bpfprof, only while a run records a timeline: mapped,
+    /// its 1 MiB is resident twice over (the ring is mapped twice so that a record can wrap),
+    /// 2 MiB of every run's memory that most runs never read.
+    timeline: Option<aya::maps::RingBuf<MapData>>,
     /// Runs that record a timeline ([`Config::TimelineRuns`]).
     timeline_runs: u64,
     /// Sample times read from the timeline ring, by the sample's key split per run (the key's
@@ -259,7 +263,10 @@ impl KernelProgram {
         let new_processes =
             aya::maps::RingBuf::try_from(take("NEW_PROCESSES")?).map_err(kernel_err)?;
         let system_seen = HashMap::try_from(take("SYSTEM_SEEN")?).map_err(kernel_err)?;
-        let timeline = aya::maps::RingBuf::try_from(take(TIMELINE_MAP)?).map_err(kernel_err)?;
+        let timeline_map = match take(TIMELINE_MAP)? {
+            aya::maps::Map::RingBuf(map) => map,
+            _ => return Err(kernel_err(anyhow!("{TIMELINE_MAP} is not a ring buffer"))),
+        };
         let off_cpu_pending = HashMap::try_from(take("OFF_CPU_PENDING")?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
@@ -309,7 +316,8 @@ impl KernelProgram {
             execed,
             new_processes,
             system_seen,
-            timeline,
+            timeline_map,
+            timeline: None,
             timeline_runs: 0,
             timeline_times: StdHashMap::new(),
             walker,
@@ -880,6 +888,9 @@ impl KernelProgram {
         if run >= MAX_RUNS {
             return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
         }
+        if self.timeline.is_none() {
+            self.timeline = Some(self.map_timeline()?);
+        }
         // What an earlier run of the slot left is not this run's: samples that raced with its
         // end are still in the ring, or were read after it took its times.
         self.read_timeline();
@@ -901,14 +912,36 @@ impl KernelProgram {
         let _ = self
             .config
             .set(Config::TimelineRuns as u32, self.timeline_runs, 0);
+        if self.timeline_runs == 0 {
+            // What the kernel writes after this is no run's: the next run to record a
+            // timeline reads it and drops it.
+            self.timeline = None;
+        }
+    }
+
+    /// Maps the timeline ring (a second handle on the map, so that unmapping it leaves the
+    /// map to the program).
+    fn map_timeline(&self) -> Result<aya::maps::RingBuf<MapData>> {
+        use std::os::fd::AsFd;
+        let fd = self
+            .timeline_map
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| kernel_err(anyhow!(e).context("duplicating the timeline ring's fd")))?;
+        let map = MapData::from_fd(fd).map_err(kernel_err)?;
+        aya::maps::RingBuf::try_from(aya::maps::Map::RingBuf(map)).map_err(kernel_err)
     }
 
     /// Moves what the timeline ring holds into `timeline_times`, each sample's time under its
     /// key for each run that records a timeline; call at every tick, so that the ring (room
     /// for 0.1 s of 145,000 samples a second) does not fill.
     fn read_timeline(&mut self) {
+        let Some(ring) = &mut self.timeline else {
+            return;
+        };
         // Records of runs that no longer record a timeline are read and dropped.
-        while let Some(item) = self.timeline.next() {
+        while let Some(item) = ring.next() {
             if item.len() < std::mem::size_of::<TimelineRecord>() {
                 continue;
             }
