@@ -80,8 +80,9 @@ pub struct TargetSamples<'a> {
     pub maps: &'a ProcessMaps,
     /// The pid its samples carry.
     pub sample_pid: u32,
-    /// Its samples.
-    pub samples: &'a [Sample],
+    /// Its samples, taken: each is dropped once its stack is counted, so that the raw stacks
+    /// give their memory to the profile being built rather than both being held at the end.
+    pub samples: Vec<Sample>,
     /// Names of its Python frames, when the kernel read them.
     pub python: Option<&'a crate::python::stacks::PythonSymbols>,
     /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
@@ -109,12 +110,12 @@ fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
 /// read its memory maps.
 pub const EXITED_UNREAD: &str = "[user code: exited before its maps were read]";
 
-/// Builds the profile of the samples of each target; `meta` describes the run, and gets the
-/// count of truncated stacks. Every address is named first; `after_naming` then gets the
+/// Builds the profile of the samples of each target, consuming them; `meta` describes the
+/// run, and gets the count of truncated stacks. Every address is named first; `after_naming` then gets the
 /// symbolizer before any stack is built (a run's end drops its parsed debug info there, so
 /// that the profile is built in that memory rather than beside it).
 pub fn aggregate(
-    inputs: &[TargetSamples<'_>],
+    inputs: Vec<TargetSamples<'_>>,
     symbolizer: &mut Symbolizer,
     options: &AggregateOptions,
     mut meta: ProfileMeta,
@@ -126,12 +127,12 @@ pub fn aggregate(
     let mut truncated = 0;
     let mut ended_early = 0;
     // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
-    let mut timed: Vec<(StackKey, u32, u32, &[u64])> = Vec::new();
+    let mut timed: Vec<(StackKey, u32, u32, Vec<u64>)> = Vec::new();
     let mut thread_names = std::collections::BTreeMap::new();
     // Each kernel address's frames, interned once for the whole profile.
     let mut kernel_frames = FrameMemo::default();
     symbolizer.set_start_lines(options.line_numbers);
-    for input in inputs {
+    for input in &inputs {
         symbolizer.prepare_user(
             input.maps,
             input
@@ -147,7 +148,9 @@ pub fn aggregate(
         );
     }
     after_naming(symbolizer);
-    for input in inputs {
+    for mut input in inputs {
+        let samples = std::mem::take(&mut input.samples);
+        let input = &input;
         // Each user address's frames in this process, interned once: a sample's frames are
         // then copied ids, not names hashed again (that was most of the end of a run).
         let mut user_frames_of = FrameMemo::default();
@@ -176,7 +179,7 @@ pub fn aggregate(
             comm,
         }));
         let mut threads: FxHashMap<u32, FrameId> = FxHashMap::default();
-        for sample in input.samples {
+        for mut sample in samples {
             let mut frames = root.clone();
             if options.per_thread {
                 let id = *threads
@@ -304,7 +307,7 @@ pub fn aggregate(
                     (frames.clone(), addresses.clone()),
                     pid,
                     sample.tid,
-                    &sample.times_ns,
+                    std::mem::take(&mut sample.times_ns),
                 ));
                 if let ProfileFrame::Thread { comm, .. } = thread_frame(input, sample.tid) {
                     if !comm.is_empty() {

@@ -1611,18 +1611,6 @@ fn assemble_samples(
             }
         }
     }
-    let empty = Vec::new();
-    let inputs: Vec<TargetSamples<'_>> = processes
-        .iter()
-        .map(|(key, p)| TargetSamples {
-            target: &p.target,
-            maps: &p.maps,
-            sample_pid: p.sample_pid,
-            samples: by_process.get(key).unwrap_or(&empty),
-            cfi_walked: p.cfi_walked,
-            python: p.python.as_ref().map(|t| t.symbols()),
-        })
-        .collect();
     let is_cpu = |s: &&Sample| s.kind == SampleKind::Cpu;
     let drained: u64 = by_process
         .values()
@@ -1760,7 +1748,20 @@ fn assemble_samples(
             }))
             .collect(),
     };
-    let mut profile = aggregate(&inputs, symbolizer, options, meta, after_naming);
+    // The samples go to aggregation, which drops each once counted.
+    let inputs: Vec<TargetSamples<'_>> = processes
+        .iter()
+        .map(|(key, p)| TargetSamples {
+            target: &p.target,
+            maps: &p.maps,
+            sample_pid: p.sample_pid,
+            samples: by_process.remove(key).unwrap_or_default(),
+            cfi_walked: p.cfi_walked,
+            python: p.python.as_ref().map(|t| t.symbols()),
+        })
+        .collect();
+    drop(by_process);
+    let mut profile = aggregate(inputs, symbolizer, options, meta, after_naming);
     // Measured after symbolization, which is most of bpfprof's own work.
     let mut cost = own_cost();
     cost.bpf_run_time_ns = bpf_run.map(|(t, _)| t);
