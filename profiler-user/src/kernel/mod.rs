@@ -143,8 +143,10 @@ pub struct KernelProgram {
     following_runs: u64,
     samples: HashMap<MapData, SampleKey, SampleValue>,
     /// Sample counts moved out of the kernel map, split per run (the key's `runs` holds the
-    /// one run's bit), added up.
-    offloaded_samples: StdHashMap<SampleKey, SampleValue>,
+    /// one run's bit), added up: sorted by key, each key once (see [`merge_counts`]). A list
+    /// rather than a hash table: at section 4's 27k keys the table took 2-4 MiB, and each
+    /// growth held the old table beside the new one, the peak of the run.
+    offloaded_samples: Vec<(SampleKey, SampleValue)>,
     /// The off-CPU program (`sched:sched_switch`): verified when a run first asks for off-CPU
     /// time (after the walker, whose walks it repeats), attached while any run records it.
     off_cpu_fd: Option<ProgramFd>,
@@ -341,7 +343,7 @@ impl KernelProgram {
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),
-            offloaded_samples: StdHashMap::new(),
+            offloaded_samples: Vec::new(),
             samples_at_last_move: 0,
             samples_at_last_offload: 0,
             last_offload: (std::time::Instant::now(), 0),
@@ -1060,7 +1062,7 @@ impl KernelProgram {
             .samples
             .keys()
             .filter_map(|k| k.ok())
-            .chain(self.offloaded_samples.keys().copied())
+            .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
             .flat_map(|k| [k.user_stack, k.kernel_stack, k.python_stack])
             .collect();
         wanted.remove(&0);
@@ -1150,13 +1152,14 @@ impl KernelProgram {
                             runs: 1 << run,
                             ..key
                         };
-                        let moved = self.offloaded_samples.entry(per_run).or_default();
-                        moved.count += value.count;
-                        moved.off_cpu_ns += value.off_cpu_ns;
+                        self.offloaded_samples.push((per_run, value));
                     }
                 }
                 moved += 1;
             }
+        }
+        if moved > 0 {
+            merge_counts(&mut self.offloaded_samples);
         }
         moved
     }
@@ -1167,8 +1170,16 @@ impl KernelProgram {
     pub(crate) fn take_samples(&mut self, run: u32) -> Vec<(SampleKey, SampleValue)> {
         let bit = 1u64 << run;
         self.move_sample_counts(|key| key.runs & bit != 0);
+        if self
+            .offloaded_samples
+            .iter()
+            .all(|(key, _)| key.runs == bit)
+        {
+            // The one run (a command line's): its list is taken, not copied.
+            return std::mem::take(&mut self.offloaded_samples);
+        }
         let mut counts = Vec::new();
-        self.offloaded_samples.retain(|key, count| {
+        self.offloaded_samples.retain(|(key, count)| {
             if key.runs == bit {
                 counts.push((*key, *count));
                 false
@@ -1210,7 +1221,7 @@ impl KernelProgram {
     /// still lives. A pid alone could be another namespace's process in another run.
     pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
-        let moved = self.offloaded_samples.keys().copied();
+        let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
         let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
             .filter(|k| k.python_stack != 0)
@@ -1451,6 +1462,32 @@ fn clone_fd(fd: std::result::Result<&ProgramFd, ProgramError>) -> Result<Program
         .map_err(|e| kernel_err(anyhow!(e).context("duplicating a program fd")))
 }
 
+/// Sorts moved sample counts by key and adds up the counts of each key into one entry, in
+/// place: a key the kernel made again after its count moved comes back at the next move.
+fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
+    let order = |k: &SampleKey| {
+        (
+            k.runs,
+            k.pid,
+            k.tid,
+            k.user_stack,
+            k.kernel_stack,
+            k.python_stack,
+            k.kind,
+            k.reserved,
+        )
+    };
+    counts.sort_unstable_by_key(|(k, _)| order(k));
+    counts.dedup_by(|(key, value), (kept_key, kept)| {
+        let same = key == kept_key;
+        if same {
+            kept.count += value.count;
+            kept.off_cpu_ns += value.off_cpu_ns;
+        }
+        same
+    });
+}
+
 fn frames_of(stack: &StackFrames) -> Vec<u64> {
     let len = (stack.len as usize).min(MAX_STACK_DEPTH);
     stack.ips[..len].to_vec()
@@ -1666,6 +1703,35 @@ pub fn check_privileges() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Moved counts of one key, moved twice, become one entry with their sums; other keys stay.
+    #[test]
+    fn moved_counts_of_one_key_are_added_up() {
+        let key = |tid, user_stack| SampleKey {
+            runs: 1,
+            pid: 7,
+            tid,
+            user_stack,
+            ..Default::default()
+        };
+        let value = |count, off_cpu_ns| SampleValue { count, off_cpu_ns };
+        let mut counts = vec![
+            (key(2, 10), value(3, 0)),
+            (key(1, 10), value(1, 5)),
+            (key(2, 10), value(4, 1)),
+            (key(2, 11), value(1, 0)),
+            (key(1, 10), value(2, 0)),
+        ];
+        merge_counts(&mut counts);
+        assert_eq!(
+            counts,
+            vec![
+                (key(1, 10), value(3, 5)),
+                (key(2, 10), value(7, 1)),
+                (key(2, 11), value(1, 0)),
+            ]
+        );
+    }
 
     /// The loader is made without reading the kernel's BTF, and the filter that keeps it from
     /// reading it stays on the loader's thread.
