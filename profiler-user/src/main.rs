@@ -13,6 +13,11 @@ use bpfprof::{
 };
 use clap::Parser;
 
+/// Allocations of at least this many bytes get a mapping of their own (glibc's default start,
+/// made fixed: see `main`).
+#[cfg(target_env = "gnu")]
+const MALLOC_MMAP_THRESHOLD: i32 = 128 * 1024;
+
 /// The daemon's async worker threads.
 const DAEMON_WORKERS: usize = 2;
 
@@ -22,10 +27,15 @@ fn main() -> ExitCode {
     // thread, that freed memory could not be reused for the profile, and the end's peak RSS
     // held both (section 4 of the bench, 23k stacks: 35-37 MiB, 31-32 MiB with one arena).
     // bpfprof's threads allocate little at once, so sharing the arena costs no wait that shows.
+    // And a fixed threshold for allocations served by their own mapping: glibc raises it to
+    // the size of each such block freed, after which a growing table or list is copied inside
+    // the heap (old and new held at once) and its freed room stays resident; fixed, a large
+    // block grows in place (mremap) and goes back to the kernel when freed (30-31 MiB).
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt sets an allocator parameter; no other thread exists yet.
+    // SAFETY: mallopt sets allocator parameters; no other thread exists yet.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD);
     }
     // Called `strobeclient` (or `bpfprof strobeclient ...`): PyTorch's strobelight front end.
     let argv: Vec<OsString> = std::env::args_os().collect();

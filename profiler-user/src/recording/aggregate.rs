@@ -2,6 +2,7 @@
 //! and addresses, rooted at the process. The model itself is in [`crate::profile`].
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 
 use rustc_hash::FxHashMap;
 
@@ -123,7 +124,11 @@ pub fn aggregate(
 ) -> Profile {
     let mut interner = Interner::default();
     let mut mappings = Mappings::default();
-    let mut stacks: FxHashMap<StackKey, Weight> = FxHashMap::default();
+    let mut stacks: Vec<(StackKey, Weight)> = Vec::new();
+    // Each stack's place in `stacks`, found by the stack's hash: 4 bytes a stack, where a map
+    // keyed by the stacks took 64 (3 MB at 23k stacks, the heap's peak by heaptrack).
+    let mut index: hashbrown::HashTable<u32> = hashbrown::HashTable::new();
+    let hash_of = |key: &StackKey| rustc_hash::FxBuildHasher.hash_one(key);
     let mut truncated = 0;
     let mut ended_early = 0;
     // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
@@ -179,7 +184,14 @@ pub fn aggregate(
             comm,
         }));
         let mut threads: FxHashMap<u32, FrameId> = FxHashMap::default();
-        for mut sample in samples {
+        // Taken from the end, the list given back as it empties: the samples' own memory goes
+        // to the profile too (3 MB at 27k samples).
+        let mut samples = samples;
+        samples.reverse();
+        while let Some(mut sample) = samples.pop() {
+            if samples.len() % 4096 == 0 {
+                samples.shrink_to_fit();
+            }
             let mut frames = root.clone();
             if options.per_thread {
                 let id = *threads
@@ -320,19 +332,24 @@ pub fn aggregate(
                 off_cpu_ns: sample.off_cpu_ns,
             };
             let key = (frames, addresses);
-            match stacks.get_mut(&key) {
-                Some(total) => *total += weight,
+            let hash = hash_of(&key);
+            match index.find(hash, |&i| stacks[i as usize].0 == key) {
+                Some(&i) => stacks[i as usize].1 += weight,
                 None => {
                     // Kept for the profile's life: without the room the pushes left (up to
                     // as much again), 25k stacks of 40 frames took 10 MB more.
                     let (mut frames, mut addresses) = key;
                     frames.shrink_to_fit();
                     addresses.shrink_to_fit();
-                    stacks.insert((frames, addresses), weight);
+                    index.insert_unique(hash, stacks.len() as u32, |&i| {
+                        hash_of(&stacks[i as usize].0)
+                    });
+                    stacks.push(((frames, addresses), weight));
                 }
             }
         }
     }
+    drop(index);
     let stacks = StackCount::sorted(stacks);
     let timeline = options.timeline.then(|| {
         let index: FxHashMap<(&[FrameId], &[Option<CodeAddress>]), usize> = stacks
