@@ -585,6 +585,12 @@ impl ProcessMaps {
         find(&self.current, addr).or_else(|| find(&self.retired, addr))
     }
 
+    /// Whether some mapping holds `addr` (what [`Self::mapping_at`] says without copying the
+    /// mapping's path: asked for every frame of every sample).
+    pub fn maps_address(&self, addr: u64) -> bool {
+        self.find(addr).is_some()
+    }
+
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
     /// real addresses (pprof's mappings).
     pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {

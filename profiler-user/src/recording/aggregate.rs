@@ -213,10 +213,7 @@ pub fn aggregate(
             // addresses: the stack ends at the first address outside every mapping of the
             // process (no call returns there), keeping the frames found until then.
             if input.maps.is_known() {
-                if let Some(bad) = user
-                    .iter()
-                    .position(|a| input.maps.mapping_at(*a).is_none())
-                {
+                if let Some(bad) = user.iter().position(|a| !input.maps.maps_address(*a)) {
                     // The CFI walker stops at the first address outside the mappings, keeps
                     // it as the last frame, and counts the stack as ended early: counting it
                     // again here put 90 of 78 stacks as ended early.
@@ -246,7 +243,10 @@ pub fn aggregate(
                     user_frames.push((Frame::named(EXITED_UNREAD, None, FrameKind::User), None));
                 }
                 for addr in user.iter().rev() {
-                    let address = mappings.user(input.target.pid, input.maps, *addr);
+                    let address = options
+                        .addresses
+                        .then(|| mappings.user(input.target.pid, input.maps, *addr))
+                        .flatten();
                     for frame in symbolizer.user(input.maps, *addr).iter() {
                         user_frames.push((frame.clone(), address));
                     }
@@ -273,7 +273,11 @@ pub fn aggregate(
             } else {
                 for addr in user.iter().rev() {
                     let resolved = user_frames_of.get(*addr, || {
-                        let address = mappings.user(input.target.pid, input.maps, *addr);
+                        // Found only where kept: finding one copies its mapping's path.
+                        let address = options
+                            .addresses
+                            .then(|| mappings.user(input.target.pid, input.maps, *addr))
+                            .flatten();
                         symbolizer
                             .user(input.maps, *addr)
                             .iter()
@@ -291,7 +295,7 @@ pub fn aggregate(
             }
             for addr in kernel.iter().rev() {
                 let resolved = kernel_frames.get(*addr, || {
-                    let address = Some(mappings.kernel(*addr));
+                    let address = options.addresses.then(|| mappings.kernel(*addr));
                     symbolizer
                         .kernel(*addr)
                         .iter()
