@@ -30,7 +30,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     // samples made of them (2 MB of a run's end at 27k samples).
     let mut counts = counts;
     while let Some((key, value)) = counts.pop() {
-        if counts.len() % 4096 == 0 {
+        if counts.len().is_multiple_of(4096) {
             counts.shrink_to_fit();
         }
         let user_frames = stack(key.user_stack)?;

@@ -189,7 +189,7 @@ pub fn aggregate(
         let mut samples = samples;
         samples.reverse();
         while let Some(mut sample) = samples.pop() {
-            if samples.len() % 4096 == 0 {
+            if samples.len().is_multiple_of(4096) {
                 samples.shrink_to_fit();
             }
             let mut frames = root.clone();
