@@ -59,7 +59,9 @@ const PID_RUN_LIMIT: Duration = Duration::from_secs(15);
 /// frame pointer or a stack scan, they end early or under a wrong caller); once it is, none
 /// (0 of 468 and 0 of 501 main-thread stacks in daemon runs after the first, 2026-11-27).
 /// Measured 0.938-0.980 at load 5-9 with the command line's builds less nice than the target
-/// (0.76-0.93 at equal priority), 0.31 once at equal priority beside two builds.
+/// (0.76-0.93 at equal priority), 0.31 once at equal priority beside two builds. On the Intel
+/// host of 2026-11-28, 0.72-0.78 alone (one CI failure at 0.74) while the debug build read the
+/// cached table in 1.8 s (its SHA-256 check unoptimized); 0.950-0.957 with `sha2` optimized.
 const PID_TO_START_SHARE: f64 = 0.75;
 /// When a `--pid` run that should have ended after 10 s is killed (it failed by then).
 const PID_RUN_KILL: Duration = Duration::from_secs(60);
