@@ -726,29 +726,35 @@ impl Runs {
         reason: Option<String>,
         processed: Option<Processed>,
     ) {
-        let info = {
-            let mut table = self.lock();
-            let Some(run) = table.runs.get_mut(&id) else {
-                return;
-            };
-            run.info.state = state;
-            run.info.reason = reason.clone();
-            run.info.ended_unix_ms = Some(now_ms());
-            if let Some(p) = processed {
-                run.info.samples = p.samples;
-                run.info.files = p.files;
-                run.info.top = p.top;
-                run.info.summary = p.summary;
-            }
-            let _ = run.state.send(state);
-            run.info.clone()
+        let mut info = match self.lock().runs.get(&id) {
+            Some(run) => run.info.clone(),
+            None => return,
         };
+        info.state = state;
+        info.reason = reason.clone();
+        info.ended_unix_ms = Some(now_ms());
+        if let Some(p) = processed {
+            info.samples = p.samples;
+            info.files = p.files;
+            info.top = p.top;
+            info.summary = p.summary;
+        }
         match &reason {
             Some(r) => log::warn!("run {id}: {state}: {r}"),
             None => log::info!("run {id}: {state}, {} samples", info.samples),
         }
+        // Saved before clients learn of it: a client told that a run ended must find it so
+        // after a crash. Announced first, a crash during the sync brought the run back as
+        // interrupted (FAILED) although its client had its results.
         if let Err(e) = self.store.save(&info) {
             log::warn!("saving run {id}: {e:#}");
+        }
+        {
+            let mut table = self.lock();
+            if let Some(run) = table.runs.get_mut(&id) {
+                run.info = info.clone();
+                let _ = run.state.send(state);
+            }
         }
         let all: Vec<RunInfo> = self.lock().runs.values().map(|r| r.info.clone()).collect();
         let deleted = self.store.cleanup(&all);
