@@ -164,6 +164,32 @@ impl Profile {
     }
 
     /// The `n` heaviest stacks, for failure messages.
+    /// The `n` commonest shapes of the stacks that satisfy `pred`, a run of one frame written
+    /// once with its length (`recurse x300`), so that deep stacks that differ fit on a line.
+    pub fn shapes(&self, n: usize, mut pred: impl FnMut(&[String]) -> bool) -> String {
+        let mut shapes: BTreeMap<String, u64> = BTreeMap::new();
+        for (frames, count) in self.stacks.iter().filter(|(f, _)| pred(f)) {
+            let mut parts: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < frames.len() {
+                let run = frames[i..].iter().take_while(|f| **f == frames[i]).count();
+                parts.push(match run {
+                    1 => frames[i].clone(),
+                    _ => format!("{} x{run}", frames[i]),
+                });
+                i += run;
+            }
+            *shapes.entry(parts.join(";")).or_insert(0) += count;
+        }
+        let mut v: Vec<_> = shapes.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1));
+        let mut s = String::new();
+        for (shape, count) in v.into_iter().take(n) {
+            let _ = writeln!(s, "  {count:6} {shape}");
+        }
+        s
+    }
+
     pub fn top(&self, n: usize) -> String {
         let mut v: Vec<_> = self.stacks.iter().collect();
         v.sort_by(|a, b| b.1.cmp(a.1));

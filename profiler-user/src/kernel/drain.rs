@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use profiler_common::{SampleKind, StackId, KERNEL_STACK_DEPTH, MAX_STACK_DEPTH};
 
-use crate::{error::Result, kernel::KernelProgram, profile::sample::Sample};
+use crate::{
+    error::Result,
+    kernel::KernelProgram,
+    profile::sample::{take_shrinking, Sample},
+};
 
 /// Reads every sample of `run`, removing them from the kernel map so the slot can be reused;
 /// a run that records a timeline ([`KernelProgram::record_timeline`]) gets each sample's times.
@@ -26,13 +30,8 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
         id => program.stack(id),
     };
     let mut out = Vec::with_capacity(counts.len());
-    // Taken from the end, the list given back as it empties: the counts' memory goes to the
-    // samples made of them (2 MB of a run's end at 27k samples).
-    let mut counts = counts;
-    while let Some((key, value)) = counts.pop() {
-        if counts.len().is_multiple_of(4096) {
-            counts.shrink_to_fit();
-        }
+    // The counts' memory goes to the samples made of them.
+    for (key, value) in take_shrinking(counts) {
         let user_frames = stack(key.user_stack)?;
         let kernel_frames = stack(key.kernel_stack)?;
         let python_frames = stack(key.python_stack)?;

@@ -36,3 +36,32 @@ pub struct Sample {
     /// ring had no room (counted as lost).
     pub times_ns: Vec<u64>,
 }
+
+/// How many items a [`take_shrinking`] list gives out between two shrinks: often enough that
+/// a list of 27k samples gives back its memory as it goes, rarely enough to cost nothing.
+const SHRINK_EVERY: usize = 4096;
+
+/// The items of `items` from last to first, the list's memory given back as it empties, so
+/// that a stage of the run's end builds its output in the memory of its input rather than
+/// beside it (the drain's counts and the aggregation's samples: 2-3 MB each at 27k samples).
+pub fn take_shrinking<T>(mut items: Vec<T>) -> impl Iterator<Item = T> {
+    std::iter::from_fn(move || {
+        let item = items.pop()?;
+        if items.len().is_multiple_of(SHRINK_EVERY) {
+            items.shrink_to_fit();
+        }
+        Some(item)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shrinking_take_gives_every_item_last_first() {
+        let items: Vec<u32> = (0..10_000).collect();
+        let taken: Vec<u32> = take_shrinking(items).collect();
+        assert_eq!(taken, (0..10_000).rev().collect::<Vec<_>>());
+    }
+}
