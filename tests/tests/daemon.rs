@@ -317,8 +317,9 @@ fn unprivileged_clients_profile_only_their_own_processes() {
         &own.pid().to_string(),
         "-F",
         "499",
-        "--duration-ms",
-        "1500",
+        // `bpfprof --duration`'s form: a run that ignored it would outlast the wait below.
+        "--duration",
+        "1500ms",
     ]);
     allowed.assert_code(0);
     let id = allowed

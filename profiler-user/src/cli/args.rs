@@ -341,9 +341,12 @@ pub struct RunArgs {
     /// Samples per second.
     #[arg(short = 'F', long, allow_negative_numbers = true)]
     pub frequency: Option<i64>,
-    /// Length of the run in milliseconds.
-    #[arg(long)]
+    /// Length of the run in milliseconds (as strobelight's clients give it).
+    #[arg(long, conflicts_with = "duration")]
     pub duration_ms: Option<u64>,
+    /// Length of the run (`500ms`, `5s`, `2m`), as `bpfprof --duration` takes it.
+    #[arg(short, long, value_parser = parse_duration, value_name = "TIME", allow_hyphen_values = true)]
+    pub duration: Option<Duration>,
     /// Bare tags, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub sample_tags: Vec<String>,
@@ -382,6 +385,17 @@ pub struct RunArgs {
     /// How to reach the daemon.
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+impl RunArgs {
+    /// The run's length in milliseconds, from whichever of `--duration` and `--duration-ms`
+    /// was given.
+    pub fn length_ms(&self) -> Option<u64> {
+        self.duration_ms.or_else(|| {
+            self.duration
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        })
+    }
 }
 
 /// Options of a direct recording (`bpfprof --pid PID` or `bpfprof -- COMMAND`).

@@ -47,7 +47,7 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
                 event: args.event.clone(),
                 sample_interval: args.sample_interval,
                 frequency: args.frequency,
-                duration_ms: args.duration_ms,
+                duration_ms: args.length_ms(),
                 sample_tags: args.sample_tags.clone(),
                 tags,
                 max_stack_length: args.max_stack_length,
@@ -67,7 +67,7 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
             } else {
                 let id = started.run_id.unwrap_or_default();
                 let wait = Duration::from_millis(
-                    args.duration_ms
+                    args.length_ms()
                         .unwrap_or(MAX_RUN_DURATION.as_millis() as u64)
                         + 60_000,
                 );
