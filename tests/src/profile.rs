@@ -182,7 +182,7 @@ impl Profile {
             *shapes.entry(parts.join(";")).or_insert(0) += count;
         }
         let mut v: Vec<_> = shapes.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|s| std::cmp::Reverse(s.1));
         let mut s = String::new();
         for (shape, count) in v.into_iter().take(n) {
             let _ = writeln!(s, "  {count:6} {shape}");
