@@ -784,3 +784,72 @@ fn pstats_keys_functions_by_their_def_line_without_line_numbers() {
     );
     checks.finish();
 }
+
+/// New functions that run 150 ms each, the last one right before the process exits
+/// (`pyshortcode.py`), on each CPython: each is named, and the summary counts exactly the
+/// samples whose frames were not. Naming must keep up with the run: queued only at each maps
+/// refresh (500 ms), the last 3 of 20 went unnamed (their process had exited), and the
+/// summary said nothing of them.
+#[test]
+fn short_lived_functions_are_named_while_they_live() {
+    if !require_root() {
+        return;
+    }
+    const ROUNDS: usize = 20;
+    let script = workload("pyshortcode.py");
+    let mut checks = Checks::new();
+    for (label, python) in pythons() {
+        let dir = tempdir();
+        let folded = dir.path().join("short.folded");
+        let summary = dir.path().join("short.summary.json");
+        let mut args = record_args(&[&folded, &summary], &[]);
+        args.push("--".into());
+        args.push(python.display().to_string());
+        args.push(script.display().to_string());
+        args.push(ROUNDS.to_string());
+        args.push(LAUNCH_IDLE.into());
+        run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
+        let profile = Profile::read(&folded);
+        let names: Vec<String> = (0..ROUNDS).map(|n| format!("work_{n}")).collect();
+        let named: Vec<&String> = names
+            .iter()
+            .filter(|n| samples_in(&profile, n) > 0)
+            .collect();
+        let unknown = profile.count_containing("[unknown Python code]");
+        let counted = Summary::read(&summary).field("unwind")["python_unnamed"]
+            .as_u64()
+            .expect("unwind.python_unnamed");
+        eprintln!(
+            "{label}: {} of {ROUNDS} functions named; {unknown} of {} samples unnamed, \
+             the summary says {counted}",
+            named.len(),
+            profile.total()
+        );
+        // One function may lose its name to a tick delayed past its end on a loaded machine.
+        checks.check(named.len() + 1 >= ROUNDS, || {
+            format!(
+                "{label}: {} of {ROUNDS} functions named: {named:?}\n{}",
+                named.len(),
+                profile.top(5)
+            )
+        });
+        // Among the functions' samples (under `main`): start-up also runs code that lives
+        // milliseconds (site.py executes each .pth file's lines), which no reader can name.
+        let working = samples_in(&profile, "main");
+        let unknown_working = profile.count_where(|f| {
+            f.iter().any(|x| x == "main") && f.iter().any(|x| x == "[unknown Python code]")
+        });
+        checks.check(
+            working > 0 && unknown_working * 20 <= working && counted == unknown,
+            || {
+                format!(
+                    "{label}: {unknown_working} of {working} samples under main have [unknown \
+                     Python code] (at most 5%); {unknown} of all {}, the summary counts \
+                     {counted}",
+                    profile.total()
+                )
+            },
+        );
+    }
+    checks.finish();
+}

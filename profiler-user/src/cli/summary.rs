@@ -156,6 +156,13 @@ pub fn summary(profile: &Profile) -> String {
             meta.cost.python_naming_secs * 1e3
         ));
     }
+    if unwound.python_unnamed > 0 {
+        out.push_str(&format!(
+            "  {} samples have a Python frame left unnamed ([unknown Python code]): its code \
+             object was freed, or its process exited, before bpfprof read it\n",
+            unwound.python_unnamed
+        ));
+    }
     let losses = meta.losses.nonzero();
     if losses.is_empty() {
         out.push_str("  lost: none\n");

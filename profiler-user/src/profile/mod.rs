@@ -474,6 +474,9 @@ pub struct Unwound {
     /// last refresh, or an unreadable frame); threads that never had a Python thread state
     /// (OpenMP and other native workers) are not counted.
     pub python_stacks_missing: u64,
+    /// Samples with a Python frame left unnamed (`[unknown Python code]`): its code object
+    /// was freed, or its process exited, before bpfprof read it.
+    pub python_unnamed: u64,
     /// CFI walks with a frame that no unwind table covered, walked there by frame pointer or
     /// a stack scan (which code without frame pointers can lead astray): JIT code, objects
     /// without CFI, objects whose table was not in the kernel yet. Counted by the kernel.
@@ -874,6 +877,7 @@ impl Unwound {
         self.before_walker_ready += other.before_walker_ready;
         self.python_stacks += other.python_stacks;
         self.python_stacks_missing += other.python_stacks_missing;
+        self.python_unnamed += other.python_unnamed;
         self.stacks_through_untabled += other.stacks_through_untabled;
     }
 }

@@ -234,7 +234,8 @@ impl PythonTracking {
             let Ok(frames) = program.stack(*id) else {
                 continue;
             };
-            for &packed in frames.iter() {
+            // The GIL entry is a marker, not code to read.
+            for &packed in frames.iter().filter(|&&p| !is_gil_marker(p)) {
                 let key = symbol_key(packed);
                 if self.symbols.contains_key(&key) || self.queued_keys.contains(&key) {
                     continue;
@@ -442,6 +443,20 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
 pub fn symbol_key(packed: u64) -> u64 {
     let f = PythonFrame::unpack(packed);
     PythonFrame::pack(f.code, f.instruction, false)
+}
+
+/// Whether a packed stack entry is the kernel's GIL entry (outermost), not a frame.
+fn is_gil_marker(packed: u64) -> bool {
+    packed == PythonFrame::GIL_HELD || packed == PythonFrame::GIL_NOT_HELD
+}
+
+/// Whether any frame of the Python stack `python` has no name in `symbols`: its code object
+/// was never read (freed, or its process exited, before naming reached it), so it shows as
+/// `[unknown Python code]`.
+pub fn has_unnamed(python: &[u64], symbols: &PythonSymbols) -> bool {
+    python
+        .iter()
+        .any(|&p| !is_gil_marker(p) && !symbols.contains_key(&symbol_key(p)))
 }
 
 /// A Python function as a profile frame.

@@ -131,6 +131,7 @@ pub fn aggregate(
     let hash_of = |key: &StackKey| rustc_hash::FxBuildHasher.hash_one(key);
     let mut truncated = 0;
     let mut ended_early = 0;
+    let mut python_unnamed = 0;
     // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
     let mut timed: Vec<(StackKey, u32, u32, Vec<u64>)> = Vec::new();
     let mut thread_names = std::collections::BTreeMap::new();
@@ -232,6 +233,9 @@ pub fn aggregate(
             }
             let mut addresses = vec![None; frames.len()];
             if let Some(symbols) = input.python {
+                if crate::python::stacks::has_unnamed(&python_frames, symbols) {
+                    python_unnamed += sample.count;
+                }
                 // Python frames go between native ones by name: merged as frames.
                 let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
                 if unread_user {
@@ -376,6 +380,7 @@ pub fn aggregate(
     });
     meta.losses.truncated = truncated;
     meta.losses.stack_ended_early += ended_early;
+    meta.unwound.python_unnamed += python_unnamed;
     let profile = Profile {
         meta,
         frames: interner.frames,

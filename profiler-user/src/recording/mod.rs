@@ -763,13 +763,23 @@ impl Recording {
             if let Some(python) = &mut p.python {
                 if p.exited {
                     python.stop(program);
-                } else if refresh {
-                    python.refresh_threads(program);
-                    // Named by `name_python`, off the programs' lock.
-                    let ids = python_ids
-                        .entry(p.slot.program_id)
-                        .or_insert_with(|| program.python_stack_ids());
-                    python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                } else {
+                    if refresh {
+                        python.refresh_threads(program);
+                    }
+                    // A code object can be read only while it lives: a function compiled,
+                    // run and dropped, or the last code a process runs before it exits, is
+                    // gone soon after. Queued at each maps refresh, up to half a second of
+                    // such code was never named ("[unknown Python code]"); a run of targets
+                    // queues every tick. A system-wide run, which scans the stacks of every
+                    // process, still does it at each refresh.
+                    if refresh || !system {
+                        // Named by `name_python`, off the programs' lock.
+                        let ids = python_ids
+                            .entry(p.slot.program_id)
+                            .or_insert_with(|| program.python_stack_ids());
+                        python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
+                    }
                 }
             }
             if p.exited && system {
@@ -1717,6 +1727,8 @@ fn assemble_samples(
             python_stacks_missing: counters
                 .get(Counter::PythonStackMissing)
                 .saturating_sub(no_python),
+            // Counted by aggregation, which names the frames.
+            python_unnamed: 0,
             stacks_through_untabled: counters.get(Counter::UntabledStacks),
         },
         untabled,
