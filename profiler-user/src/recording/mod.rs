@@ -240,7 +240,17 @@ pub struct Recording {
     naming_turn: usize,
     /// Whether the kernel writes each sample's time to its timeline ring for this recording.
     timeline: bool,
+    /// When a run of targets next looks for new Python stacks between maps refreshes (see
+    /// [`PYTHON_SCAN_COST_SHARE`]).
+    next_python_scan: Instant,
 }
+
+/// A run of targets looks for new Python stacks to name as often as every tick, but spends at
+/// most about 1/this of its time on the look: it reads the kernel's sample map key by key (a
+/// system call each: 0.3 ms for 700 keys in a release build, 1-5 ms for 150 in a debug one;
+/// up to 16k keys between moves), so the next look waits this many times the last one's
+/// duration, at most until the next maps refresh.
+const PYTHON_SCAN_COST_SHARE: u32 = 20;
 
 /// What [`Recording::name_python`] may take of its owner's CPU share at once: all of it (the
 /// share is what bounds it; a single-owner recording names everything queued).
@@ -305,6 +315,7 @@ impl Recording {
             naming: Arc::new(NamingShares::single()),
             naming_turn: 0,
             timeline: request.options.timeline,
+            next_python_scan: Instant::now(),
         }
     }
 
@@ -718,6 +729,8 @@ impl Recording {
         // process's state that much longer. Runs of targets look every tick: their end is
         // their targets' exit.
         let look_for_exits = !system || refresh;
+        let scan_python = refresh || (!system && now >= self.next_python_scan);
+        let mut python_scan_took = None;
         let started = self.started;
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
@@ -771,13 +784,21 @@ impl Recording {
                     // run and dropped, or the last code a process runs before it exits, is
                     // gone soon after. Queued at each maps refresh, up to half a second of
                     // such code was never named ("[unknown Python code]"); a run of targets
-                    // queues every tick. A system-wide run, which scans the stacks of every
-                    // process, still does it at each refresh.
-                    if refresh || !system {
+                    // queues as often as every tick. A system-wide run, which scans the
+                    // stacks of every process, still does it at each refresh.
+                    if scan_python {
                         // Named by `name_python`, off the programs' lock.
-                        let ids = python_ids
-                            .entry(p.slot.program_id)
-                            .or_insert_with(|| program.python_stack_ids());
+                        let ids = python_ids.entry(p.slot.program_id).or_insert_with(|| {
+                            let began = Instant::now();
+                            let ids = program.python_stack_ids();
+                            log::trace!(
+                                "{} Python stacks recorded, found in {:?}",
+                                ids.len(),
+                                began.elapsed()
+                            );
+                            *python_scan_took.get_or_insert(Duration::ZERO) += began.elapsed();
+                            ids
+                        });
                         python.queue_new_stacks(program, ids, p.slot.run, p.sample_pid);
                     }
                 }
@@ -790,6 +811,9 @@ impl Recording {
                     program.unwind.unload_process(p.target.pid);
                 }
             }
+        }
+        if let Some(took) = python_scan_took {
+            self.next_python_scan = now + (took * PYTHON_SCAN_COST_SHARE).min(MAPS_REFRESH);
         }
         self.send_warm(pool);
         TickStatus {
