@@ -360,8 +360,15 @@ pub const ALL_RUNS_SAMPLES_INDEX: u32 = MAX_RUNS * Counter::COUNT;
 /// Index, in the counter array, of how often the program ran (every sample of every process on
 /// every CPU): against the events' own counts it tells whether the kernel throttled sampling.
 pub const INVOCATIONS_INDEX: u32 = ALL_RUNS_SAMPLES_INDEX + 1;
+/// Index, in the counter array, of the program-wide count of stacks stored new in the stack
+/// map (all kinds).
+pub const STACKS_STORED_INDEX: u32 = INVOCATIONS_INDEX + 1;
+/// Index, in the counter array, of the program-wide count of Python stacks stored new in the
+/// stack map: while it stands still no sample brought a Python stack not seen before, so
+/// userspace need not look for new code objects to name.
+pub const PYTHON_STACKS_STORED_INDEX: u32 = STACKS_STORED_INDEX + 1;
 /// Entries of the per-CPU counter array: every run's counters, then the program-wide counts.
-pub const COUNTER_ENTRIES: u32 = INVOCATIONS_INDEX + 1;
+pub const COUNTER_ENTRIES: u32 = PYTHON_STACKS_STORED_INDEX + 1;
 
 /// Rows of every loaded unwind table, end to end, in the kernel's row array: the memory bound
 /// of CFI unwinding (8 bytes a row, so 16 MiB, preallocated when the program loads).

@@ -26,7 +26,7 @@ use profiler_common::{
     TargetInfo, TargetKey, ALL_RUNS_SAMPLES_INDEX, COUNTER_ENTRIES, FORK_CHILD_PID_OFFSETS,
     INVOCATIONS_INDEX, KERNEL_STACK_DEPTH, MAX_EXECED, MAX_FOLLOWED, MAX_PID_NAMESPACES, MAX_RUNS,
     MAX_STACK_DEPTH, MAX_SYSTEM_SEEN, MAX_TARGETS, NEW_PROCESS_RING_BYTES, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES, WALKER_SLOT,
+    STACKS_STORED_INDEX, STACK_MAP_ENTRIES, WALKER_SLOT,
 };
 
 mod off_cpu;
@@ -679,7 +679,10 @@ pub extern "C" fn bpfprof_store_frames(len: u64) -> u64 {
         return id;
     }
     match STACKS.insert(id, frames, BPF_NOEXIST as u64) {
-        Ok(()) => id,
+        Ok(()) => {
+            increment(STACKS_STORED_INDEX);
+            id
+        }
         Err(e) if e == -EEXIST => id,
         Err(_) => 0,
     }
@@ -769,6 +772,13 @@ fn count(run: u32, counter: Counter) {
     if run < MAX_RUNS {
         increment(counter.index(run));
     }
+}
+
+/// This CPU's value of counter `index` (0 where it cannot be read).
+#[inline(always)]
+pub(crate) fn counter_value(index: u32) -> u64 {
+    // SAFETY: per-CPU slot, read at once.
+    unsafe { COUNTERS.get(index) }.copied().unwrap_or(0)
 }
 
 #[inline(always)]

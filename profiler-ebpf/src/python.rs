@@ -21,7 +21,8 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, StackFrames,
     MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
-    PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES,
+    PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES, PYTHON_STACKS_STORED_INDEX,
+    STACKS_STORED_INDEX,
 };
 
 /// CPython processes and their interpreter's offsets, by host tgid.
@@ -101,13 +102,22 @@ pub fn is_python(tgid: u32) -> bool {
 #[inline(never)]
 pub extern "C" fn bpfprof_python_stack(run: u32) -> u64 {
     match walk_python_stack(run, &crate::SCRATCH) {
-        Some(len) if len > 0 => match crate::store_frames(len, Counter::UserStackMapFull) {
-            Ok(id) => id,
-            Err(counter) => {
-                crate::count(run, counter);
-                0
+        Some(len) if len > 0 => {
+            // This CPU's count of stacks stored new, before and after: per CPU, and programs
+            // do not nest on one, so a change is this stack's.
+            let before = crate::counter_value(STACKS_STORED_INDEX);
+            let stored = crate::store_frames(len, Counter::UserStackMapFull);
+            if stored.is_ok() && crate::counter_value(STACKS_STORED_INDEX) != before {
+                crate::increment(PYTHON_STACKS_STORED_INDEX);
             }
-        },
+            match stored {
+                Ok(id) => id,
+                Err(counter) => {
+                    crate::count(run, counter);
+                    0
+                }
+            }
+        }
         _ => 0,
     }
 }

@@ -24,8 +24,8 @@ use profiler_common::{
     TargetInfo, TargetKey, TimelineRecord, ALL_RUNS_SAMPLES_INDEX, EXEC_PROGRAM_NAME,
     EXIT_PROGRAM_NAME, FORK_CHILD_PID_OFFSETS, FORK_PROGRAM_NAMES, INVOCATIONS_INDEX,
     MAX_PID_NAMESPACES, MAX_RUNS, MAX_STACK_DEPTH, OFF_CPU_PROGRAM_NAME, PROGRAM_NAME,
-    SAMPLE_MAP_ENTRIES, SCHED_SWITCH_OFFSETS, STACK_MAP_ENTRIES, TIMELINE_MAP, WALKER_PROGRAM_NAME,
-    WALKER_SLOT,
+    PYTHON_STACKS_STORED_INDEX, SAMPLE_MAP_ENTRIES, SCHED_SWITCH_OFFSETS, STACK_MAP_ENTRIES,
+    TIMELINE_MAP, WALKER_PROGRAM_NAME, WALKER_SLOT,
 };
 
 use crate::{
@@ -1264,6 +1264,18 @@ impl KernelProgram {
         };
         let taken: u64 = self.counters.get(&INVOCATIONS_INDEX, 0).ok()?.iter().sum();
         Some((expected, taken))
+    }
+
+    /// How many Python stacks the program has stored new in its stack map so far (all runs);
+    /// `None` where the count cannot be read.
+    pub fn python_stacks_stored(&self) -> Option<u64> {
+        Some(
+            self.counters
+                .get(&PYTHON_STACKS_STORED_INDEX, 0)
+                .ok()?
+                .iter()
+                .sum(),
+        )
     }
 
     /// Zeroes the counters of `run`, before a new run takes the slot.

@@ -11,7 +11,7 @@ pub mod request;
 pub mod run_loop;
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -243,6 +243,9 @@ pub struct Recording {
     /// When a run of targets next looks for new Python stacks between maps refreshes (see
     /// [`PYTHON_SCAN_COST_SHARE`]).
     next_python_scan: Instant,
+    /// Each program's count of Python stacks stored at its last look for new ones: while the
+    /// count stands still there are none, and a run of targets does not look.
+    stacks_at_python_scan: HashMap<u32, u64>,
 }
 
 /// A run of targets looks for new Python stacks to name as often as every tick, but spends at
@@ -316,6 +319,7 @@ impl Recording {
             naming_turn: 0,
             timeline: request.options.timeline,
             next_python_scan: Instant::now(),
+            stacks_at_python_scan: HashMap::new(),
         }
     }
 
@@ -678,6 +682,9 @@ impl Recording {
         }
         let mut samples = 0;
         let mut seen_programs = HashSet::new();
+        // Programs that stored Python stacks never seen before since their last look for them
+        // (with the count now), and programs whose count cannot be read.
+        let mut new_stacks: HashMap<u32, Option<u64>> = HashMap::new();
         for (slot, _) in self.slots.clone() {
             let Ok(program) = pool.program(slot) else {
                 continue;
@@ -685,6 +692,12 @@ impl Recording {
             if seen_programs.insert(slot.program_id) {
                 program.offload_when_due();
                 program.unwind.poll();
+                let stored = program.python_stacks_stored();
+                if stored.is_none()
+                    || stored != self.stacks_at_python_scan.get(&slot.program_id).copied()
+                {
+                    new_stacks.insert(slot.program_id, stored);
+                }
             }
             samples += program
                 .counters(slot.run)
@@ -786,7 +799,7 @@ impl Recording {
                     // such code was never named ("[unknown Python code]"); a run of targets
                     // queues as often as every tick. A system-wide run, which scans the
                     // stacks of every process, still does it at each refresh.
-                    if scan_python {
+                    if refresh || (scan_python && new_stacks.contains_key(&p.slot.program_id)) {
                         // Named by `name_python`, off the programs' lock.
                         let ids = python_ids.entry(p.slot.program_id).or_insert_with(|| {
                             let began = Instant::now();
@@ -814,6 +827,12 @@ impl Recording {
         }
         if let Some(took) = python_scan_took {
             self.next_python_scan = now + (took * PYTHON_SCAN_COST_SHARE).min(MAPS_REFRESH);
+            // Counts read before the look: a stack stored during it is looked for again.
+            for (program, stored) in new_stacks {
+                if let (Some(stored), true) = (stored, python_ids.contains_key(&program)) {
+                    self.stacks_at_python_scan.insert(program, stored);
+                }
+            }
         }
         self.send_warm(pool);
         TickStatus {
