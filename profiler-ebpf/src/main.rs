@@ -777,8 +777,7 @@ fn count(run: u32, counter: Counter) {
 /// This CPU's value of counter `index` (0 where it cannot be read).
 #[inline(always)]
 pub(crate) fn counter_value(index: u32) -> u64 {
-    // SAFETY: per-CPU slot, read at once.
-    unsafe { COUNTERS.get(index) }.copied().unwrap_or(0)
+    COUNTERS.get(index).copied().unwrap_or(0)
 }
 
 #[inline(always)]
