@@ -683,7 +683,9 @@ impl Recording {
         let mut samples = 0;
         let mut seen_programs = HashSet::new();
         // Programs that stored Python stacks never seen before since their last look for them
-        // (with the count now), and programs whose count cannot be read.
+        // (with the count now), and programs whose count cannot be read. A system-wide run
+        // looks only at each refresh, whatever the count: it does not read it.
+        let look_between_refreshes = !self.is_system();
         let mut new_stacks: HashMap<u32, Option<u64>> = HashMap::new();
         for (slot, _) in self.slots.clone() {
             let Ok(program) = pool.program(slot) else {
@@ -692,11 +694,13 @@ impl Recording {
             if seen_programs.insert(slot.program_id) {
                 program.offload_when_due();
                 program.unwind.poll();
-                let stored = program.python_stacks_stored();
-                if stored.is_none()
-                    || stored != self.stacks_at_python_scan.get(&slot.program_id).copied()
-                {
-                    new_stacks.insert(slot.program_id, stored);
+                if look_between_refreshes {
+                    let stored = program.python_stacks_stored();
+                    if stored.is_none()
+                        || stored != self.stacks_at_python_scan.get(&slot.program_id).copied()
+                    {
+                        new_stacks.insert(slot.program_id, stored);
+                    }
                 }
             }
             samples += program
