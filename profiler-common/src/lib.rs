@@ -671,43 +671,83 @@ pub struct PythonProcess {
     /// [`PYTHON_FRAME_BYTES`] for 3.10, whose frames are separate heap objects;
     /// [`PYTHON_FRAME_WINDOW_BYTES`] at most.
     pub frame_window: u32,
+    /// Offset in a code object of the 8 bytes the kernel reads to tell code objects at one
+    /// address apart ([`PythonFrame::identity_of`]): `co_nfreevars` and `co_version` (3.12
+    /// and later, which number each code object), `co_name` (3.10, 3.11).
+    pub code_identity: u32,
+    /// When not 0, those 8 bytes are a pointer, and the identity word is the 8 bytes this
+    /// far into the object it points to: `co_name`'s cached string hash (3.10, 3.11), which,
+    /// unlike the name's address, a new name at a freed name's address does not keep.
+    pub code_identity_deref: u32,
     /// Always zero; keeps the struct free of padding.
     pub reserved: u32,
 }
 
-/// One Python frame as the kernel records it in a Python stack: the code object's address
-/// and the instruction index packed into 64 bits, plus whether the frame is the first one of
-/// an `_PyEval_EvalFrameDefault` call (where the native stack has that C function).
+/// One Python frame as the kernel records it in a Python stack: the code object's address,
+/// the instruction index and a few bits of the code object's identity packed into 64 bits,
+/// plus whether the frame is the first one of an `_PyEval_EvalFrameDefault` call (where the
+/// native stack has that C function).
 ///
-/// Bits 0-43: the code object's address divided by 8 (CPython allocates objects 8-aligned,
-/// and user addresses fit 47 bits); bits 44-62: the instruction index in code units,
-/// saturated at [`PythonFrame::MAX_INSTRUCTION`]; bit 63: the eval-entry flag.
+/// Bits 0-42: the code object's address divided by 16 (CPython allocates objects 16-aligned
+/// on 64-bit machines, pymalloc and malloc alike, and user addresses fit 47 bits); bits
+/// 43-55: the instruction index in code units, saturated at [`PythonFrame::MAX_INSTRUCTION`];
+/// bits 56-62: the identity ([`PythonFrame::identity_of`]); bit 63: the eval-entry flag.
+///
+/// The identity is there because CPython frees code objects and puts others at their
+/// addresses (code made by `exec`, `compile`, or reloaded): without it the new function's
+/// frames are the old one's, one stack and one name for both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PythonFrame {
     /// Address of the frame's code object in the target's memory.
     pub code: u64,
     /// Index of the current instruction in code units (2 bytes each).
     pub instruction: u32,
+    /// [`PythonFrame::identity_of`] the code object's identity word when the frame was read.
+    pub identity: u8,
     /// Whether this frame is the first (outermost) of one `_PyEval_EvalFrameDefault` call.
     pub eval_entry: bool,
 }
 
 impl PythonFrame {
-    /// Largest instruction index a packed frame holds; larger ones are clamped to it.
-    pub const MAX_INSTRUCTION: u32 = (1 << 19) - 1;
-    const CODE_BITS: u32 = 44;
+    /// Largest instruction index a packed frame holds (16 KiB of bytecode, more than all
+    /// but generated functions have); larger ones are clamped to it, and their line is the
+    /// function's first.
+    pub const MAX_INSTRUCTION: u32 = (1 << 13) - 1;
+    const CODE_BITS: u32 = 43;
+    const CODE_SHIFT: u32 = 4;
+    const INSTRUCTION_BITS: u32 = 13;
+    const IDENTITY_SHIFT: u32 = Self::CODE_BITS + Self::INSTRUCTION_BITS;
+    /// Bits of identity a frame keeps: a code object put where another was is told apart
+    /// from it 127 times in 128.
+    pub const IDENTITY_MASK: u8 = 0x7f;
     const ENTRY_BIT: u64 = 1 << 63;
+
+    /// The identity bits of a code object whose identity word ([`PythonProcess`]'s
+    /// `code_identity` field) is `word`: the top bits of MurmurHash3's 64-bit finalizer of
+    /// it, in which every bit of the word moves them (a pointer's low bits are alignment, a
+    /// version counter's high bits rarely change).
+    #[inline(always)]
+    pub const fn identity_of(word: u64) -> u8 {
+        let mut x = word;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^= x >> 33;
+        (x >> 57) as u8 & Self::IDENTITY_MASK
+    }
 
     /// Packs the frame into one stack entry.
     #[inline(always)]
-    pub const fn pack(code: u64, instruction: u32, eval_entry: bool) -> u64 {
+    pub const fn pack(code: u64, instruction: u32, identity: u8, eval_entry: bool) -> u64 {
         let instruction = if instruction > Self::MAX_INSTRUCTION {
             Self::MAX_INSTRUCTION
         } else {
             instruction
         };
-        let mut v = ((code >> 3) & ((1 << Self::CODE_BITS) - 1))
-            | ((instruction as u64) << Self::CODE_BITS);
+        let mut v = ((code >> Self::CODE_SHIFT) & ((1 << Self::CODE_BITS) - 1))
+            | ((instruction as u64) << Self::CODE_BITS)
+            | (((identity & Self::IDENTITY_MASK) as u64) << Self::IDENTITY_SHIFT);
         if eval_entry {
             v |= Self::ENTRY_BIT;
         }
@@ -726,11 +766,18 @@ impl PythonFrame {
         packed | Self::ENTRY_BIT
     }
 
+    /// A packed frame without its eval-entry flag: what names it.
+    #[inline(always)]
+    pub const fn without_eval_entry(packed: u64) -> u64 {
+        packed & !Self::ENTRY_BIT
+    }
+
     /// Unpacks a stack entry.
     pub const fn unpack(packed: u64) -> PythonFrame {
         PythonFrame {
-            code: (packed & ((1 << Self::CODE_BITS) - 1)) << 3,
+            code: (packed & ((1 << Self::CODE_BITS) - 1)) << Self::CODE_SHIFT,
             instruction: ((packed >> Self::CODE_BITS) as u32) & Self::MAX_INSTRUCTION,
+            identity: (packed >> Self::IDENTITY_SHIFT) as u8 & Self::IDENTITY_MASK,
             eval_entry: packed & Self::ENTRY_BIT != 0,
         }
     }
@@ -796,20 +843,55 @@ mod tests {
 
     #[test]
     fn python_frames_round_trip_and_saturate() {
-        let code = 0x7f12_3456_7890u64;
-        let f = PythonFrame::unpack(PythonFrame::pack(code, 1234, true));
-        assert_eq!(
-            f,
-            PythonFrame {
-                code,
-                instruction: 1234,
-                eval_entry: true
-            }
-        );
-        let f = PythonFrame::unpack(PythonFrame::pack(code, u32::MAX, false));
+        let code = 0x7fff_ffff_fff0u64;
+        for identity in 0..=PythonFrame::IDENTITY_MASK {
+            let f = PythonFrame::unpack(PythonFrame::pack(code, 1234, identity, true));
+            assert_eq!(
+                f,
+                PythonFrame {
+                    code,
+                    instruction: 1234,
+                    identity,
+                    eval_entry: true
+                }
+            );
+        }
+        let f = PythonFrame::unpack(PythonFrame::pack(code, u32::MAX, 0xff, false));
         assert_eq!(f.instruction, PythonFrame::MAX_INSTRUCTION);
+        assert_eq!(f.identity, PythonFrame::IDENTITY_MASK);
+        assert_eq!(f.code, code);
         assert!(!f.eval_entry);
-        let marked = PythonFrame::with_eval_entry(PythonFrame::pack(code, 7, false));
+        let marked = PythonFrame::with_eval_entry(PythonFrame::pack(code, 7, 3, false));
         assert!(PythonFrame::unpack(marked).eval_entry);
+        assert_eq!(
+            PythonFrame::without_eval_entry(marked),
+            PythonFrame::pack(code, 7, 3, false)
+        );
+    }
+
+    #[test]
+    fn identities_of_nearby_words_spread_over_every_value() {
+        // Names are objects a few dozen bytes apart, 8- or 16-aligned; versions (3.12+) are
+        // counted up in the word's high half, a few apart.
+        let pointer = |i: u64| 0x7f00_0000_0000 + i * 48;
+        let version = |i: u64| (900 + 2 * i) << 32;
+        for word in [&pointer as &dyn Fn(u64) -> u64, &version] {
+            let mut seen = [0u32; 128];
+            for i in 0..1600 {
+                seen[PythonFrame::identity_of(word(i)) as usize] += 1;
+            }
+            // 12.5 words a value on average.
+            assert!(seen.iter().all(|&n| (2..=30).contains(&n)), "{seen:?}");
+            // Neighbours alike about 1 time in 128, as by chance.
+            let alike = (1..1600)
+                .filter(|&i| {
+                    PythonFrame::identity_of(word(i - 1)) == PythonFrame::identity_of(word(i))
+                })
+                .count();
+            assert!(alike < 40, "{alike} neighbours alike");
+        }
+        // The same word as Python's test helpers compute it (tests/workloads/pyshortcode.py).
+        assert_eq!(PythonFrame::identity_of(0), 0);
+        assert_eq!(PythonFrame::identity_of(901 << 32), 73);
     }
 }

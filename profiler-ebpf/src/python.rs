@@ -72,6 +72,10 @@ struct Walk {
     window_at: u64,
     /// Bytes of `window` that hold user memory (0: none).
     window_len: u64,
+    /// The code object whose identity bits were read last (0: none), and those bits: the
+    /// frames of a recursion read them once.
+    identity_code: u64,
+    identity: u64,
     /// A copy of the memory that ends with the last frame read anew (see `window_offset`).
     window: [u64; WINDOW_WORDS],
 }
@@ -153,6 +157,7 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     walk.failed = 0;
     walk.window_at = 0;
     walk.window_len = 0;
+    walk.identity_code = 0;
     let frames = scratch.get_ptr_mut(0)?;
     // The count of frames written lives in the map value, not in `walk`: the verifier does not
     // track map contents, so every iteration of the loop looks alike to it and it checks the
@@ -350,8 +355,33 @@ fn read_frame(walk: &mut Walk) -> Frame {
         // A frame without code cannot be named; its callers still can.
         Frame::Skip
     } else {
-        Frame::Code(PythonFrame::pack(code, instruction, entry))
+        Frame::Code(PythonFrame::pack(
+            code,
+            instruction,
+            identity(walk, code),
+            entry,
+        ))
     }
+}
+
+/// The identity bits of the code object at `code` ([`PythonFrame::identity_of`] its
+/// `code_identity` word), read unless the frame before had the same code; those of 0 when the
+/// read fails (then userspace names the frame only if the object it reads has the same bits).
+#[inline(always)]
+fn identity(walk: &mut Walk, code: u64) -> u8 {
+    if code != walk.identity_code {
+        let at = code.wrapping_add(walk.layout.code_identity as u64);
+        // SAFETY: user memory read through the checked helper.
+        let mut word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        if walk.layout.code_identity_deref != 0 && word != 0 {
+            let at = word.wrapping_add(walk.layout.code_identity_deref as u64);
+            // SAFETY: as above.
+            word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        }
+        walk.identity_code = code;
+        walk.identity = PythonFrame::identity_of(word) as u64;
+    }
+    walk.identity as u8
 }
 
 /// Where the frame at user address `frame` starts in `walk.window`, read anew unless the

@@ -25,7 +25,9 @@ ns = {}
 exec(compile(src, "/generated/functions.py", "exec"), ns)
 print(n, flush=True)
 for i in range(n):
-    print(id(ns[f"function_{i}"].__code__))
+    code = ns[f"function_{i}"].__code__
+    # With the pointer the kernel reads for a frame's identity bits.
+    print(id(code), id(getattr(code, "co_qualname", code.co_name)))
 sys.stdout.flush()
 time.sleep(3600)
 "#;
@@ -50,9 +52,13 @@ fn main() -> anyhow::Result<()> {
             .spawn()?;
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
         let n: usize = lines.next().expect("count")?.trim().parse()?;
-        let codes: Vec<u64> = lines
+        let codes: Vec<(u64, u64)> = lines
             .take(n)
-            .map(|l| Ok(l?.trim().parse::<u64>()?))
+            .map(|l| {
+                let l = l?;
+                let (code, name) = l.trim().split_once(' ').expect("two ids");
+                Ok((code.parse::<u64>()?, name.parse::<u64>()?))
+            })
             .collect::<anyhow::Result<_>>()?;
         let pid = child.id();
 
@@ -66,9 +72,10 @@ fn main() -> anyhow::Result<()> {
 
         let frames: Vec<PythonFrame> = codes
             .iter()
-            .map(|&code| PythonFrame {
+            .map(|&(code, name)| PythonFrame {
                 code,
                 instruction: 2,
+                identity: PythonFrame::identity_of(name),
                 eval_entry: false,
             })
             .collect();

@@ -739,7 +739,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
     let packed: Vec<u64> = frames
         .iter()
         .map(|f| {
-            let p = PythonFrame::pack(f.code, f.instruction, f.eval_entry);
+            let p = PythonFrame::pack(f.code, f.instruction, f.identity, f.eval_entry);
             let function = checked.target.resolve(*f).expect("resolve");
             symbols.insert(symbol_key(p), function);
             p
@@ -1069,8 +1069,10 @@ fn a_missing_process_is_an_error() {
 
 /// CPython frees code objects (3.10 frees its start-up modules' code after their import) and
 /// puts later ones at their addresses: a frame recorded at an address whose code object was
-/// named before is named after the object there now. The script puts function `bravo`'s
-/// code object (its fixed fields) over `alpha`'s, as when `alpha`'s block is reused.
+/// named before is named after the object there now, and a frame recorded before (its
+/// identity bits are the old object's) is not named at all. The script puts function
+/// `bravo`'s code object (its fixed fields) over `alpha`'s, as when `alpha`'s block is
+/// reused; it picks bravo's name so that their identity bits differ, as 127 in 128 do.
 #[test]
 fn a_code_object_at_the_address_of_one_named_before_is_named_anew() {
     use std::io::{BufRead, BufReader, Write};
@@ -1082,8 +1084,22 @@ def make(name):
     ns = {}
     exec(SOURCE.format(name), ns)
     return ns[name].__code__
-alpha, bravo = make("alpha"), make("bravo")
-print(id(alpha), flush=True)
+def bits(code):
+    # PythonFrame::identity_of the word the kernel reads: co_nfreevars and co_version from
+    # 3.12, else the name's cached hash.
+    if sys.version_info >= (3, 12):
+        word = ctypes.c_uint64.from_address(id(code) + 88).value
+    else:
+        word = hash(code.co_name) % (1 << 64)
+    mask = (1 << 64) - 1
+    word ^= word >> 33
+    word = (word * 0xFF51AFD7ED558CCD) & mask
+    word ^= word >> 33
+    word = (word * 0xC4CEB9FE1A85EC53) & mask
+    return (word ^ (word >> 33)) >> 57
+alpha = make("alpha")
+bravo = next(c for c in (make("bravo%d" % i) for i in range(1000)) if bits(c) != bits(alpha))
+print(id(alpha), bits(alpha), bits(bravo), bravo.co_name, flush=True)
 sys.stdin.readline()
 # Past the reference count and the type, up to the variable part (3.11+'s bytecode).
 ctypes.memmove(id(alpha) + 16, id(bravo) + 16, type(alpha).__basicsize__ - 16)
@@ -1101,23 +1117,42 @@ os._exit(0)
         let mut stdin = child.stdin.take().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut line = || lines.next().expect("a line").expect("read a line");
-        let code: u64 = line().trim().parse().expect("id(alpha)");
+        let said = line();
+        let said: Vec<&str> = said.split_whitespace().collect();
+        let code: u64 = said[0].parse().expect("id(alpha)");
+        let alpha_bits: u8 = said[1].parse().expect("alpha's bits");
+        let bravo_bits: u8 = said[2].parse().expect("bravo's bits");
+        let bravo = said[3];
         let mut target = PythonTarget::detect(child.id())
             .expect("detect")
             .expect("CPython");
-        let at = |instruction| PythonFrame {
+        let at = |instruction, identity| PythonFrame {
             code,
             instruction,
+            identity,
             eval_entry: false,
         };
-        let before = target.resolve(at(0)).expect("resolve alpha");
+        let before = target.resolve(at(0, alpha_bits)).expect("resolve alpha");
+        // Bits the object there does not have: a frame of another code object.
+        let stranger = target.resolve(at(0, bravo_bits));
         writeln!(stdin).unwrap();
         assert_eq!(line(), "moved");
-        let after = target.resolve(at(1)).expect("resolve at the same address");
+        let stale = target.resolve(at(1, alpha_bits));
+        let after = target
+            .resolve(at(1, bravo_bits))
+            .expect("resolve at the same address");
         writeln!(stdin).unwrap();
         child.wait().unwrap();
-        eprintln!("{}: {} then {}", python.display(), before.name, after.name);
+        eprintln!(
+            "{}: {} then {} ({alpha_bits:#x} then {bravo_bits:#x}); alpha's frame after: {stale:?}",
+            python.display(),
+            before.name,
+            after.name
+        );
         assert_eq!(before.name, "alpha", "{}", python.display());
-        assert_eq!(after.name, "bravo", "{}", python.display());
+        assert_eq!(after.name, bravo, "{}", python.display());
+        let stale = stale.expect_err("a frame recorded before the change is not named");
+        assert!(stale.to_string().contains("replaced"), "{stale}");
+        assert!(stranger.is_err(), "{stranger:?}");
     }
 }

@@ -785,6 +785,103 @@ fn pstats_keys_functions_by_their_def_line_without_line_numbers() {
     checks.finish();
 }
 
+/// Functions compiled one after another, each freed once it ran (`pyshortcode.py ... drop`):
+/// CPython puts each new code object where the last one was, so their frames differ only in
+/// the identity bits the kernel records per frame. Each function gets its own name and no
+/// more samples than its own CPU time earns (by the workload's own count); before the bits,
+/// every one of them was named after the first. Functions whose address and bits are both
+/// another's (1 in 128 pairs) cannot be told apart and are left out of the checks.
+#[test]
+fn functions_at_a_freed_functions_address_keep_their_own_names() {
+    if !require_root() {
+        return;
+    }
+    const ROUNDS: usize = 20;
+    const HZ: f64 = 999.0;
+    let script = workload("pyshortcode.py");
+    let mut checks = Checks::new();
+    for (label, python) in pythons() {
+        let dir = tempdir();
+        let folded = dir.path().join("reused.folded");
+        let mut args = record_args(&[&folded], &[]);
+        args.push("--".into());
+        args.push(python.display().to_string());
+        args.push(script.display().to_string());
+        args.push(ROUNDS.to_string());
+        args.push(LAUNCH_IDLE.into());
+        args.push("drop".into());
+        let run = run_bpfprof(&args, TIMEOUT);
+        run.assert_code(exit::OK);
+        // work_N ADDRESS BITS CPU_NS, from the workload.
+        let functions: Vec<(String, u64, u64, f64)> = run
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("work_"))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (
+                    f[0].to_string(),
+                    f[1].parse().expect("address"),
+                    f[2].parse().expect("bits"),
+                    f[3].parse::<f64>().expect("cpu ns") / 1e9,
+                )
+            })
+            .collect();
+        assert_eq!(functions.len(), ROUNDS, "{label}: {}", run.stdout);
+        let profile = Profile::read(&folded);
+        let reused = functions
+            .iter()
+            .enumerate()
+            .filter(|(i, f)| functions[..*i].iter().any(|g| g.1 == f.1))
+            .count();
+        let alike = |f: &(String, u64, u64, f64)| {
+            functions
+                .iter()
+                .filter(|g| g.1 == f.1 && g.2 == f.2)
+                .count()
+                > 1
+        };
+        let own: Vec<&(String, u64, u64, f64)> = functions.iter().filter(|f| !alike(f)).collect();
+        let mut named = 0;
+        let mut report = Vec::new();
+        for (name, _, bits, cpu) in &own {
+            let samples = samples_in(&profile, name) as f64;
+            let earned = cpu * HZ;
+            named += usize::from(samples > 0.0);
+            report.push(format!(
+                "{name} bits {bits}: {samples} samples, {earned:.0} earned"
+            ));
+            checks.check(samples <= earned * 1.25 + 3.0 * earned.sqrt() + 5.0, || {
+                format!(
+                    "{label}: {name} has {samples} samples for {cpu:.3} s of CPU ({earned:.0} \
+                     at {HZ} Hz): another function's samples carry its name\n{}",
+                    report.join("\n")
+                )
+            });
+        }
+        eprintln!(
+            "{label}: {reused} of {ROUNDS} functions at an earlier one's address; {} with \
+             address and bits of their own, {named} of them named; {} samples unnamed",
+            own.len(),
+            profile.count_containing("[unknown Python code]")
+        );
+        // The premise: CPython reused the addresses (it does so at once for a freed object).
+        checks.check(reused >= ROUNDS / 2, || {
+            format!("{label}: only {reused} functions reused an address: nothing was tested")
+        });
+        // Named while they live (0.15 s each): most are, on a loaded machine too.
+        checks.check(named * 4 >= own.len() * 3, || {
+            format!(
+                "{label}: {named} of {} functions named\n{}\n{}",
+                own.len(),
+                report.join("\n"),
+                profile.top(5)
+            )
+        });
+    }
+    checks.finish();
+}
+
 /// New functions that run 150 ms each, the last one right before the process exits
 /// (`pyshortcode.py`), on each CPython: each is named, and the summary counts exactly the
 /// samples whose frames were not. Naming must keep up with the run: queued only at each maps

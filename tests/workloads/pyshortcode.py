@@ -1,14 +1,19 @@
 """pyshortcode: Python functions that live a fraction of a second each.
 
-Usage: python3 pyshortcode.py ROUNDS IDLE
+Usage: python3 pyshortcode.py ROUNDS IDLE [keep|drop]
 
 Sleeps IDLE seconds without using CPU (so that a profiler launching it has read the
 interpreter), then, ROUNDS times, compiles a new function `work_N` and runs it hot for RUN_SECS;
 the process exits right after the last one. A profiler that reads code objects from the live
 process names the last functions only if it reads them within RUN_SECS of their first sample.
-The functions are kept alive, so that no two code objects share an address (a freed one's
-address is soon reused, and a profiler that names frames by code address would give the new
-function the old one's name).
+
+`keep` (the default) keeps the functions alive, so that no two code objects share an address.
+`drop` frees each function once it ran: CPython soon puts a later function's code object at a
+freed one's address, and a profiler that names frames by code address alone gives the new
+function the old one's name. With `drop` it prints, for each function once it ran, its code
+object's address, the identity bits bpfprof's kernel program records for it (see
+`PythonFrame::identity_of`) and the CPU time it took, one `work_N ADDRESS BITS CPU_NS` line
+each.
 """
 
 import sys
@@ -24,15 +29,51 @@ def work_{n}(end):
 """
 
 
-def main(rounds):
+def identity_bits(code):
+    """What bpfprof's kernel program records of the code object: PythonFrame::identity_of
+    the 8 bytes at co_nfreevars (with co_version) from 3.12, else the name's cached hash."""
+    import ctypes
+
+    if sys.version_info >= (3, 12):
+        word = ctypes.c_uint64.from_address(id(code) + 88).value
+    else:
+        word = hash(code.co_name) % (1 << 64)
+    return fmix64(word) >> 57
+
+
+def fmix64(x):
+    """MurmurHash3's 64-bit finalizer."""
+    mask = (1 << 64) - 1
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & mask
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & mask
+    return x ^ (x >> 33)
+
+
+def main(rounds, keep):
     kept = []
     for n in range(rounds):
         scope = {"time": time}
         exec(SOURCE.format(n=n), scope)
-        scope["work_%d" % n](time.monotonic() + RUN_SECS)
-        kept.append(scope)
+        work = scope["work_%d" % n]
+        code = work.__code__
+        address, bits = id(code), identity_bits(code)
+        del code
+        cpu = time.thread_time_ns()
+        work(time.monotonic() + RUN_SECS)
+        cpu = time.thread_time_ns() - cpu
+        if not keep:
+            print("work_%d %d %d %d" % (n, address, bits, cpu), flush=True)
+        if keep:
+            kept.append(scope)
+        else:
+            # The function and its globals refer to each other: break the cycle so that its
+            # code object is freed now, for the next function's to take its place.
+            scope.clear()
+        del work, scope
 
 
 if __name__ == "__main__":
     time.sleep(float(sys.argv[2]))
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), (sys.argv[3] if len(sys.argv) > 3 else "keep") == "keep")

@@ -179,7 +179,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     let mut symbols = PythonSymbols::new();
     if let Some(p) = python.as_mut() {
         for frame in reads.frames.values().flatten() {
-            let packed = PythonFrame::pack(frame.code, frame.instruction, false);
+            let packed = PythonFrame::pack(frame.code, frame.instruction, frame.identity, false);
             if let std::collections::hash_map::Entry::Vacant(slot) =
                 symbols.entry(symbol_key(packed))
             {
@@ -219,7 +219,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                 .map(|frames| {
                     frames
                         .iter()
-                        .map(|f| PythonFrame::pack(f.code, f.instruction, f.eval_entry))
+                        .map(|f| PythonFrame::pack(f.code, f.instruction, f.identity, f.eval_entry))
                         .collect()
                 })
                 .unwrap_or_default();

@@ -36,10 +36,14 @@ pub struct CodeInfo {
     /// The object's header words that tell it apart from another code object put at its
     /// address once it is freed (see [`CodeReader::identity`]).
     pub identity: CodeIdentity,
+    /// The identity bits the kernel records in this code object's frames
+    /// ([`profiler_common::PythonFrame::identity_of`] its identity word).
+    pub identity_bits: u8,
 }
 
-/// A code object's type, name, file name and line table pointers and its first line, as read.
-pub type CodeIdentity = [u64; 5];
+/// A code object's type, name, file name and line table pointers, its first line and the word
+/// the kernel takes its identity bits from (or a pointer to it), as read.
+pub type CodeIdentity = [u64; 6];
 
 impl CodeInfo {
     /// Bytes it keeps: its name, file name and line ranges.
@@ -48,8 +52,11 @@ impl CodeInfo {
     }
 
     /// The line of instruction `index` (in code units), or the first line where the table has
-    /// none (artificial code, an index past the end).
+    /// none (artificial code, an index past the end, or one the kernel saturated).
     pub fn line(&self, index: u32) -> u32 {
+        if index >= profiler_common::PythonFrame::MAX_INSTRUCTION {
+            return self.first_line;
+        }
         let addr = index.saturating_mul(2);
         let at = self.lines.partition_point(|r| r.end <= addr);
         self.lines
@@ -117,12 +124,20 @@ impl CodeReader {
         };
         let first_line = (word(layout.code_firstlineno) as u32 as i32).max(0) as u32;
         let line_table = read_bytes(mem, layout, word(layout.code_linetable))?;
+        // The kernel's identity word, read as it reads it.
+        let k = &layout.kernel;
+        let mut identity_word = word(k.code_identity);
+        if k.code_identity_deref != 0 && identity_word != 0 {
+            identity_word =
+                mem.read_u64(identity_word.wrapping_add(k.code_identity_deref as u64))?;
+        }
         Ok(CodeInfo {
             name,
             file,
             first_line,
             lines: linetable::ranges(layout.line_format, &line_table, first_line),
             identity,
+            identity_bits: profiler_common::PythonFrame::identity_of(identity_word),
         })
     }
 
@@ -141,6 +156,7 @@ impl CodeReader {
             layout.code_filename,
             layout.code_firstlineno,
             layout.code_linetable,
+            layout.kernel.code_identity,
         ];
         let span = fields.iter().max().copied().unwrap_or(0) as usize + 8;
         let header = mem.read_vec(addr, span)?;

@@ -108,6 +108,9 @@ const TP_NAME: u32 = 24;
 /// `PyVarObject.ob_size` and `PyBytesObject.ob_sval` in every GIL build up to 3.13.
 const BYTES_SIZE: u32 = 16;
 const BYTES_DATA: u32 = 32;
+/// `PyASCIIObject.hash` in 3.10 and 3.11: a string's cached hash, computed when it was
+/// interned, as every code object's `co_name` is.
+const STR_HASH: u32 = 24;
 
 /// `Layout::kernel.cframe_current_frame` where the thread state points to the frame directly.
 const NO_CFRAME: u32 = u32::MAX;
@@ -136,6 +139,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 gil_locked: 0,
                 // Frame objects are allocated one by one: their callers are elsewhere.
                 frame_window: PYTHON_FRAME_BYTES as u32,
+                // co_name's hash (see `PythonProcess::code_identity_deref`).
+                code_identity: 112,
+                code_identity_deref: STR_HASH,
                 reserved: 0,
             },
             runtime_interpreters_head: 32,
@@ -178,6 +184,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 gil_holder: 0,
                 gil_locked: 0,
                 frame_window: DATA_STACK_WINDOW,
+                // co_name's hash (see `PythonProcess::code_identity_deref`).
+                code_identity: 120,
+                code_identity_deref: STR_HASH,
                 reserved: 0,
             },
             runtime_interpreters_head: 40,
@@ -220,6 +229,11 @@ pub fn table(minor: u8) -> Option<Layout> {
                 gil_holder: 0,
                 gil_locked: 0,
                 frame_window: DATA_STACK_WINDOW,
+                // co_nfreevars and co_version: CPython numbers each code object it makes, so a
+                // new one at a freed one's address differs here even where its name is at the
+                // old name's address (code made again from one template).
+                code_identity: 88,
+                code_identity_deref: 0,
                 reserved: 0,
             },
             runtime_interpreters_head: 40,
@@ -345,6 +359,10 @@ impl Layout {
                 gil_holder: 0,
                 gil_locked: 0,
                 frame_window: DATA_STACK_WINDOW,
+                // co_nfreevars and co_version, as for 3.12: 20 and 24 bytes past co_firstlineno
+                // (the debug offsets do not list them; `code.h` has five ints between them).
+                code_identity: small(d::CODE_FIRSTLINENO)? + 20,
+                code_identity_deref: 0,
                 reserved: 0,
             },
             runtime_interpreters_head: small(d::RUNTIME_INTERPRETERS_HEAD)?,

@@ -602,7 +602,18 @@ impl PythonTarget {
             let units = pointer.saturating_sub(first) / 2;
             u32::try_from(units).unwrap_or(u32::MAX)
         };
-        Ok(Some(PythonFrame::pack(code, instruction, entry)))
+        let mut word = self
+            .memory
+            .read_u64(code.wrapping_add(k.code_identity as u64))
+            .unwrap_or(0);
+        if k.code_identity_deref != 0 && word != 0 {
+            word = self
+                .memory
+                .read_u64(word.wrapping_add(k.code_identity_deref as u64))
+                .unwrap_or(0);
+        }
+        let identity = PythonFrame::identity_of(word);
+        Ok(Some(PythonFrame::pack(code, instruction, identity, entry)))
     }
 
     /// Python's `threading` names of the threads `threads` lists (host tid, thread state),
@@ -640,11 +651,7 @@ impl PythonTarget {
                     .read_u64(frame.wrapping_add(k.frame_code as u64))
                 {
                     let in_threading = self
-                        .resolve(PythonFrame {
-                            code,
-                            instruction: 0,
-                            eval_entry: false,
-                        })
+                        .function(code, 0, None)
                         .is_ok_and(|f| f.file.ends_with("threading.py"));
                     if in_threading {
                         globals = self.memory.read_u64(frame + globals_offset).ok();
@@ -688,14 +695,35 @@ impl PythonTarget {
     /// another code object took that address since (CPython frees code objects, a module's
     /// once it is imported, and reuses their memory). Without that check, one loaded CI run
     /// named a launched 3.10 script's leaf function `<module>` in every sample, which fits a
-    /// start-up module's code named at that address first. A frame recorded before the
-    /// change and named after it still takes the new name: no later read can tell.
+    /// start-up module's code named at that address first. A frame whose identity bits are
+    /// not those of the code object now at its address was recorded before the change: it is
+    /// not named (an error), rather than named after the newcomer. 1 in 128 replacements have
+    /// the same bits and still take the newcomer's name: no later read can tell them apart.
     pub fn resolve(&mut self, frame: PythonFrame) -> Result<PythonFunction> {
+        self.function(frame.code, frame.instruction, Some(frame.identity))
+    }
+
+    /// [`PythonReader::resolve`] the code object at `code`, instruction `instruction`, checked
+    /// against the kernel's identity bits where given.
+    fn function(
+        &mut self,
+        code: u64,
+        instruction: u32,
+        identity: Option<u8>,
+    ) -> Result<PythonFunction> {
+        let frame = PythonFrame {
+            code,
+            instruction,
+            identity: identity.unwrap_or(0),
+            eval_entry: false,
+        };
         let before = self.memory.bytes_read();
         let replaced = self.codes.get(&frame.code).is_some_and(|info| {
-            // A failed read (the process is gone) keeps what was read while it lived.
-            code::CodeReader::identity(&self.memory, &self.layout, frame.code)
-                .is_ok_and(|now| now != info.identity)
+            // Bits other than the cached object's: a newer object, if any, is read below.
+            identity.is_some_and(|bits| bits != info.identity_bits)
+                // A failed read (the process is gone) keeps what was read while it lived.
+                || code::CodeReader::identity(&self.memory, &self.layout, frame.code)
+                    .is_ok_and(|now| now != info.identity)
         });
         self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
         if replaced {
@@ -717,6 +745,16 @@ impl PythonTarget {
             self.codes.insert(frame.code, info);
         }
         let info = &self.codes[&frame.code];
+        if let Some(bits) = identity.filter(|&bits| bits != info.identity_bits) {
+            return Err(anyhow!(
+                "pid {}: code object {:#x} was replaced since the frame was recorded \
+                 (identity bits {bits:#x}, now {:#x}): its function is gone",
+                self.pid,
+                frame.code,
+                info.identity_bits
+            )
+            .into());
+        }
         Ok(PythonFunction {
             name: info.name.clone(),
             file: info.file.clone(),

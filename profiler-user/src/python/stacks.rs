@@ -441,8 +441,7 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
 
 /// The key of a packed frame in [`PythonSymbols`]: the frame without its eval-entry flag.
 pub fn symbol_key(packed: u64) -> u64 {
-    let f = PythonFrame::unpack(packed);
-    PythonFrame::pack(f.code, f.instruction, false)
+    PythonFrame::without_eval_entry(packed)
 }
 
 /// Whether a packed stack entry is the kernel's GIL entry (outermost), not a frame.
@@ -729,10 +728,10 @@ mod tests {
             .iter()
             .map(|(code, instr, entry, name, line)| {
                 symbols.insert(
-                    PythonFrame::pack(*code, *instr, false),
+                    PythonFrame::pack(*code, *instr, 5, false),
                     function(name, *line),
                 );
-                PythonFrame::pack(*code, *instr, *entry)
+                PythonFrame::pack(*code, *instr, 5, *entry)
             })
             .collect();
         let stack = vec![
@@ -790,11 +789,14 @@ mod tests {
     #[test]
     fn perf_trampolines_go_where_the_kernel_walked_the_frames() {
         let mut symbols = PythonSymbols::new();
-        symbols.insert(PythonFrame::pack(0x10, 1, false), function("leaf", 3));
-        symbols.insert(PythonFrame::pack(0x20, 1, false), function("<module>", 9));
+        symbols.insert(PythonFrame::pack(0x10, 1, 5, false), function("leaf", 3));
+        symbols.insert(
+            PythonFrame::pack(0x20, 1, 5, false),
+            function("<module>", 9),
+        );
         let python = vec![
-            PythonFrame::pack(0x10, 1, true),
-            PythonFrame::pack(0x20, 1, true),
+            PythonFrame::pack(0x10, 1, 5, true),
+            PythonFrame::pack(0x20, 1, 5, true),
         ];
         let trampoline = |name: &str| native(name, crate::symbolize::JIT_MODULE);
         let stack = vec![
@@ -836,8 +838,8 @@ mod tests {
     #[test]
     fn python_frames_without_eval_frames_go_at_the_root() {
         let mut symbols = PythonSymbols::new();
-        symbols.insert(PythonFrame::pack(0x10, 1, false), function("f", 3));
-        let python = vec![PythonFrame::pack(0x10, 1, true)];
+        symbols.insert(PythonFrame::pack(0x10, 1, 5, false), function("f", 3));
+        let python = vec![PythonFrame::pack(0x10, 1, 5, true)];
         let merged = merge(
             vec![native("burn", "/x/ext.so")],
             &python,
@@ -850,7 +852,7 @@ mod tests {
         // An unnamed frame is still a frame.
         let merged = merge(
             Vec::new(),
-            &[PythonFrame::pack(0x20, 0, true)],
+            &[PythonFrame::pack(0x20, 0, 5, true)],
             &symbols,
             MergeOptions::default(),
             0,
@@ -939,7 +941,7 @@ mod tests {
     #[test]
     fn the_gil_entry_is_a_root_frame_only_when_asked_for() {
         let symbols = PythonSymbols::new();
-        let python = vec![PythonFrame::pack(0x10, 1, true), PythonFrame::GIL_HELD];
+        let python = vec![PythonFrame::pack(0x10, 1, 5, true), PythonFrame::GIL_HELD];
         let names = |show_gil| {
             let options = MergeOptions {
                 keep_glue: false,
@@ -960,6 +962,18 @@ mod tests {
         for minor in 10..=12 {
             let layout = super::super::layout::table(minor).expect("a tabled version");
             assert!(fits_frame_copy(&layout.kernel), "3.{minor}");
+            // The kernel's identity word: the name's hash up to 3.11, the version from 3.12.
+            let k = &layout.kernel;
+            match minor {
+                10 | 11 => assert_eq!(
+                    (k.code_identity, k.code_identity_deref),
+                    (layout.code_name, 24)
+                ),
+                _ => assert_eq!(
+                    (k.code_identity, k.code_identity_deref),
+                    (layout.code_firstlineno + 20, 0)
+                ),
+            }
         }
         let mut misaligned = super::super::layout::table(12).expect("3.12").kernel;
         misaligned.frame_previous += 4;
