@@ -1144,10 +1144,11 @@ os._exit(0)
         writeln!(stdin).unwrap();
         child.wait().unwrap();
         eprintln!(
-            "{}: {} then {} ({alpha_bits:#x} then {bravo_bits:#x}); alpha's frame after: {stale:?}",
+            "{}: {} then {} ({alpha_bits:#x} then {bravo_bits:#x}); alpha's frame after: {:?}",
             python.display(),
             before.name,
-            after.name
+            after.name,
+            stale.as_ref().map(|f| &f.name).map_err(|e| e.to_string())
         );
         assert_eq!(before.name, "alpha", "{}", python.display());
         assert_eq!(after.name, bravo, "{}", python.display());
