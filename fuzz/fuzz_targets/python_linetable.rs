@@ -37,7 +37,8 @@ fuzz_target!(|data: &[u8]| {
         file: String::new(),
         first_line,
         lines,
-        identity: [0; 5],
+        identity: [0; 6],
+        identity_bits: 0,
     };
     for r in code.lines.iter().take(64) {
         for addr in [r.start, r.end.saturating_sub(1), r.end].map(|a| a & !1) {

@@ -52,11 +52,8 @@ impl CodeInfo {
     }
 
     /// The line of instruction `index` (in code units), or the first line where the table has
-    /// none (artificial code, an index past the end, or one the kernel saturated).
+    /// none (artificial code, an index past the end).
     pub fn line(&self, index: u32) -> u32 {
-        if index >= profiler_common::PythonFrame::MAX_INSTRUCTION {
-            return self.first_line;
-        }
         let addr = index.saturating_mul(2);
         let at = self.lines.partition_point(|r| r.end <= addr);
         self.lines

@@ -758,7 +758,12 @@ impl PythonTarget {
         Ok(PythonFunction {
             name: info.name.clone(),
             file: info.file.clone(),
-            line: info.line(frame.instruction),
+            // A clamped instruction could be anywhere past it: the def's line, not a wrong one.
+            line: if frame.instruction >= PythonFrame::MAX_INSTRUCTION {
+                info.first_line
+            } else {
+                info.line(frame.instruction)
+            },
             first_line: info.first_line,
         })
     }
