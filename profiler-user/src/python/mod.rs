@@ -718,31 +718,36 @@ impl PythonTarget {
             eval_entry: false,
         };
         let before = self.memory.bytes_read();
-        let replaced = self.codes.get(&frame.code).is_some_and(|info| {
-            // Bits other than the cached object's: a newer object, if any, is read below.
+        let stale = self.codes.get(&frame.code).is_none_or(|info| {
+            // Bits other than the cached object's: the frame's object may be a newer one.
             identity.is_some_and(|bits| bits != info.identity_bits)
-                // A failed read (the process is gone) keeps what was read while it lived.
                 || code::CodeReader::identity(&self.memory, &self.layout, frame.code)
                     .is_ok_and(|now| now != info.identity)
         });
         self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
-        if replaced {
-            if let Some(old) = self.codes.remove(&frame.code) {
-                self.kept_bytes = self.kept_bytes.saturating_sub(old.kept_bytes());
-            }
-        }
-        if !self.codes.contains_key(&frame.code) {
+        if stale {
             let before = self.memory.bytes_read();
             let read = self
                 .code_reader
                 .read_code(&self.memory, &self.layout, frame.code);
             self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
-            let info =
-                read.with_context(|| format!("pid {}: code object {:#x}", self.pid, frame.code))?;
-            let kept = info.kept_bytes();
-            self.naming_bytes += kept;
-            self.kept_bytes += kept;
-            self.codes.insert(frame.code, info);
+            match read {
+                Ok(info) => {
+                    let kept = info.kept_bytes();
+                    self.naming_bytes += kept;
+                    self.kept_bytes += kept;
+                    if let Some(old) = self.codes.insert(frame.code, info) {
+                        self.kept_bytes = self.kept_bytes.saturating_sub(old.kept_bytes());
+                    }
+                }
+                // A failed read (the process is gone, the object half freed) keeps what was
+                // read while it lived: the bits below say whether it was this frame's.
+                Err(e) if !self.codes.contains_key(&frame.code) => {
+                    let what = format!("pid {}: code object {:#x}", self.pid, frame.code);
+                    return Err(e.context(what).into());
+                }
+                Err(_) => {}
+            }
         }
         let info = &self.codes[&frame.code];
         if let Some(bits) = identity.filter(|&bits| bits != info.identity_bits) {
