@@ -18,7 +18,7 @@ const FUNCTIONS: usize = 10_000;
 /// Defines FUNCTIONS functions (distinct code objects, names and lines) in a file of their own,
 /// prints the address of each one's code object (`id()` is the address in CPython), then waits.
 const PROGRAM: &str = r#"
-import sys, time
+import ctypes, sys, time
 n = int(sys.argv[1])
 src = "".join(f"def function_{i}(x):\n    y = x + {i}\n    return y * 2\n\n" for i in range(n))
 ns = {}
@@ -26,8 +26,13 @@ exec(compile(src, "/generated/functions.py", "exec"), ns)
 print(n, flush=True)
 for i in range(n):
     code = ns[f"function_{i}"].__code__
-    # With the pointer the kernel reads for a frame's identity bits.
-    print(id(code), id(getattr(code, "co_qualname", code.co_name)))
+    # With the word the kernel takes a frame's identity bits from: co_nfreevars and co_version
+    # from 3.12, else the name's cached hash.
+    if sys.version_info >= (3, 12):
+        word = ctypes.c_uint64.from_address(id(code) + 88).value
+    else:
+        word = hash(code.co_name) % (1 << 64)
+    print(id(code), word)
 sys.stdout.flush()
 time.sleep(3600)
 "#;
@@ -56,8 +61,8 @@ fn main() -> anyhow::Result<()> {
             .take(n)
             .map(|l| {
                 let l = l?;
-                let (code, name) = l.trim().split_once(' ').expect("two ids");
-                Ok((code.parse::<u64>()?, name.parse::<u64>()?))
+                let (code, word) = l.trim().split_once(' ').expect("two numbers");
+                Ok((code.parse::<u64>()?, word.parse::<u64>()?))
             })
             .collect::<anyhow::Result<_>>()?;
         let pid = child.id();
@@ -72,10 +77,10 @@ fn main() -> anyhow::Result<()> {
 
         let frames: Vec<PythonFrame> = codes
             .iter()
-            .map(|&(code, name)| PythonFrame {
+            .map(|&(code, word)| PythonFrame {
                 code,
                 instruction: 2,
-                identity: PythonFrame::identity_of(name),
+                identity: PythonFrame::identity_of(word),
                 eval_entry: false,
             })
             .collect();
