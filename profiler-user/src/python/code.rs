@@ -11,6 +11,7 @@ use super::{
     memory::ProcessMemory,
 };
 use anyhow::Result;
+use profiler_common::{PythonFrame, PythonProcess};
 
 /// How a code object whose name is the empty string is named.
 const EMPTY_NAME: &str = "[empty Python name]";
@@ -122,19 +123,14 @@ impl CodeReader {
         let first_line = (word(layout.code_firstlineno) as u32 as i32).max(0) as u32;
         let line_table = read_bytes(mem, layout, word(layout.code_linetable))?;
         // The kernel's identity word, read as it reads it.
-        let k = &layout.kernel;
-        let mut identity_word = word(k.code_identity);
-        if k.code_identity_deref != 0 && identity_word != 0 {
-            identity_word =
-                mem.read_u64(identity_word.wrapping_add(k.code_identity_deref as u64))?;
-        }
+        let identity_bits = identity_bits(mem, &layout.kernel, word(layout.kernel.code_identity))?;
         Ok(CodeInfo {
             name,
             file,
             first_line,
             lines: linetable::ranges(layout.line_format, &line_table, first_line),
             identity,
-            identity_bits: profiler_common::PythonFrame::identity_of(identity_word),
+            identity_bits,
         })
     }
 
@@ -160,6 +156,17 @@ impl CodeReader {
         let identity = fields.map(|off| field_u64(&header, off));
         Ok((header, identity))
     }
+}
+
+/// The identity bits the kernel records for a code object whose `code_identity` field holds
+/// `word`, read as the kernel reads them: through the pointer where the layout says so.
+pub fn identity_bits(mem: &ProcessMemory, k: &PythonProcess, word: u64) -> Result<u8> {
+    let word = if k.code_identity_deref != 0 && word != 0 {
+        mem.read_u64(word.wrapping_add(k.code_identity_deref as u64))?
+    } else {
+        word
+    };
+    Ok(PythonFrame::identity_of(word))
 }
 
 /// The 8 bytes at `off` of a header read (little-endian, as x86-64 stores them).

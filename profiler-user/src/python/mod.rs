@@ -602,17 +602,13 @@ impl PythonTarget {
             let units = pointer.saturating_sub(first) / 2;
             u32::try_from(units).unwrap_or(u32::MAX)
         };
-        let mut word = self
+        // As the kernel does: identity_of(0) where a read fails.
+        let identity = self
             .memory
             .read_u64(code.wrapping_add(k.code_identity as u64))
-            .unwrap_or(0);
-        if k.code_identity_deref != 0 && word != 0 {
-            word = self
-                .memory
-                .read_u64(word.wrapping_add(k.code_identity_deref as u64))
-                .unwrap_or(0);
-        }
-        let identity = PythonFrame::identity_of(word);
+            .ok()
+            .and_then(|word| code::identity_bits(&self.memory, k, word).ok())
+            .unwrap_or(PythonFrame::identity_of(0));
         Ok(Some(PythonFrame::pack(code, instruction, identity, entry)))
     }
 
