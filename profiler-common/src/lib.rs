@@ -718,14 +718,26 @@ impl PythonFrame {
     const INSTRUCTION_BITS: u32 = 13;
     const IDENTITY_SHIFT: u32 = Self::CODE_BITS + Self::INSTRUCTION_BITS;
     /// Bits of identity a frame keeps: a code object put where another was is told apart
-    /// from it 127 times in 128.
+    /// from it about 125 times in 126 (0 is [`PythonFrame::UNKNOWN_IDENTITY`], and 1 takes
+    /// its words).
     pub const IDENTITY_MASK: u8 = 0x7f;
     const ENTRY_BIT: u64 = 1 << 63;
+
+    /// The identity bits of a frame whose code object's identity word could not be had: the
+    /// read failed, or (3.10, 3.11) the name's hash was not computed yet. Such a frame is
+    /// named after whatever object is at its address, as all were before identity bits;
+    /// [`PythonFrame::identity_of`] never gives it.
+    pub const UNKNOWN_IDENTITY: u8 = 0;
+
+    /// What a `str`'s cached hash is until something hashes it (3.10, 3.11 names): a word
+    /// that changes later, so that frames recorded before and after would differ.
+    pub const HASH_NOT_COMPUTED: u64 = u64::MAX;
 
     /// The identity bits of a code object whose identity word ([`PythonProcess`]'s
     /// `code_identity` field) is `word`: the top bits of MurmurHash3's 64-bit finalizer of
     /// it, in which every bit of the word moves them (a pointer's low bits are alignment, a
-    /// version counter's high bits rarely change).
+    /// version counter's high bits rarely change); 1 where they are 0, which is
+    /// [`PythonFrame::UNKNOWN_IDENTITY`].
     #[inline(always)]
     pub const fn identity_of(word: u64) -> u8 {
         let mut x = word;
@@ -734,7 +746,19 @@ impl PythonFrame {
         x ^= x >> 33;
         x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         x ^= x >> 33;
-        (x >> 57) as u8 & Self::IDENTITY_MASK
+        let bits = (x >> 57) as u8 & Self::IDENTITY_MASK;
+        if bits == Self::UNKNOWN_IDENTITY {
+            1
+        } else {
+            bits
+        }
+    }
+
+    /// Whether a frame recorded with identity bits `frame` may be named after an object
+    /// whose bits are `object`: when they are equal, or either is unknown.
+    #[inline(always)]
+    pub const fn identities_match(frame: u8, object: u8) -> bool {
+        frame == object || frame == Self::UNKNOWN_IDENTITY || object == Self::UNKNOWN_IDENTITY
     }
 
     /// Packs the frame into one stack entry.
@@ -880,8 +904,10 @@ mod tests {
             for i in 0..1600 {
                 seen[PythonFrame::identity_of(word(i)) as usize] += 1;
             }
-            // 12.5 words a value on average.
-            assert!(seen.iter().all(|&n| (2..=30).contains(&n)), "{seen:?}");
+            // 12.5 words a value on average; 1 takes 0's too, and 0 (unknown) none.
+            assert_eq!(seen[0], 0);
+            assert!((5..=50).contains(&seen[1]), "{seen:?}");
+            assert!(seen[2..].iter().all(|&n| (2..=30).contains(&n)), "{seen:?}");
             // Neighbours alike about 1 time in 128, as by chance.
             let alike = (1..1600)
                 .filter(|&i| {
@@ -891,7 +917,11 @@ mod tests {
             assert!(alike < 40, "{alike} neighbours alike");
         }
         // The same word as Python's test helpers compute it (tests/workloads/pyshortcode.py).
-        assert_eq!(PythonFrame::identity_of(0), 0);
+        assert_eq!(PythonFrame::identity_of(0), 1);
+        // No word gives the unknown identity.
+        assert!((0..100_000u64)
+            .flat_map(|i| [i, i << 32, 0x7f00_0000_0000 + i * 16, u64::MAX - i])
+            .all(|w| PythonFrame::identity_of(w) != PythonFrame::UNKNOWN_IDENTITY));
         assert_eq!(PythonFrame::identity_of(901 << 32), 73);
     }
 }

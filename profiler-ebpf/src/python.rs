@@ -365,21 +365,30 @@ fn read_frame(walk: &mut Walk) -> Frame {
 }
 
 /// The identity bits of the code object at `code` ([`PythonFrame::identity_of`] its
-/// `code_identity` word), read unless the frame before had the same code; those of 0 when the
-/// read fails (then userspace names the frame only if the object it reads has the same bits).
+/// `code_identity` word), read unless the frame before had the same code;
+/// [`PythonFrame::UNKNOWN_IDENTITY`] when a read fails or the word is a name's hash not
+/// computed yet (it will change: a frame recorded with it would not match its own object
+/// once something hashed the name, as Dynamo's fresh code objects' names were).
 #[inline(always)]
 fn identity(walk: &mut Walk, code: u64) -> u8 {
     if code != walk.identity_code {
         let at = code.wrapping_add(walk.layout.code_identity as u64);
         // SAFETY: user memory read through the checked helper.
-        let mut word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
-        if walk.layout.code_identity_deref != 0 && word != 0 {
-            let at = word.wrapping_add(walk.layout.code_identity_deref as u64);
-            // SAFETY: as above.
-            word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        let mut word = unsafe { bpf_probe_read_user(at as *const u64) }.ok();
+        if walk.layout.code_identity_deref != 0 {
+            word = match word {
+                Some(name) if name != 0 => {
+                    let at = name.wrapping_add(walk.layout.code_identity_deref as u64);
+                    // SAFETY: as above.
+                    unsafe { bpf_probe_read_user(at as *const u64) }
+                        .ok()
+                        .filter(|&hash| hash != PythonFrame::HASH_NOT_COMPUTED)
+                }
+                _ => None,
+            };
         }
         walk.identity_code = code;
-        walk.identity = PythonFrame::identity_of(word) as u64;
+        walk.identity = word.map_or(PythonFrame::UNKNOWN_IDENTITY, PythonFrame::identity_of) as u64;
     }
     walk.identity as u8
 }

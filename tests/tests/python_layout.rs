@@ -1096,7 +1096,7 @@ def bits(code):
     word = (word * 0xFF51AFD7ED558CCD) & mask
     word ^= word >> 33
     word = (word * 0xC4CEB9FE1A85EC53) & mask
-    return (word ^ (word >> 33)) >> 57
+    return ((word ^ (word >> 33)) >> 57) or 1
 alpha = make("alpha")
 bravo = next(c for c in (make("bravo%d" % i) for i in range(1000)) if bits(c) != bits(alpha))
 print(id(alpha), bits(alpha), bits(bravo), bravo.co_name, flush=True)

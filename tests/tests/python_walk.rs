@@ -882,6 +882,78 @@ fn functions_at_a_freed_functions_address_keep_their_own_names() {
     checks.finish();
 }
 
+/// Functions whose names no one has hashed yet when they start (`pyshortcode.py ...
+/// hash-late`: a new `str` as name, as Dynamo's generated code has), hashed 50 ms into their
+/// 150 ms run, on the CPythons whose identity bits come from the name's cached hash (3.10,
+/// 3.11): every function is named, and its frames recorded before the hash are too. With the
+/// bits of the "not computed" hash recorded, those frames, named after the hash, read as
+/// "replaced"; a torch.compile run lost 190 frames that way.
+#[test]
+fn frames_recorded_before_their_name_was_hashed_are_named() {
+    if !require_root() {
+        return;
+    }
+    const ROUNDS: usize = 20;
+    let script = workload("pyshortcode.py");
+    let mut checks = Checks::new();
+    let by_hash = pythons()
+        .into_iter()
+        .filter(|(label, _)| label.contains(" 3.10") || label.contains(" 3.11"));
+    for (label, python) in by_hash {
+        let dir = tempdir();
+        let folded = dir.path().join("hash-late.folded");
+        let mut args = record_args(&[&folded], &[]);
+        args.push("--".into());
+        args.push(python.display().to_string());
+        args.push(script.display().to_string());
+        args.push(ROUNDS.to_string());
+        args.push(LAUNCH_IDLE.into());
+        args.push("hash-late".into());
+        let run = run_bpfprof(&args, TIMEOUT);
+        run.assert_code(exit::OK);
+        // work_N UNHASHED, from the workload: the premise, each name unhashed at its start.
+        let lines: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("work_"))
+            .collect();
+        assert_eq!(lines.len(), ROUNDS, "{label}: {}", run.stdout);
+        checks.check(lines.iter().all(|l| l.ends_with(" 1")), || {
+            format!(
+                "{label}: a name was hashed before its function ran:\n{}",
+                run.stdout
+            )
+        });
+        let profile = Profile::read(&folded);
+        let unnamed: Vec<String> = (0..ROUNDS)
+            .map(|n| format!("work_{n}"))
+            .filter(|n| samples_in(&profile, n) == 0)
+            .collect();
+        let working = samples_in(&profile, "hash_late");
+        let unknown_working = profile.count_where(|f| {
+            f.iter().any(|x| x == "hash_late") && f.iter().any(|x| x == "[unknown Python code]")
+        });
+        eprintln!(
+            "{label}: {} of {ROUNDS} functions named; {unknown_working} of {working} samples \
+             under hash_late unnamed",
+            ROUNDS - unnamed.len()
+        );
+        checks.check(unnamed.is_empty(), || {
+            format!("{label}: not named: {unnamed:?}\n{}", profile.top(5))
+        });
+        // A third of each function's samples come before its hash: unnamed, they were far
+        // more than this.
+        checks.check(working > 0 && unknown_working * 20 <= working, || {
+            format!(
+                "{label}: {unknown_working} of {working} samples under hash_late have [unknown \
+                 Python code] (at most 5%)\n{}",
+                profile.top(5)
+            )
+        });
+    }
+    checks.finish();
+}
+
 /// New functions that run 150 ms each, the last one right before the process exits
 /// (`pyshortcode.py`), on each CPython: each is named, and the summary counts exactly the
 /// samples whose frames were not. Naming must keep up with the run: queued only at each maps

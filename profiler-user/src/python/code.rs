@@ -123,7 +123,7 @@ impl CodeReader {
         let first_line = (word(layout.code_firstlineno) as u32 as i32).max(0) as u32;
         let line_table = read_bytes(mem, layout, word(layout.code_linetable))?;
         // The kernel's identity word, read as it reads it.
-        let identity_bits = identity_bits(mem, &layout.kernel, word(layout.kernel.code_identity))?;
+        let identity_bits = identity_bits(mem, &layout.kernel, word(layout.kernel.code_identity));
         Ok(CodeInfo {
             name,
             file,
@@ -159,14 +159,19 @@ impl CodeReader {
 }
 
 /// The identity bits the kernel records for a code object whose `code_identity` field holds
-/// `word`, read as the kernel reads them: through the pointer where the layout says so.
-pub fn identity_bits(mem: &ProcessMemory, k: &PythonProcess, word: u64) -> Result<u8> {
-    let word = if k.code_identity_deref != 0 && word != 0 {
-        mem.read_u64(word.wrapping_add(k.code_identity_deref as u64))?
+/// `word`, read as the kernel reads them: through the pointer where the layout says so, and
+/// [`PythonFrame::UNKNOWN_IDENTITY`] where that read fails or finds a hash not computed yet.
+pub fn identity_bits(mem: &ProcessMemory, k: &PythonProcess, word: u64) -> u8 {
+    let word = if k.code_identity_deref == 0 {
+        Some(word)
+    } else if word == 0 {
+        None
     } else {
-        word
+        mem.read_u64(word.wrapping_add(k.code_identity_deref as u64))
+            .ok()
+            .filter(|&hash| hash != PythonFrame::HASH_NOT_COMPUTED)
     };
-    Ok(PythonFrame::identity_of(word))
+    word.map_or(PythonFrame::UNKNOWN_IDENTITY, PythonFrame::identity_of)
 }
 
 /// The 8 bytes at `off` of a header read (little-endian, as x86-64 stores them).

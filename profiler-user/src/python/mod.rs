@@ -602,13 +602,13 @@ impl PythonTarget {
             let units = pointer.saturating_sub(first) / 2;
             u32::try_from(units).unwrap_or(u32::MAX)
         };
-        // As the kernel does: identity_of(0) where a read fails.
+        // As the kernel does: unknown where a read fails.
         let identity = self
             .memory
             .read_u64(code.wrapping_add(k.code_identity as u64))
-            .ok()
-            .and_then(|word| code::identity_bits(&self.memory, k, word).ok())
-            .unwrap_or(PythonFrame::identity_of(0));
+            .map_or(PythonFrame::UNKNOWN_IDENTITY, |word| {
+                code::identity_bits(&self.memory, k, word)
+            });
         Ok(Some(PythonFrame::pack(code, instruction, identity, entry)))
     }
 
@@ -710,15 +710,17 @@ impl PythonTarget {
         let frame = PythonFrame {
             code,
             instruction,
-            identity: identity.unwrap_or(0),
+            identity: identity.unwrap_or(PythonFrame::UNKNOWN_IDENTITY),
             eval_entry: false,
         };
         let before = self.memory.bytes_read();
         let stale = self.codes.get(&frame.code).is_none_or(|info| {
-            // Bits other than the cached object's: the frame's object may be a newer one.
-            identity.is_some_and(|bits| bits != info.identity_bits)
-                || code::CodeReader::identity(&self.memory, &self.layout, frame.code)
-                    .is_ok_and(|now| now != info.identity)
+            // Bits other than the cached object's: the frame's object may be a newer one (or
+            // the cached object's name was hashed since it was read).
+            identity.is_some_and(|bits| {
+                bits != PythonFrame::UNKNOWN_IDENTITY && bits != info.identity_bits
+            }) || code::CodeReader::identity(&self.memory, &self.layout, frame.code)
+                .is_ok_and(|now| now != info.identity)
         });
         self.naming_bytes += self.memory.bytes_read().saturating_sub(before);
         if stale {
@@ -746,7 +748,9 @@ impl PythonTarget {
             }
         }
         let info = &self.codes[&frame.code];
-        if let Some(bits) = identity.filter(|&bits| bits != info.identity_bits) {
+        if let Some(bits) =
+            identity.filter(|&bits| !PythonFrame::identities_match(bits, info.identity_bits))
+        {
             return Err(anyhow!(
                 "pid {}: code object {:#x} was replaced since the frame was recorded \
                  (identity bits {bits:#x}, now {:#x}): its function is gone",
