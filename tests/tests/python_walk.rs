@@ -988,9 +988,10 @@ fn short_lived_functions_are_named_while_they_live() {
         let counted = Summary::read(&summary).field("unwind")["python_unnamed"]
             .as_u64()
             .expect("unwind.python_unnamed");
+        let unnamed: Vec<&String> = names.iter().filter(|n| !named.contains(n)).collect();
         eprintln!(
-            "{label}: {} of {ROUNDS} functions named; {unknown} of {} samples unnamed, \
-             the summary says {counted}",
+            "{label}: {} of {ROUNDS} functions named (not {unnamed:?}); {unknown} of {} \
+             samples unnamed, the summary says {counted}",
             named.len(),
             profile.total()
         );
@@ -1004,17 +1005,26 @@ fn short_lived_functions_are_named_while_they_live() {
         });
         // Among the functions' samples (under `main`): start-up also runs code that lives
         // milliseconds (site.py executes each .pth file's lines), which no reader can name.
+        // The one function the check above lets go unnamed takes its samples with it (a 20th
+        // of them, half as many again for its spread).
         let working = samples_in(&profile, "main");
         let unknown_working = profile.count_where(|f| {
             f.iter().any(|x| x == "main") && f.iter().any(|x| x == "[unknown Python code]")
         });
+        let lost_function = if named.len() < ROUNDS {
+            working * 3 / (2 * ROUNDS as u64)
+        } else {
+            0
+        };
         checks.check(
-            working > 0 && unknown_working * 20 <= working && counted == unknown,
+            working > 0
+                && unknown_working.saturating_sub(lost_function) * 20 <= working
+                && counted == unknown,
             || {
                 format!(
                     "{label}: {unknown_working} of {working} samples under main have [unknown \
-                     Python code] (at most 5%); {unknown} of all {}, the summary counts \
-                     {counted}",
+                     Python code] (at most 5%, and {lost_function} for the unnamed function); \
+                     {unknown} of all {}, the summary counts {counted}",
                     profile.total()
                 )
             },

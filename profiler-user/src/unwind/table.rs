@@ -394,20 +394,6 @@ fn row_limit<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> 
     code.saturating_add(ROW_SLACK).min(MAX_TABLE_ROWS as u64) as usize
 }
 
-/// The CPU time this thread has used so far.
-pub(crate) fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill; the clock id is a constant.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(
-        ts.tv_sec.max(0) as u64,
-        ts.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
-}
-
 /// Walks the FDEs in the order `.eh_frame_hdr`'s binary search table lists them (sorted by
 /// address), falling back to a plain scan when the header has no table, or names an FDE
 /// twice. Each FDE is evaluated once: a crafted header whose many entries pointed at one
@@ -528,7 +514,7 @@ impl RowBuilder {
             max_rows,
             sorted: true,
             budget,
-            started: thread_cpu_time(),
+            started: crate::kernel::thread_cpu_time(),
             since_check: 0,
             skipped_fdes: 0,
         }
@@ -577,7 +563,7 @@ impl RowBuilder {
             return Ok(());
         }
         self.since_check = 0;
-        let used = thread_cpu_time().saturating_sub(self.started);
+        let used = crate::kernel::thread_cpu_time().saturating_sub(self.started);
         if used > self.budget {
             return Err(anyhow!(
                 "{BUILD_LIMIT}: its call frame information took more than {} s of CPU to read \
