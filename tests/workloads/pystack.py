@@ -52,7 +52,25 @@ def recurse(n):
     return recurse(n - 1)  # MARK deep-recurse
 
 
+def report_when_waiting():
+    """Writes the threads' ids (in this process's pid namespace) to the ready file once the
+    other three are each in their marked wait: on a busy machine, a walk right after they were
+    started found the main thread still on its way there, its stack `<module>` alone."""
+    waits = {MAIN: "inner_日本", worker.ident: "spin_𠀀", deep.ident: "leaf"}
+    while True:
+        frames = sys._current_frames()
+        if all(t in frames and frames[t].f_code.co_name == n for t, n in waits.items()):
+            break
+        time.sleep(0.005)
+    report = sys.argv[1]
+    ids = [threading.main_thread().native_id, worker.native_id, deep.native_id]
+    with open(report + ".tmp", "w") as f:
+        f.write(" ".join(str(i) for i in ids + [threading.get_native_id()]) + "\n")
+    os.rename(report + ".tmp", report)
+
+
 def hot():
+    report_when_waiting()
     spin = len(sys.argv) > 2 and sys.argv[2] == "spin"
     n = 0
     while True:
@@ -62,18 +80,15 @@ def hot():
             time.sleep(0.05)
 
 
+MAIN = threading.get_ident()
 ready = threading.Event()
 worker = threading.Thread(target=Worker().run, args=(ready,), name="worker", daemon=True)
 worker.start()
 deep = threading.Thread(target=recurse, args=(DEPTH,), name="deep", daemon=True)
 deep.start()
-spinner = threading.Thread(target=hot, name="spinner", daemon=True)
-spinner.start()
 ready.wait()
 deep_ready.wait()
-# The threads' ids (in this process's pid namespace), then the ready file appears.
-report = sys.argv[1]
-with open(report + ".tmp", "w") as f:
-    f.write(f"{threading.get_native_id()} {worker.native_id} {deep.native_id} {spinner.native_id}\n")
-os.rename(report + ".tmp", report)
+# The spinner writes the ready file (the threads' ids) once this thread is in inner_日本.
+spinner = threading.Thread(target=hot, name="spinner", daemon=True)
+spinner.start()
 outer()  # MARK module-call
