@@ -785,6 +785,19 @@ fn pstats_keys_functions_by_their_def_line_without_line_numbers() {
     checks.finish();
 }
 
+/// bpfprof's arguments to launch `python` on `pyshortcode.py` (ROUNDS functions after
+/// [`LAUNCH_IDLE`], in `mode`), writing `outputs`.
+fn pyshortcode_args(outputs: &[&Path], python: &Path, rounds: usize, mode: &str) -> Vec<String> {
+    let mut args = record_args(outputs, &[]);
+    args.push("--".into());
+    args.push(python.display().to_string());
+    args.push(workload("pyshortcode.py").display().to_string());
+    args.push(rounds.to_string());
+    args.push(LAUNCH_IDLE.into());
+    args.push(mode.into());
+    args
+}
+
 /// Functions compiled one after another, each freed once it ran (`pyshortcode.py ... drop`):
 /// CPython puts each new code object where the last one was, so their frames differ only in
 /// the identity bits the kernel records per frame. Each function gets its own name and no
@@ -798,18 +811,11 @@ fn functions_at_a_freed_functions_address_keep_their_own_names() {
     }
     const ROUNDS: usize = 20;
     const HZ: f64 = 999.0;
-    let script = workload("pyshortcode.py");
     let mut checks = Checks::new();
     for (label, python) in pythons() {
         let dir = tempdir();
         let folded = dir.path().join("reused.folded");
-        let mut args = record_args(&[&folded], &[]);
-        args.push("--".into());
-        args.push(python.display().to_string());
-        args.push(script.display().to_string());
-        args.push(ROUNDS.to_string());
-        args.push(LAUNCH_IDLE.into());
-        args.push("drop".into());
+        let args = pyshortcode_args(&[&folded], &python, ROUNDS, "drop");
         let run = run_bpfprof(&args, TIMEOUT);
         run.assert_code(exit::OK);
         // work_N ADDRESS BITS CPU_NS, from the workload.
@@ -894,7 +900,6 @@ fn frames_recorded_before_their_name_was_hashed_are_named() {
         return;
     }
     const ROUNDS: usize = 20;
-    let script = workload("pyshortcode.py");
     let mut checks = Checks::new();
     let by_hash = pythons()
         .into_iter()
@@ -902,13 +907,7 @@ fn frames_recorded_before_their_name_was_hashed_are_named() {
     for (label, python) in by_hash {
         let dir = tempdir();
         let folded = dir.path().join("hash-late.folded");
-        let mut args = record_args(&[&folded], &[]);
-        args.push("--".into());
-        args.push(python.display().to_string());
-        args.push(script.display().to_string());
-        args.push(ROUNDS.to_string());
-        args.push(LAUNCH_IDLE.into());
-        args.push("hash-late".into());
+        let args = pyshortcode_args(&[&folded], &python, ROUNDS, "hash-late");
         let run = run_bpfprof(&args, TIMEOUT);
         run.assert_code(exit::OK);
         // work_N UNHASHED, from the workload: the premise, each name unhashed at its start.
@@ -965,18 +964,12 @@ fn short_lived_functions_are_named_while_they_live() {
         return;
     }
     const ROUNDS: usize = 20;
-    let script = workload("pyshortcode.py");
     let mut checks = Checks::new();
     for (label, python) in pythons() {
         let dir = tempdir();
         let folded = dir.path().join("short.folded");
         let summary = dir.path().join("short.summary.json");
-        let mut args = record_args(&[&folded, &summary], &[]);
-        args.push("--".into());
-        args.push(python.display().to_string());
-        args.push(script.display().to_string());
-        args.push(ROUNDS.to_string());
-        args.push(LAUNCH_IDLE.into());
+        let args = pyshortcode_args(&[&folded, &summary], &python, ROUNDS, "keep");
         run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
         let profile = Profile::read(&folded);
         let names: Vec<String> = (0..ROUNDS).map(|n| format!("work_{n}")).collect();
