@@ -358,3 +358,35 @@ fn refusals_say_nothing_of_other_processes_and_any_name_is_profiled() {
     assert_eq!(state, RunState::Success);
     assert!(profile.total() > 20, "{}", profile.top(5));
 }
+
+/// The bystander's check on `list` answers can fail: a daemon that answers nothing for a
+/// second (SIGSTOP, which holds up no other process) fails it, though the control process saw
+/// the machine run as usual meanwhile. What every hostile test asserts is then not excused by
+/// the control whenever an answer is slow.
+#[test]
+fn a_daemon_that_stops_answering_fails_the_bystanders_check() {
+    if !require_root() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let bystander = Bystander::start(&daemon, Duration::from_secs(3));
+    thread::sleep(Duration::from_millis(500));
+    let pid = daemon.pid() as libc::pid_t;
+    // SAFETY: plain syscalls on the test's own daemon.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    thread::sleep(Duration::from_secs(1));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bystander.finish()));
+    let failure = match finished {
+        Ok(report) => panic!("a daemon stopped for 1 s passed the bystander's check: {report:?}"),
+        Err(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    assert!(
+        failure.contains("over the bound with no such stall"),
+        "the bystander failed for another reason: {failure}"
+    );
+}
