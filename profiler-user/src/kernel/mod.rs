@@ -1606,19 +1606,9 @@ fn attach_error(e: io::Error) -> Error {
     Error::Kernel(anyhow!(e).context("attaching to perf events"))
 }
 
-/// CPU time (user and system) the calling thread has used: what a step costs whatever the
-/// machine's load, where its wall time depends on it.
-pub fn thread_cpu_time() -> std::time::Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given; this clock exists on Linux.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return std::time::Duration::ZERO;
-    }
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
+/// CPU time (user and system) the calling thread has used (defined with the unwind tables'
+/// CPU budget, the lowest layer that measures it).
+pub use crate::unwind::table::thread_cpu_time;
 
 /// Steps of a start-up, each logged (`-v`) with its wall time and the calling thread's CPU
 /// time: the breakdown of the time to a run's first sample.
