@@ -15,6 +15,7 @@
 //! bystander's run ended SUCCESS with whole stacks (`main` in nearly every stack).
 
 use std::{
+    ffi::OsStr,
     io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
@@ -100,10 +101,10 @@ while not select.select([sys.stdin], [], [], 0)[0]:
 /// Starts `script` in Python as `user`, favoured as [`favor`] does (under `nice` as root,
 /// before setpriv drops to the user), with `args`; returns it and its stdout's lines, read
 /// until it exits.
-fn spawn_favored_python(
+pub fn spawn_favored_python(
     user: &TestUser,
     script: &str,
-    args: &[&Path],
+    args: &[&OsStr],
 ) -> (Child, JoinHandle<Vec<String>>) {
     let mut cmd = Command::new("nice");
     cmd.args(["-n", "-10", "setpriv"])
@@ -270,7 +271,8 @@ impl Bystander {
         };
 
         let (control, control_lines) = spawn_favored_python(&user, CONTROL, &[]);
-        let (client, client_lines) = spawn_favored_python(&user, CLIENT, &[&daemon.socket()]);
+        let socket = daemon.socket();
+        let (client, client_lines) = spawn_favored_python(&user, CLIENT, &[socket.as_os_str()]);
 
         let stop = Arc::new(AtomicBool::new(false));
         let daemon_pid = daemon.pid();

@@ -6,15 +6,14 @@
 //! and 22). Needs root.
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    process::{Command, Stdio},
+    io::Write,
     thread,
     time::{Duration, Instant},
 };
 
 use bpfprof::protocol::{RunRequest, RunState};
 use bpfprof_tests::{
-    hostile::{favor, wait_for_mapping},
+    hostile::{favor, spawn_favored_python, wait_for_mapping},
     large_library::large_library,
     *,
 };
@@ -111,30 +110,13 @@ fn a_run_starting_on_a_huge_library_stalls_neither_clients_nor_other_runs() {
     let big = Workload::spawn("nofp_dlopen", &[library.to_str().unwrap(), "300"]);
     wait_for_mapping(big.pid(), &library.file_name().unwrap().to_string_lossy());
 
-    // Alice's client asks all along; run A's samples are read as root meanwhile.
-    // Under `nice` (as root, before setpriv drops to alice), as the daemon: see [`favor`].
-    let mut client = Command::new("nice");
-    client
-        .args(["-n", "-10", "setpriv"])
-        .arg(format!("--reuid={}", alice.uid))
-        .arg(format!("--regid={}", alice.gid))
-        .args(["--clear-groups", "--", "/usr/bin/python3", "-c", CLIENT])
-        .arg(daemon.socket())
-        .arg(a.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut client = client.spawn().expect("starting alice's client");
-    let client_out = client.stdout.take().unwrap();
-    let reader = thread::spawn(move || {
-        BufReader::new(client_out)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
+    // Alice's client asks all along; run A's samples are read as root meanwhile. Favoured as
+    // the daemon is: see [`favor`].
+    let (socket, run_a) = (daemon.socket(), a.to_string());
+    let (mut client, reader) =
+        spawn_favored_python(&alice, CLIENT, &[socket.as_os_str(), run_a.as_ref()]);
     thread::sleep(Duration::from_millis(300));
 
-    let socket = daemon.socket();
     let big_pid = big.pid();
     let b_started = monotonic();
     let starter = thread::spawn(move || {
