@@ -1250,6 +1250,12 @@ impl KernelProgram {
         }
     }
 
+    /// A handle that disables this program's sampling events from another thread; None when
+    /// none are attached.
+    pub fn event_stopper(&self) -> Option<perf_events::EventStopper> {
+        self.events.as_ref().map(AttachedEvents::stopper)
+    }
+
     /// Samples the attached events should have delivered so far (from their own counts and the
     /// mean period), and how many the program was run for; None where the expectation is
     /// unknown (cycles at a frequency, which the kernel retunes) or nothing is attached.

@@ -272,6 +272,9 @@ pub struct ProcessMaps {
     files: HashMap<(u64, u64), Arc<MappedFile>>,
     /// Thread names by tid, kept after threads exit.
     threads: HashMap<u32, String>,
+    /// Names the program gave its threads where the kernel's are not theirs (Python's
+    /// `threading` names), by tid; they win over `threads`.
+    given_names: HashMap<u32, String>,
     /// The pid inside the target's own namespace: JIT maps are named after it.
     ns_pid: u32,
     /// JIT symbols from `/tmp/perf-PID.map`, sorted by start address.
@@ -330,6 +333,7 @@ impl ProcessMaps {
             retired_dropped: 0,
             files: HashMap::new(),
             threads: HashMap::new(),
+            given_names: HashMap::new(),
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
@@ -352,9 +356,19 @@ impl ProcessMaps {
         &self.comm
     }
 
-    /// The name of thread `tid` (a tid in bpfprof's pid namespace), as last seen.
+    /// The name of thread `tid` (a tid in bpfprof's pid namespace), as last seen: the one the
+    /// program gave it ([`Self::name_threads`]), else the kernel's.
     pub fn thread_name(&self, tid: u32) -> Option<&str> {
-        self.threads.get(&tid).map(String::as_str)
+        self.given_names
+            .get(&tid)
+            .or_else(|| self.threads.get(&tid))
+            .map(String::as_str)
+    }
+
+    /// Notes the names the program gave its threads (tids in bpfprof's pid namespace), kept
+    /// after the threads exit.
+    pub fn name_threads(&mut self, names: HashMap<u32, String>) {
+        self.given_names.extend(names);
     }
 
     /// Re-reads the mappings, keeping earlier layouts for addresses sampled before a change.

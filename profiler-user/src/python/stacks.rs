@@ -250,6 +250,18 @@ impl PythonTracking {
         }
     }
 
+    /// Python's `threading` names of the process's threads, by host tid, read without
+    /// stopping it (as `bpfprof dump` reads them); empty where they cannot be read.
+    pub fn threading_names(&mut self) -> HashMap<u32, String> {
+        match self.target.threads() {
+            Ok(threads) => self.target.threading_names(&threads),
+            Err(e) => {
+                log::debug!("no threading names: {e:#}");
+                HashMap::new()
+            }
+        }
+    }
+
     /// Whether frames wait to be named.
     pub fn has_queued(&self) -> bool {
         !self.queued.is_empty()

@@ -21,6 +21,7 @@ use profiler_common::{Counter, PidNamespace, SampleKind};
 use crate::{
     error::Result,
     kernel::drain::drain,
+    kernel::perf_events::EventStopper,
     kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
     process::maps::ProcessMaps,
@@ -176,7 +177,7 @@ impl ProcessRecording {
 
     /// Notes whether the process still lives, re-reading its maps when `refresh`; true when
     /// it is found to have exited now.
-    fn poll(&mut self, refresh: bool) -> bool {
+    fn poll(&mut self, refresh: bool, name_threads: bool) -> bool {
         if self.exited {
             return false;
         }
@@ -187,9 +188,22 @@ impl ProcessRecording {
         }
         if refresh {
             let _ = self.maps.refresh();
+            if name_threads {
+                self.name_python_threads();
+            }
             self.refreshed_at = Instant::now();
         }
         false
+    }
+
+    /// Labels its threads by their Python `threading` names, where it is a CPython in
+    /// bpfprof's pid namespace (the names come by host tid).
+    fn name_python_threads(&mut self) {
+        if let Some(python) = &mut self.python {
+            if self.target.pid == self.sample_pid {
+                self.maps.name_threads(python.threading_names());
+            }
+        }
     }
 }
 
@@ -199,6 +213,8 @@ const KERNEL_ADDRESS_START: u64 = 1 << 63;
 /// A recording in progress.
 pub struct Recording {
     request: SamplingRequest,
+    /// Whether the profile splits threads (`--per-thread`): their names are then read.
+    per_thread: bool,
     /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
     unwind: crate::unwind::UnwindMode,
     /// Most rows a program loaded for this recording gets for unwind tables.
@@ -297,6 +313,7 @@ impl Recording {
     pub fn new(request: &RecordingRequest) -> Recording {
         Recording {
             request: request.sampling,
+            per_thread: request.options.per_thread,
             unwind: request.unwind,
             table_rows_cap: request.table_rows_cap,
             sampling: None,
@@ -358,6 +375,17 @@ impl Recording {
     /// When sampling started (the first target was added).
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Handles that disable the sampling events of this recording's programs from another
+    /// thread. Only for a recording that is its programs' one user (the command line's).
+    pub fn event_stoppers(&self, pool: &mut ProgramPool) -> Vec<EventStopper> {
+        let mut ids = HashSet::new();
+        self.slots
+            .iter()
+            .filter(|(slot, _)| ids.insert(slot.program_id))
+            .filter_map(|(slot, _)| pool.program(*slot).ok()?.event_stopper())
+            .collect()
     }
 
     /// The kernel program's id, once a target was added.
@@ -570,6 +598,7 @@ impl Recording {
         maps: ProcessMaps,
     ) -> Result<()> {
         let mut waited = false;
+        let mut sampled_from = None;
         let owner = self.owner;
         let mut maps = maps;
         let registered = pool.program(slot).and_then(|program| {
@@ -587,6 +616,7 @@ impl Recording {
                 program.attach_off_cpu()?;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
+            sampled_from = Some(Instant::now());
             if let Some(owner) = owner {
                 // Checked again now that the kernel watches it (an exec from now on stops its
                 // sampling and is reported), and its maps read again after the check: those
@@ -615,7 +645,9 @@ impl Recording {
             // on a loaded machine the walker's verification takes a good part of a short run.
             // The throttling check counts from the same moment: samples the kernel cut while
             // the walker verified are not the run's.
-            self.started = Instant::now();
+            // From the target's first possible sample, not after its interpreter was looked
+            // at (a tenth of a second and more on a loaded machine, sampled all along).
+            self.started = sampled_from.unwrap_or_else(Instant::now);
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
@@ -749,6 +781,8 @@ impl Recording {
         let scan_python = refresh || (!system && now >= self.next_python_scan);
         let mut python_scan_took = None;
         let started = self.started;
+        // `--per-thread` labels a Python program's threads by their `threading` names.
+        let per_thread = self.per_thread;
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
                 && now.duration_since(p.refreshed_at) >= young_every;
@@ -772,7 +806,7 @@ impl Recording {
                     p.revoke(program);
                 }
             }
-            if (look_for_exits || refresh) && p.poll(refresh) && system {
+            if (look_for_exits || refresh) && p.poll(refresh, per_thread) && system {
                 program.forget_system_process(p.target.pid);
             }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
@@ -1284,7 +1318,7 @@ impl Recording {
             }
             // A system-wide run re-reads an established process's maps only every
             // SYSTEM_MAPS_REFRESH: libraries it loaded since are found before it is named.
-            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true) {
+            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true, false) {
                 // It exited: a new process may get its pid (the next tick unloads the rest).
                 if let Ok(program) = pool.program(p.slot) {
                     program.forget_system_process(p.target.pid);
