@@ -148,7 +148,10 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     for failed in &tables.failed {
         log::info!("no unwind table: {failed}");
     }
-    let maps = ProcessMaps::capture(pid, target.ns_pid)?;
+    // One process, named once: the command line's budget.
+    let copies =
+        crate::process::copies::CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB);
+    let maps = ProcessMaps::capture(pid, target.ns_pid, &copies)?;
     let mut python = match PythonTarget::detect(pid) {
         Ok(p) => p,
         Err(e) => {
