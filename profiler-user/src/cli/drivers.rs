@@ -377,7 +377,10 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         own_usage()
     );
     if !cli.quiet {
-        eprint!("{}", crate::cli::summary::summary(&profile));
+        eprint!(
+            "{}",
+            crate::cli::terminal::escape_lines(&crate::cli::summary::summary(&profile))
+        );
     }
     if let Some(outcome) = outcome {
         return Ok(command_exit(outcome, cli.quiet));
