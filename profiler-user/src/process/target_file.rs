@@ -331,10 +331,21 @@ fn sealed_copy(file: &File, size: u64) -> io::Result<File> {
     )?
     .into();
     memfd.set_len(size)?;
-    // By pread, at most the size seen (a file that grows meanwhile is cut there).
+    // By pread, at most the size seen (a file that grows meanwhile is cut there), skipping
+    // the file's holes (not even read: reading them filled the page cache with zeros).
     let mut chunk = vec![0u8; 1 << 20];
     let mut copied = 0u64;
     while copied < size {
+        match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(copied)) {
+            Ok(data) if data > copied => {
+                copied = data.min(size);
+                continue;
+            }
+            // Nothing but a hole from here on.
+            Err(rustix::io::Errno::NXIO) => break,
+            // Data here, or a file system that cannot tell: read.
+            _ => {}
+        }
         let want = chunk.len().min((size - copied) as usize);
         match file.read_at(&mut chunk[..want], copied) {
             Ok(0) => {
