@@ -40,6 +40,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         max_duration: args.max_duration,
         table_mib: args.unwind_table_mib,
         table_cache: args.unwind_cache,
+        copy_budget_mib: args.copy_budget_mib,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
         export,
@@ -103,6 +104,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         socket: protocol::socket_path(args.socket.as_deref()),
         export,
         table_cache: args.unwind_cache,
+        copy_budget_mib: args.copy_budget_mib,
     })
     .await
 }
@@ -385,7 +387,10 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         own_usage()
     );
     if !cli.quiet {
-        eprint!("{}", crate::cli::summary::summary(&profile));
+        eprint!(
+            "{}",
+            crate::cli::terminal::escape_lines(&crate::cli::summary::summary(&profile))
+        );
     }
     if let Some(outcome) = outcome {
         return Ok(command_exit(outcome, cli.quiet));

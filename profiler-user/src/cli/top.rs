@@ -293,7 +293,11 @@ impl TopState {
 pub fn render(frame: &mut Frame, state: &TopState) {
     let [header, table] =
         Layout::vertical([Constraint::Length(3), Constraint::Min(1)]).areas(frame.area());
-    let lines: Vec<Line> = state.header().into_iter().map(Line::from).collect();
+    let lines: Vec<Line> = state
+        .header()
+        .into_iter()
+        .map(|l| Line::from(crate::cli::terminal::escape(&l).into_owned()))
+        .collect();
     frame.render_widget(Paragraph::new(lines), header);
     let percent = |share: f64| format!("{:5.1}%", 100.0 * share);
     let rows = state.rows().into_iter().map(|r| {
@@ -302,7 +306,7 @@ pub fn render(frame: &mut Frame, state: &TopState) {
             percent(r.interval_total),
             percent(r.start_self),
             percent(r.start_total),
-            r.function,
+            crate::cli::terminal::escape(&r.function).into_owned(),
         ])
     });
     let bold = Style::default().add_modifier(Modifier::BOLD);

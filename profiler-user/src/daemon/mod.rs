@@ -139,6 +139,9 @@ pub struct DaemonConfig {
     /// Where unwind tables are kept between runs and restarts (`--unwind-cache`: a folder or
     /// `off`).
     pub table_cache: String,
+    /// The most memory one user's runs' sealed copies of targets' files take at once, in MiB
+    /// (`--copy-budget-mib`; see [`crate::process::copies`]).
+    pub copy_budget_mib: u64,
     /// Most ended runs kept.
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
@@ -187,6 +190,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             max_runs_per_user: config.max_runs_per_user,
             max_duration: config.max_duration,
             table_mib: config.table_mib,
+            copy_budget_mib: config.copy_budget_mib,
         },
         export,
         crate::unwind::open_table_cache(&config.table_cache),

@@ -174,6 +174,22 @@ impl Tag {
     pub const BARE_KEY: &'static str = "tag";
     /// Longest key or value accepted.
     pub const MAX_LEN: usize = 128;
+    /// Keys a run's tag may not have: the labels that the agent and the exporter set
+    /// themselves on every process's samples (the daemon's run id and owner, the agent's
+    /// process labels). A tag under one of them would pass for what bpfprof says (a user's
+    /// `owner_uid=0` beside the real one) or be dropped by the agent.
+    pub const RESERVED_KEYS: &'static [&'static str] = &[
+        "run_id",
+        "owner_uid",
+        "pid",
+        "comm",
+        "service_name",
+        "executable",
+        "container_id",
+        "host",
+        "tid",
+        "thread_comm",
+    ];
 
     /// Validates and builds a tag; keys and values are 1 to 128 characters from
     /// `[A-Za-z0-9_.:/@+-]`, so they survive every output format unescaped.

@@ -24,8 +24,8 @@ use crate::{
     kernel::perf_events::EventStopper,
     kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
-    process::maps::ProcessMaps,
     process::target::{Owner, Target},
+    process::{copies::CopyBudget, maps::ProcessMaps},
     profile::sample::Sample,
     profile::{
         Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, ShortfallCause, Throttled,
@@ -262,6 +262,9 @@ pub struct Recording {
     /// Each program's count of Python stacks stored at its last look for new ones: while the
     /// count stands still there are none, and a run of targets does not look.
     stacks_at_python_scan: HashMap<u32, u64>,
+    /// The budget the sealed copies of its targets' files count against (the driver's: the
+    /// agent's, the daemon's for the run's owner; see [`Self::set_copy_budget`]).
+    copies: CopyBudget,
 }
 
 /// A run of targets looks for new Python stacks to name as often as every tick, but spends at
@@ -337,7 +340,15 @@ impl Recording {
             timeline: request.options.timeline,
             next_python_scan: Instant::now(),
             stacks_at_python_scan: HashMap::new(),
+            copies: CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB),
         }
+    }
+
+    /// Counts the sealed copies of its targets' files against `budget` (before the first
+    /// target is added): the agent's, or the daemon's for the run's owner, shared with the
+    /// driver's other runs.
+    pub fn set_copy_budget(&mut self, budget: CopyBudget) {
+        self.copies = budget;
     }
 
     /// Charges the naming of this recording's Python frames to its owner's share of `shares`
@@ -471,7 +482,7 @@ impl Recording {
             ));
         }
         let mut steps = crate::kernel::Steps::start(format!("pid {}", target.pid));
-        let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+        let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
         // The row array is sized from the objects the target maps (read here, not under the
         // pool).
         let table_rows = match self.unwind {
@@ -621,7 +632,7 @@ impl Recording {
                 // Checked again now that the kernel watches it (an exec from now on stops its
                 // sampling and is reported), and its maps read again after the check: those
                 // read before may be of a program it exec'd since the caller's check.
-                let recaptured = ProcessMaps::capture(target.pid, target.ns_pid);
+                let recaptured = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies);
                 match recaptured {
                     Ok(fresh) if target.profilable_by(owner) => maps = fresh,
                     _ => {
@@ -1010,7 +1021,7 @@ impl Recording {
         if let Some(mut python) = p.python.take() {
             python.stop(program);
         }
-        let fresh = ProcessMaps::capture(pid, p.target.ns_pid);
+        let fresh = ProcessMaps::capture(pid, p.target.ns_pid, &self.copies);
         let fresh = match fresh {
             Ok(fresh) if p.target.profilable_by(owner) => fresh,
             _ => {
@@ -1075,7 +1086,7 @@ impl Recording {
             return;
         }
         let adopted = Target::from_pid(pid).and_then(|target| {
-            let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+            let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
             Ok((target, maps))
         });
         let adopted = adopted.and_then(|(target, maps)| match self.owner {
@@ -1395,6 +1406,8 @@ impl Recording {
             |_| {},
         );
         self.drop_exited(pool);
+        // The files of the processes dropped (their sealed copies above all) go with them.
+        symbolizer.release_unmapped();
         Ok(profile)
     }
 

@@ -291,7 +291,12 @@ mod tests {
         // harness and the standard library to the thread's entry (`clone3`).
         let (frames, end, ip) = walk_here(&tables);
         let pid = std::process::id();
-        let maps = crate::process::maps::ProcessMaps::capture(pid, pid).unwrap();
+        let maps = crate::process::maps::ProcessMaps::capture(
+            pid,
+            pid,
+            &crate::process::copies::CopyBudget::new(0),
+        )
+        .unwrap();
         let mut symbolizer = crate::symbolize::Symbolizer::new();
         let addrs: Vec<u64> = crate::symbolize::lookup_addresses(&frames).collect();
         symbolizer.prepare_user(&maps, addrs.iter().copied());
