@@ -517,3 +517,106 @@ impl Layout {
         self.kernel.cframe_current_frame != NO_CFRAME
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first [`DEBUG_OFFSETS_SIZE`] bytes of `_PyRuntime` of Debian sid's `python3.14`
+    /// 3.14.10 and `python3.15` 3.15.2, read from running processes' memory.
+    const SID_314: &[u8] = include_bytes!("testdata/debug_offsets_3.14.bin");
+    const SID_315: &[u8] = include_bytes!("testdata/debug_offsets_3.15.bin");
+
+    fn put(blob: &mut [u8], at: usize, value: u64) {
+        blob[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+    }
+
+    #[test]
+    fn layouts_of_3_14_and_3_15_from_their_own_offsets() {
+        let l14 = Layout::from_debug_offsets(SID_314, (3, 14)).expect("3.14's offsets pass");
+        let l15 = Layout::from_debug_offsets(SID_315, (3, 15)).expect("3.15's offsets pass");
+        for (l, minor) in [(&l14, 14), (&l15, 15)] {
+            let k = l.kernel;
+            assert_eq!(k.version, 0x0300 | minor);
+            // `_PyInterpreterFrame`: f_executable, previous, instr_ptr, owner (both).
+            assert_eq!(
+                (k.frame_code, k.frame_previous, k.frame_instr, k.frame_entry),
+                (0, 8, 56, 74)
+            );
+            assert_eq!((k.tstate_frame, l.tstate_next), (72, 8));
+            assert_eq!((k.code_instructions, l.code_firstlineno), (208, 68));
+            assert_eq!(k.code_identity, 88, "co_nfreevars, co_version");
+            assert_eq!((l.code_name, l.code_qualname), (120, Some(128)));
+            assert_eq!((l.unicode_ascii_size, l.unicode_compact_size), (40, 56));
+            assert_eq!((l.bytes_size, l.bytes_data), (16, 32));
+        }
+        // What moved between them (read from running processes: `pthread_self()` and the
+        // tid at these offsets of the main thread's state).
+        assert_eq!(
+            (l14.tstate_thread_id, l14.tstate_native_thread_id),
+            (152, Some(160))
+        );
+        assert_eq!(
+            (l15.tstate_thread_id, l15.tstate_native_thread_id),
+            (176, Some(184))
+        );
+        assert_eq!(
+            l14.gil,
+            GilLayout::PerInterpreter {
+                interp_gil: 16,
+                locked: 16,
+                last_holder: 8
+            }
+        );
+        assert_eq!(l14.runtime_interpreters_head, 808);
+        assert_eq!(l15.runtime_interpreters_head, 936);
+    }
+
+    #[test]
+    fn a_bad_cookie_is_refused_with_the_reason() {
+        let mut blob = SID_314.to_vec();
+        blob[..8].copy_from_slice(b"xdebugpz");
+        let e = Layout::from_debug_offsets(&blob, (3, 14)).unwrap_err();
+        assert!(e.to_string().contains("cookie"), "{e}");
+    }
+
+    #[test]
+    fn a_wild_offset_is_refused_with_the_reason() {
+        // 3.14's `_PyInterpreterFrame.previous` (byte 256) past the frame's stated 88 bytes.
+        let mut blob = SID_314.to_vec();
+        put(&mut blob, 256, 4096);
+        let e = Layout::from_debug_offsets(&blob, (3, 14)).unwrap_err();
+        assert!(e.to_string().contains("offset 0x1000 at byte 256"), "{e}");
+        // A struct size no interpreter has.
+        let mut blob = SID_315.to_vec();
+        put(&mut blob, 312, u64::MAX);
+        let e = Layout::from_debug_offsets(&blob, (3, 15)).unwrap_err();
+        assert!(e.to_string().contains("implausible struct size"), "{e}");
+        // A misaligned pointer field.
+        let mut blob = SID_315.to_vec();
+        put(&mut blob, 320, 9);
+        let e = Layout::from_debug_offsets(&blob, (3, 15)).unwrap_err();
+        assert!(e.to_string().contains("not a 8-byte field"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_or_mismatched_version_is_refused_with_the_reason() {
+        // 3.16.0 final, in an interpreter that says it is 3.16: no known layout.
+        let mut blob = SID_315.to_vec();
+        put(&mut blob, DEBUG_VERSION, 0x031000f0);
+        let e = Layout::from_debug_offsets(&blob, (3, 16)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("laid out as no version bpfprof knows"),
+            "{e}"
+        );
+        // 3.14's offsets in an interpreter that says it is 3.15.
+        let e = Layout::from_debug_offsets(SID_314, (3, 15)).unwrap_err();
+        assert!(e.to_string().contains("says version 3.14"), "{e}");
+        // A free-threaded build.
+        let mut blob = SID_314.to_vec();
+        put(&mut blob, DEBUG_FREE_THREADED, 1);
+        let e = Layout::from_debug_offsets(&blob, (3, 14)).unwrap_err();
+        assert!(e.to_string().contains("free-threaded"), "{e}");
+    }
+}
