@@ -152,7 +152,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     // A CPython that cannot be walked is said (`python_error`), never left unsaid.
     let mut unsupported = None;
     let mut python = match PythonTarget::probe(pid) {
-        Ok(Probe::Walkable(p)) => Some(p),
+        Ok(Probe::Walkable(p)) => Some(*p),
         Ok(Probe::Unsupported(u)) => {
             log::warn!("{u}");
             unsupported = Some(u);

@@ -197,7 +197,7 @@ pub fn list_thread_states(
 /// What [`PythonTarget::probe`] found in a process.
 pub enum Probe {
     /// A CPython whose frames bpfprof walks.
-    Walkable(PythonTarget),
+    Walkable(Box<PythonTarget>),
     /// A CPython whose frames bpfprof cannot walk, and why.
     Unsupported(Unsupported),
     /// No CPython (why, for debugging).
@@ -250,7 +250,7 @@ impl PythonTarget {
     /// level when it runs none, at warning level when it runs one bpfprof cannot walk).
     pub fn detect(pid: u32) -> Result<Option<PythonTarget>> {
         Ok(match PythonTarget::probe(pid)? {
-            Probe::Walkable(target) => Some(target),
+            Probe::Walkable(target) => Some(*target),
             Probe::NotPython(reason) => {
                 log::debug!("pid {pid}: no Python frames: {reason}");
                 None
@@ -302,7 +302,7 @@ impl PythonTarget {
             interpreter.path.display(),
             interpreter.runtime
         );
-        Ok(Probe::Walkable(PythonTarget {
+        Ok(Probe::Walkable(Box::new(PythonTarget {
             pid,
             interpreter,
             layout,
@@ -313,7 +313,7 @@ impl PythonTarget {
             limits: WalkLimits::default(),
             naming_bytes: 0,
             kept_bytes: 0,
-        }))
+        })))
     }
 
     /// The code object a frame's `f_executable` (`f_code`) word points to: 3.14 and later

@@ -131,7 +131,7 @@ impl PythonTracking {
         refused: &mut Option<String>,
     ) -> Option<PythonTracking> {
         let target = match PythonTarget::probe(pid) {
-            Ok(Probe::Walkable(t)) => t,
+            Ok(Probe::Walkable(t)) => *t,
             Ok(Probe::Unsupported(unsupported)) => {
                 let said = unsupported.to_string();
                 if refused.as_ref() != Some(&said) {
