@@ -23,7 +23,7 @@ use crate::{
     },
     python::{
         stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
-        PythonFrame, PythonTarget,
+        Probe, PythonFrame, PythonTarget,
     },
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
     unwind::walk::{ProcessTables, WalkEnd},
@@ -152,8 +152,16 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     let copies =
         crate::process::copies::CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB);
     let maps = ProcessMaps::capture(pid, target.ns_pid, &copies)?;
-    let mut python = match PythonTarget::detect(pid) {
-        Ok(p) => p,
+    // A CPython that cannot be walked is said (`python_error`), never left unsaid.
+    let mut unsupported = None;
+    let mut python = match PythonTarget::probe(pid) {
+        Ok(Probe::Walkable(p)) => Some(*p),
+        Ok(Probe::Unsupported(u)) => {
+            log::warn!("{u}");
+            unsupported = Some(u);
+            None
+        }
+        Ok(Probe::NotPython(_)) => None,
         Err(e) => {
             log::warn!("pid {pid}: cannot read its interpreter: {e}");
             None
@@ -243,12 +251,15 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         comm: target.comm.clone(),
         python_version: python
             .as_ref()
-            .map(|p| format!("{}.{}", p.version().0, p.version().1)),
+            .map(|p| format!("{}.{}", p.version().0, p.version().1))
+            .or_else(|| unsupported.as_ref().map(|u| u.version())),
         gil_holder: reads.gil_holder,
         stopped_us: micros(snapshot.stopped),
         reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
-        python_error: reads.error,
+        python_error: reads
+            .error
+            .or_else(|| unsupported.as_ref().map(|u| u.to_string())),
         threads,
     })
 }
@@ -368,7 +379,11 @@ pub fn render_text(dump: &Dump) -> String {
         dump.stopped_us as f64 / 1000.0
     );
     if let Some(e) = &dump.python_error {
-        let _ = writeln!(s, "Python threads not read: {}", escape(e));
+        if e.contains("Python frames not supported by this bpfprof") {
+            let _ = writeln!(s, "{}", escape(e));
+        } else {
+            let _ = writeln!(s, "Python threads not read: {}", escape(e));
+        }
     }
     for t in &dump.threads {
         let _ = writeln!(s);

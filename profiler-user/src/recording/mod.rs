@@ -110,6 +110,8 @@ pub struct ProcessRecording {
     pub exited: bool,
     /// Its Python frames, when it runs a CPython the kernel walks.
     pub python: Option<PythonTracking>,
+    /// Why its CPython's frames are not walked, when it runs one bpfprof cannot walk.
+    pub python_refused: Option<String>,
     /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
     pub young_until: Option<Instant>,
     /// When its maps were last re-read (see [`SYSTEM_MAPS_REFRESH`]).
@@ -644,12 +646,18 @@ impl Recording {
                     }
                 }
             }
-            Ok(match self.python_mode {
-                PythonMode::Auto => {
-                    PythonTracking::start(program, target.pid, &self.naming, self.owner_uid())
-                }
+            let mut refused = None;
+            let python = match self.python_mode {
+                PythonMode::Auto => PythonTracking::start(
+                    program,
+                    target.pid,
+                    &self.naming,
+                    self.owner_uid(),
+                    &mut refused,
+                ),
                 PythonMode::Off => None,
-            })
+            };
+            Ok((python, refused))
         });
         if waited && self.processes.is_empty() {
             // The run's duration counts from its first sample, not from the program's load:
@@ -662,7 +670,7 @@ impl Recording {
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
-        let python = match registered {
+        let (python, python_refused) = match registered {
             Ok(python) => python,
             Err(e) => {
                 self.release_unused(pool, slot);
@@ -679,6 +687,7 @@ impl Recording {
                 direct: true,
                 exited: false,
                 python,
+                python_refused,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 refreshed_at: Instant::now(),
                 executable_kib: None,
@@ -709,7 +718,13 @@ impl Recording {
                     program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
-                        p.python = PythonTracking::start(program, pid, &self.naming, owner_uid);
+                        p.python = PythonTracking::start(
+                            program,
+                            pid,
+                            &self.naming,
+                            owner_uid,
+                            &mut p.python_refused,
+                        );
                     }
                 }
             }
@@ -833,7 +848,13 @@ impl Recording {
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
             if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
-                p.python = PythonTracking::start(program, p.target.pid, &self.naming, owner_uid);
+                p.python = PythonTracking::start(
+                    program,
+                    p.target.pid,
+                    &self.naming,
+                    owner_uid,
+                    &mut p.python_refused,
+                );
             }
             if let Some(python) = &mut p.python {
                 if p.exited {
@@ -1116,6 +1137,7 @@ impl Recording {
                 let cfi_walked = program.unwind.is_tracked(pid);
                 // A system-wide run's samples carry pids of the initial namespace.
                 let sample_pid = if system { pid } else { target.ns_pid };
+                let mut python_refused = None;
                 self.processes.insert(
                     (slot.program_id, slot.run, sample_pid),
                     ProcessRecording {
@@ -1126,11 +1148,16 @@ impl Recording {
                         direct: false,
                         exited: false,
                         python: match self.python_mode {
-                            PythonMode::Auto => {
-                                PythonTracking::start(program, pid, &self.naming, self.owner_uid())
-                            }
+                            PythonMode::Auto => PythonTracking::start(
+                                program,
+                                pid,
+                                &self.naming,
+                                self.owner_uid(),
+                                &mut python_refused,
+                            ),
                             PythonMode::Off => None,
                         },
+                        python_refused,
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         refreshed_at: Instant::now(),
                         executable_kib: None,
@@ -1858,6 +1885,10 @@ fn assemble_samples(
                 })
             }))
             .collect(),
+        python_unsupported: processes
+            .values()
+            .filter_map(|p| p.python_refused.clone())
+            .collect(),
     };
     // The samples go to aggregation, which drops each once counted.
     let inputs: Vec<TargetSamples<'_>> = processes
@@ -1918,6 +1949,7 @@ impl ProcessRecording {
             direct: false,
             exited: true,
             python: None,
+            python_refused: None,
             young_until: None,
             refreshed_at: Instant::now(),
             executable_kib: None,
