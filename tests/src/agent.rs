@@ -313,7 +313,8 @@ sys.stderr.write("\n" + json.dumps(meta) + "\n")
         Endpoint::Unix(path) => ("unix", path.display().to_string()),
     };
     let mut cmd = match user {
-        Some(user) => user.command("python3"),
+        // The system Python: pyenv's shims are root's.
+        Some(user) => user.command("/usr/bin/python3"),
         None => Command::new("python3"),
     };
     let out = cmd

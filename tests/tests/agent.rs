@@ -325,7 +325,7 @@ time.sleep(hold)
         .unwrap();
     std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid)).unwrap();
     let said = dir.path().join("opened");
-    let mut cmd = user.command("python3");
+    let mut cmd = user.command("/usr/bin/python3");
     cmd.args([
         "-c",
         script,

@@ -113,8 +113,9 @@ impl Limits {
 pub enum Listener {
     /// A TCP socket.
     Tcp(tokio::net::TcpListener),
-    /// A Unix socket, removed when the server stops if it is still the one bound.
-    Unix(tokio::net::UnixListener, PathBuf),
+    /// A Unix socket, removed when the server stops if it is still the one bound (the
+    /// device and inode of its path).
+    Unix(tokio::net::UnixListener, PathBuf, (u64, u64)),
 }
 
 /// Binds `listen` (a Unix socket with `mode` and group `gid`), failing with a clear error
@@ -128,8 +129,12 @@ pub async fn bind(listen: &Listen, mode: u32, gid: Option<u32>) -> crate::error:
                 spec: addr.to_string(),
                 reason: format!("--listen: cannot listen there: {e}"),
             }),
-        Listen::Unix(path) => crate::agent::peer::bind_unix(path, mode, gid)
-            .map(|listener| Listener::Unix(listener, path.clone())),
+        Listen::Unix(path) => {
+            use std::os::unix::fs::MetadataExt;
+            let listener = crate::agent::peer::bind_unix(path, mode, gid)?;
+            let bound = std::fs::symlink_metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()));
+            Ok(Listener::Unix(listener, path.clone(), bound))
+        }
     }
 }
 
@@ -304,8 +309,8 @@ pub async fn serve(
         });
     }
     connections.shutdown().await;
-    if let Listener::Unix(listener, path) = &listener {
-        remove_own_socket(listener, path);
+    if let Listener::Unix(_, path, bound) = &listener {
+        remove_own_socket(path, *bound);
     }
     Ok(())
 }
@@ -328,7 +333,7 @@ async fn accept(listener: &Listener, diag: Option<&mut SockDiag>) -> io::Result<
             };
             Ok((Stream::Tcp(io), peer))
         }
-        Listener::Unix(listener, _) => {
+        Listener::Unix(listener, ..) => {
             let (io, _) = listener.accept().await?;
             let uid = io.peer_cred()?.uid();
             Ok((Stream::Unix(io), Peer::Local(uid)))
@@ -336,16 +341,11 @@ async fn accept(listener: &Listener, diag: Option<&mut SockDiag>) -> io::Result<
     }
 }
 
-/// Removes the socket at `path` if it is still the one `listener` bound (not one another
-/// agent made there since).
-fn remove_own_socket(listener: &tokio::net::UnixListener, path: &std::path::Path) {
+/// Removes the socket at `path` if it is still the one bound there (`bound`: its device and
+/// inode), not one another agent made there since.
+fn remove_own_socket(path: &std::path::Path, bound: (u64, u64)) {
     use std::os::unix::fs::MetadataExt;
-    let Ok(ours) = rustix::fs::fstat(listener) else {
-        return;
-    };
-    if std::fs::symlink_metadata(path)
-        .is_ok_and(|m| m.ino() == ours.st_ino && m.dev() == ours.st_dev)
-    {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == bound) {
         let _ = std::fs::remove_file(path);
     }
 }
