@@ -185,7 +185,8 @@ impl Recording {
     /// Cuts a window from the running recording, without stopping it: takes the samples
     /// recorded since the last window (or the start) out of the kernel, and symbolizes and
     /// aggregates them with the processes as they are now into a profile of that window
-    /// (the same [`aggregate`] as a whole recording's, so writers see the same model).
+    /// (the same [`aggregate`](super::aggregate::aggregate) as a whole recording's, so
+    /// writers see the same model).
     /// Processes seen to exit are dropped after it (their last samples are in it), with what
     /// the kernel program and the unwinder kept of them, and so are the stacks the window
     /// took: a recording that runs for days keeps only what its living processes need.
@@ -330,8 +331,8 @@ impl Collected {
 
     /// Symbolizes and aggregates the samples into a profile that ended as `end`; `after_naming`
     /// gets the symbolizer once every address is named, before the stacks are built (see
-    /// [`aggregate`]): [`Symbolizer::release`] where it serves later runs, [`Symbolizer::unload`]
-    /// where it serves nothing more.
+    /// [`aggregate`](super::aggregate::aggregate)): [`Symbolizer::release`] where it serves
+    /// later runs, [`Symbolizer::unload`] where it serves nothing more.
     pub fn assemble(
         self,
         end: RunEnd,
