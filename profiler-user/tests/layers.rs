@@ -20,7 +20,9 @@ const LAYERS: &[&str] = &[
 ];
 
 /// Modules every layer may use: shared settings and errors, the client crate's re-exports.
-const SHARED: &[&str] = &["error", "sampling", "protocol", "client", "Error", "Result"];
+const SHARED: &[&str] = &[
+    "error", "sampling", "clock", "protocol", "client", "Error", "Result",
+];
 
 /// The crate-level modules a file's code names (`crate::x::...` and `use crate::{x, ...}`),
 /// comments left out.

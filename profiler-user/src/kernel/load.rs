@@ -1,6 +1,6 @@
 //! Loading the kernel program: the embedded object parsed (without the kernel's BTF), its maps
 //! created, the sampling and tracepoint programs verified ([`KernelProgram::load`]), with the
-//! privileges checked first and each step of the start timed ([`Steps`]).
+//! privileges checked first and each step of the start timed ([`crate::clock::Steps`]).
 
 use std::{collections::HashMap as StdHashMap, ops::DerefMut};
 
@@ -20,8 +20,9 @@ use super::{
     walker::{install_walker, start_walker, verify_walker, Walker, WalkerLoad, WalkerLoaded},
 };
 use crate::{
+    clock::Steps,
     error::{Error, Result},
-    kernel::{helpers, thread_cpu_time},
+    kernel::helpers,
 };
 
 /// The eBPF object built from `profiler-ebpf` by `cargo xtask build-ebpf`.
@@ -273,37 +274,6 @@ pub(super) fn clone_fd(fd: std::result::Result<&ProgramFd, ProgramError>) -> Res
     fd.map_err(kernel_err)?
         .try_clone()
         .map_err(|e| kernel_err(anyhow!(e).context("duplicating a program fd")))
-}
-
-/// Steps of a start-up, each logged (`-v`) with its wall time and the calling thread's CPU
-/// time: the breakdown of the time to a run's first sample.
-pub struct Steps {
-    what: String,
-    at: std::time::Instant,
-    cpu: std::time::Duration,
-}
-
-impl Steps {
-    /// Starts timing the steps of `what` (the prefix of each line).
-    pub fn start(what: impl Into<String>) -> Steps {
-        Steps {
-            what: what.into(),
-            at: std::time::Instant::now(),
-            cpu: thread_cpu_time(),
-        }
-    }
-
-    /// Logs the step that ends now.
-    pub fn done(&mut self, step: &str) {
-        let (at, cpu) = (std::time::Instant::now(), thread_cpu_time());
-        log::info!(
-            "{}: {step} in {:.1} ms ({:.1} ms of CPU)",
-            self.what,
-            (at - self.at).as_secs_f64() * 1e3,
-            cpu.saturating_sub(self.cpu).as_secs_f64() * 1e3
-        );
-        (self.at, self.cpu) = (at, cpu);
-    }
 }
 
 /// An aya loader that did not read the kernel's BTF: aya 0.14's `EbpfLoader::new()` parses

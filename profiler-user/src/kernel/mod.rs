@@ -2,8 +2,7 @@
 //! online CPU, and telling it which processes to keep samples of.
 //!
 //! [`KernelProgram`] is one loaded object with its maps; its methods live by concern:
-//! - `load`: the object loaded and verified ([`KernelProgram::load`], [`check_privileges`],
-//!   the start's [`Steps`]);
+//! - `load`: the object loaded and verified ([`KernelProgram::load`], [`check_privileges`]);
 //! - `walker`: the CFI and Python walker, verified beside sampling ([`WalkerLoad`]);
 //! - `events`: the perf events sampled on;
 //! - `targets`: the processes each run keeps samples of;
@@ -34,11 +33,7 @@ mod timeline;
 mod walker;
 
 pub use following::ensure_tracefs;
-pub use load::{check_privileges, Steps};
+pub use load::check_privileges;
 pub use program::{KernelProgram, PythonMaps};
 pub use stats::Counters;
 pub use walker::WalkerLoad;
-
-/// CPU time (user and system) the calling thread has used (defined with the unwind tables'
-/// CPU budget, the lowest layer that measures it).
-pub use crate::unwind::table::thread_cpu_time;

@@ -10,7 +10,7 @@ use aya::{
 use profiler_common::{WALKER_PROGRAM_NAME, WALKER_SLOT};
 
 use super::{load::load_error, program::KernelProgram};
-use crate::kernel::thread_cpu_time;
+use crate::clock::thread_cpu_time;
 
 /// The walker program (CFI and Python walks), verified in a background thread while sampling
 /// runs without it.

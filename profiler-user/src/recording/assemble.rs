@@ -414,16 +414,10 @@ fn placeholder_sampling() -> Sampling {
 
 /// bpfprof's own CPU time and peak memory so far.
 fn own_cost() -> RunCost {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let usage = crate::clock::own_usage();
     RunCost {
-        profiler_cpu_secs: secs(usage.ru_utime) + secs(usage.ru_stime),
-        profiler_peak_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        profiler_cpu_secs: usage.cpu_secs,
+        profiler_peak_rss_bytes: usage.peak_rss_bytes,
         ..RunCost::default()
     }
 }

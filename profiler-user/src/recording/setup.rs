@@ -135,7 +135,7 @@ impl Recording {
                 "a system-wide recording has no targets".into(),
             ));
         }
-        let mut steps = crate::kernel::Steps::start(format!("pid {}", target.pid));
+        let mut steps = crate::clock::Steps::start(format!("pid {}", target.pid));
         let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
         // The row array is sized from the objects the target maps (read here, not under the
         // pool).

@@ -180,9 +180,9 @@ impl Recording {
                             // look preempted midway took 13.6 ms for 0.6 ms of CPU, and the
                             // next look, 272 ms later by its wall time, came after the end of
                             // a function that ran 150 ms and its process.
-                            let (began, cpu) = (Instant::now(), crate::kernel::thread_cpu_time());
+                            let (began, cpu) = (Instant::now(), crate::clock::thread_cpu_time());
                             let ids = program.python_stack_ids();
-                            let took = crate::kernel::thread_cpu_time().saturating_sub(cpu);
+                            let took = crate::clock::thread_cpu_time().saturating_sub(cpu);
                             log::trace!(
                                 "{} Python stacks recorded, found in {took:?} of CPU ({:?})",
                                 ids.len(),
