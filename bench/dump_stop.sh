@@ -1,5 +1,5 @@
 #!/bin/bash
-# How long `bpfprof dump` stops its target (BENCHMARKS.md, "bpfprof dump: how long the target
+# How long `bpfprof dump` stops its target (docs/benchmarks-notes.md, "bpfprof dump: how long the target
 # is stopped"): N dumps (default 20) of the nofp_dump workload (4 threads: one spinning, three
 # blocked) and of tests/workloads/pydump.py under CPython 3.12 (2 threads: one spinning with the
 # GIL, one blocked on a lock), as each dump's --json reports it. Prints per target the whole

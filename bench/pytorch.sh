@@ -1,5 +1,5 @@
 #!/bin/bash
-# A real PyTorch process (BENCHMARKS.md section 8, "A real PyTorch process"; issue 21, item 7).
+# A real PyTorch process (docs/benchmarks-notes.md, section 8, "A real PyTorch process"; issue 21, item 7).
 # Needs root and the torch venv that `cargo xtask setup` makes. Against the training loop of
 # tests/workloads/pytorch_train.py (a small CNN on 2 threads), attached once it has trained:
 #  1. `bpfprof --pid P -d 8s` twice: tables built, rows, table memory, build time on the build

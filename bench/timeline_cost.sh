@@ -1,5 +1,5 @@
 #!/bin/bash
-# Timeline cost (BENCHMARKS.md, "Timeline cost"), three arms: a bpfprof from before the
+# Timeline cost (docs/benchmarks-notes.md, "Timeline cost"), three arms: a bpfprof from before the
 # timeline, this one without --timeline, and with it; bpfprof --bpf-stats on two hotcold processes at 999 Hz for 3 s,
 # arms rotated, 5 rounds. Prints: arm, program run time T (ns), runs N, target samples S.
 # MAIN: a bpfprof built before the timeline (e.g. from main before it was merged).

@@ -616,8 +616,15 @@ pub const PYTHON_FRAME_BYTES: usize = 104;
 /// few locals), so one copy of the 1 KiB below a frame holds its next callers too.
 pub const PYTHON_FRAME_WINDOW_BYTES: usize = 1024;
 
-/// The owner value of 3.12+'s shim frames (`FRAME_OWNED_BY_CSTACK`).
+/// The owner value of the frame each eval call links first (3.12 and 3.13's
+/// `FRAME_OWNED_BY_CSTACK`, 3.14 and 3.15's `FRAME_OWNED_BY_INTERPRETER`, which 3.15's
+/// thread's base frame also has).
 pub const PYTHON_FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// Tag bits of a `_PyStackRef` (3.14+'s `f_executable`): 3.14 tags deferred references in
+/// bit 0, 3.15 uses bits 0-1 (`Py_TAG_BITS`). Cleared before the pointer is followed; the
+/// plain pointers of earlier versions have them clear (objects are at least 8-aligned).
+pub const PYTHON_STACKREF_TAG_BITS: u64 = 3;
 
 /// How a CPython version records a frame's current instruction.
 #[repr(u32)]

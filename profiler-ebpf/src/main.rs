@@ -16,7 +16,7 @@ use aya_ebpf::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid,
         bpf_get_stack, generated::bpf_loop,
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
     EbpfContext,
@@ -28,6 +28,37 @@ use profiler_common::{
     MAX_STACK_DEPTH, MAX_SYSTEM_SEEN, MAX_TARGETS, NEW_PROCESS_RING_BYTES, SAMPLE_MAP_ENTRIES,
     STACKS_STORED_INDEX, STACK_MAP_ENTRIES, WALKER_SLOT,
 };
+
+/// Declares a classic tracepoint program `$name` that runs `$handler` on the tracepoint's
+/// record and returns [`TRACEPOINT_KEEP_EVENT`].
+///
+/// aya-ebpf's `#[tracepoint]` cannot do this: the function it generates discards the value of
+/// the one it wraps and returns 0, which drops the event for every other tool (see
+/// [`TRACEPOINT_KEEP_EVENT`]). This is the same entry point (the `tracepoint` section, which
+/// userspace loads and attaches by name) with the value kept.
+macro_rules! tracepoint_program {
+    ($(#[$doc:meta])* $name:ident => $handler:path) => {
+        $(#[$doc])*
+        #[no_mangle]
+        #[link_section = "tracepoint"]
+        pub fn $name(ctx: *mut core::ffi::c_void) -> u32 {
+            $handler(&aya_ebpf::programs::TracePointContext::new(ctx));
+            $crate::TRACEPOINT_KEEP_EVENT
+        }
+    };
+}
+
+/// What every classic tracepoint program returns: "pass the event on". The kernel runs the
+/// programs attached to a tracepoint (`trace_call_bpf`, the AND of all their return values)
+/// before the tracepoint's perf events, and a 0 drops the event for every perf event of that
+/// tracepoint, machine-wide: `perf record -e sched:sched_switch`, `perf sched`, bpftrace and
+/// another bpfprof would see none while a run is on. 1 leaves them as they were.
+///
+/// The perf_event programs return 0 instead: `bpf_overflow_handler` reads their value only to
+/// decide whether the sample also goes to the ring buffer of the perf event they are attached
+/// to, which is bpfprof's own (opened for it, never mapped), so other tools' events are
+/// unaffected and 0 saves the copy.
+pub(crate) const TRACEPOINT_KEEP_EVENT: u32 = 1;
 
 mod off_cpu;
 mod python;
@@ -132,36 +163,35 @@ pub fn bpfprof_walk(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// sched_process_fork with the record layout of kernels before 6.10 (`child_pid` at byte 44,
-/// after two inline 16-byte comm arrays). Tracepoint records can only be read at constant
-/// offsets, so each layout gets its own program and userspace loads the one this kernel has.
-#[tracepoint]
-pub fn bpfprof_fork(ctx: TracePointContext) -> u32 {
-    follow_fork::<{ FORK_CHILD_PID_OFFSETS[0] }>(&ctx)
+tracepoint_program! {
+    /// sched_process_fork with the record layout of kernels before 6.10 (`child_pid` at byte
+    /// 44, after two inline 16-byte comm arrays). Tracepoint records can only be read at
+    /// constant offsets, so each layout gets its own program and userspace loads the one this
+    /// kernel has.
+    bpfprof_fork => follow_fork::<{ FORK_CHILD_PID_OFFSETS[0] }>
 }
 
-/// sched_process_fork with the record layout of 6.10 and later (`child_pid` at byte 20, comms
-/// moved out of line as `__data_loc` strings).
-#[tracepoint]
-pub fn bpfprof_fork_data_loc(ctx: TracePointContext) -> u32 {
-    follow_fork::<{ FORK_CHILD_PID_OFFSETS[1] }>(&ctx)
+tracepoint_program! {
+    /// sched_process_fork with the record layout of 6.10 and later (`child_pid` at byte 20,
+    /// comms moved out of line as `__data_loc` strings).
+    bpfprof_fork_data_loc => follow_fork::<{ FORK_CHILD_PID_OFFSETS[1] }>
 }
 
 /// Follows a target's new child (or thread) into the runs that follow the target's children.
 #[inline(always)]
-fn follow_fork<const CHILD_PID_OFFSET: usize>(ctx: &TracePointContext) -> u32 {
+fn follow_fork<const CHILD_PID_OFFSET: usize>(ctx: &TracePointContext) {
     // The parent is the current task.
     let Some(parent) = current_target() else {
-        return 0;
+        return;
     };
     if parent.follow == 0 {
-        return 0;
+        return;
     }
     // SAFETY: a constant offset inside this kernel's record, checked by userspace against the
     // tracepoint's format before this program was chosen.
     let child = match unsafe { ctx.read_at::<i32>(CHILD_PID_OFFSET) } {
         Ok(child) => child,
-        Err(_) => return 0,
+        Err(_) => return,
     };
     if child > 0 {
         let inherited = TargetInfo {
@@ -170,30 +200,37 @@ fn follow_fork<const CHILD_PID_OFFSET: usize>(ctx: &TracePointContext) -> u32 {
         };
         let _ = FOLLOWED.insert(child as u32, inherited, 0);
     }
-    0
 }
 
-/// Forgets a followed child (or thread) when it exits, so that its pid can be reused.
-#[tracepoint]
-pub fn bpfprof_exit(_ctx: TracePointContext) -> u32 {
+tracepoint_program! {
+    /// Forgets a followed child (or thread) when it exits, so that its pid can be reused.
+    bpfprof_exit => forget_exited
+}
+
+#[inline(always)]
+fn forget_exited(_ctx: &TracePointContext) {
     // The exiting task is the current one; the low half is its global thread id.
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: only tested for presence.
     if unsafe { FOLLOWED.get(tid) }.is_some() {
         let _ = FOLLOWED.remove(tid);
     }
-    0
 }
 
-/// Stops the runs of [`Config::StopAtExec`] from sampling the current process as it execs, and
-/// tells userspace (`EXECED`). The tracepoint fires after the new program is loaded and its
-/// credentials are committed, before it runs an instruction: none of its samples reaches a run
-/// whose owner has not been checked against it (a setuid program, or one its user cannot read).
-#[tracepoint]
-pub fn bpfprof_exec(_ctx: TracePointContext) -> u32 {
+tracepoint_program! {
+    /// Stops the runs of [`Config::StopAtExec`] from sampling the current process as it
+    /// execs, and tells userspace (`EXECED`). The tracepoint fires after the new program is
+    /// loaded and its credentials are committed, before it runs an instruction: none of its
+    /// samples reaches a run whose owner has not been checked against it (a setuid program, or
+    /// one its user cannot read).
+    bpfprof_exec => stop_at_exec
+}
+
+#[inline(always)]
+fn stop_at_exec(_ctx: &TracePointContext) {
     let stopping = config(Config::StopAtExec);
     if stopping == 0 {
-        return 0;
+        return;
     }
     let global_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let mut stopped = 0;
@@ -216,7 +253,6 @@ pub fn bpfprof_exec(_ctx: TracePointContext) -> u32 {
         };
         let _ = EXECED.insert(global_tgid, before | stopped, 0);
     }
-    0
 }
 
 /// Clears the runs of `stopping` from `info`; returns those that were sampling it.

@@ -25,7 +25,7 @@
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
+    macros::map,
     maps::HashMap,
     programs::TracePointContext,
 };
@@ -46,13 +46,18 @@ use crate::{
 static OFF_CPU_PENDING: HashMap<u32, OffCpuPending> =
     HashMap::with_max_entries(MAX_OFF_CPU_PENDING, 0);
 
-/// `sched:sched_switch`: ends the off-CPU interval of the incoming thread, then starts that of
-/// the outgoing one (the current task) if it is a target that blocks.
-#[tracepoint]
-pub fn bpfprof_off_cpu(ctx: TracePointContext) -> u32 {
-    switch_in(&ctx);
-    switch_out(&ctx);
-    0
+tracepoint_program! {
+    /// `sched:sched_switch`: ends the off-CPU interval of the incoming thread, then starts that
+    /// of the outgoing one (the current task) if it is a target that blocks. It returns 1 as
+    /// every tracepoint program here: 0 would hide every sched_switch from perf and other
+    /// tools while a run is on.
+    bpfprof_off_cpu => sched_switch
+}
+
+#[inline(always)]
+fn sched_switch(ctx: &TracePointContext) {
+    switch_in(ctx);
+    switch_out(ctx);
 }
 
 /// Adds the incoming thread's time off the CPU to its stacks, if it was remembered.

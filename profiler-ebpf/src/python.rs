@@ -21,8 +21,8 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, StackFrames,
     MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
-    PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES, PYTHON_STACKS_STORED_INDEX,
-    STACKS_STORED_INDEX,
+    PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES, PYTHON_STACKREF_TAG_BITS,
+    PYTHON_STACKS_STORED_INDEX, STACKS_STORED_INDEX,
 };
 
 /// CPython processes and their interpreter's offsets, by host tgid.
@@ -322,10 +322,11 @@ fn read_frame(walk: &mut Walk) -> Frame {
     };
     let shim = layout.entry_rule == PythonEntryRule::ShimFrame as u32
         && entry_byte == PYTHON_FRAME_OWNED_BY_CSTACK;
+    // 3.14+'s `f_executable` is a `_PyStackRef`: a pointer with tag bits.
     let code = if shim {
         0
     } else {
-        word(walk, at, layout.frame_code)
+        word(walk, at, layout.frame_code) & !PYTHON_STACKREF_TAG_BITS
     };
     let instruction = if shim {
         0

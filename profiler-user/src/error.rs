@@ -53,6 +53,14 @@ pub enum Error {
         /// The underlying I/O error.
         source: std::io::Error,
     },
+    /// A state, spool or cache folder another user could steer writes in: refused at start.
+    #[error("refusing {path}: {reason}")]
+    UnsafeDirectory {
+        /// The component of its path that is refused.
+        path: PathBuf,
+        /// Why (its owner, its mode, a link).
+        reason: String,
+    },
     /// The daemon refused a request.
     #[error("the daemon refused: {message}")]
     Daemon {
@@ -90,6 +98,18 @@ impl From<bpfprof_client::ClientError> for Error {
     }
 }
 
+impl From<crate::trusted_dir::DirError> for Error {
+    /// A refused folder has its own exit code; one that cannot be made is an unwritable
+    /// output.
+    fn from(e: crate::trusted_dir::DirError) -> Error {
+        use crate::trusted_dir::DirError;
+        match e {
+            DirError::Untrusted { path, reason } => Error::UnsafeDirectory { path, reason },
+            DirError::Io { path, source } => Error::Output { path, source },
+        }
+    }
+}
+
 /// Process exit codes of the `bpfprof` binary, one per way a run ends.
 pub mod exit_code {
     /// The run completed as asked.
@@ -118,6 +138,9 @@ pub mod exit_code {
     pub const TOO_MANY_RUNS: i32 = 11;
     /// `bpfprof doctor` found a check that fails.
     pub const DOCTOR_FAILED: i32 = 12;
+    /// A state or spool folder (or a folder on its path) belongs to another user, may be
+    /// written by others, or is reached through another user's link.
+    pub const UNSAFE_DIRECTORY: i32 = 13;
     /// The command after `--` exists but cannot be run (not executable), as shells say.
     pub const COMMAND_NOT_EXECUTABLE: i32 = 126;
     /// The command after `--` was not found, as shells and `time` say.
@@ -143,6 +166,7 @@ impl Error {
             Error::InvalidSampling(_) => exit_code::INVALID_SAMPLING,
             Error::EventUnsupported(_) => exit_code::EVENT_UNSUPPORTED,
             Error::Output { .. } => exit_code::OUTPUT_UNWRITABLE,
+            Error::UnsafeDirectory { .. } => exit_code::UNSAFE_DIRECTORY,
             Error::DaemonUnavailable(_) => exit_code::DAEMON_UNAVAILABLE,
             Error::Daemon { code, .. } => {
                 use crate::protocol::ErrorCode as C;

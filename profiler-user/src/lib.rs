@@ -15,7 +15,9 @@
 //! - [`output`]: the writers (SVG, folded, pprof, speedscope, pstats, top, summary);
 //! - [`profile`]: the sample and the profile model every writer reads;
 //! - [`symbolize`]: addresses to function names (with PLT stubs and stripped objects);
-//! - [`process`]: target processes, their memory maps and vDSO.
+//! - [`process`]: target processes, their memory maps and vDSO;
+//! - shared by all: [`trusted_dir`], the folders bpfprof writes in as root, opened so that no
+//!   other user can steer a write.
 #![warn(missing_docs)]
 
 pub mod cli;
@@ -39,6 +41,7 @@ pub mod process;
 pub mod clock;
 pub mod error;
 pub mod sampling;
+pub mod trusted_dir;
 
 pub use bpfprof_client as client;
 pub use bpfprof_client::protocol;

@@ -107,7 +107,13 @@ impl FromStr for Mode {
         match s {
             "cpu" => Ok(Mode::Cpu),
             "wall" => Ok(Mode::Wall),
-            other => Err(Error::InvalidSampling(format!(
+            // A word the command line does not take is a usage error (exit 2), as clap's own;
+            // off-CPU time alone is a flag, not a mode.
+            "off-cpu" | "offcpu" | "off_cpu" => Err(Error::Usage(format!(
+                "unknown mode {s:?}: expected cpu or wall (for blocking waits beside the CPU \
+                 samples, use --off-cpu)"
+            ))),
+            other => Err(Error::Usage(format!(
                 "unknown mode {other:?}: expected cpu or wall"
             ))),
         }
@@ -521,6 +527,10 @@ mod tests {
         }
         let err = "idle".parse::<Mode>().unwrap_err();
         assert!(err.to_string().contains("cpu or wall"), "{err}");
+        assert!(matches!(err, Error::Usage(_)), "{err}");
+        let err = "off-cpu".parse::<Mode>().unwrap_err();
+        assert!(err.to_string().contains("--off-cpu"), "{err}");
+        assert_eq!(err.exit_code(), crate::error::exit_code::USAGE);
     }
 
     const LIMITS: KernelLimits = KernelLimits {

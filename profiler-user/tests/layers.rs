@@ -21,7 +21,14 @@ const LAYERS: &[&str] = &[
 
 /// Modules every layer may use: shared settings and errors, the client crate's re-exports.
 const SHARED: &[&str] = &[
-    "error", "sampling", "clock", "protocol", "client", "Error", "Result",
+    "error",
+    "sampling",
+    "clock",
+    "trusted_dir",
+    "protocol",
+    "client",
+    "Error",
+    "Result",
 ];
 
 /// The crate-level modules a file's code names (`crate::x::...` and `use crate::{x, ...}`),

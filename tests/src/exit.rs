@@ -16,6 +16,9 @@ pub const OUTPUT_NOT_WRITABLE: i32 = 6;
 pub const TARGET_EXITED_EARLY: i32 = 7;
 /// The event is not supported on this machine.
 pub const EVENT_NOT_SUPPORTED: i32 = 8;
+/// A state, spool or cache folder (or one on its path) that another user could steer writes
+/// in: refused at start.
+pub const UNSAFE_DIRECTORY: i32 = 13;
 /// The command after `--` exists but is not executable (as shells say).
 pub const COMMAND_NOT_EXECUTABLE: i32 = 126;
 /// The command after `--` was not found (as shells and `time` say).

@@ -762,12 +762,13 @@ fn a_full_disk_fails_the_run_cleanly() {
     if !require_root() {
         return;
     }
-    // A state folder on a tiny tmpfs: the run folder fits, the result files do not.
+    // A state folder on a tiny tmpfs: the run folder fits, the result files do not. Mode
+    // 0755: a tmpfs's root is 1777 by default, a state folder every user could write in.
     let dir = tempdir();
     let state = dir.path().join("small");
     std::fs::create_dir(&state).unwrap();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=48k", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=48k,mode=0755", "tmpfs"])
         .arg(&state)
         .status()
         .unwrap();

@@ -502,6 +502,59 @@ fn bad_targets_get_clear_errors_and_distinct_exit_codes() {
     }
 }
 
+/// A user who is not root dumps their own C program: each thread's native frames reach its
+/// outermost (`_start`, libc's thread entry). `/proc/PID/map_files` is refused to them
+/// (EPERM), and bpfprof built no table past the first object: the walks ended at the first
+/// frame; the path in the process's maps, checked against the mapped device and inode, opens
+/// the same object.
+#[test]
+fn a_user_dumps_their_own_program_to_its_outermost_frames() {
+    if !require_root() {
+        return;
+    }
+    let user = test_user("bpfprof-t1");
+    let dir = tempfile::Builder::new()
+        .prefix("bpfprof-dump-user-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (_bin_dir, bin) = world_executable_bpfprof();
+    let copy = dir.path().join("nofp_dump");
+    user.give(&workload_path("nofp_dump"), &copy);
+    let mut run_as_user = user.command(&copy);
+    run_as_user.arg("60");
+    let target = Workload::spawn_command(run_as_user);
+    let pid = target.pid().to_string();
+    let dump = poll_until(SETTLE_TIMEOUT, || {
+        let mut cmd = user.command(&bin);
+        cmd.args(["dump", "--pid", &pid, "--json"]);
+        let run = spawn_bpfprof_command(cmd).wait_timeout(DUMP_TIMEOUT);
+        run.assert_code(exit::OK);
+        let dump: Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("--json wrote no JSON ({e}):\n{}", run.stdout));
+        let spinner = named(&dump, "spinner")?;
+        position(spinner, "spin_leaf").is_some().then_some(dump)
+    })
+    .expect("the spinner in spin_leaf");
+    let mut checks = Checks::new();
+    for thread in dump["threads"].as_array().expect("threads") {
+        let fs = frames(thread);
+        checks.check(
+            fs.last().is_some_and(|(_, n)| n == "_start" || is_clone(n)),
+            || format!("thread {} ends at {:?}: {fs:?}", thread["tid"], fs.last()),
+        );
+    }
+    let spinner = named(&dump, "spinner").unwrap();
+    checks.check(called_by(spinner, "spin_leaf", "spin_loop"), || {
+        format!("spinner: spin_leaf under spin_loop: {:?}", frames(spinner))
+    });
+    checks.finish();
+}
+
 /// Whether `name` is libc's thread entry: `clone3` by its DWARF, `__clone3` by its symbol
 /// table (which bpfprof reads unless lines are asked for), `clone` on older libcs.
 fn is_clone(name: &str) -> bool {

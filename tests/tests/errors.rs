@@ -73,12 +73,18 @@ fn pid_not_a_number() {
 }
 
 #[test]
-fn off_cpu_settings_that_contradict_are_invalid_sampling() {
+fn off_cpu_settings_that_contradict_are_refused() {
     if !require_root() {
         return;
     }
+    // A mode that does not exist is a usage error, as any other bad word on the command line
+    // (`--mode off-cpu` exited 5); off-CPU time alone is `--off-cpu`, which it says.
+    for (mode, says) in [("idle", "cpu or wall"), ("off-cpu", "--off-cpu")] {
+        let run = run_on_self(&["--mode", mode]);
+        run.assert_code(exit::USAGE);
+        run.assert_stderr_mentions(&[says]);
+    }
     for (args, says) in [
-        (&["--mode", "idle"][..], "cpu or wall"),
         (&["--mode", "wall", "--off-cpu"][..], "--off-cpu"),
         (&["--off-cpu-min", "5us"][..], "--off-cpu-min"),
     ] {
@@ -154,6 +160,104 @@ fn unwritable_output_fails_before_sampling() {
         "took {:?}: the target was sampled before the output path was checked",
         run.elapsed
     );
+}
+
+/// `echo old > keep.folded; bpfprof ... -o keep.folded -o new.svg -o /nonexistent/dir/x.svg`:
+/// refused before sampling, and neither the existing file (which it emptied) nor the new
+/// path (left as an empty file) is touched.
+#[test]
+fn one_unwritable_output_leaves_the_others_as_they_were() {
+    if !require_root() {
+        return;
+    }
+    let target = Workload::spawn("hotcold", &["30"]);
+    let dir = tempdir();
+    let keep = dir.path().join("keep.folded");
+    std::fs::write(&keep, "old\n").unwrap();
+    let new = dir.path().join("new.svg");
+    let bad = "/nonexistent/dir/x.svg";
+    let pid = target.pid().to_string();
+    let run = run_bpfprof(
+        [
+            "--pid",
+            &pid,
+            "-d",
+            "5s",
+            "-o",
+            keep.to_str().unwrap(),
+            "-o",
+            new.to_str().unwrap(),
+            "-o",
+            bad,
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OUTPUT_NOT_WRITABLE);
+    run.assert_stderr_mentions(&[bad]);
+    assert!(
+        run.elapsed < Duration::from_secs(2),
+        "took {:?}: the target was sampled before the output paths were checked",
+        run.elapsed
+    );
+    assert_eq!(
+        std::fs::read_to_string(&keep).unwrap(),
+        "old\n",
+        "the existing output was changed by a run that never started"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["keep.folded"], "files left beside the outputs");
+}
+
+/// The directory of one output removed during the run: the run fails (it said "wrote svg"
+/// and exited 0 with no file), the other output is still written, and the samples are kept
+/// in a rescue file in the current directory that the error names.
+#[test]
+fn an_output_directory_removed_during_the_run_fails_and_keeps_the_samples() {
+    if !require_root() {
+        return;
+    }
+    let target = Workload::spawn("hotcold", &["30"]);
+    let dir = tempdir();
+    let gone = dir.path().join("gone");
+    std::fs::create_dir(&gone).unwrap();
+    let svg = gone.join("p.svg");
+    let folded = dir.path().join("p.folded");
+    let mut cmd = Command::new(bpfprof_tests::bpfprof_bin());
+    cmd.current_dir(dir.path()).args([
+        "--pid",
+        &target.pid().to_string(),
+        "-d",
+        "3s",
+        "-o",
+        svg.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    let bpfprof = spawn_bpfprof_command(cmd);
+    let started = bpfprof_tests::poll_until(Duration::from_secs(60), || {
+        bpfprof
+            .stderr_so_far()
+            .contains("loaded program id")
+            .then_some(())
+    });
+    assert!(started.is_some(), "{}", bpfprof.stderr_so_far());
+    std::fs::remove_dir_all(&gone).unwrap();
+    let bpfprof_pid = bpfprof.pid();
+    let run = bpfprof.wait_timeout(Duration::from_secs(120));
+    run.assert_code(exit::OUTPUT_NOT_WRITABLE);
+    run.assert_stderr_mentions(&[svg.to_str().unwrap()]);
+    let rescue = dir
+        .path()
+        .join(format!("bpfprof-rescue-{bpfprof_pid}.folded"));
+    run.assert_stderr_mentions(&[rescue.file_name().unwrap().to_str().unwrap()]);
+    let kept = std::fs::read_to_string(&rescue)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", rescue.display(), run.stderr));
+    assert!(kept.contains("leaf_hot"), "the rescue file:\n{kept}");
+    let written = std::fs::read_to_string(&folded).unwrap();
+    assert!(written.contains("leaf_hot"), "the other output:\n{written}");
 }
 
 #[test]

@@ -255,3 +255,77 @@ fn sigterm_stops_writes_profile_and_unloads() {
     }
     interrupt_with(libc::SIGTERM);
 }
+
+/// `-F 100000 -d 1s` on a busy Python process: sampling stops at the deadline (the samples'
+/// times span the duration, no more) and bpfprof exits soon after. At this rate ticks held
+/// the run loop past the deadline: it sampled 1.6 s of a 1 s run on an idle machine, 12 s
+/// under load, and exited 20 s after it started.
+#[test]
+fn the_duration_is_kept_at_the_highest_rate() {
+    if !require_root() {
+        return;
+    }
+    let mut busy = std::process::Command::new("python3");
+    busy.args([
+        "-c",
+        "def spin():\n    while True:\n        sum(i * i for i in range(1000))\nspin()",
+    ]);
+    let target = Workload::spawn_command(busy);
+    // `python3` may be a shim (pyenv's is a shell script) that execs the interpreter.
+    poll_until(Duration::from_secs(30), || {
+        std::fs::read_link(format!("/proc/{}/exe", target.pid()))
+            .ok()
+            .filter(|exe| exe.to_string_lossy().contains("python"))
+    })
+    .expect("the busy Python process");
+    let dir = tempdir();
+    let trace = dir.path().join("run.trace.json");
+    let pid = target.pid().to_string();
+    let bpfprof = spawn_bpfprof([
+        "--pid",
+        &pid,
+        "-F",
+        "100000",
+        "-d",
+        "1s",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    // Printed once sampling is on: its deadline is at most 1 s from here.
+    let sampling = poll_until(Duration::from_secs(60), || {
+        bpfprof
+            .stderr_so_far()
+            .contains("loaded program id")
+            .then(Instant::now)
+    })
+    .unwrap_or_else(|| panic!("bpfprof did not start:\n{}", bpfprof.stderr_so_far()));
+    let run = bpfprof.wait_timeout(Duration::from_secs(120));
+    let ended = sampling.elapsed();
+    run.assert_code(exit::OK);
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).expect("the trace")).expect("JSON");
+    let (mut first, mut last) = (f64::MAX, f64::MIN);
+    for event in trace["traceEvents"].as_array().expect("traceEvents") {
+        if event["ph"] == "X" {
+            let ts = event["ts"].as_f64().unwrap_or_default();
+            first = first.min(ts);
+            last = last.max(ts + event["dur"].as_f64().unwrap_or_default());
+        }
+    }
+    let span = (last - first) / 1e6;
+    eprintln!("samples span {span:.3} s; bpfprof ended {ended:?} after sampling began");
+    // A sample is a period (10 µs) long, and the deadline thread wakes within milliseconds;
+    // the slack is for the thread's wakeup on a loaded machine.
+    assert!(
+        span > 0.3 && span <= 1.25,
+        "the samples span {span:.3} s of a 1 s run:\n{}",
+        run.stderr
+    );
+    // The end of the run (the tick in progress, draining, naming, writing) after the
+    // deadline, with room for a loaded machine.
+    assert!(
+        ended <= Duration::from_millis(3500),
+        "bpfprof ended {ended:?} after sampling began, for -d 1s:\n{}",
+        run.stderr
+    );
+}

@@ -821,3 +821,95 @@ fn the_agent_serves_a_containers_waits_under_their_callers() {
     });
     c.finish();
 }
+
+/// A Python program that blocks 300 times (2 ms sleeps), then prints how many times the kernel
+/// switched it out (`ru_nvcsw + ru_nivcsw`, its own count of every `sched_switch` it was the
+/// outgoing task of, up to that point).
+const SWITCHING_PROGRAM: &str = "\
+import resource, time
+for _ in range(300):
+    time.sleep(0.002)
+r = resource.getrusage(resource.RUSAGE_SELF)
+print('switches', r.ru_nvcsw + r.ru_nivcsw)
+";
+
+/// Other tools still see `sched:sched_switch` while an off-CPU run is on: bpfprof's
+/// tracepoint program returned 0, which makes the kernel drop the event for every perf
+/// event on the tracepoint, machine-wide (`perf record -e sched:sched_switch -a` counted 0
+/// beside an off-CPU run). `perf stat` counts the program's switches beside a run that
+/// profiles it, and must find at least the switches the kernel counted for it (a few more:
+/// those of its exit and of perf's child before the exec).
+#[test]
+fn perf_still_counts_sched_switch_beside_an_off_cpu_run() {
+    if !require_root() {
+        return;
+    }
+    let Some(perf) = find_tool("perf") else {
+        assert!(
+            !ci(),
+            "perf is needed under CI (linux-perf, installed by cargo xtask setup)"
+        );
+        eprintln!("skipping: no perf");
+        return;
+    };
+    let dir = tempdir();
+    let counts = dir.path().join("perf.csv");
+    let folded = dir.path().join("offcpu.folded");
+    let python = if find_tool("python3").is_some() {
+        "python3"
+    } else {
+        "python"
+    };
+    let run = run_bpfprof(
+        [
+            "--off-cpu",
+            "-o",
+            folded.to_str().unwrap(),
+            "--",
+            perf.to_str().unwrap(),
+            "stat",
+            "-x",
+            ",",
+            "-e",
+            "sched:sched_switch",
+            "-o",
+            counts.to_str().unwrap(),
+            "--",
+            python,
+            "-c",
+            SWITCHING_PROGRAM,
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OK);
+    let own: u64 = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("switches "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the program printed no count:\n{}", run.stdout));
+    let csv = std::fs::read_to_string(&counts).expect("perf stat's output");
+    let counted: u64 = csv
+        .lines()
+        .find(|l| l.contains("sched:sched_switch"))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sched_switch count in perf stat's output:\n{csv}"));
+    // The run did profile the waits: its program was on while perf counted.
+    let profile = Profile::read(&folded);
+    let waited = profile.count_where(|f| f.iter().any(|x| x == "[off-cpu: sleeping]"));
+    eprintln!("perf counted {counted} switches, the program {own}; {waited} ns off the CPU");
+    assert!(
+        waited > 0,
+        "the run recorded no off-CPU time:\n{}",
+        profile.top(10)
+    );
+    // At least 300 sleeps; perf sees every switch the kernel counted (it counted 0), and not
+    // many more (the exec, the interpreter's exit, perf's own child before its exec).
+    assert!(own >= 300, "the program counted {own} switches");
+    assert!(
+        counted + 10 >= own && counted <= own + own / 2 + 200,
+        "perf counted {counted} sched_switch events of the program, which counted {own} \
+         switches itself"
+    );
+}

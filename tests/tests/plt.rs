@@ -56,7 +56,12 @@ fn check_stub_names(workload: &str) {
     }
     let target = Workload::spawn(workload, &["parents", "30"]);
     std::thread::sleep(Duration::from_millis(100));
-    let maps = ProcessMaps::capture(target.pid(), target.pid()).unwrap();
+    let maps = ProcessMaps::capture(
+        target.pid(),
+        target.pid(),
+        &bpfprof::process::copies::CopyBudget::mib(1024),
+    )
+    .unwrap();
     let base = load_base(target.pid(), &binary);
     let mut symbolizer = Symbolizer::new();
     // The first byte and one inside (the jump after endbr64, or the push after the jump).

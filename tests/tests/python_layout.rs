@@ -1027,7 +1027,8 @@ fn a_process_without_python_is_not_a_target() {
     assert!(target.is_none(), "sleep is no CPython");
 }
 
-/// CPython 3.9 has none of the layouts: detected as no target (the reason is logged).
+/// CPython 3.9 has none of the layouts: detected as no target, and named as a CPython that
+/// cannot be walked, with the reason.
 #[test]
 fn an_unsupported_cpython_is_not_a_target() {
     let python = pyenv("3.9.18").join("bin/python3");
@@ -1046,14 +1047,23 @@ fn an_unsupported_cpython_is_not_a_target() {
     .expect("python 3.9 maps its libpython");
     let target = PythonTarget::detect(workload.pid()).expect("detect");
     assert!(target.is_none(), "3.9 is not supported");
-    let memory = bpfprof::python::memory::ProcessMemory::new(workload.pid());
-    let reason = bpfprof::python::detect::find(workload.pid(), &memory)
-        .expect("find")
-        .expect_err("no interpreter bpfprof supports");
-    assert!(
-        reason.starts_with("CPython 3.9 in ") && reason.contains("libpython3.9"),
-        "the reason names the version and the object: {reason}"
-    );
+    // Recognised, and named with the reason: never a silent profile without Python frames.
+    let pid = workload.pid();
+    match PythonTarget::probe(pid).expect("probe") {
+        bpfprof::python::Probe::Unsupported(u) => {
+            let said = u.to_string();
+            assert!(
+                said.starts_with("libpython3.9")
+                    && said.contains(&format!(
+                        "(CPython 3.9, pid {pid}): Python frames not supported by this bpfprof: \
+                         versions before 3.10"
+                    ))
+                    && said.ends_with("; native frames only"),
+                "the reason names the object, the version and the pid: {said}"
+            );
+        }
+        _ => panic!("3.9 is recognised as a CPython bpfprof cannot walk"),
+    }
 }
 
 #[test]

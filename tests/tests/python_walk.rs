@@ -1025,3 +1025,52 @@ fn short_lived_functions_are_named_while_they_live() {
     }
     checks.finish();
 }
+
+/// Two threads named by `threading` (`cruncher-1`, `cruncher-2`) that spin, joined by the
+/// main thread.
+const NAMED_THREADS: &str = "\
+import threading
+def spin():
+    while True:
+        sum(i * i for i in range(1000))
+threads = [threading.Thread(target=spin, name=f'cruncher-{n}', daemon=True) for n in (1, 2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+";
+
+/// `--per-thread` labels a Python program's threads by their `threading` names, as `bpfprof
+/// dump` and py-spy do: each named thread's samples are under `cruncher-N (tid T)` (they were
+/// all `python3 (tid T)`, told apart by tid alone), on each CPython.
+#[test]
+fn per_thread_labels_python_threads_by_their_threading_names() {
+    if !require_root() {
+        return;
+    }
+    let mut checks = Checks::new();
+    for (label, python) in pythons() {
+        let dir = tempdir();
+        let out = dir.path().join("threads.folded");
+        let mut args = record_args(&[&out], &["--per-thread", "-d", "3s", "--"]);
+        args.push(python.display().to_string());
+        args.push("-c".into());
+        args.push(NAMED_THREADS.into());
+        run_bpfprof(&args, TIMEOUT).assert_code(exit::OK);
+        let profile = Profile::read(&out);
+        let threads = per_thread(&profile, |f| f.iter().any(|x| x == "spin"));
+        eprintln!("{label}: samples in spin by thread: {threads:?}");
+        for name in ["cruncher-1", "cruncher-2"] {
+            let prefix = format!("{name} (tid ");
+            let spun: u64 = threads
+                .iter()
+                .filter(|(t, _)| t.starts_with(&prefix))
+                .map(|(_, n)| n)
+                .sum();
+            checks.check(spun > 0, || {
+                format!("{label}: no samples in spin under {prefix}...): {threads:?}")
+            });
+        }
+    }
+    checks.finish();
+}

@@ -341,7 +341,8 @@ fn xz_stacks_match_perf_dwarf_unwinding_of_the_same_run() {
                 .then(|| start + offset - map_offset)
         })
     };
-    let maps = ProcessMaps::capture(pid, pid).unwrap();
+    let maps =
+        ProcessMaps::capture(pid, pid, &bpfprof::process::copies::CopyBudget::mib(1024)).unwrap();
     let mut symbolizer = Symbolizer::new();
     let addr_stacks: Vec<Vec<u64>> = perf_stacks
         .iter()

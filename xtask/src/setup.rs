@@ -1,7 +1,7 @@
 //! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
 //! rustfmt and clippy, bpf-linker, cargo-fuzz, the format validators, upstream pprof, Python
-//! modules, py-spy and PyTorch, and the VM test's kernels); each step does nothing for what is
-//! already there.
+//! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot, and the VM
+//! test's kernels); each step does nothing for what is already there.
 
 use std::path::Path;
 use std::process::Command;
@@ -30,6 +30,7 @@ pub fn setup() -> Result<()> {
     setup_python()?;
     setup_py_spy()?;
     setup_torch()?;
+    setup_sid_pythons()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
@@ -218,6 +219,65 @@ fn world_readable(path: &Path) -> Result<()> {
         .status()
         .with_context(|| format!("chmod -R a+rX {}", path.display()))?;
     ensure!(status.success(), "chmod -R a+rX {} failed", path.display());
+    Ok(())
+}
+
+/// Where Debian sid's root goes: its `python3.14` and `python3.15` (which Debian 12 cannot
+/// install: they need a newer libc) run there, as ordinary processes of the host, for the
+/// `python_314` tests.
+const SID_ROOT: &str = "/srv/sid";
+/// The sid packages the tests run.
+const SID_PYTHONS: &[&str] = &["python3.14", "python3.15"];
+
+/// Debian sid's CPython 3.14 and 3.15 in a chroot at [`SID_ROOT`], from the mirror the host's
+/// apt uses (`debootstrap --variant=minbase`, about 40 s); where the root is there but lacks
+/// an interpreter, installed into it.
+fn setup_sid_pythons() -> Result<()> {
+    println!("==> Debian sid's {} in {SID_ROOT}", SID_PYTHONS.join(", "));
+    let root = Path::new(SID_ROOT);
+    let missing: Vec<&str> = SID_PYTHONS
+        .iter()
+        .copied()
+        .filter(|p| !root.join("usr/bin").join(p).is_file())
+        .collect();
+    if missing.is_empty() {
+        println!("    already there");
+        return Ok(());
+    }
+    if root.join("usr/bin/apt-get").is_file() {
+        // A root made before: its apt reaches the mirror with the host's resolver.
+        std::fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"))
+            .context("copying /etc/resolv.conf into the sid root")?;
+        run(as_root("chroot")?
+            .arg(root)
+            .args(["apt-get", "install", "-y"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    } else {
+        if !apt_installed("debootstrap") {
+            run(as_root("apt-get")?
+                .args(["install", "-y", "debootstrap"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        }
+        let sources =
+            std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+        let mirror = sources
+            .lines()
+            .find_map(|l| l.strip_prefix("URIs:"))
+            .and_then(|uris| uris.split_whitespace().next())
+            .unwrap_or("http://deb.debian.org/debian")
+            .to_string();
+        run(as_root("debootstrap")?
+            .args(["--variant=minbase"])
+            .arg(format!("--include={}", SID_PYTHONS.join(",")))
+            .args(["sid", SID_ROOT, &mirror]))?;
+    }
+    for python in SID_PYTHONS {
+        ensure!(
+            root.join("usr/bin").join(python).is_file(),
+            "{SID_ROOT}/usr/bin/{python} is still missing"
+        );
+    }
     Ok(())
 }
 

@@ -482,8 +482,8 @@ pub fn start(
     for backend in backends {
         let name = backend.name();
         let dir = config.spool_dir.join(name);
-        let spool = Spool::open(&dir, config.spool_limit)
-            .map_err(|source| Error::Output { path: dir, source })?;
+        // A state directory another user could write in is refused (its own exit code).
+        let spool = Spool::open(&dir, config.spool_limit).map_err(Error::from)?;
         let (entries, bytes) = spool.size();
         if entries > 0 {
             log::info!(

@@ -31,6 +31,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The length of a window, for how long a request waits for the first.
     pub window: Duration,
+    /// The budget of the recording's sealed copies of targets' files (their bytes are part
+    /// of the memory reported).
+    pub copies: crate::process::copies::CopyBudget,
 }
 
 /// `seconds` when a request names none: Go's `net/http/pprof` default.
@@ -128,7 +131,7 @@ async fn profile(
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    shared.metrics.update_own_cost();
+    shared.metrics.update_own_cost(shared.copies.used());
     shared.metrics.windows_kept.set(shared.ring.len() as i64);
     (
         [(

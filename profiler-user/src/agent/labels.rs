@@ -27,17 +27,9 @@ const MAX_CGROUP_FILE: u64 = 16 * 1024;
 /// How long the agent waits for the daemon's list of runs before giving up on a window's
 /// tags: the daemon answers `list` in milliseconds.
 pub const DAEMON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-/// Label keys the agent sets itself; a daemon run's tag with one of these keys is left out.
-const OWN_KEYS: &[&str] = &[
-    "pid",
-    "comm",
-    "service_name",
-    "executable",
-    "container_id",
-    "host",
-    "tid",
-    "thread_comm",
-];
+/// Label keys the agent (and the exporter) sets itself; a daemon run's tag with one of these
+/// keys is left out (the daemon refuses them too, but a daemon of an older version may not).
+const OWN_KEYS: &[&str] = crate::profile::Tag::RESERVED_KEYS;
 
 /// What the agent knows of one process, read once when it is first seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -359,7 +351,13 @@ mod tests {
         };
         let runs = [
             run(1, 10, 1_000, Some(5_000), &[("phase", "step1")]),
-            run(2, 11, 6_000, None, &[("pid", "999")]),
+            run(
+                2,
+                11,
+                6_000,
+                None,
+                &[("pid", "999"), ("run_id", "1"), ("owner_uid", "0")],
+            ),
             run(3, 12, 100, Some(900), &[]),
         ];
         let tags = run_tags(&runs, Some(7), at(2_000), at(7_000));

@@ -27,6 +27,9 @@ pub enum Cap {
     SymbolCache,
     /// The unwind-table array was full: tables sampled least recently were evicted.
     UnwindTables,
+    /// A sealed copy of a target's file would have passed `--copy-budget-mib`: the object
+    /// was named `module+0xOFFSET` (counted once per object).
+    CopyBudget,
 }
 
 impl Cap {
@@ -35,6 +38,7 @@ impl Cap {
             Cap::WindowRing => "window_ring",
             Cap::SymbolCache => "symbol_cache",
             Cap::UnwindTables => "unwind_tables",
+            Cap::CopyBudget => "copy_budget",
         }
     }
 }
@@ -74,8 +78,12 @@ pub struct Metrics {
     pub daemon_unreachable: Counter,
     /// The agent's own CPU time (user and system).
     pub cpu_seconds: Counter<f64, AtomicU64>,
-    /// The agent's resident memory.
+    /// The agent's resident memory, with its sealed copies of targets' files.
     pub resident_bytes: Gauge,
+    /// Bytes of the sealed copies of targets' files the agent holds.
+    pub copy_bytes: Gauge,
+    /// The budget of those copies (`--copy-budget-mib`), in bytes.
+    pub copy_budget_bytes: Gauge,
     /// Seconds the last window took to symbolize and aggregate.
     pub window_build_seconds: Gauge<f64, AtomicU64>,
     /// Windows handed to the exporter, by outcome ([`EXPORT_OUTCOMES`]).
@@ -127,6 +135,8 @@ impl Metrics {
             daemon_unreachable: Counter::default(),
             cpu_seconds: Counter::default(),
             resident_bytes: Gauge::default(),
+            copy_bytes: Gauge::default(),
+            copy_budget_bytes: Gauge::default(),
             window_build_seconds: Gauge::default(),
             exports: Family::default(),
             export_bytes: Family::default(),
@@ -208,8 +218,19 @@ impl Metrics {
         );
         r.register(
             "resident_memory_bytes",
-            "The agent's resident memory",
+            "The agent's resident memory, with its sealed copies of targets' files",
             m.resident_bytes.clone(),
+        );
+        r.register(
+            "target_copy_bytes",
+            "Bytes of the sealed copies of targets' files held (files their users could \
+             truncate, copied to be read safely)",
+            m.copy_bytes.clone(),
+        );
+        r.register(
+            "target_copy_budget_bytes",
+            "The most bytes of sealed copies of targets' files held at once (--copy-budget-mib)",
+            m.copy_budget_bytes.clone(),
         );
         r.register(
             "window_build_seconds",
@@ -244,7 +265,12 @@ impl Metrics {
             }
         }
         // Every cap and reason is exported from the start, at 0: a cap never hit is said so.
-        for cap in [Cap::WindowRing, Cap::SymbolCache, Cap::UnwindTables] {
+        for cap in [
+            Cap::WindowRing,
+            Cap::SymbolCache,
+            Cap::UnwindTables,
+            Cap::CopyBudget,
+        ] {
             let _ = m.cap_hits.get_or_create(&vec![("cap", cap.name())]);
         }
         for (reason, _) in loss_reasons(&Losses::default()) {
@@ -293,16 +319,18 @@ impl Metrics {
         }
     }
 
-    /// Updates the agent's own CPU time and memory from the kernel's accounts.
-    pub fn update_own_cost(&self) {
+    /// Updates the agent's own CPU time and memory from the kernel's accounts, with `copies`
+    /// bytes of sealed copies (memory files, in no process's RSS unless mapped).
+    pub fn update_own_cost(&self, copies: u64) {
         let cpu = crate::clock::own_usage().cpu_secs;
         let before = self.cpu_seconds.get();
         if cpu > before {
             self.cpu_seconds.inc_by(cpu - before);
         }
         if let Some(rss) = resident_bytes() {
-            self.resident_bytes.set(rss as i64);
+            self.resident_bytes.set(rss.saturating_add(copies) as i64);
         }
+        self.copy_bytes.set(copies as i64);
     }
 
     /// The metrics in the OpenMetrics text format.
@@ -330,11 +358,20 @@ fn loss_reasons(l: &Losses) -> [(&'static str, u64); 10] {
     ]
 }
 
-/// The agent's resident memory now, from `/proc/self/statm`.
+/// The agent's resident memory now, from `/proc/self/status`: anonymous and file pages,
+/// without shared memory (the mapped parts of its sealed copies, counted whole beside it).
 pub fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * rustix::param::page_size() as u64)
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line[field.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((kib("RssAnon:")? + kib("RssFile:")?) * 1024)
 }
 
 #[cfg(test)]
@@ -346,7 +383,7 @@ mod tests {
         let m = Metrics::new();
         m.samples.inc_by(5);
         m.cap_hit(Cap::SymbolCache, 1);
-        m.update_own_cost();
+        m.update_own_cost(4096);
         let text = m.encode();
         for line in [
             "bpfprof_agent_samples_total 5",
@@ -354,6 +391,8 @@ mod tests {
             "bpfprof_agent_samples_lost_total{reason=\"off_cpu_table_full\"} 0",
             "bpfprof_agent_cap_hits_total{cap=\"symbol_cache\"} 1",
             "bpfprof_agent_cap_hits_total{cap=\"window_ring\"} 0",
+            "bpfprof_agent_cap_hits_total{cap=\"copy_budget\"} 0",
+            "bpfprof_agent_target_copy_bytes 4096",
             "bpfprof_agent_samples_lost_total{reason=\"lost_in_transfer\"} 0",
             "bpfprof_agent_export_windows_total{backend=\"otlp\",outcome=\"queue_full\"} 0",
             "# TYPE bpfprof_agent_cpu_seconds counter",
@@ -361,6 +400,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
-        assert!(m.resident_bytes.get() > 0);
+        assert!(m.resident_bytes.get() > 4096);
     }
 }

@@ -92,6 +92,9 @@ pub struct AgentConfig {
     /// Where unwind tables are kept between windows' programs and restarts
     /// (`--unwind-cache`: a folder or `off`).
     pub table_cache: String,
+    /// The most memory the sealed copies of targets' files take at once, in MiB
+    /// (`--copy-budget-mib`; see [`crate::process::copies`]).
+    pub copy_budget_mib: u64,
 }
 
 impl AgentConfig {
@@ -126,7 +129,12 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
         ring: Ring::default(),
         metrics: Arc::new(Metrics::new()),
         window: config.window,
+        copies: crate::process::copies::CopyBudget::mib(config.copy_budget_mib),
     });
+    shared
+        .metrics
+        .copy_budget_bytes
+        .set(shared.copies.limit() as i64);
     let host = labels::host_name();
     let (queue, exporter) = match &config.export {
         Some(export) => {
@@ -219,6 +227,8 @@ fn record(
         .with_build_priority(crate::unwind::BuildPriority::Background)
         .with_table_cache(table_cache.clone());
     let mut recording = Recording::new(&config.request);
+    // Every process's copies count against the agent's one budget.
+    recording.set_copy_budget(shared.copies.clone());
     let start = start(&config, &mut pool, &mut recording);
     let start = start.map(|()| {
         recording
@@ -239,6 +249,7 @@ fn record(
         export,
         window_start: SystemTime::now(),
         evictions: 0,
+        copy_refusals: 0,
     };
     let mut next_cut = Instant::now() + agent.config.window;
     while !stop.load(Ordering::Relaxed) {
@@ -282,6 +293,8 @@ struct Agent<'a> {
     window_start: SystemTime,
     /// Unwind tables evicted as of the last window.
     evictions: u64,
+    /// Objects refused a sealed copy as of the last window.
+    copy_refusals: u64,
 }
 
 impl Agent<'_> {
@@ -384,7 +397,13 @@ impl Agent<'_> {
         metrics
             .window_build_seconds
             .set(building.elapsed().as_secs_f64());
-        metrics.update_own_cost();
+        let copies = &self.shared.copies;
+        metrics.cap_hit(
+            Cap::CopyBudget,
+            copies.refusals().saturating_sub(self.copy_refusals),
+        );
+        self.copy_refusals = copies.refusals();
+        metrics.update_own_cost(copies.used());
         let window = Arc::new(Window {
             start: self.window_start,
             end,

@@ -10,13 +10,9 @@
 //! A window the backend refused for good (4xx) is moved to `rejected/`, of which the newest
 //! [`REJECTED_KEPT`] are kept for a person to look at.
 
-use std::{
-    collections::VecDeque,
-    fs,
-    io::Write,
-    path::{Path, PathBuf},
-    sync::Mutex,
-};
+use std::{collections::VecDeque, io::Read, path::Path, sync::Mutex};
+
+use crate::trusted_dir::{DirError, TrustedDir};
 
 /// Refused windows kept in `rejected/`, newest: enough to see why, bounded.
 pub const REJECTED_KEPT: usize = 16;
@@ -40,9 +36,14 @@ pub struct Entry {
 }
 
 /// The spool: a directory of windows, oldest first, within a byte limit.
+///
+/// The spool's folder and every folder on its path are checked when it is opened (see
+/// [`crate::trusted_dir`]): a state directory that another user could write in is refused,
+/// since the spool is written as root. Every file is then reached through the open folder.
 #[derive(Debug)]
 pub struct Spool {
-    dir: PathBuf,
+    dir: TrustedDir,
+    rejected: TrustedDir,
     limit: u64,
     /// The windows on disk, oldest first, and the next sequence number; the lock is held
     /// only to read or change this list, never for file I/O.
@@ -63,23 +64,27 @@ pub struct Added {
     pub dropped: u64,
 }
 
+/// A window's file name.
+fn file_name(seq: u64) -> String {
+    format!("{seq:020}.{EXTENSION}")
+}
+
 impl Spool {
     /// Opens (creating) the spool in `dir`, taking in the windows a previous run left there,
-    /// removing half-written files.
-    pub fn open(dir: &Path, limit: u64) -> std::io::Result<Spool> {
-        use std::os::unix::fs::PermissionsExt;
-        fs::create_dir_all(dir.join("rejected"))?;
+    /// removing half-written files. A folder on the way that another user owns or may write
+    /// is refused ([`DirError::Untrusted`]).
+    pub fn open(dir: &Path, limit: u64) -> Result<Spool, DirError> {
         // Windows hold every process's stacks, names and paths: root's to read only.
-        for d in [dir.to_path_buf(), dir.join("rejected")] {
-            fs::set_permissions(d, fs::Permissions::from_mode(SPOOL_DIR_MODE))?;
-        }
+        let dir = TrustedDir::open(dir, Some(SPOOL_DIR_MODE))?;
+        let rejected = dir.subdir("rejected", Some(SPOOL_DIR_MODE))?;
+        let io = |e| DirError::Io {
+            path: dir.path().to_path_buf(),
+            source: e,
+        };
         let mut entries = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+        for (name, stat) in dir.entries().map_err(io)? {
             if name.starts_with(TEMP_PREFIX) {
-                let _ = fs::remove_file(entry.path());
+                let _ = dir.remove(&name);
                 continue;
             }
             let Some(seq) = name
@@ -88,11 +93,10 @@ impl Spool {
             else {
                 continue;
             };
-            let meta = entry.metadata()?;
-            if meta.is_file() {
+            if rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file() {
                 entries.push(Entry {
                     seq,
-                    bytes: meta.len(),
+                    bytes: stat.st_size as u64,
                 });
             }
         }
@@ -100,7 +104,8 @@ impl Spool {
         let next = entries.last().map_or(0, |e| e.seq + 1);
         let bytes = entries.iter().map(|e| e.bytes).sum();
         Ok(Spool {
-            dir: dir.to_path_buf(),
+            dir,
+            rejected,
             limit,
             state: Mutex::new(State {
                 entries: entries.into(),
@@ -114,13 +119,9 @@ impl Spool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn path(&self, seq: u64) -> PathBuf {
-        self.dir.join(format!("{seq:020}.{EXTENSION}"))
-    }
-
-    /// Writes a window (atomically: a temporary file, synced, renamed) as the newest, then
-    /// drops the oldest windows past the limit. A window larger than the limit is dropped
-    /// itself.
+    /// Writes a window (atomically: a new temporary file, synced, renamed) as the newest,
+    /// then drops the oldest windows past the limit. A window larger than the limit is
+    /// dropped itself.
     pub fn add(&self, body: &[u8]) -> std::io::Result<Added> {
         let seq = {
             let mut state = self.lock();
@@ -131,21 +132,13 @@ impl Spool {
         if bytes > self.limit {
             return Ok(Added { dropped: 1 });
         }
-        let temp = self.dir.join(format!("{TEMP_PREFIX}{seq}"));
-        let mut file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(SPOOL_FILE_MODE)
-                .open(&temp)?
-        };
-        file.write_all(body)?;
-        file.sync_all()?;
-        fs::rename(&temp, self.path(seq))?;
-        // The rename is durable once the directory is synced.
-        fs::File::open(&self.dir)?.sync_all()?;
+        self.dir.write_whole(
+            &file_name(seq),
+            &format!("{TEMP_PREFIX}{seq}"),
+            body,
+            SPOOL_FILE_MODE,
+            true,
+        )?;
         let mut doomed = Vec::new();
         {
             let mut state = self.lock();
@@ -163,7 +156,7 @@ impl Spool {
             }
         }
         for seq in &doomed {
-            let _ = fs::remove_file(self.path(*seq));
+            let _ = self.dir.remove(&file_name(*seq));
         }
         Ok(Added {
             dropped: doomed.len() as u64,
@@ -174,33 +167,39 @@ impl Spool {
     /// read is dropped (counted by the caller as `Err`).
     pub fn oldest(&self) -> Option<(Entry, std::io::Result<Vec<u8>>)> {
         let entry = self.lock().entries.front().cloned()?;
-        let body = fs::read(self.path(entry.seq));
+        let body = self
+            .dir
+            .open_regular(&file_name(entry.seq))
+            .and_then(|mut file| {
+                let mut body = Vec::with_capacity(entry.bytes as usize);
+                file.read_to_end(&mut body)?;
+                Ok(body)
+            });
         Some((entry, body))
     }
 
     /// Forgets `entry` (sent, or unreadable) and deletes its file.
     pub fn remove(&self, entry: &Entry) {
         self.forget(entry);
-        let _ = fs::remove_file(self.path(entry.seq));
+        let _ = self.dir.remove(&file_name(entry.seq));
     }
 
     /// Moves `entry` to `rejected/`, keeping the newest [`REJECTED_KEPT`] there.
     pub fn reject(&self, entry: &Entry) {
         self.forget(entry);
-        let rejected = self.dir.join("rejected");
-        let _ = fs::rename(
-            self.path(entry.seq),
-            rejected.join(format!("{:020}.{EXTENSION}", entry.seq)),
-        );
-        let mut kept: Vec<PathBuf> = fs::read_dir(&rejected)
+        let name = file_name(entry.seq);
+        let _ = self.dir.rename_to(&name, &self.rejected, &name);
+        let mut kept: Vec<String> = self
+            .rejected
+            .entries()
             .into_iter()
             .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
+            .map(|(name, _)| name)
             .collect();
         kept.sort();
         let excess = kept.len().saturating_sub(REJECTED_KEPT);
-        for path in &kept[..excess] {
-            let _ = fs::remove_file(path);
+        for name in &kept[..excess] {
+            let _ = self.rejected.remove(name);
         }
     }
 
@@ -222,6 +221,13 @@ impl Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::{fs, path::PathBuf};
+
+    impl Spool {
+        fn path(&self, seq: u64) -> PathBuf {
+            self.dir.path().join(file_name(seq))
+        }
+    }
 
     #[test]
     fn windows_come_out_in_order_survive_a_reopen_and_stay_within_the_limit() {
@@ -281,5 +287,51 @@ mod tests {
             .join("rejected")
             .join(format!("{:020}.{EXTENSION}", REJECTED_KEPT + 2))
             .exists());
+    }
+
+    #[test]
+    fn a_spool_another_user_could_write_in_is_refused_and_links_are_never_followed() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let base = tempfile::tempdir().unwrap();
+        let victim = base.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        // A state directory every user may write in, or (as root) another user's.
+        let open = base.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let refused = Spool::open(&open.join("spool/otlp"), 1 << 20).unwrap_err();
+        assert!(
+            matches!(&refused, DirError::Untrusted { path, .. } if *path == open),
+            "{refused}"
+        );
+        if rustix::process::geteuid().is_root() {
+            let theirs = base.path().join("theirs");
+            fs::create_dir_all(theirs.join("otlp/rejected")).unwrap();
+            for d in ["", "otlp", "otlp/rejected"] {
+                std::os::unix::fs::chown(theirs.join(d), Some(65534), None).unwrap();
+            }
+            symlink(&victim, theirs.join("otlp/.tmp-0")).unwrap();
+            let refused = Spool::open(&theirs.join("otlp"), 1 << 20).unwrap_err();
+            assert!(
+                matches!(&refused, DirError::Untrusted { path, reason }
+                    if *path == theirs && reason.contains("uid 65534")),
+                "{refused}"
+            );
+        }
+        // Links in the spool's own folder (only root could have made them): a window's
+        // temporary and final names are replaced, never written through.
+        let dir = base.path().join("state/spool/otlp");
+        let spool = Spool::open(&dir, 1 << 20).unwrap();
+        for name in [format!("{TEMP_PREFIX}0"), file_name(0), file_name(1)] {
+            symlink(&victim, dir.join(name)).unwrap();
+        }
+        spool.add(b"window").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(spool.oldest().unwrap().1.unwrap(), b"window");
+        drop(spool);
+        // Reopened, a link named as a window is not taken in.
+        let spool = Spool::open(&dir, 1 << 20).unwrap();
+        assert_eq!(spool.size(), (1, 6));
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
     }
 }

@@ -153,6 +153,11 @@ pub struct AgentArgs {
     /// Where to export each window, and the spool's size.
     #[command(flatten)]
     pub export: ExportArgs,
+    /// Most memory for sealed copies of targets' files, in MiB: a file its user could
+    /// truncate is copied to be read safely, one copy per object however many processes map
+    /// it; past this, objects are named `module+0xOFFSET` (the reason logged once).
+    #[arg(long, value_name = "MIB", default_value_t = crate::process::copies::DEFAULT_AGENT_COPY_MIB)]
+    pub copy_budget_mib: u64,
     /// Where the agent keeps its state: the export spools (`spool/otlp`, `spool/pyroscope`),
     /// windows not yet taken by the backend, kept across restarts.
     #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
@@ -253,6 +258,12 @@ pub struct DaemonArgs {
     /// kernel's function names for this boot; `off` builds every table and reads the names.
     #[arg(long, value_name = "DIR|off", env = "BPFPROF_UNWIND_CACHE", default_value = crate::unwind::DEFAULT_TABLE_CACHE)]
     pub unwind_cache: String,
+    /// Most memory for sealed copies of targets' files, in MiB, per user (the runs' owner):
+    /// a file its user could truncate is copied to be read safely, one copy per object
+    /// however many of the user's processes map it; past this, objects are named
+    /// `module+0xOFFSET` (the reason logged once).
+    #[arg(long, value_name = "MIB", default_value_t = crate::process::copies::DEFAULT_DAEMON_COPY_MIB)]
+    pub copy_budget_mib: u64,
     /// Where runs and their results are kept.
     #[arg(long, default_value = "/var/lib/bpfprof")]
     pub state_dir: PathBuf,

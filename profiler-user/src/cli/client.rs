@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::{
-    cli::args::Command,
+    cli::{args::Command, terminal::escape},
     client::Client,
     error::{exit_code, Error},
     process::target::TargetSpec,
@@ -116,7 +116,7 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
                 reply.state.map(|s| s.to_string()).unwrap_or_default()
             );
             if let Some(reason) = &reply.reason {
-                println!("Reason: {reason}");
+                println!("Reason: {}", escape(reason));
             }
         }
         Command::List(_) => {
@@ -133,8 +133,8 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
                     run.state.to_string(),
                     run.samples,
                     run.pid,
-                    run.comm,
-                    tags.join(",")
+                    escape(&run.comm),
+                    escape(&tags.join(","))
                 );
             }
         }
@@ -151,11 +151,11 @@ fn print_results(reply: &Reply) {
         reply.state.map(|s| s.to_string()).unwrap_or_default()
     );
     if let Some(reason) = &reply.reason {
-        println!("Reason: {reason}");
+        println!("Reason: {}", escape(reason));
     }
     println!("Total samples: {}", reply.samples.unwrap_or_default());
     for (format, path) in reply.files.iter().flatten() {
-        println!("  {format:<13} {path}");
+        println!("  {format:<13} {}", escape(path));
     }
     if let Some(top) = &reply.top {
         let total = reply.samples.unwrap_or(0).max(1) as f64;
@@ -165,7 +165,7 @@ fn print_results(reply: &Reply) {
                 "  {:>6.2}% {:>6.2}%  {}",
                 100.0 * f.self_samples as f64 / total,
                 100.0 * f.total_samples as f64 / total,
-                f.name
+                escape(&f.name)
             );
         }
     }

@@ -40,6 +40,7 @@ pub async fn daemon(args: DaemonArgs) -> Result<i32, Error> {
         max_duration: args.max_duration,
         table_mib: args.unwind_table_mib,
         table_cache: args.unwind_cache,
+        copy_budget_mib: args.copy_budget_mib,
         keep_runs: args.keep_runs,
         keep_age: args.keep_age,
         export,
@@ -103,6 +104,7 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         socket: protocol::socket_path(args.socket.as_deref()),
         export,
         table_cache: args.unwind_cache,
+        copy_budget_mib: args.copy_budget_mib,
     })
     .await
 }
@@ -339,15 +341,20 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
     // is their sum.
     let stopped = std::time::Instant::now();
     log::debug!("end of run: stopping; {}", own_usage());
+    let sampled_for = recorder.sampled_for();
     let (collected, outcome) = recorder.finish(end)?;
     let collected_at = stopped.elapsed();
     log::debug!("end of run: collected; {}", own_usage());
-    let profile = symbolizer
+    let mut profile = symbolizer
         // Nothing is named after this profile: the symbolizer's parsed debug info goes as
         // soon as every address is, and the profile is built in its room.
         .run(move |s| collected.assemble(end, s, &options, Symbolizer::unload))
         .await
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))?;
+    if let Some(sampled_for) = sampled_for {
+        // Sampling stopped at the deadline; the run loop noticed a tick later.
+        profile.meta.duration = profile.meta.duration.min(sampled_for);
+    }
     let assembled_at = stopped.elapsed();
     log::debug!("end of run: aggregated; {}", own_usage());
     let view = outputs
@@ -355,7 +362,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         .any(|o| o.format() == Format::Pstats)
         .then(|| pstats_view(&profile, &validated.options))
         .flatten();
-    crate::output::write_all(
+    let wrote = crate::output::write_all(
         &profile,
         view.as_ref(),
         outputs.drain(..).map(Ok),
@@ -364,7 +371,12 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
                 eprintln!("bpfprof: wrote {format} to {}", path.display());
             }
         },
-    )?;
+    );
+    if let Err(e) = wrote {
+        // The other outputs were written; the samples are kept whatever the failure, so
+        // that a run that took its time is not lost to one bad path.
+        return Err(rescued(e, &profile));
+    }
     log::debug!(
         "end of run: collected in {:.3} s, symbolized and aggregated in {:.3} s, written in \
          {:.3} s; {} stacks; {}",
@@ -375,7 +387,10 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         own_usage()
     );
     if !cli.quiet {
-        eprint!("{}", crate::cli::summary::summary(&profile));
+        eprint!(
+            "{}",
+            crate::cli::terminal::escape_lines(&crate::cli::summary::summary(&profile))
+        );
     }
     if let Some(outcome) = outcome {
         return Ok(command_exit(outcome, cli.quiet));
@@ -394,6 +409,22 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
         }
         RunEnd::Interrupted => exit_code::INTERRUPTED,
     })
+}
+
+/// The error of an output that could not be written at the end of a run, with where its
+/// samples were kept instead ([`crate::output::write_rescue`]).
+fn rescued(e: Error, profile: &crate::profile::Profile) -> Error {
+    let kept = match crate::output::write_rescue(profile) {
+        Ok(path) => format!("the samples were kept in {}", path.display()),
+        Err(why) => format!("the samples could not be kept either ({why})"),
+    };
+    match e {
+        Error::Output { path, source } => Error::Output {
+            path,
+            source: std::io::Error::new(source.kind(), format!("{source}; {kept}")),
+        },
+        other => Error::Other(anyhow::anyhow!("{other}; {kept}")),
+    }
 }
 
 /// bpfprof's CPU time so far and its memory now and at its peak, for `-vv`'s account of the

@@ -14,7 +14,7 @@ use std::{collections::HashMap, io::Write, time::Duration};
 use serde::Serialize;
 
 use crate::{
-    cli::args::DumpArgs,
+    cli::{args::DumpArgs, terminal::escape},
     error::{exit_code, Error, Result},
     process::{
         maps::ProcessMaps,
@@ -23,7 +23,7 @@ use crate::{
     },
     python::{
         stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
-        PythonFrame, PythonTarget,
+        Probe, PythonFrame, PythonTarget,
     },
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
     unwind::walk::{ProcessTables, WalkEnd},
@@ -148,9 +148,20 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     for failed in &tables.failed {
         log::info!("no unwind table: {failed}");
     }
-    let maps = ProcessMaps::capture(pid, target.ns_pid)?;
-    let mut python = match PythonTarget::detect(pid) {
-        Ok(p) => p,
+    // One process, named once: the command line's budget.
+    let copies =
+        crate::process::copies::CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB);
+    let maps = ProcessMaps::capture(pid, target.ns_pid, &copies)?;
+    // A CPython that cannot be walked is said (`python_error`), never left unsaid.
+    let mut unsupported = None;
+    let mut python = match PythonTarget::probe(pid) {
+        Ok(Probe::Walkable(p)) => Some(*p),
+        Ok(Probe::Unsupported(u)) => {
+            log::warn!("{u}");
+            unsupported = Some(u);
+            None
+        }
+        Ok(Probe::NotPython(_)) => None,
         Err(e) => {
             log::warn!("pid {pid}: cannot read its interpreter: {e}");
             None
@@ -240,12 +251,15 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         comm: target.comm.clone(),
         python_version: python
             .as_ref()
-            .map(|p| format!("{}.{}", p.version().0, p.version().1)),
+            .map(|p| format!("{}.{}", p.version().0, p.version().1))
+            .or_else(|| unsupported.as_ref().map(|u| u.version())),
         gil_holder: reads.gil_holder,
         stopped_us: micros(snapshot.stopped),
         reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
-        python_error: reads.error,
+        python_error: reads
+            .error
+            .or_else(|| unsupported.as_ref().map(|u| u.to_string())),
         threads,
     })
 }
@@ -360,22 +374,26 @@ pub fn render_text(dump: &Dump) -> String {
         s,
         "Process {} {}{python}: {} threads, stopped {:.3} ms",
         dump.pid,
-        dump.comm,
+        escape(&dump.comm),
         dump.threads.len(),
         dump.stopped_us as f64 / 1000.0
     );
     if let Some(e) = &dump.python_error {
-        let _ = writeln!(s, "Python threads not read: {e}");
+        if e.contains("Python frames not supported by this bpfprof") {
+            let _ = writeln!(s, "{}", escape(e));
+        } else {
+            let _ = writeln!(s, "Python threads not read: {}", escape(e));
+        }
     }
     for t in &dump.threads {
         let _ = writeln!(s);
-        let mut line = format!("Thread {} \"{}\"", t.tid, t.name);
+        let mut line = format!("Thread {} \"{}\"", t.tid, escape(&t.name));
         if let Some(name) = &t.python_name {
-            let _ = write!(line, " [{name}]");
+            let _ = write!(line, " [{}]", escape(name));
         }
         let _ = write!(line, " ({}", t.state_name);
         if let Some(w) = t.wchan.as_ref().filter(|_| t.state != "R") {
-            let _ = write!(line, " in {w}");
+            let _ = write!(line, " in {}", escape(w));
         }
         line.push(')');
         if t.holds_gil == Some(true) {
@@ -389,7 +407,7 @@ pub fn render_text(dump: &Dump) -> String {
                 (_, _, _, Some(module)) => module.clone(),
                 _ => String::new(),
             };
-            let _ = writeln!(s, "    {} ({place})", f.name);
+            let _ = writeln!(s, "    {} ({})", escape(&f.name), escape(&place));
         }
         if t.unwind == Some(WalkEnd::Early) {
             let _ = writeln!(s, "    [the native stack could not be unwound further]");

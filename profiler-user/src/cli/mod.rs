@@ -13,4 +13,5 @@ pub mod record;
 pub mod results;
 pub mod strobeclient;
 pub mod summary;
+pub mod terminal;
 pub mod top;

@@ -17,7 +17,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::{
     error::{Error, Result},
-    kernel::pool::ProgramPool,
+    kernel::{perf_events::EventStopper, pool::ProgramPool},
     process::target::{Target, TargetSpec},
     profile::RunEnd,
     recording::{
@@ -83,6 +83,9 @@ pub struct Recorder {
     recording: Recording,
     child: Option<Child>,
     outcome: Option<CommandOutcome>,
+    /// How long sampling ran when the deadline stopped it (the run itself ends a little
+    /// later, after the tick in progress).
+    sampled_for: Option<Duration>,
 }
 
 impl Recorder {
@@ -204,7 +207,14 @@ impl Recorder {
             recording: Recording::new(request),
             child: None,
             outcome: None,
+            sampled_for: None,
         }
+    }
+
+    /// How long sampling ran, where the deadline stopped it: the profile's duration, rather
+    /// than the time until the run loop noticed.
+    pub fn sampled_for(&self) -> Option<Duration> {
+        self.sampled_for
     }
 
     fn log_start(&self) {
@@ -233,6 +243,11 @@ impl Recorder {
             .duration
             .map_or(stop.max_duration, |d| d.min(stop.max_duration));
         let deadline = self.recording.started() + limit;
+        // Sampling ends at the deadline even while a tick holds this thread: on a loaded
+        // machine, or at a rate whose samples (on every CPU, bpfprof's own included) slow
+        // bpfprof down, ticks took seconds and a 1 s run sampled for 12 s, all of which the
+        // end of the run then had to drain and name.
+        let guard = DeadlineGuard::spawn(deadline, self.recording.event_stoppers(&mut self.pool));
         let mut driver = CliDriver {
             sigterm: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
             sigint: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
@@ -240,7 +255,11 @@ impl Recorder {
             recorder: self,
             progress,
         };
-        let end = run_loop::run(&mut driver, deadline).await?;
+        let end = run_loop::run(&mut driver, deadline).await;
+        if guard.finish() {
+            self.sampled_for = Some(limit);
+        }
+        let end = end?;
         if end == RunEnd::Completed
             && self.outcome.is_none()
             && stop.duration.is_none_or(|d| d > stop.max_duration)
@@ -315,6 +334,48 @@ impl Recorder {
             }
         }
         Ok((collected, self.outcome))
+    }
+}
+
+/// A thread that disables the run's sampling events at its deadline, unless the run ended
+/// before.
+struct DeadlineGuard {
+    cancel: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl DeadlineGuard {
+    fn spawn(deadline: Instant, stoppers: Vec<EventStopper>) -> DeadlineGuard {
+        let (cancel, cancelled) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("bpfprof-deadline".into())
+            .spawn(move || {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match cancelled.recv_timeout(wait) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        stoppers.iter().for_each(EventStopper::stop);
+                        log::debug!("deadline: sampling stopped");
+                        true
+                    }
+                    // The run ended first.
+                    _ => false,
+                }
+            })
+            // Without the thread the run loop still ends at the deadline, a tick late at most.
+            .map_err(|e| log::warn!("no deadline thread: {e}"))
+            .ok();
+        DeadlineGuard {
+            cancel: Some(cancel),
+            thread,
+        }
+    }
+
+    /// Ends the guard; whether it stopped sampling at the deadline.
+    fn finish(mut self) -> bool {
+        self.cancel.take();
+        self.thread
+            .take()
+            .is_some_and(|t| t.join().unwrap_or(false))
     }
 }
 

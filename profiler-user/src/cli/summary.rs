@@ -126,6 +126,10 @@ pub fn summary(profile: &Profile) -> String {
     for limit in &meta.limits_hit {
         out.push_str(&format!("  partly read: {limit}\n"));
     }
+    for said in &meta.python_unsupported {
+        // It names the process, whose name its owner chose.
+        out.push_str(&format!("  {}\n", crate::cli::terminal::escape(said)));
+    }
     if cost.unwind_tables_built > 0 {
         out.push_str(&format!(
             "  unwind tables: {} built{} ({:.1} MiB, {:.0} ms on the build thread), {:.1} of {:.0} \

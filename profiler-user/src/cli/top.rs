@@ -141,6 +141,9 @@ pub struct TopState {
     pub period: Period,
     /// Whether the Python view is shown.
     pub python_view: bool,
+    /// The CPythons among the targets whose Python frames bpfprof cannot walk, one sentence
+    /// each: shown under the header, and said again when top ends.
+    pub python_unsupported: Vec<String>,
 }
 
 impl TopState {
@@ -157,12 +160,18 @@ impl TopState {
             sort: SortBy::SelfSamples,
             period: Period::Interval,
             python_view,
+            python_unsupported: Vec::new(),
         }
     }
 
     /// Takes in the profile of the interval that just ended.
     pub fn add_window(&mut self, window: &Profile, elapsed: Duration) {
         let shares = [Shares::of(window), Shares::of(&python_view(window))];
+        for said in &window.meta.python_unsupported {
+            if !self.python_unsupported.contains(said) {
+                self.python_unsupported.push(said.clone());
+            }
+        }
         for (total, new) in self.since_start.iter_mut().zip(&shares) {
             total.add(new);
         }
@@ -291,9 +300,15 @@ impl TopState {
 
 /// Draws the view: the header, then as many rows as the terminal has room for.
 pub fn render(frame: &mut Frame, state: &TopState) {
+    let notes = state.python_unsupported.len() as u16;
     let [header, table] =
-        Layout::vertical([Constraint::Length(3), Constraint::Min(1)]).areas(frame.area());
-    let lines: Vec<Line> = state.header().into_iter().map(Line::from).collect();
+        Layout::vertical([Constraint::Length(3 + notes), Constraint::Min(1)]).areas(frame.area());
+    let lines: Vec<Line> = state
+        .header()
+        .into_iter()
+        .chain(state.python_unsupported.iter().cloned())
+        .map(|l| Line::from(crate::cli::terminal::escape(&l).into_owned()))
+        .collect();
     frame.render_widget(Paragraph::new(lines), header);
     let percent = |share: f64| format!("{:5.1}%", 100.0 * share);
     let rows = state.rows().into_iter().map(|r| {
@@ -302,7 +317,7 @@ pub fn render(frame: &mut Frame, state: &TopState) {
             percent(r.interval_total),
             percent(r.start_self),
             percent(r.start_total),
-            r.function,
+            crate::cli::terminal::escape(&r.function).into_owned(),
         ])
     });
     let bold = Style::default().add_modifier(Modifier::BOLD);
@@ -492,6 +507,10 @@ pub async fn run(args: TopArgs) -> Result<i32> {
         }
     };
     let (_, outcome) = recorder.finish(end)?;
+    // Said again where it stays once the screen is gone.
+    for said in &state.python_unsupported {
+        eprintln!("bpfprof top: {}", crate::cli::terminal::escape(said));
+    }
     let samples = state.since_start[0].samples;
     let elapsed = started.elapsed().as_secs_f64();
     Ok(match (outcome, end) {

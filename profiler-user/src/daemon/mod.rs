@@ -23,6 +23,7 @@ use tokio_util::codec::{Framed, LinesCodec, LinesCodecError};
 use crate::{
     error::Result,
     protocol::{ErrorCode, Op, Reply, Request, MAX_REQUEST_BYTES, VERSION},
+    trusted_dir::{DirError, TrustedDir},
 };
 use runs::{Limits, Peer, Runs};
 use store::Store;
@@ -138,6 +139,9 @@ pub struct DaemonConfig {
     /// Where unwind tables are kept between runs and restarts (`--unwind-cache`: a folder or
     /// `off`).
     pub table_cache: String,
+    /// The most memory one user's runs' sealed copies of targets' files take at once, in MiB
+    /// (`--copy-budget-mib`; see [`crate::process::copies`]).
+    pub copy_budget_mib: u64,
     /// Most ended runs kept.
     pub keep_runs: usize,
     /// Ended runs older than this are deleted.
@@ -186,6 +190,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             max_runs_per_user: config.max_runs_per_user,
             max_duration: config.max_duration,
             table_mib: config.table_mib,
+            copy_budget_mib: config.copy_budget_mib,
         },
         export,
         crate::unwind::open_table_cache(&config.table_cache),
@@ -193,6 +198,7 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
     let nofile = raise_nofile_limit();
     // Half of the descriptors for connections; the rest stay for runs and result files.
     let connections = Connections::new((nofile / 2).clamp(16, 65536) as usize);
+    check_socket_dir(&config.socket)?;
     let listener = bind(&config.socket)?;
     log::info!(
         "listening on {} (state in {})",
@@ -237,6 +243,24 @@ pub async fn serve(config: DaemonConfig) -> Result<()> {
             * (crate::agent::export::QUEUE_WINDOWS as u32 + 1);
         if tokio::time::timeout(bound, exporter).await.is_err() {
             log::warn!("the exporter did not finish sending within {bound:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating, `0755`) the socket's folder, checked as the state directory is (see
+/// [`crate::trusted_dir`]): the socket is removed, made and given its mode by path, which is
+/// safe only in a folder nobody else can write.
+fn check_socket_dir(socket: &Path) -> Result<()> {
+    let Some(dir) = socket.parent() else {
+        return Ok(());
+    };
+    match TrustedDir::open(dir, None) {
+        Err(DirError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            TrustedDir::open(dir, Some(0o755))?;
+        }
+        opened => {
+            opened?;
         }
     }
     Ok(())

@@ -17,6 +17,7 @@ use crate::{
     error::Error,
     kernel::pool::ProgramPool,
     output::{summary, top::function_shares, write_all, Format, Output},
+    process::copies::CopyBudget,
     process::target::{Owner, Target, TargetSpec},
     profile::CostScope,
     profile::RunEnd,
@@ -62,6 +63,8 @@ pub struct Limits {
     pub max_duration: Duration,
     /// The cap on a kernel program's unwind row array, in MiB.
     pub table_mib: u32,
+    /// The budget of one user's sealed copies of targets' files, in MiB.
+    pub copy_budget_mib: u64,
 }
 
 /// Most distinct pid namespaces one non-root user's runs may watch at once: the kernel
@@ -164,6 +167,9 @@ pub struct Runs {
     limits: Limits,
     /// Where finished runs' profiles go, until the daemon shuts down.
     export: Mutex<Option<Export>>,
+    /// Each user's budget for the sealed copies of their runs' targets' files (by the runs'
+    /// owner uid): every run of one user counts against one, and shares its copies.
+    copies: Mutex<HashMap<u32, CopyBudget>>,
 }
 
 /// The exporter's end for finished runs: its queue (the agent's exporter,
@@ -252,7 +258,19 @@ impl Runs {
             store,
             limits,
             export: Mutex::new(export),
+            copies: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The budget of `uid`'s sealed copies, shared by all of that user's runs.
+    fn copy_budget(&self, uid: u32) -> CopyBudget {
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        // Users whose runs and copies are all gone are forgotten.
+        copies.retain(|_, budget| budget.shared());
+        copies
+            .entry(uid)
+            .or_insert_with(|| CopyBudget::mib(self.limits.copy_budget_mib))
+            .clone()
     }
 
     /// Closes the exporter's queue (at shutdown): it ends once it spooled what was queued.
@@ -352,6 +370,7 @@ impl Runs {
         let mut recording = Recording::new(&validated.recording);
         recording.set_warm(self.symbolizer.warm_sink());
         recording.set_naming_shares(Arc::clone(&self.naming));
+        recording.set_copy_budget(self.copy_budget(uid));
         if let Some(owner) = owner {
             // Checked again once the kernel watches it, at every exec and for every child.
             recording.set_owner(owner);

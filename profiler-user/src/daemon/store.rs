@@ -19,12 +19,12 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use rustix::{
-    fs::{self as rfs, AtFlags, Mode, OFlags, CWD},
-    io::Errno,
-};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use crate::protocol::{RunInfo, RunState};
+use crate::{
+    protocol::{RunInfo, RunState},
+    trusted_dir::{self, TrustedDir},
+};
 
 /// Mode of every directory of the store: the daemon writes, others may only traverse.
 const DIR_MODE: u32 = 0o711;
@@ -42,7 +42,7 @@ const STATE_TMP: &str = "run.json.tmp";
 pub struct Store {
     root: PathBuf,
     /// The `runs/` folder, opened once: every later access is relative to it.
-    runs: OwnedFd,
+    runs: TrustedDir,
     /// Most ended runs kept; older ones are deleted first.
     pub keep_runs: usize,
     /// Most ended runs kept per owner, so that one user's many runs cannot evict another's.
@@ -61,23 +61,17 @@ pub struct Loaded {
 }
 
 impl Store {
-    /// Opens (creating) the state directory and makes sure only the daemon can write in it.
+    /// Opens (creating) the state directory, every folder on its path checked (see
+    /// [`crate::trusted_dir`]): one that another user owns or may write is refused, since
+    /// the daemon writes there as root.
     pub fn open(
         root: &Path,
         keep_runs: usize,
         keep_runs_per_user: usize,
         keep_age: Duration,
-    ) -> Result<Store> {
-        std::fs::create_dir_all(root)
-            .with_context(|| format!("creating state directory {}", root.display()))?;
-        let root_fd = open_own_dir(CWD, root)
-            .with_context(|| format!("opening state directory {}", root.display()))?;
-        match rfs::mkdirat(&root_fd, "runs", Mode::from_raw_mode(DIR_MODE)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => bail!("creating {}/runs: {e}", root.display()),
-        }
-        let runs = open_own_dir(&root_fd, "runs")
-            .with_context(|| format!("opening {}/runs", root.display()))?;
+    ) -> crate::Result<Store> {
+        let root_dir = TrustedDir::open(root, Some(DIR_MODE))?;
+        let runs = root_dir.subdir("runs", Some(DIR_MODE))?;
         Ok(Store {
             root: root.to_path_buf(),
             runs,
@@ -349,33 +343,14 @@ fn open_own_dir<Fd: AsFd>(at: Fd, path: impl rustix::path::Arg) -> Result<OwnedF
 }
 
 /// Creates `name` under `dir`: new, never through a link, private.
-fn create_new(dir: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
-    let fd = rfs::openat(
-        dir,
-        name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(FILE_MODE),
-    )?;
-    rfs::fchmod(&fd, Mode::from_raw_mode(FILE_MODE))?;
-    Ok(fd)
+fn create_new(dir: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
+    trusted_dir::create_new(dir, name, FILE_MODE).map(OwnedFd::from)
 }
 
-/// Opens `name` under `dir` for reading if it is a regular file: a link fails, and a FIFO
-/// neither blocks the open nor is read.
+/// Opens `name` under `dir` for reading if it is a regular file (see
+/// [`trusted_dir::open_regular`]).
 fn open_regular(dir: &OwnedFd, name: &str) -> Result<File> {
-    let fd = rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    )
-    .with_context(|| format!("opening {name}"))?;
-    let file = File::from(fd);
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        bail!("{name} is not a regular file");
-    }
-    Ok(file)
+    trusted_dir::open_regular(dir, name).with_context(|| format!("opening {name}"))
 }
 
 /// Removes every entry of `dir` that is not a regular file (links, FIFOs, sockets, devices,
@@ -473,7 +448,7 @@ mod tests {
         std::os::unix::fs::symlink(&victim, run.join("profile.svg")).unwrap();
         std::os::unix::fs::symlink(&victim, run.join(STATE_TMP)).unwrap();
         rustix::fs::mknodat(
-            CWD,
+            rfs::CWD,
             run.join(STATE_FILE).as_path(),
             rfs::FileType::Fifo,
             Mode::from_raw_mode(0o600),

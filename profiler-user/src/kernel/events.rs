@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use super::program::{is_permission, KernelProgram};
 use crate::{
     error::{Error, Result},
-    kernel::{perf_events::is_missing_event, perf_events::AttachedEvents},
+    kernel::{perf_events, perf_events::is_missing_event, perf_events::AttachedEvents},
     sampling::{Sampling, SamplingPlan},
 };
 
@@ -75,6 +75,12 @@ impl KernelProgram {
         for thread in closing {
             let _ = thread.join();
         }
+    }
+
+    /// A handle that disables this program's sampling events from another thread; None when
+    /// none are attached.
+    pub fn event_stopper(&self) -> Option<perf_events::EventStopper> {
+        self.events.as_ref().map(AttachedEvents::stopper)
     }
 }
 

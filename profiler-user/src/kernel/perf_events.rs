@@ -78,6 +78,14 @@ impl AttachedEvents {
         Ok(total)
     }
 
+    /// A handle that disables these events from another thread, for a deadline kept while
+    /// the thread that owns them is busy (see [`EventStopper`]).
+    pub fn stopper(&self) -> EventStopper {
+        EventStopper {
+            fds: self.fds.clone(),
+        }
+    }
+
     /// Stops sampling: disables every event and closes it, which detaches the program.
     pub fn detach(mut self) {
         self.stop();
@@ -98,6 +106,26 @@ impl AttachedEvents {
 impl Drop for AttachedEvents {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Disables a program's events without owning them: a run's deadline is kept by a thread
+/// that does nothing else, so that sampling ends on time however long the owner's tick or the
+/// machine's load keeps it (at 100 kHz on every CPU the samples themselves slow it down).
+/// The events stay open: the owner detaches them as before. A period redraw does not
+/// re-enable a disabled event.
+#[derive(Clone)]
+pub struct EventStopper {
+    fds: Arc<Vec<OwnedFd>>,
+}
+
+impl EventStopper {
+    /// Disables every event: no sample is taken after this returns.
+    pub fn stop(&self) {
+        for fd in self.fds.iter() {
+            // SAFETY: disabling a perf event kept open by the Arc.
+            unsafe { sys::ioctls::DISABLE(fd.as_raw_fd(), 0) };
+        }
     }
 }
 

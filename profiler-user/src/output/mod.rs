@@ -148,11 +148,21 @@ impl fmt::Display for Format {
 
 /// Where an output goes.
 enum Sink {
+    /// A temporary file beside the output, renamed over it once the profile is written.
+    Staged(tempfile::NamedTempFile),
+    /// A file written in place: one the caller created (the daemon's results), or a path that
+    /// is not a regular file (`/dev/stdout`, a FIFO), which a rename would replace.
     File(File),
     Stdout,
 }
 
-/// An output, opened before sampling starts so that an unwritable path fails early.
+/// An output, checked before sampling starts so that an unwritable path fails early.
+///
+/// A file output is written to a temporary file created (`O_EXCL`, so no link is followed)
+/// in the output's own directory before sampling, and renamed over the path only once the
+/// profile is complete: an existing file is never truncated by a run that fails, a reader
+/// never sees half a profile, and a directory that went away during the run is an error at
+/// the rename rather than a file that silently went with it.
 pub struct Output {
     path: Option<PathBuf>,
     format: Format,
@@ -160,16 +170,40 @@ pub struct Output {
 }
 
 impl Output {
-    /// Creates (truncates) `path` for writing `format`.
+    /// Checks that `format` can be written to `path`: creates its temporary file beside it,
+    /// without touching `path` itself.
     pub fn create(path: &Path, format: Format) -> Result<Output> {
-        let file = File::create(path).map_err(|source| Error::Output {
+        let error = |source| Error::Output {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        // A device or a FIFO (`-o /dev/stdout`, a named pipe) is written in place: a rename
+        // would replace it with a file. Only its opening is checked now, as it will be
+        // written.
+        if let Ok(meta) = std::fs::metadata(path) {
+            if !meta.is_file() && !meta.is_dir() {
+                let file = File::options().write(true).open(path).map_err(error)?;
+                return Ok(Output::to_file(file, path.to_path_buf(), format));
+            }
+        }
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .map_or_else(|| "bpfprof".into(), |n| n.to_string_lossy());
+        let staged = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            // As `File::create` would: the umask decides.
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(dir)
+            .map_err(error)?;
         Ok(Output {
             path: Some(path.to_path_buf()),
             format,
-            sink: Some(Sink::File(file)),
+            sink: Some(Sink::Staged(staged)),
         })
     }
 
@@ -201,13 +235,21 @@ impl Output {
         self.format
     }
 
-    /// Writes the profile and closes the output.
+    /// Writes the profile and closes the output: a staged file is renamed into place only
+    /// when all of it was written (and is removed otherwise).
     pub fn write(mut self, profile: &Profile) -> Result<()> {
         let path = self
             .path
             .clone()
             .unwrap_or_else(|| PathBuf::from("<stdout>"));
         let result = match self.sink.take() {
+            Some(Sink::Staged(mut staged)) => {
+                let mut w = BufWriter::new(staged.as_file_mut());
+                let written = self.format.write(profile, &mut w).and_then(|()| w.flush());
+                drop(w);
+                // The rename fails (ENOENT) when the directory was removed during the run.
+                written.and_then(|()| staged.persist(&path).map(drop).map_err(|e| e.error))
+            }
             Some(Sink::File(file)) => {
                 let mut w = BufWriter::new(file);
                 self.format.write(profile, &mut w).and_then(|()| w.flush())
@@ -222,10 +264,15 @@ impl Output {
         result.map_err(|source| Error::Output { path, source })
     }
 
-    /// Deletes the file when the run produced nothing to write.
+    /// Gives the output up when the run produced nothing to write: a staged file is removed
+    /// (the path keeps what it had), a file the caller created is deleted.
     pub fn discard(mut self) {
-        if let (Some(Sink::File(_)), Some(path)) = (self.sink.take(), &self.path) {
-            let _ = std::fs::remove_file(path);
+        match (self.sink.take(), &self.path) {
+            (Some(Sink::File(_)), Some(path)) => {
+                let _ = std::fs::remove_file(path);
+            }
+            // Dropping the temporary file removes it.
+            (sink, _) => drop(sink),
         }
     }
 }
@@ -233,25 +280,66 @@ impl Output {
 /// Writes `profile` to each output in turn: the one place a profile's outputs are written, for
 /// the command line and the daemon alike; pstats outputs get `pstats_view` instead where
 /// given (the Python view, which pstats shows by default). Each output written is reported
-/// to `written` (its format and path); the first that cannot be opened or written stops the
-/// rest and is returned, so that the caller can say so or remove what was written.
+/// to `written` (its format and path). An output that cannot be opened or written does not
+/// stop the others (the samples are not lost for one bad path); the first failure is
+/// returned, so that the caller can say so, keep the samples elsewhere, or remove what was
+/// written.
 pub fn write_all(
     profile: &Profile,
     pstats_view: Option<&Profile>,
     outputs: impl IntoIterator<Item = Result<Output>>,
     mut written: impl FnMut(Format, Option<&Path>),
 ) -> Result<()> {
+    let mut first_error = None;
     for output in outputs {
-        let output = output?;
-        let (format, path) = (output.format(), output.path().map(Path::to_path_buf));
-        let shown = match (format, pstats_view) {
-            (Format::Pstats, Some(view)) => view,
-            _ => profile,
-        };
-        output.write(shown)?;
-        written(format, path.as_deref());
+        let result = output.and_then(|output| {
+            let (format, path) = (output.format(), output.path().map(Path::to_path_buf));
+            let shown = match (format, pstats_view) {
+                (Format::Pstats, Some(view)) => view,
+                _ => profile,
+            };
+            output.write(shown)?;
+            written(format, path.as_deref());
+            Ok(())
+        });
+        if let Err(e) = result {
+            first_error.get_or_insert(e);
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Keeps the samples of a run whose outputs could not all be written: the folded stacks, in
+/// `bpfprof-rescue-<pid>.folded` in the current directory, or in the temporary directory
+/// when the current one is not writable. Created anew (`O_EXCL`, no link followed); its path,
+/// or why neither place took it.
+pub fn write_rescue(profile: &Profile) -> std::result::Result<PathBuf, String> {
+    let name = format!("bpfprof-rescue-{}.folded", std::process::id());
+    let mut failures = Vec::new();
+    for dir in [PathBuf::from("."), std::env::temp_dir()] {
+        let path = dir.join(&name);
+        let file = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) => {
+                failures.push(format!("{}: {e}", path.display()));
+                continue;
+            }
+        };
+        let mut w = BufWriter::new(file);
+        match folded::write(profile, &mut w).and_then(|()| w.flush()) {
+            Ok(()) => return Ok(std::path::absolute(&path).unwrap_or(path)),
+            Err(e) => {
+                // Ours (created just now): a partial rescue would pass for the profile.
+                let _ = std::fs::remove_file(&path);
+                failures.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+    Err(failures.join("; "))
 }
 
 /// A small profile with known contents, for the writers' tests.
@@ -400,6 +488,7 @@ pub(crate) mod fixture {
                 tabled_late: Vec::new(),
                 off_cpu: None,
                 limits_hit: Vec::new(),
+                python_unsupported: Vec::new(),
             },
             frames,
             stacks,
@@ -455,11 +544,49 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, Error::Output { .. }), "{err}");
-        assert_eq!(reported, [Format::Folded]);
-        assert_eq!(
-            std::fs::metadata(&svg).unwrap().len(),
-            0,
-            "written after a failure"
-        );
+        // The failure does not stop the outputs after it.
+        assert_eq!(reported, [Format::Folded, Format::Svg]);
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    }
+
+    #[test]
+    fn an_existing_file_keeps_its_contents_until_the_profile_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let folded = dir.path().join("keep.folded");
+        std::fs::write(&folded, "old\n").unwrap();
+        let output = Output::create(&folded, Format::Folded).unwrap();
+        assert_eq!(std::fs::read_to_string(&folded).unwrap(), "old\n");
+        // Given up (the run failed): the file is as it was, and nothing else is left.
+        output.discard();
+        assert_eq!(std::fs::read_to_string(&folded).unwrap(), "old\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // Written: replaced whole.
+        Output::create(&folded, Format::Folded)
+            .unwrap()
+            .write(&fixture::profile())
+            .unwrap();
+        assert!(std::fs::read_to_string(&folded)
+            .unwrap()
+            .contains("leaf_hot"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_directory_removed_during_the_run_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("out");
+        std::fs::create_dir(&sub).unwrap();
+        let output = Output::create(&sub.join("p.svg"), Format::Svg).unwrap();
+        std::fs::remove_dir_all(&sub).unwrap();
+        let err = output.write(&fixture::profile()).unwrap_err();
+        assert!(matches!(err, Error::Output { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_unwritable_directory_fails_at_creation() {
+        let err = Output::create(Path::new("/nonexistent/dir/x.svg"), Format::Svg)
+            .err()
+            .expect("no such directory");
+        assert!(matches!(err, Error::Output { .. }), "{err}");
     }
 }

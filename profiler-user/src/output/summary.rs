@@ -38,6 +38,8 @@ struct Summary<'a> {
     unwind_tables_loaded_late: &'a [LateTable],
     /// What the bounds on reading the targets left out, one sentence per process.
     limits_hit: &'a [String],
+    /// The CPythons whose Python frames bpfprof cannot walk, one sentence each.
+    python_unsupported: &'a [String],
     targets: &'a [ProfiledTarget],
     program_id: u32,
     exit: RunEnd,
@@ -115,6 +117,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         objects_without_unwind_tables: &meta.untabled,
         unwind_tables_loaded_late: &meta.tabled_late,
         limits_hit: &meta.limits_hit,
+        python_unsupported: &meta.python_unsupported,
         targets: &meta.targets,
         program_id: meta.program_id,
         exit: meta.end,

@@ -11,7 +11,10 @@ use std::{
 
 use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    process::{copies::CopyBudget, target_file::Stable},
+};
 
 /// A file's identity as the daemon verified it when it opened the file (`fstat` of the open
 /// descriptor): device and inode, and the size, modification time and owner, so that a file
@@ -57,25 +60,44 @@ pub struct MappedFile {
     /// The GNU build id, read on first use.
     build_id: std::sync::OnceLock<Option<String>>,
     /// A descriptor that readers may `mmap`, made on first use (see
-    /// [`crate::process::target_file::stable`]); `None` when none could be made.
-    stable: std::sync::OnceLock<Option<File>>,
+    /// [`crate::process::target_file::stable`]): `Some(None)` when none could be made; left
+    /// `None` while the copy budget refuses it (a later use tries again).
+    stable: std::sync::Mutex<Option<Option<Arc<Stable>>>>,
+    /// The budget a copy of it counts against.
+    budget: CopyBudget,
 }
 
 impl MappedFile {
     /// A path through which this process can open (and `mmap`, as blazesym does) the file,
     /// whatever the target's namespaces; `None` when the file is one its user could truncate
-    /// and too large to copy (see [`crate::process::target_file::stable`]).
+    /// and too large to copy, or its copy would pass the budget (see
+    /// [`crate::process::target_file::stable`]).
     pub fn open_path(&self) -> Option<PathBuf> {
+        self.stable().map(|(path, _)| path)
+    }
+
+    /// [`Self::open_path`], with what keeps the descriptor behind it open (and its copy
+    /// counted): whoever keeps using the path (blazesym's cache) holds it as long.
+    pub fn stable(&self) -> Option<(PathBuf, Arc<Stable>)> {
         use std::os::fd::AsRawFd;
-        let stable = self.stable.get_or_init(|| {
-            crate::process::target_file::stable(&self.file, &self.stat)
-                .map_err(|e| log::warn!("{} is not symbolized: {e}", self.path.display()))
-                .ok()
-        });
-        Some(PathBuf::from(format!(
-            "/proc/self/fd/{}",
-            stable.as_ref()?.as_raw_fd()
-        )))
+        let mut state = self.stable.lock().unwrap_or_else(|p| p.into_inner());
+        if state.is_none() {
+            match crate::process::target_file::stable(&self.file, &self.stat, &self.budget) {
+                Ok(stable) => *state = Some(Some(Arc::new(stable))),
+                Err(Some(why)) if why.starts_with(crate::process::copies::EXHAUSTED) => {
+                    log::warn!("{} is not symbolized: {why}", self.path.display());
+                }
+                // Said once already: tried again at the next use, when copies may have gone.
+                Err(None) => {}
+                Err(Some(why)) => {
+                    log::warn!("{} is not symbolized: {why}", self.path.display());
+                    *state = Some(None);
+                }
+            }
+        }
+        let stable = state.as_ref()?.as_ref()?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", stable.file().as_raw_fd()));
+        Some((path, Arc::clone(stable)))
     }
 
     /// The file's GNU build id in hex, if it has one (pprof mappings carry it so that
@@ -272,6 +294,9 @@ pub struct ProcessMaps {
     files: HashMap<(u64, u64), Arc<MappedFile>>,
     /// Thread names by tid, kept after threads exit.
     threads: HashMap<u32, String>,
+    /// Names the program gave its threads where the kernel's are not theirs (Python's
+    /// `threading` names), by tid; they win over `threads`.
+    given_names: HashMap<u32, String>,
     /// The pid inside the target's own namespace: JIT maps are named after it.
     ns_pid: u32,
     /// JIT symbols from `/tmp/perf-PID.map`, sorted by start address.
@@ -287,6 +312,8 @@ pub struct ProcessMaps {
     last_read: Vec<MemoryMap>,
     /// The vDSO's exported functions, read from its image on first sight (it has no file).
     vdso: Option<crate::process::vdso::VdsoSymbols>,
+    /// The budget the copies of its files count against (its driver's).
+    budget: CopyBudget,
 }
 
 /// A symbol a JIT compiler announced in its perf map.
@@ -302,9 +329,10 @@ pub struct JitSymbol {
 
 impl ProcessMaps {
     /// Captures the mappings of `pid` as they are now; `ns_pid` is its pid inside its own pid
-    /// namespace, which names its JIT perf map.
-    pub fn capture(pid: u32, ns_pid: u32) -> Result<ProcessMaps> {
+    /// namespace, which names its JIT perf map. Copies of its files count against `budget`.
+    pub fn capture(pid: u32, ns_pid: u32, budget: &CopyBudget) -> Result<ProcessMaps> {
         let mut maps = ProcessMaps::empty(pid, ns_pid, String::new());
+        maps.budget = budget.clone();
         maps.refresh()?;
         Ok(maps)
     }
@@ -330,6 +358,7 @@ impl ProcessMaps {
             retired_dropped: 0,
             files: HashMap::new(),
             threads: HashMap::new(),
+            given_names: HashMap::new(),
             ns_pid,
             jit: Vec::new(),
             jit_stamp: None,
@@ -337,6 +366,8 @@ impl ProcessMaps {
             exe: None,
             last_read: Vec::new(),
             vdso: None,
+            // Maps that open no file copy nothing.
+            budget: CopyBudget::new(0),
         }
     }
 
@@ -352,9 +383,19 @@ impl ProcessMaps {
         &self.comm
     }
 
-    /// The name of thread `tid` (a tid in bpfprof's pid namespace), as last seen.
+    /// The name of thread `tid` (a tid in bpfprof's pid namespace), as last seen: the one the
+    /// program gave it ([`Self::name_threads`]), else the kernel's.
     pub fn thread_name(&self, tid: u32) -> Option<&str> {
-        self.threads.get(&tid).map(String::as_str)
+        self.given_names
+            .get(&tid)
+            .or_else(|| self.threads.get(&tid))
+            .map(String::as_str)
+    }
+
+    /// Notes the names the program gave its threads (tids in bpfprof's pid namespace), kept
+    /// after the threads exit.
+    pub fn name_threads(&mut self, names: HashMap<u32, String>) {
+        self.given_names.extend(names);
     }
 
     /// Re-reads the mappings, keeping earlier layouts for addresses sampled before a change.
@@ -410,7 +451,8 @@ impl ProcessMaps {
                                     file,
                                     stat,
                                     build_id: std::sync::OnceLock::new(),
-                                    stable: std::sync::OnceLock::new(),
+                                    stable: std::sync::Mutex::new(None),
+                                    budget: self.budget.clone(),
                                 });
                                 self.files.insert(dev_ino, file.clone());
                                 Backing::File(file)
@@ -448,7 +490,13 @@ impl ProcessMaps {
         if mappings.is_empty() {
             return Ok(listed);
         }
-        if untracked > 0 && self.untracked == 0 {
+        // Once per executable in the driver's life: a process (or its many copies) crossing
+        // the bound at every refresh said it 64 times in 15 s.
+        let object = self.exe.as_deref().map_or_else(
+            || format!("comm {}", self.comm),
+            |exe| exe.to_string_lossy().into_owned(),
+        );
+        if untracked > 0 && self.budget.first_time(&format!("mappings of {object}")) {
             log::warn!(
                 "pid {}: {} executable mappings; the first {MAX_TRACKED_MAPPINGS} (each \
                  object's first ones first) are named, the rest are not",
@@ -732,7 +780,9 @@ mod tests {
         let symbols = parse_perf_map(text);
         assert_eq!(symbols.len(), 2);
         assert_eq!(symbols[0].name, "LazyCompile:*foo app.js:3");
-        let mut maps = ProcessMaps::capture(std::process::id(), std::process::id()).unwrap();
+        let mut maps =
+            ProcessMaps::capture(std::process::id(), std::process::id(), &CopyBudget::new(0))
+                .unwrap();
         maps.jit = symbols;
         assert_eq!(maps.jit_symbol(0x7f0000001010), Some("jitted_add"));
         assert_eq!(
@@ -846,7 +896,9 @@ mod tests {
 
     #[test]
     fn locates_own_code_in_own_binary() {
-        let maps = ProcessMaps::capture(std::process::id(), std::process::id()).unwrap();
+        let maps =
+            ProcessMaps::capture(std::process::id(), std::process::id(), &CopyBudget::new(0))
+                .unwrap();
         let addr = locates_own_code_in_own_binary as *const () as u64;
         match maps.locate(addr) {
             Location::File(file, offset) => {

@@ -174,6 +174,22 @@ impl Tag {
     pub const BARE_KEY: &'static str = "tag";
     /// Longest key or value accepted.
     pub const MAX_LEN: usize = 128;
+    /// Keys a run's tag may not have: the labels that the agent and the exporter set
+    /// themselves on every process's samples (the daemon's run id and owner, the agent's
+    /// process labels). A tag under one of them would pass for what bpfprof says (a user's
+    /// `owner_uid=0` beside the real one) or be dropped by the agent.
+    pub const RESERVED_KEYS: &'static [&'static str] = &[
+        "run_id",
+        "owner_uid",
+        "pid",
+        "comm",
+        "service_name",
+        "executable",
+        "container_id",
+        "host",
+        "tid",
+        "thread_comm",
+    ];
 
     /// Validates and builds a tag; keys and values are 1 to 128 characters from
     /// `[A-Za-z0-9_.:/@+-]`, so they survive every output format unescaped.
@@ -449,6 +465,11 @@ pub struct ProfileMeta {
     /// frames or code objects past a cap), one sentence per process: a target that maps,
     /// lists or points at more than any real program is profiled in part, and says so.
     pub limits_hit: Vec<String>,
+    /// The CPythons among the targets whose Python frames bpfprof cannot walk, one sentence
+    /// each ("python3.16 (CPython 3.16.0, pid 4711): Python frames not supported by this
+    /// bpfprof: <reason>; native frames only"): their profiles have native frames only, and
+    /// say why.
+    pub python_unsupported: Vec<String>,
 }
 
 /// How many user stacks each unwinder produced (`--unwind`), for the summary.
@@ -782,6 +803,7 @@ impl Profile {
         meta.unwound = Unwound::default();
         meta.targets = Vec::new();
         meta.limits_hit = Vec::new();
+        meta.python_unsupported = Vec::new();
         let mut process_labels = BTreeMap::new();
         for part in parts {
             meta.duration += part.meta.duration;
@@ -796,6 +818,11 @@ impl Profile {
             for said in &part.meta.limits_hit {
                 if !meta.limits_hit.contains(said) {
                     meta.limits_hit.push(said.clone());
+                }
+            }
+            for said in &part.meta.python_unsupported {
+                if !meta.python_unsupported.contains(said) {
+                    meta.python_unsupported.push(said.clone());
                 }
             }
             for (pid, labels) in &part.process_labels {

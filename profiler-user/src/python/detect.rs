@@ -17,6 +17,9 @@ pub struct Interpreter {
     pub path: PathBuf,
     /// `(major, minor)`.
     pub version: (u8, u8),
+    /// `Py_Version` (`PY_VERSION_HEX`, 0xMMmmPPRS) where the object defines it (3.11 and
+    /// later).
+    pub version_hex: Option<u32>,
     /// Runtime address of `_PyRuntime`.
     pub runtime: u64,
 }
@@ -29,10 +32,8 @@ type Mapping = (u64, u64, u64);
 /// Each mapped file's device and inode (as the maps name them), and its mappings.
 type FileMappings = BTreeMap<PathBuf, ((u64, u64), Vec<Mapping>)>;
 
-/// Versions whose layouts bpfprof knows.
-pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
-
-/// Finds the CPython of process `pid`; `Ok(Err(reason))` when it runs none bpfprof supports.
+/// Finds the CPython of process `pid`, of any version (whether bpfprof can walk it is the
+/// layout's question); `Ok(Err(reason))` when it runs none.
 pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotPython>> {
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(Error::NoSuchProcess(format!("pid {pid} does not exist")));
@@ -94,12 +95,13 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
     for (path, (dev_ino, mappings)) in candidates {
         match runtime_of(pid, path, *dev_ino, mappings)? {
             Some((runtime, py_version)) => {
-                let version = match py_version {
-                    Some(addr) => {
-                        // `Py_Version` is `PY_VERSION_HEX`: 0xMMmmPPRS.
-                        let hex = memory.read_u32(addr)?;
-                        ((hex >> 24) as u8, (hex >> 16) as u8)
-                    }
+                let hex = match py_version {
+                    // `Py_Version` is `PY_VERSION_HEX`: 0xMMmmPPRS.
+                    Some(addr) => Some(memory.read_u32(addr)?),
+                    None => None,
+                };
+                let version = match hex {
+                    Some(hex) => ((hex >> 24) as u8, (hex >> 16) as u8),
                     None => match version_from_name(path) {
                         Some(v) => v,
                         None => {
@@ -111,17 +113,10 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
                         }
                     },
                 };
-                if !SUPPORTED.contains(&version) {
-                    return Ok(Err(format!(
-                        "CPython {}.{} in {} (supported: 3.10 to 3.13)",
-                        version.0,
-                        version.1,
-                        path.display()
-                    )));
-                }
                 return Ok(Ok(Interpreter {
                     path: path.clone(),
                     version,
+                    version_hex: hex,
                     runtime,
                 }));
             }

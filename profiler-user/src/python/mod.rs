@@ -28,6 +28,7 @@ use std::{
 use anyhow::{anyhow, Context};
 use profiler_common::{
     PythonEntryRule, PythonInstrRule, PythonProcess, MAX_STACK_DEPTH, PYTHON_FRAME_OWNED_BY_CSTACK,
+    PYTHON_STACKREF_TAG_BITS,
 };
 
 use self::{
@@ -193,29 +194,104 @@ pub fn list_thread_states(
     Ok(out)
 }
 
+/// What [`PythonTarget::probe`] found in a process.
+pub enum Probe {
+    /// A CPython whose frames bpfprof walks.
+    Walkable(Box<PythonTarget>),
+    /// A CPython whose frames bpfprof cannot walk, and why.
+    Unsupported(Unsupported),
+    /// No CPython (why, for debugging).
+    NotPython(String),
+}
+
+/// A CPython bpfprof recognised but cannot walk: said in the run's summary, by `dump` and by
+/// `top` (its Display), never left to an empty profile to tell.
+#[derive(Clone, Debug)]
+pub struct Unsupported {
+    /// The process (in bpfprof's pid namespace).
+    pub pid: u32,
+    /// The interpreter found.
+    pub interpreter: detect::Interpreter,
+    /// Why its frames cannot be walked.
+    pub reason: String,
+}
+
+impl Unsupported {
+    /// `3.16.0` from `Py_Version`, or `3.16` from the object's name.
+    pub fn version(&self) -> String {
+        let (major, minor) = self.interpreter.version;
+        match self.interpreter.version_hex {
+            Some(hex) => format!("{major}.{minor}.{}", (hex >> 8) & 0xff),
+            None => format!("{major}.{minor}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self
+            .interpreter
+            .path
+            .file_name()
+            .map_or_else(|| "python".into(), |n| n.to_string_lossy());
+        write!(
+            f,
+            "{name} (CPython {}, pid {}): Python frames not supported by this bpfprof: {}; \
+             native frames only",
+            self.version(),
+            self.pid,
+            self.reason
+        )
+    }
+}
+
 impl PythonTarget {
-    /// None when the process runs no supported CPython (with the reason logged at debug).
+    /// None when the process runs no CPython bpfprof can walk (the reason logged: at debug
+    /// level when it runs none, at warning level when it runs one bpfprof cannot walk).
     pub fn detect(pid: u32) -> Result<Option<PythonTarget>> {
+        Ok(match PythonTarget::probe(pid)? {
+            Probe::Walkable(target) => Some(*target),
+            Probe::NotPython(reason) => {
+                log::debug!("pid {pid}: no Python frames: {reason}");
+                None
+            }
+            Probe::Unsupported(unsupported) => {
+                log::warn!("{unsupported}");
+                None
+            }
+        })
+    }
+
+    /// Looks for a CPython in process `pid` and, where one is, for the layout its frames are
+    /// walked with: from 3.13 on its own `_Py_DebugOffsets`, checked, before 3.13 bpfprof's
+    /// table of its version.
+    pub fn probe(pid: u32) -> Result<Probe> {
         let memory = ProcessMemory::new(pid);
         let interpreter = match detect::find(pid, &memory)? {
             Ok(found) => found,
-            Err(reason) => {
-                log::debug!("pid {pid}: no Python frames: {reason}");
-                return Ok(None);
-            }
+            Err(reason) => return Ok(Probe::NotPython(reason)),
         };
-        let layout = match layout::table(interpreter.version.1) {
-            Some(layout) if interpreter.version.1 < 13 => layout,
+        let unsupported = |reason: String| {
+            Ok(Probe::Unsupported(Unsupported {
+                pid,
+                interpreter: interpreter.clone(),
+                reason,
+            }))
+        };
+        let (major, minor) = interpreter.version;
+        let layout = match layout::table(minor) {
+            Some(layout) if major == 3 && minor < 13 => layout,
+            _ if major != 3 || minor < 10 => {
+                return unsupported("versions before 3.10 are not supported".into())
+            }
             _ => {
-                let raw = memory
-                    .read_vec(interpreter.runtime, layout::DEBUG_OFFSETS_SIZE)
-                    .context("read _Py_DebugOffsets")?;
-                match Layout::from_debug_offsets(&raw) {
+                let raw = match memory.read_vec(interpreter.runtime, layout::DEBUG_OFFSETS_SIZE) {
+                    Ok(raw) => raw,
+                    Err(e) => return unsupported(format!("cannot read its _PyRuntime: {e:#}")),
+                };
+                match Layout::from_debug_offsets(&raw, interpreter.version) {
                     Ok(layout) => layout,
-                    Err(e) => {
-                        log::debug!("pid {pid}: no Python frames: {e}");
-                        return Ok(None);
-                    }
+                    Err(e) => return unsupported(format!("{e:#}")),
                 }
             }
         };
@@ -226,7 +302,7 @@ impl PythonTarget {
             interpreter.path.display(),
             interpreter.runtime
         );
-        Ok(Some(PythonTarget {
+        Ok(Probe::Walkable(Box::new(PythonTarget {
             pid,
             interpreter,
             layout,
@@ -237,7 +313,17 @@ impl PythonTarget {
             limits: WalkLimits::default(),
             naming_bytes: 0,
             kept_bytes: 0,
-        }))
+        })))
+    }
+
+    /// The code object a frame's `f_executable` (`f_code`) word points to: 3.14 and later
+    /// keep a `_PyStackRef` there, a pointer with tag bits, cleared here as the kernel clears
+    /// them (earlier versions' plain pointers have them clear: objects are 8-aligned).
+    fn frame_code(&self, frame: u64) -> Result<u64> {
+        let word = self
+            .memory
+            .read_u64(frame.wrapping_add(self.layout.kernel.frame_code as u64))?;
+        Ok(word & !PYTHON_STACKREF_TAG_BITS)
     }
 
     /// The process (in bpfprof's pid namespace).
@@ -585,9 +671,7 @@ impl PythonTarget {
                 false
             }
         };
-        let code = self
-            .memory
-            .read_u64(frame.wrapping_add(k.frame_code as u64))?;
+        let code = self.frame_code(frame)?;
         let instruction = if k.instr_rule == PythonInstrRule::LastiIndex as u32 {
             // -1 before the first instruction runs: index 0.
             self.memory
@@ -642,10 +726,7 @@ impl PythonTarget {
                 if frame == 0 {
                     break;
                 }
-                if let Ok(code) = self
-                    .memory
-                    .read_u64(frame.wrapping_add(k.frame_code as u64))
-                {
+                if let Ok(code) = self.frame_code(frame) {
                     let in_threading = self
                         .function(code, 0, None)
                         .is_ok_and(|f| f.file.ends_with("threading.py"));

@@ -23,7 +23,7 @@ use crate::{
     kernel::KernelProgram,
     python::{
         shares::{NamingShares, Owner},
-        PythonFunction, PythonTarget,
+        Probe, PythonFunction, PythonTarget,
     },
     symbolize::{Frame, FrameKind},
 };
@@ -120,16 +120,30 @@ pub struct PythonTracking {
 
 impl PythonTracking {
     /// Starts walking the Python frames of `pid` (host pid) when it runs a supported CPython.
-    /// Its names are charged to `owner`'s share of `shares`.
+    /// Its names are charged to `owner`'s share of `shares`. When it runs a CPython bpfprof
+    /// cannot walk, `refused` gets the sentence that says so (see [`crate::python::Unsupported`]), logged as
+    /// a warning the first time.
     pub fn start(
         program: &mut KernelProgram,
         pid: u32,
         shares: &Arc<NamingShares>,
         owner: Owner,
+        refused: &mut Option<String>,
     ) -> Option<PythonTracking> {
-        let target = match PythonTarget::detect(pid) {
-            Ok(Some(t)) => t,
-            Ok(None) => return None,
+        let target = match PythonTarget::probe(pid) {
+            Ok(Probe::Walkable(t)) => *t,
+            Ok(Probe::Unsupported(unsupported)) => {
+                let said = unsupported.to_string();
+                if refused.as_ref() != Some(&said) {
+                    log::warn!("{said}");
+                    *refused = Some(said);
+                }
+                return None;
+            }
+            Ok(Probe::NotPython(reason)) => {
+                log::debug!("pid {pid}: no Python frames: {reason}");
+                return None;
+            }
             Err(e) => {
                 log::debug!("pid {pid}: no Python frames: {e}");
                 return None;
@@ -246,6 +260,18 @@ impl PythonTracking {
                 }
                 self.queued_keys.insert(key);
                 self.queued.push_back(key);
+            }
+        }
+    }
+
+    /// Python's `threading` names of the process's threads, by host tid, read without
+    /// stopping it (as `bpfprof dump` reads them); empty where they cannot be read.
+    pub fn threading_names(&mut self) -> HashMap<u32, String> {
+        match self.target.threads() {
+            Ok(threads) => self.target.threading_names(&threads),
+            Err(e) => {
+                log::debug!("no threading names: {e:#}");
+                HashMap::new()
             }
         }
     }

@@ -305,6 +305,10 @@ pub(super) fn assemble_samples(
                 })
             }))
             .collect(),
+        python_unsupported: processes
+            .values()
+            .filter_map(|p| p.python_refused.clone())
+            .collect(),
     };
     // The samples go to aggregation, which drops each once counted.
     let inputs: Vec<TargetSamples<'_>> = processes

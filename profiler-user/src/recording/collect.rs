@@ -204,7 +204,7 @@ impl Recording {
             }
             // A system-wide run re-reads an established process's maps only every
             // SYSTEM_MAPS_REFRESH: libraries it loaded since are found before it is named.
-            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true) {
+            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true, false) {
                 // It exited: a new process may get its pid (the next tick unloads the rest).
                 if let Ok(program) = pool.program(p.slot) {
                     program.forget_system_process(p.target.pid);
@@ -268,6 +268,8 @@ impl Recording {
             |_| {},
         );
         self.drop_exited(pool);
+        // The files of the processes dropped (their sealed copies above all) go with them.
+        symbolizer.release_unmapped();
         Ok(profile)
     }
 

@@ -56,6 +56,8 @@ pub struct ProcessRecording {
     pub exited: bool,
     /// Its Python frames, when it runs a CPython the kernel walks.
     pub python: Option<PythonTracking>,
+    /// Why its CPython's frames are not walked, when it runs one bpfprof cannot walk.
+    pub python_refused: Option<String>,
     /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
     pub young_until: Option<Instant>,
     /// When its maps were last re-read (see [`SYSTEM_MAPS_REFRESH`]).
@@ -123,7 +125,7 @@ impl ProcessRecording {
 
     /// Notes whether the process still lives, re-reading its maps when `refresh`; true when
     /// it is found to have exited now.
-    pub(super) fn poll(&mut self, refresh: bool) -> bool {
+    pub(super) fn poll(&mut self, refresh: bool, name_threads: bool) -> bool {
         if self.exited {
             return false;
         }
@@ -134,9 +136,22 @@ impl ProcessRecording {
         }
         if refresh {
             let _ = self.maps.refresh();
+            if name_threads {
+                self.name_python_threads();
+            }
             self.refreshed_at = Instant::now();
         }
         false
+    }
+
+    /// Labels its threads by their Python `threading` names, where it is a CPython in
+    /// bpfprof's pid namespace (the names come by host tid).
+    fn name_python_threads(&mut self) {
+        if let Some(python) = &mut self.python {
+            if self.target.pid == self.sample_pid {
+                self.maps.name_threads(python.threading_names());
+            }
+        }
     }
 }
 
@@ -157,6 +172,7 @@ impl ProcessRecording {
             direct: false,
             exited: true,
             python: None,
+            python_refused: None,
             young_until: None,
             refreshed_at: Instant::now(),
             executable_kib: None,
@@ -187,7 +203,7 @@ mod tests {
             (0, "[exited child]")
         );
         assert!(p.exited && !p.revoked && !p.direct && p.python.is_none());
-        assert!(!p.poll(true), "an exited process exits once");
+        assert!(!p.poll(true, false), "an exited process exits once");
     }
 
     /// The first look at a process's executable memory only notes it; a look that finds it

@@ -365,6 +365,12 @@ pub fn parse_tags(bare: &[String], pairs: &[(&str, &str)]) -> Result<Vec<Tag>> {
         tags.push(Tag::new(Tag::BARE_KEY, t).map_err(Error::InvalidTag)?);
     }
     for (k, v) in pairs {
+        if Tag::RESERVED_KEYS.contains(k) {
+            return Err(Error::InvalidTag(format!(
+                "tag key {k:?} is reserved: bpfprof sets it itself (reserved keys: {})",
+                Tag::RESERVED_KEYS.join(", ")
+            )));
+        }
         tags.push(Tag::new(k, v).map_err(Error::InvalidTag)?);
     }
     Ok(tags)
@@ -408,6 +414,13 @@ mod tests {
         assert!(parse_tags(&[], &[("bad key", "x")]).is_err());
         let many: Vec<String> = (0..=MAX_TAGS).map(|i| format!("t{i}")).collect();
         assert!(matches!(parse_tags(&many, &[]), Err(Error::InvalidTag(_))));
+        for key in ["run_id", "owner_uid", "service_name"] {
+            let refused = parse_tags(&[], &[(key, "0")]);
+            assert!(
+                matches!(&refused, Err(Error::InvalidTag(why)) if why.contains("reserved")),
+                "{refused:?}"
+            );
+        }
         assert_eq!(split_tag("a=b").unwrap(), ("a", "b"));
         assert!(split_tag("ab").is_err());
     }

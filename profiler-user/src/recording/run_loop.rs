@@ -32,16 +32,23 @@ pub async fn run<D: RunDriver>(
 ) -> Result<RunEnd, D::Error> {
     let deadline = tokio::time::Instant::from_std(deadline);
     let mut tick = tokio::time::interval(TICK);
+    // A tick that ran long (a loaded machine, a high rate) is not followed by a burst of ticks
+    // to catch up: each would hold the thread past the deadline again.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let ticked = tokio::select! {
+        tokio::select! {
+            // The deadline first: when a long tick ends past it, the run ends rather than
+            // ticking again (a ready branch is otherwise picked at random).
+            biased;
             _ = tokio::time::sleep_until(deadline) => return Ok(RunEnd::Completed),
             end = driver.stopped() => return Ok(end),
-            _ = tick.tick() => true,
-        };
-        if ticked {
-            if let Some(end) = driver.tick().await? {
-                return Ok(end);
-            }
+            _ = tick.tick() => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(RunEnd::Completed);
+        }
+        if let Some(end) = driver.tick().await? {
+            return Ok(end);
         }
     }
 }

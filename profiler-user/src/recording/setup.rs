@@ -136,7 +136,7 @@ impl Recording {
             ));
         }
         let mut steps = crate::clock::Steps::start(format!("pid {}", target.pid));
-        let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+        let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
         // The row array is sized from the objects the target maps (read here, not under the
         // pool).
         let table_rows = match self.unwind {
@@ -263,6 +263,7 @@ impl Recording {
         maps: ProcessMaps,
     ) -> Result<()> {
         let mut waited = false;
+        let mut sampled_from = None;
         let owner = self.owner;
         let mut maps = maps;
         let registered = pool.program(slot).and_then(|program| {
@@ -280,11 +281,12 @@ impl Recording {
                 program.attach_off_cpu()?;
             }
             program.add_target(slot.run, &target, self.follow_children)?;
+            sampled_from = Some(Instant::now());
             if let Some(owner) = owner {
                 // Checked again now that the kernel watches it (an exec from now on stops its
                 // sampling and is reported), and its maps read again after the check: those
                 // read before may be of a program it exec'd since the caller's check.
-                let recaptured = ProcessMaps::capture(target.pid, target.ns_pid);
+                let recaptured = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies);
                 match recaptured {
                     Ok(fresh) if target.profilable_by(owner) => maps = fresh,
                     _ => {
@@ -296,23 +298,31 @@ impl Recording {
                     }
                 }
             }
-            Ok(match self.python_mode {
-                PythonMode::Auto => {
-                    PythonTracking::start(program, target.pid, &self.naming, self.owner_uid())
-                }
+            let mut refused = None;
+            let python = match self.python_mode {
+                PythonMode::Auto => PythonTracking::start(
+                    program,
+                    target.pid,
+                    &self.naming,
+                    self.owner_uid(),
+                    &mut refused,
+                ),
                 PythonMode::Off => None,
-            })
+            };
+            Ok((python, refused))
         });
         if waited && self.processes.is_empty() {
             // The run's duration counts from its first sample, not from the program's load:
             // on a loaded machine the walker's verification takes a good part of a short run.
             // The throttling check counts from the same moment: samples the kernel cut while
             // the walker verified are not the run's.
-            self.started = Instant::now();
+            // From the target's first possible sample, not after its interpreter was looked
+            // at (a tenth of a second and more on a loaded machine, sampled all along).
+            self.started = sampled_from.unwrap_or_else(Instant::now);
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
-        let python = match registered {
+        let (python, python_refused) = match registered {
             Ok(python) => python,
             Err(e) => {
                 self.release_unused(pool, slot);
@@ -329,6 +339,7 @@ impl Recording {
                 direct: true,
                 exited: false,
                 python,
+                python_refused,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 refreshed_at: Instant::now(),
                 executable_kib: None,
@@ -359,7 +370,13 @@ impl Recording {
                     program.unwind.settle(pid, table_deadline(self.unwind));
                     // A launched command is a CPython only once it has exec'd.
                     if p.python.is_none() && self.python_mode == PythonMode::Auto {
-                        p.python = PythonTracking::start(program, pid, &self.naming, owner_uid);
+                        p.python = PythonTracking::start(
+                            program,
+                            pid,
+                            &self.naming,
+                            owner_uid,
+                            &mut p.python_refused,
+                        );
                     }
                 }
             }

@@ -10,8 +10,10 @@ use std::{
 use profiler_common::PidNamespace;
 
 use crate::{
+    kernel::perf_events::EventStopper,
     kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
+    process::copies::CopyBudget,
     process::target::Owner,
     python::{shares::NamingShares, stacks::PythonMode},
     recording::process::ProcessRecording,
@@ -23,6 +25,8 @@ use crate::{
 /// A recording in progress.
 pub struct Recording {
     pub(super) request: SamplingRequest,
+    /// Whether the profile splits threads (`--per-thread`): their names are then read.
+    pub(super) per_thread: bool,
     /// How user stacks are walked (`--unwind`, the protocol's `unwind`).
     pub(super) unwind: crate::unwind::UnwindMode,
     /// Most rows a program loaded for this recording gets for unwind tables.
@@ -70,6 +74,9 @@ pub struct Recording {
     /// Each program's count of Python stacks stored at its last look for new ones: while the
     /// count stands still there are none, and a run of targets does not look.
     pub(super) stacks_at_python_scan: HashMap<u32, u64>,
+    /// The budget the sealed copies of its targets' files count against (the driver's: the
+    /// agent's, the daemon's for the run's owner; see [`Self::set_copy_budget`]).
+    pub(super) copies: CopyBudget,
 }
 
 impl Recording {
@@ -78,6 +85,7 @@ impl Recording {
     pub fn new(request: &RecordingRequest) -> Recording {
         Recording {
             request: request.sampling,
+            per_thread: request.options.per_thread,
             unwind: request.unwind,
             table_rows_cap: request.table_rows_cap,
             sampling: None,
@@ -101,7 +109,15 @@ impl Recording {
             timeline: request.options.timeline,
             next_python_scan: Instant::now(),
             stacks_at_python_scan: HashMap::new(),
+            copies: CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB),
         }
+    }
+
+    /// Counts the sealed copies of its targets' files against `budget` (before the first
+    /// target is added): the agent's, or the daemon's for the run's owner, shared with the
+    /// driver's other runs.
+    pub fn set_copy_budget(&mut self, budget: CopyBudget) {
+        self.copies = budget;
     }
 
     /// Charges the naming of this recording's Python frames to its owner's share of `shares`
@@ -139,6 +155,17 @@ impl Recording {
     /// When sampling started (the first target was added).
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Handles that disable the sampling events of this recording's programs from another
+    /// thread. Only for a recording that is its programs' one user (the command line's).
+    pub fn event_stoppers(&self, pool: &mut ProgramPool) -> Vec<EventStopper> {
+        let mut ids = HashSet::new();
+        self.slots
+            .iter()
+            .filter(|(slot, _)| ids.insert(slot.program_id))
+            .filter_map(|(slot, _)| pool.program(*slot).ok()?.event_stopper())
+            .collect()
     }
 
     /// The kernel program's id, once a target was added.

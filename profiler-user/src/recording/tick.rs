@@ -119,6 +119,8 @@ impl Recording {
         let scan_python = refresh || (!system && now >= self.next_python_scan);
         let mut python_scan_took = None;
         let started = self.started;
+        // `--per-thread` labels a Python program's threads by their `threading` names.
+        let per_thread = self.per_thread;
         for p in self.processes.values_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
                 && now.duration_since(p.refreshed_at) >= young_every;
@@ -142,7 +144,7 @@ impl Recording {
                     p.revoke(program);
                 }
             }
-            if (look_for_exits || refresh) && p.poll(refresh) && system {
+            if (look_for_exits || refresh) && p.poll(refresh, per_thread) && system {
                 program.forget_system_process(p.target.pid);
             }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
@@ -158,7 +160,13 @@ impl Recording {
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
             if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
-                p.python = PythonTracking::start(program, p.target.pid, &self.naming, owner_uid);
+                p.python = PythonTracking::start(
+                    program,
+                    p.target.pid,
+                    &self.naming,
+                    owner_uid,
+                    &mut p.python_refused,
+                );
             }
             if let Some(python) = &mut p.python {
                 if p.exited {
@@ -290,7 +298,7 @@ impl Recording {
         if let Some(mut python) = p.python.take() {
             python.stop(program);
         }
-        let fresh = ProcessMaps::capture(pid, p.target.ns_pid);
+        let fresh = ProcessMaps::capture(pid, p.target.ns_pid, &self.copies);
         let fresh = match fresh {
             Ok(fresh) if p.target.profilable_by(owner) => fresh,
             _ => {
@@ -355,7 +363,7 @@ impl Recording {
             return;
         }
         let adopted = Target::from_pid(pid).and_then(|target| {
-            let maps = ProcessMaps::capture(target.pid, target.ns_pid)?;
+            let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
             Ok((target, maps))
         });
         let adopted = adopted.and_then(|(target, maps)| match self.owner {
@@ -385,6 +393,7 @@ impl Recording {
                 let cfi_walked = program.unwind.is_tracked(pid);
                 // A system-wide run's samples carry pids of the initial namespace.
                 let sample_pid = if system { pid } else { target.ns_pid };
+                let mut python_refused = None;
                 self.processes.insert(
                     (slot.program_id, slot.run, sample_pid),
                     ProcessRecording {
@@ -395,11 +404,16 @@ impl Recording {
                         direct: false,
                         exited: false,
                         python: match self.python_mode {
-                            PythonMode::Auto => {
-                                PythonTracking::start(program, pid, &self.naming, self.owner_uid())
-                            }
+                            PythonMode::Auto => PythonTracking::start(
+                                program,
+                                pid,
+                                &self.naming,
+                                self.owner_uid(),
+                                &mut python_refused,
+                            ),
                             PythonMode::Off => None,
                         },
+                        python_refused,
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         refreshed_at: Instant::now(),
                         executable_kib: None,

@@ -27,7 +27,10 @@ use blazesym::symbolize::{
 };
 
 use crate::{
-    process::maps::{FileId, Location, MappedFile, ProcessMaps},
+    process::{
+        maps::{FileId, Location, MappedFile, ProcessMaps},
+        target_file::Stable,
+    },
     symbolize::debug_file::DebugSymbols,
     symbolize::kernel::KernelSymbols,
     symbolize::plt::PltStubs,
@@ -178,8 +181,9 @@ pub struct Symbolizer {
     /// Whether user frames get their function's first line (one more lookup per function).
     start_lines: bool,
     /// The path blazesym opened each file by (`/proc/self/fd/N` of its [`MappedFile`]), so
-    /// that [`Self::release`] can make it close what it keeps open.
-    opened: HashMap<FileId, PathBuf>,
+    /// that [`Self::release`] can make it close what it keeps open, with what keeps that
+    /// descriptor open (and a sealed copy counted against its budget) while blazesym maps it.
+    opened: HashMap<FileId, (PathBuf, Arc<Stable>)>,
     /// The strings the cached frames share.
     strings: SharedStrings,
 }
@@ -222,12 +226,8 @@ impl Symbolizer {
     /// named, so that the daemon holds no target's file (a deleted one included) past the
     /// runs that sampled it. A later run opens what it needs again.
     pub fn release(&mut self) {
-        for (_, path) in self.opened.drain() {
-            let evict =
-                blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(path));
-            if let Err(e) = self.blazesym.evict(&evict) {
-                log::debug!("releasing a symbolized file: {e}");
-            }
+        for (_, (path, _)) in self.opened.drain() {
+            evict(&mut self.blazesym, path);
         }
         for debug in self.debug_files.drain().filter_map(|(_, d)| d) {
             let evict = blazesym::symbolize::evict::Evict::Elf(
@@ -241,6 +241,35 @@ impl Symbolizer {
         self.function_starts.clear();
         // Those of frames forgotten since (with lines turned on) or only in finished profiles.
         self.strings.prune();
+    }
+
+    /// Forgets the open files that no process's maps hold any more (the processes that mapped
+    /// them exited and were dropped), keeping the names resolved: a sealed copy of such a file
+    /// is then freed and given back to its budget. The agent's symbolizer keeps its files from
+    /// window to window, and held the copies of objects of processes long gone.
+    pub fn release_unmapped(&mut self) {
+        let unmapped: Vec<FileId> = self
+            .opened
+            .iter()
+            .filter(|(_, (_, held))| {
+                Arc::strong_count(held) == 1
+                    && match held.as_ref() {
+                        Stable::Own(_) => true,
+                        Stable::Copy(copy) => Arc::strong_count(copy) == 1,
+                    }
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in unmapped {
+            if let Some((path, _)) = self.opened.remove(&id) {
+                evict(&mut self.blazesym, path);
+            }
+            self.plt.remove(&id);
+            self.function_starts.remove(&id);
+            if let Some(Some(debug)) = self.debug_files.remove(&id) {
+                evict(&mut self.blazesym, debug.path);
+            }
+        }
     }
 
     /// Drops everything the symbolizer parsed to name addresses (each file's debug info and
@@ -323,7 +352,7 @@ impl Symbolizer {
         for (id, (file, offsets)) in by_file {
             let offsets: Vec<u64> = offsets.into_iter().collect();
             let module = file.module_name();
-            let Some(path) = file.open_path() else {
+            let Some((path, held)) = file.stable() else {
                 for offset in offsets {
                     let frames = self
                         .strings
@@ -332,7 +361,7 @@ impl Symbolizer {
                 }
                 continue;
             };
-            self.opened.insert(id, path.clone());
+            self.opened.insert(id, (path.clone(), held));
             // A stripped system library with its debug file installed: that file's symbol
             // table, at the virtual addresses of the offsets (all of them or none).
             let start_lines = self.start_lines;
@@ -705,6 +734,14 @@ fn code_location(info: Option<&CodeInfo<'_>>) -> (Option<Arc<str>>, Option<u32>)
 /// stripped library) and no source location.
 fn renamed(module: &str, name: String) -> Arc<[Frame]> {
     Arc::from([Frame::named(name, Some(module.into()), FrameKind::User)])
+}
+
+/// Makes `blazesym` close (and unmap) the file it opened by `path`.
+fn evict(blazesym: &mut Blazesym, path: PathBuf) {
+    let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(path));
+    if let Err(e) = blazesym.evict(&evict) {
+        log::debug!("releasing a symbolized file: {e}");
+    }
 }
 
 fn unknown(module: &str, offset: u64, kind: FrameKind) -> Arc<[Frame]> {

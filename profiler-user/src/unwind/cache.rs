@@ -10,21 +10,23 @@
 //! unwind information, misses the cache and is built afresh. Entries are checked when read
 //! (length, key, checksum, sorted rows); one that fails is removed and the table built.
 //!
-//! The folder is the running user's own (created 0700; a folder that another user owns,
-//! that others may write, or that is a symbolic link is refused, and the run goes on without
-//! a cache), entries are written whole and renamed into place, and the least recently used
-//! are removed once the folder holds more than its cap.
+//! The folder is the running user's own (created 0700; a folder that another user owns or
+//! that others may write, or one reached through such a folder or another user's link, is
+//! refused, and the run goes on without a cache: see [`crate::trusted_dir`]), every entry is
+//! reached through the open folder, never by path, entries are written whole and renamed into
+//! place, and the least recently used are removed once the folder holds more than its cap.
 
 use std::{
-    fs::{self, File, OpenOptions},
-    io::{Read, Write},
-    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+    fs::File,
+    io::Read,
     path::{Path, PathBuf},
     time::SystemTime,
 };
 
 use anyhow::{anyhow, Context};
 use profiler_common::UnwindRow;
+
+use crate::trusted_dir::{DirError, TrustedDir};
 
 use super::table::{CfiInputs, UnwindTable, MAX_TABLE_ROWS};
 
@@ -71,7 +73,7 @@ const STALE_WRITE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The cache in one folder.
 pub struct TableCache {
-    dir: PathBuf,
+    dir: TrustedDir,
     /// The building executable's identity, part of every key.
     salt: Vec<u8>,
     /// Most bytes of entries kept.
@@ -82,36 +84,8 @@ impl TableCache {
     /// Opens (creating it where missing) the cache in `dir`, holding at most `max_bytes`;
     /// an error says why it cannot be used (the run then builds every table).
     pub fn open(dir: &Path, max_bytes: u64) -> anyhow::Result<TableCache> {
-        if let Some(parent) = dir.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        }
-        match fs::DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(anyhow!(e).context(format!("creating {}", dir.display()))),
-        }
-        let meta =
-            fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
-        let euid = rustix::process::geteuid().as_raw();
-        if !meta.is_dir() {
-            return Err(anyhow!("{} is not a folder", dir.display()));
-        }
-        if meta.uid() != euid {
-            return Err(anyhow!(
-                "{} belongs to uid {}, not to this user ({euid})",
-                dir.display(),
-                meta.uid()
-            ));
-        }
-        if meta.mode() & 0o022 != 0 {
-            return Err(anyhow!(
-                "{} may be written by other users (mode {:o})",
-                dir.display(),
-                meta.mode() & 0o777
-            ));
-        }
         Ok(TableCache {
-            dir: dir.to_path_buf(),
+            dir: TrustedDir::open(dir, Some(0o700))?,
             salt: own_identity()?,
             max_bytes,
         })
@@ -119,7 +93,7 @@ impl TableCache {
 
     /// The folder.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// The key under which the table of `inputs` is filed.
@@ -144,7 +118,7 @@ impl TableCache {
     }
 
     fn path_of(&self, key: &[u8; 32], kind: &Kind) -> PathBuf {
-        self.dir.join(format!("{}{}", hex(key), kind.suffix))
+        self.dir.path().join(name_of(key, kind))
     }
 
     /// The table filed under `key`, if a sound entry holds it.
@@ -179,12 +153,8 @@ impl TableCache {
         kind: &Kind,
         load: impl FnOnce(&mut File) -> anyhow::Result<T>,
     ) -> Option<T> {
-        let path = self.path_of(key, kind);
-        let mut file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        {
+        let (name, path) = (name_of(key, kind), self.path_of(key, kind));
+        let mut file = match self.dir.open_regular(&name) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
@@ -203,7 +173,7 @@ impl TableCache {
                     "unwind table cache: removing {}: {e:#}; it is made again",
                     path.display()
                 );
-                let _ = fs::remove_file(&path);
+                let _ = self.dir.remove(&name);
                 None
             }
         }
@@ -228,78 +198,82 @@ impl TableCache {
     }
 
     fn store_as(&self, key: &[u8; 32], entry: &[u8], kind: &Kind) {
-        if let Err(e) = self.write(&self.path_of(key, kind), entry) {
+        if let Err(e) = self.write(&name_of(key, kind), entry) {
             log::warn!("unwind table cache: not kept: {e:#}");
             return;
         }
         if let Err(e) = self.trim() {
-            log::warn!("unwind table cache: trimming {}: {e:#}", self.dir.display());
+            log::warn!(
+                "unwind table cache: trimming {}: {e:#}",
+                self.dir.path().display()
+            );
         }
     }
 
-    fn write(&self, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    fn write(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = self.dir.join(format!(".{name}.{tid}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        let written = file.write_all(bytes).and_then(|()| {
-            drop(file);
-            fs::rename(&tmp, path)
-        });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(anyhow!(e).context(format!("writing {}", tmp.display())));
-        }
-        Ok(())
+        let tmp = format!(".{name}.{tid}.tmp");
+        self.dir
+            .write_whole(name, &tmp, bytes, 0o600, false)
+            .map_err(|e| anyhow!(e).context(format!("writing {}", self.path_of_name(&tmp))))
+    }
+
+    fn path_of_name(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
     }
 
     /// Removes the least recently used entries while the folder holds more than its cap.
     fn trim(&self) -> std::io::Result<()> {
         let mut entries = Vec::new();
         let mut total = 0u64;
-        for entry in fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let Ok(meta) = entry.metadata() else { continue };
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+        for (name, stat) in self.dir.entries()? {
+            if !rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file() {
+                continue;
+            }
+            let modified = modified(&stat);
             // A write that a process's exit cut short: gone once no writer can still be at it.
             if name.ends_with(".tmp")
-                && meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| m.elapsed().ok())
-                    .is_some_and(|age| age > STALE_WRITE)
+                && modified.elapsed().ok().is_some_and(|age| age > STALE_WRITE)
             {
-                let _ = fs::remove_file(entry.path());
+                let _ = self.dir.remove(&name);
                 continue;
             }
             if !is_entry(&name) {
                 continue;
             }
-            total += meta.len();
-            entries.push((meta.modified().ok(), meta.len(), entry.path()));
+            let len = stat.st_size as u64;
+            total += len;
+            entries.push((modified, len, name));
         }
         if total <= self.max_bytes {
             return Ok(());
         }
         entries.sort();
-        for (_, len, path) in entries {
+        for (_, len, name) in entries {
             if total <= self.max_bytes {
                 break;
             }
-            if fs::remove_file(&path).is_ok() {
+            if self.dir.remove(&name).is_ok() {
                 total -= len;
             }
         }
         Ok(())
     }
+}
+
+/// The file name of `key`'s entry of `kind`.
+fn name_of(key: &[u8; 32], kind: &Kind) -> String {
+    format!("{}{}", hex(key), kind.suffix)
+}
+
+/// When a file was last changed, from its status.
+fn modified(stat: &rustix::fs::Stat) -> SystemTime {
+    let since = std::time::Duration::new(
+        stat.st_mtime.max(0) as u64,
+        stat.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+    );
+    SystemTime::UNIX_EPOCH + since
 }
 
 /// The symbolizer keeps the kernel's names here (see [`crate::symbolize::kernel`]).
@@ -324,32 +298,32 @@ impl crate::symbolize::EntryStore for TableCache {
 /// Removes every entry of the cache in `dir` (and the folder, once empty): how many files
 /// and bytes went; a missing folder is an empty cache.
 pub fn clean(dir: &Path) -> std::io::Result<(usize, u64)> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
-        Err(e) => return Err(e),
+    // Deleted as root: through the folder, opened as the cache opens it.
+    let folder = match TrustedDir::open(dir, None) {
+        Ok(folder) => folder,
+        Err(DirError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((0, 0))
+        }
+        Err(DirError::Io { source, .. }) => return Err(source),
+        Err(e @ DirError::Untrusted { .. }) => return Err(std::io::Error::other(e.to_string())),
     };
     let (mut files, mut bytes) = (0, 0);
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+    for (name, stat) in folder.entries()? {
         if !(is_entry(&name) || name.ends_with(".tmp")) {
             continue;
         }
-        let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
-        fs::remove_file(entry.path())?;
+        folder.remove(&name)?;
         files += 1;
-        bytes += len;
+        bytes += stat.st_size as u64;
     }
-    let _ = fs::remove_dir(dir);
+    let _ = std::fs::remove_dir(dir);
     Ok((files, bytes))
 }
 
 /// How many entries and bytes the cache in `dir` holds.
 pub fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
     let mut usage = (0, 0);
-    for entry in fs::read_dir(dir)? {
+    for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         if is_entry(&entry.file_name().to_string_lossy()) {
             usage.0 += 1;
@@ -494,6 +468,7 @@ fn own_identity() -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn table() -> UnwindTable {
         UnwindTable {
@@ -601,12 +576,19 @@ mod tests {
         fs::create_dir(&open).unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
         let err = TableCache::open(&open, 1 << 20).err().unwrap();
-        assert!(format!("{err:#}").contains("other users"), "{err:#}");
+        assert!(format!("{err:#}").contains("every user"), "{err:#}");
+        // Below it too: a folder on the way that others may write is refused.
+        let err = TableCache::open(&open.join("unwind"), 1 << 20)
+            .err()
+            .unwrap();
+        assert!(format!("{err:#}").contains("every user"), "{err:#}");
+        assert!(!open.join("unwind").exists());
 
+        // A link this user made is followed, to a folder checked as any other.
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&open, &link).unwrap();
         let err = TableCache::open(&link, 1 << 20).err().unwrap();
-        assert!(format!("{err:#}").contains("not a folder"), "{err:#}");
+        assert!(format!("{err:#}").contains("every user"), "{err:#}");
 
         // An entry that is a link (planted by whoever could write the folder) is not read.
         let cache = TableCache::open(&dir.path().join("ok"), 1 << 20).unwrap();

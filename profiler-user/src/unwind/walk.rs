@@ -67,7 +67,8 @@ impl ProcessTables {
             let (start, end) = map.address;
             let built = match &map.pathname {
                 procfs::process::MMapPath::Path(path) => {
-                    out.file_table(pid, (start, end), map.offset, path, &mut by_file)
+                    let dev_ino = (libc::makedev(map.dev.0 as u32, map.dev.1 as u32), map.inode);
+                    out.file_table(pid, (start, end), map.offset, (path, dev_ino), &mut by_file)
                 }
                 procfs::process::MMapPath::Vdso => out.vdso_table(pid, start, end),
                 _ => continue,
@@ -92,11 +93,12 @@ impl ProcessTables {
         pid: u32,
         (start, end): (u64, u64),
         offset: u64,
-        path: &Path,
+        (path, dev_ino): (&Path, (u64, u64)),
         by_file: &mut HashMap<FileKey, Option<usize>>,
     ) -> anyhow::Result<(u64, Option<usize>)> {
-        let source = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
-        let (file, _) = target_file::open_proc_link(Path::new(&source))
+        // Through map_files, else (a user other than root is refused map_files: EPERM) the
+        // path in the target's own root, if it is still the mapped device and inode.
+        let (file, _) = target_file::open_mapped(pid, (start, end), path, dev_ino)
             .with_context(|| format!("opening {}", path.display()))?;
         let meta = file.metadata().context("stat")?;
         if !meta.is_file() {
@@ -289,7 +291,12 @@ mod tests {
         // harness and the standard library to the thread's entry (`clone3`).
         let (frames, end, ip) = walk_here(&tables);
         let pid = std::process::id();
-        let maps = crate::process::maps::ProcessMaps::capture(pid, pid).unwrap();
+        let maps = crate::process::maps::ProcessMaps::capture(
+            pid,
+            pid,
+            &crate::process::copies::CopyBudget::new(0),
+        )
+        .unwrap();
         let mut symbolizer = crate::symbolize::Symbolizer::new();
         let addrs: Vec<u64> = crate::symbolize::lookup_addresses(&frames).collect();
         symbolizer.prepare_user(&maps, addrs.iter().copied());

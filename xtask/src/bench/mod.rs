@@ -150,6 +150,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if plan.quick { " --quick" } else { "" },
         bench.machine()?
     )?;
+    // The report is rewritten whole, so what was measured by hand lives in the notes, and this
+    // line keeps them one click away.
+    writeln!(
+        md,
+        "This file is written whole by `cargo xtask bench`: change the bench, not this file. Measurements made by hand beside the bench, and where a section's figures came from when it was run on its own, are in [docs/benchmarks-notes.md](docs/benchmarks-notes.md).\n"
+    )?;
     // The machine is shared: the load average says how much else ran (filled in at the end).
     let load_at_start = unwind::load_average();
     writeln!(
