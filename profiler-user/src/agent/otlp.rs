@@ -457,6 +457,7 @@ mod tests {
             start: UNIX_EPOCH + Duration::from_secs(1000),
             end: UNIX_EPOCH + Duration::from_secs(1010),
             profile,
+            owners: Default::default(),
         }
     }
 

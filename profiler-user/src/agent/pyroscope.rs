@@ -232,6 +232,7 @@ mod tests {
             start: UNIX_EPOCH + Duration::from_secs(1000),
             end: UNIX_EPOCH + Duration::from_secs(1010),
             profile,
+            owners: Default::default(),
         };
         let requests = requests(&window, "box 1").unwrap();
         assert_eq!(requests.len(), 1);

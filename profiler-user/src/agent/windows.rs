@@ -9,7 +9,7 @@
 //! Before the first window is complete, a request waits for it.
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -31,6 +31,55 @@ pub struct Window {
     pub end: SystemTime,
     /// Its samples, with each process's labels.
     pub profile: Profile,
+    /// Whom besides root the HTTP endpoint shows each process's samples.
+    pub owners: Owners,
+}
+
+/// Who owns each process of a window, for the views of users other than root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owners {
+    /// Each process's owner during the window (see [`crate::agent::labels::process_owner`]);
+    /// a process missing here (exited before it was read, or whose owner changed during the
+    /// window: a setuid exec, a server dropping root) is shown to root alone.
+    pub uid: BTreeMap<u32, u32>,
+    /// Labels of a process that its owner may not see: the tags of daemon runs another user
+    /// started on it.
+    pub hidden_labels: BTreeMap<u32, Vec<(String, String)>>,
+}
+
+/// What a scraper may see of the windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// Everything: root, or the holder of the endpoint's token.
+    All,
+    /// The processes `uid` owns, without the tags of other users' daemon runs, and without
+    /// kernel frames unless `kernel` (the kernel shows an unprivileged user its own kernel
+    /// stacks only below `perf_event_paranoid` 2).
+    User {
+        /// The scraper's uid.
+        uid: u32,
+        /// Whether kernel frames are kept.
+        kernel: bool,
+    },
+}
+
+impl View {
+    /// The view of `uid` on this machine now: everything for root, else its own processes,
+    /// with kernel frames as `/proc/sys/kernel/perf_event_paranoid` allows (none when it
+    /// cannot be read).
+    pub fn of_uid(uid: u32) -> View {
+        if uid == 0 {
+            return View::All;
+        }
+        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .unwrap_or(i32::MAX);
+        View::User {
+            uid,
+            kernel: paranoid < 2,
+        }
+    }
 }
 
 /// The ring of recent windows, shared between the recording thread (which pushes) and the
@@ -128,17 +177,69 @@ impl Filter {
     }
 }
 
-/// The windows merged into one profile, with only the processes `filter` keeps; `None` when
-/// there are no windows.
-pub fn merge(windows: &[Arc<Window>], filter: &Filter) -> Option<Profile> {
-    // Each window's labels decide for its own processes (a pid's service may differ between
-    // windows when the pid was reused).
+/// The windows merged into one profile, with only the processes `filter` keeps and `view`
+/// shows; `None` when there are no windows.
+pub fn merge(windows: &[Arc<Window>], filter: &Filter, view: View) -> Option<Profile> {
+    // Each window's labels and owners decide for its own processes (a pid's service or owner
+    // may differ between windows when the pid was reused).
     let kept: Vec<Profile> = windows
         .iter()
-        .filter_map(|w| Profile::merge(&[&w.profile], |pid| filter.keeps(&w.profile, pid)))
+        .filter_map(|w| {
+            let shown = |pid: u32| match view {
+                View::All => true,
+                View::User { uid, .. } => w.owners.uid.get(&pid) == Some(&uid),
+            };
+            let mut part = Profile::merge(&[&w.profile], |pid| {
+                shown(pid) && filter.keeps(&w.profile, pid)
+            })?;
+            if let View::User { kernel, .. } = view {
+                for (pid, labels) in &mut part.process_labels {
+                    if let Some(hidden) = w.owners.hidden_labels.get(pid) {
+                        labels.retain(|l| !hidden.contains(l));
+                    }
+                }
+                // What the window says of objects it could not unwind through names other
+                // users' files: left out.
+                part.meta.untabled.clear();
+                part.meta.tabled_late.clear();
+                if !kernel {
+                    strip_kernel_frames(&mut part);
+                }
+            }
+            Some(part)
+        })
         .collect();
     let parts: Vec<&Profile> = kept.iter().collect();
+    // Merging again interns anew: frames and mappings no stack refers to any more (kernel
+    // ones stripped above) are dropped, and stacks made equal by the strip are added up.
     Profile::merge(&parts, |_| true)
+}
+
+/// Removes the kernel's frames (and their addresses) from every stack of `profile`.
+fn strip_kernel_frames(profile: &mut Profile) {
+    let kernel: Vec<bool> = profile.frames.iter().map(|f| f.is_kernel()).collect();
+    for stack in &mut profile.stacks {
+        if !stack.frames.iter().any(|&f| kernel[f]) {
+            continue;
+        }
+        let with_addresses = stack.addresses.len() == stack.frames.len();
+        let mut frames = Vec::with_capacity(stack.frames.len());
+        let mut addresses = Vec::with_capacity(stack.addresses.len());
+        for (i, &f) in stack.frames.iter().enumerate() {
+            if !kernel[f] {
+                frames.push(f);
+                if with_addresses {
+                    addresses.push(stack.addresses[i]);
+                }
+            }
+        }
+        stack.frames = frames;
+        if with_addresses {
+            stack.addresses = addresses;
+        } else {
+            stack.addresses.clear();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -160,6 +261,7 @@ mod tests {
             start: SystemTime::UNIX_EPOCH,
             end: SystemTime::UNIX_EPOCH,
             profile,
+            owners: Owners::default(),
         }
     }
 
@@ -187,7 +289,7 @@ mod tests {
             Arc::new(window(1, &[("service_name", "shop")])),
             Arc::new(window(1, &[("service_name", "cart")])),
         ];
-        let all = merge(&windows, &Filter::default()).unwrap();
+        let all = merge(&windows, &Filter::default(), View::All).unwrap();
         assert_eq!(all.total_samples(), 2 * one);
         assert_eq!(all.meta.duration, Duration::from_secs(2));
         assert_eq!(all.frames.len(), fixture::profile().frames.len());
@@ -195,12 +297,18 @@ mod tests {
             service_name: Some("shop".into()),
             pid: None,
         };
-        assert_eq!(merge(&windows, &shop).unwrap().total_samples(), one);
+        assert_eq!(
+            merge(&windows, &shop, View::All).unwrap().total_samples(),
+            one
+        );
         let other = Filter {
             service_name: None,
             pid: Some(1),
         };
-        assert_eq!(merge(&windows, &other).unwrap().total_samples(), 0);
-        assert!(merge(&[], &Filter::default()).is_none());
+        assert_eq!(
+            merge(&windows, &other, View::All).unwrap().total_samples(),
+            0
+        );
+        assert!(merge(&[], &Filter::default(), View::All).is_none());
     }
 }

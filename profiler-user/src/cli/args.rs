@@ -108,11 +108,22 @@ pub struct AgentArgs {
     /// ring of the most recent ones (1s to 10m).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub window: Duration,
-    /// Serve `GET /debug/pprof/profile?seconds=N` and `GET /metrics` on this address
-    /// (127.0.0.1:6060; a loopback or private address: it shows what root may see). Off
-    /// unless given.
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<std::net::SocketAddr>,
+    /// Serve `GET /debug/pprof/profile?seconds=N` and `GET /metrics` on this TCP address
+    /// (127.0.0.1:6060) or Unix socket (unix:/run/bpfprof/agent.sock). Root sees every
+    /// process; another local user only its own; a remote peer nothing without
+    /// --listen-token-file's token. Off unless given.
+    #[arg(long, value_name = "ADDR|unix:PATH")]
+    pub listen: Option<crate::agent::peer::Listen>,
+    /// The mode of the --listen unix: socket (octal): who may connect at all.
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
+    pub listen_mode: u32,
+    /// The group of the --listen unix: socket (a gid), for a mode such as 660.
+    #[arg(long, value_name = "GID")]
+    pub listen_group: Option<u32>,
+    /// A file holding a bearer token (one line, 16 characters or more, mode 600): a
+    /// request with `Authorization: Bearer TOKEN` sees every process, from anywhere.
+    #[arg(long, value_name = "FILE")]
+    pub listen_token_file: Option<PathBuf>,
     /// Only the processes of this cgroup v2 (a path under /sys/fs/cgroup, or relative to it:
     /// a container, a systemd unit, a k8s pod).
     #[arg(long, value_name = "PATH")]
@@ -622,4 +633,12 @@ fn parse_duration(arg: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(arg)
         .map_err(|e| format!("{e}; give a duration such as 500ms, 3s or 2m"))
+}
+
+/// A file mode in octal (`600`, `0660`).
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s} is not a file mode in octal (600, 660)"))
 }

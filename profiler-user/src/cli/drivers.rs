@@ -99,7 +99,19 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         request,
         targets,
         window,
-        listen: args.listen,
+        listen: match args.listen {
+            Some(listen) => Some(crate::agent::ListenConfig {
+                listen,
+                mode: args.listen_mode,
+                group: args.listen_group,
+                token: args
+                    .listen_token_file
+                    .as_deref()
+                    .map(crate::agent::peer::read_token)
+                    .transpose()?,
+            }),
+            None => None,
+        },
         rules,
         socket: protocol::socket_path(args.socket.as_deref()),
         export,

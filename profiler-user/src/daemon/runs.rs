@@ -321,6 +321,8 @@ impl Runs {
             start,
             end: ended,
             profile,
+            // Exported only, never served over HTTP.
+            owners: Default::default(),
         });
         for backend in queue.offer(&window) {
             log::warn!(
