@@ -1,8 +1,8 @@
 //! bpfprof: an eBPF sampling CPU profiler.
 //!
 //! The tree reads from the drivers down to what they stand on; a module uses only the modules
-//! listed after it (and the shared [`error`] and [`sampling`] settings), checked by
-//! the `layers` test:
+//! listed after it (and the shared [`error`] and [`sampling`] settings and [`clock`]s), checked
+//! by the `layers` test:
 //! - [`cli`], [`daemon`] and [`agent`]: the drivers (command line, client commands,
 //!   `strobeclient`, `doctor`; the root daemon serving tagged runs; the always-on agent
 //!   serving windows of the whole machine over HTTP);
@@ -38,6 +38,7 @@ pub mod symbolize;
 
 pub mod process;
 
+pub mod clock;
 pub mod error;
 pub mod sampling;
 pub mod trusted_dir;

@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
 const SHARED: &[&str] = &[
     "error",
     "sampling",
+    "clock",
     "trusted_dir",
     "protocol",
     "client",

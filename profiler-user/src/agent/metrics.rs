@@ -363,14 +363,7 @@ impl Metrics {
     /// Updates the agent's own CPU time and memory from the kernel's accounts, with `copies`
     /// bytes of sealed copies (memory files, in no process's RSS unless mapped).
     pub fn update_own_cost(&self, copies: u64) {
-        // SAFETY: getrusage fills the zeroed struct it is given.
-        let usage = unsafe {
-            let mut usage: libc::rusage = std::mem::zeroed();
-            libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-            usage
-        };
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        let cpu = secs(usage.ru_utime) + secs(usage.ru_stime);
+        let cpu = crate::clock::own_usage().cpu_secs;
         let before = self.cpu_seconds.get();
         if cpu > before {
             self.cpu_seconds.inc_by(cpu - before);

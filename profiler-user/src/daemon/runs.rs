@@ -12,9 +12,10 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     agent::{export::Queue, labels, windows::Window},
+    clock::thread_cpu_time,
     daemon::store::{now_ms, Store},
     error::Error,
-    kernel::{pool::ProgramPool, thread_cpu_time},
+    kernel::pool::ProgramPool,
     output::{summary, top::function_shares, write_all, Format, Output},
     process::copies::CopyBudget,
     process::target::{Owner, Target, TargetSpec},

@@ -287,8 +287,8 @@ impl PythonTracking {
     /// (counted); the rest of the queue waits for the next call.
     pub fn name_queued(&mut self, cpu: Duration) -> Duration {
         let started = std::time::Instant::now();
-        let cpu_before = crate::kernel::thread_cpu_time();
-        let spent = || crate::kernel::thread_cpu_time().saturating_sub(cpu_before);
+        let cpu_before = crate::clock::thread_cpu_time();
+        let spent = || crate::clock::thread_cpu_time().saturating_sub(cpu_before);
         while let Some(key) = self.queued.pop_front() {
             self.queued_keys.remove(&key);
             if self.symbols.contains_key(&key) {

@@ -379,7 +379,7 @@ fn build_loop(
         // A boost that the system refuses (no CAP_SYS_NICE) leaves the build niced.
         let boosted =
             boost && boosted.is_some_and(|n| rustix::process::setpriority_process(None, n).is_ok());
-        let (started, cpu_before) = (Instant::now(), super::table::thread_cpu_time());
+        let (started, cpu_before) = (Instant::now(), crate::clock::thread_cpu_time());
         let result = build(&job.image, cache.as_deref());
         let cached = matches!(result, Ok(Cached::Read(_)));
         let (table, to_file) = match result {
@@ -390,7 +390,7 @@ fn build_loop(
             }
             Err(e) => (Err(e), None),
         };
-        let cpu = super::table::thread_cpu_time().saturating_sub(cpu_before);
+        let cpu = crate::clock::thread_cpu_time().saturating_sub(cpu_before);
         if boosted {
             if let Some(nice) = base {
                 let _ = rustix::process::setpriority_process(None, nice);

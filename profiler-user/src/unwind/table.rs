@@ -16,6 +16,8 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::{CfaRule, UnwindRow, RETURN_ADDRESS_OFFSET};
 
+use crate::clock::thread_cpu_time;
+
 /// The gimli reader over a mapped ELF image.
 type Slice<'a> = gimli::EndianSlice<'a, LittleEndian>;
 
@@ -756,20 +758,6 @@ fn plt_rule(expr: &[u8]) -> Option<(u16, u8)> {
         }
         _ => None,
     }
-}
-
-/// CPU time (user and system) the calling thread has used: what a step costs whatever the
-/// machine's load, where its wall time depends on it.
-pub fn thread_cpu_time() -> std::time::Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given; this clock exists on Linux.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return std::time::Duration::ZERO;
-    }
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]

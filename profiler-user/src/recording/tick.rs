@@ -1,0 +1,432 @@
+//! The tick ([`Recording::tick`]): what keeps a recording healthy while it samples (stacks
+//! moved out of the kernel, maps refreshed, followed children and exec'd processes handled,
+//! exits noted, new Python stacks queued, sampled addresses sent to be symbolized early).
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use profiler_common::Counter;
+
+use super::{
+    naming::PythonStackIds, MAPS_REFRESH, MAX_SYSTEM_PROCESSES, SYSTEM_MAPS_REFRESH, YOUNG_PROCESS,
+    YOUNG_REFRESH_PERIODS,
+};
+use crate::{
+    kernel::pool::{ProgramPool, Slot},
+    process::maps::ProcessMaps,
+    process::target::{Owner, Target},
+    python::stacks::{PythonMode, PythonTracking},
+    recording::process::ProcessRecording,
+    recording::Recording,
+    symbolize::Warm,
+};
+
+/// Kernel addresses start here (x86-64, 4- and 5-level paging alike).
+const KERNEL_ADDRESS_START: u64 = 1 << 63;
+
+/// A run of targets looks for new Python stacks to name as often as every tick, but spends at
+/// most about 1/this of its time on the look: it reads the kernel's sample map key by key (a
+/// system call each: 0.3 ms for 700 keys in a release build, 1-5 ms for 150 in a debug one;
+/// up to 16k keys between moves), so the next look waits this many times the CPU the last one
+/// took, at most until the next maps refresh.
+pub(super) const PYTHON_SCAN_COST_SHARE: u32 = 20;
+
+/// Where a recording stands after a tick.
+#[derive(Clone, Copy, Debug)]
+pub struct TickStatus {
+    /// Samples of the recording's processes so far.
+    pub samples: u64,
+    /// Whether every process of the recording has exited.
+    pub all_exited: bool,
+}
+
+impl Recording {
+    /// Keeps the recording healthy: moves stacks out of the kernel when due, picks up the
+    /// children the kernel followed, notes exits and refreshes memory maps.
+    pub fn tick(&mut self, pool: &mut ProgramPool) -> TickStatus {
+        let refresh = self.last_refresh.elapsed() >= MAPS_REFRESH;
+        if refresh {
+            self.last_refresh = Instant::now();
+        }
+        let mut samples = 0;
+        let mut seen_programs = HashSet::new();
+        // Programs that stored Python stacks never seen before since their last look for them
+        // (with the count now), and programs whose count cannot be read. A system-wide run
+        // looks only at each refresh, whatever the count: it does not read it.
+        let look_between_refreshes = !self.is_system();
+        let mut new_stacks: HashMap<u32, Option<u64>> = HashMap::new();
+        for (slot, _) in self.slots.clone() {
+            let Ok(program) = pool.program(slot) else {
+                continue;
+            };
+            if seen_programs.insert(slot.program_id) {
+                program.offload_when_due();
+                program.unwind.poll();
+                if look_between_refreshes {
+                    let stored = program.python_stacks_stored();
+                    if stored.is_none()
+                        || stored != self.stacks_at_python_scan.get(&slot.program_id).copied()
+                    {
+                        new_stacks.insert(slot.program_id, stored);
+                    }
+                }
+            }
+            samples += program
+                .counters(slot.run)
+                .map(|c| c.get(Counter::Samples))
+                .unwrap_or(0);
+            if let Some(owner) = self.owner {
+                for pid in program.take_execed(slot.run) {
+                    self.after_exec(program, slot, pid, owner);
+                }
+            }
+            if self.follow_children {
+                for pid in program.followed(slot.run) {
+                    self.adopt(program, slot, pid, false);
+                }
+            }
+            if self.is_system() {
+                // The kernel reports each process as it first samples it (again when the
+                // report found the ring full), so that a process living a fraction of a second
+                // is taken in while it lives.
+                for pid in program.take_new_processes() {
+                    self.adopt(program, slot, pid, true);
+                }
+            }
+        }
+        // Python stacks recorded so far, per program, named below while their processes live.
+        let mut python_ids = PythonStackIds::default();
+        let now = Instant::now();
+        let system = self.is_system();
+        let owner_uid = self.owner_uid();
+        // Every tick where sampling is fast enough that a tick holds more than
+        // YOUNG_REFRESH_PERIODS samples per CPU (command-line runs at their default rate).
+        let young_every = self
+            .sampling
+            .filter(|s| system && s.nominal_hz > 0.0)
+            .map_or(Duration::ZERO, |s| {
+                Duration::from_secs_f64(YOUNG_REFRESH_PERIODS / s.nominal_hz)
+            });
+        // A system-wide run looks for its processes' exits every MAPS_REFRESH (and at each
+        // one's own re-read), not every tick: each look opens and reads /proc/PID/stat, and
+        // for every process of the machine ten times a second that was the agent's busiest
+        // system call (200 a second on a quiet machine); an exit seen later only keeps the
+        // process's state that much longer. Runs of targets look every tick: their end is
+        // their targets' exit.
+        let look_for_exits = !system || refresh;
+        let scan_python = refresh || (!system && now >= self.next_python_scan);
+        let mut python_scan_took = None;
+        let started = self.started;
+        // `--per-thread` labels a Python program's threads by their `threading` names.
+        let per_thread = self.per_thread;
+        for p in self.processes.values_mut() {
+            let young = p.young_until.is_some_and(|t| now < t)
+                && now.duration_since(p.refreshed_at) >= young_every;
+            let due = if system && p.python.is_none() {
+                now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
+            } else {
+                refresh
+            };
+            // A target that mapped new code since the last tick (a dlopen) is re-read now:
+            // until its new library's unwind table is loaded, that library's samples are its
+            // leaf alone, and half a second of them was a visible share of a short run.
+            let mapped = !system && !p.exited && p.mapped_new_code();
+            let refresh = due || young || mapped;
+            let Ok(program) = pool.program(p.slot) else {
+                continue;
+            };
+            if let Some(owner) = self.owner {
+                // A change without an exec (the process made itself undumpable) is caught
+                // here; an exec was caught by the kernel and handled above.
+                if refresh && !p.exited && !p.target.profilable_by(owner) && p.target.is_alive() {
+                    p.revoke(program);
+                }
+            }
+            if (look_for_exits || refresh) && p.poll(refresh, per_thread) && system {
+                program.forget_system_process(p.target.pid);
+            }
+            // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
+            // same read of the maps as symbolization.
+            if refresh && !p.exited {
+                let _ =
+                    program
+                        .unwind
+                        .track_maps(p.target.pid, owner_uid, Some(p.maps.last_read()));
+                p.note_tables(&program.unwind, started);
+                p.cfi_walked |= program.unwind.is_tracked(p.target.pid);
+            }
+            // A new process may map its interpreter only after its exec (libpython is loaded
+            // by ld.so): it is looked for again while the process is young.
+            if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
+                p.python = PythonTracking::start(
+                    program,
+                    p.target.pid,
+                    &self.naming,
+                    owner_uid,
+                    &mut p.python_refused,
+                );
+            }
+            if let Some(python) = &mut p.python {
+                if p.exited {
+                    python.stop(program);
+                } else {
+                    if refresh {
+                        python.refresh_threads(program);
+                    }
+                    // A code object can be read only while it lives: a function compiled,
+                    // run and dropped, or the last code a process runs before it exits, is
+                    // gone soon after. Queued at each maps refresh, up to half a second of
+                    // such code was never named ("[unknown Python code]"); a run of targets
+                    // queues as often as every tick. A system-wide run, which scans the
+                    // stacks of every process, still does it at each refresh.
+                    if refresh || (scan_python && new_stacks.contains_key(&p.slot.program_id)) {
+                        // Named by `name_python`, off the programs' lock.
+                        let read = |program: &crate::kernel::KernelProgram| {
+                            // CPU time, not wall time: with three busy loops on two cores a
+                            // look preempted midway took 13.6 ms for 0.6 ms of CPU, and the
+                            // next look, 272 ms later by its wall time, came after the end of
+                            // a function that ran 150 ms and its process.
+                            let (began, cpu) = (Instant::now(), crate::clock::thread_cpu_time());
+                            let ids = program.python_stack_ids();
+                            let took = crate::clock::thread_cpu_time().saturating_sub(cpu);
+                            log::trace!(
+                                "{} Python stacks recorded, found in {took:?} of CPU ({:?})",
+                                ids.len(),
+                                began.elapsed()
+                            );
+                            *python_scan_took.get_or_insert(Duration::ZERO) += took;
+                            ids
+                        };
+                        python_ids.queue_with(python, program, p.slot, p.sample_pid, read);
+                    }
+                }
+            }
+            if p.exited && system {
+                // What the kernel holds for it goes at once: tables, mappings, Python state
+                // (its maps stay, to name its samples).
+                if program.unwind.is_tracked(p.target.pid) {
+                    p.note_tables(&program.unwind, started);
+                    program.unwind.unload_process(p.target.pid);
+                }
+            }
+        }
+        if let Some(took) = python_scan_took {
+            self.next_python_scan = now + (took * PYTHON_SCAN_COST_SHARE).min(MAPS_REFRESH);
+            // Counts read before the look: a stack stored during it is looked for again.
+            for (program, stored) in new_stacks {
+                if let (Some(stored), true) = (stored, python_ids.read_for(program)) {
+                    self.stacks_at_python_scan.insert(program, stored);
+                }
+            }
+        }
+        self.send_warm(pool);
+        TickStatus {
+            samples,
+            // A system-wide run lasts until it is stopped.
+            all_exited: !system && self.processes.values().all(|p| p.exited),
+        }
+    }
+
+    /// Sends the addresses sampled since the last call to the warm sink, if there is one.
+    fn send_warm(&mut self, pool: &mut ProgramPool) {
+        let Some(sink) = &self.warm else {
+            return;
+        };
+        let mut warm = Warm::default();
+        let mut seen_programs = HashSet::new();
+        for (slot, _) in &self.slots {
+            if !seen_programs.insert(slot.program_id) {
+                continue;
+            }
+            let Ok(program) = pool.program(*slot) else {
+                continue;
+            };
+            let (kernel, user): (Vec<u64>, Vec<u64>) = program
+                .take_fresh_frames()
+                .into_iter()
+                .partition(|a| *a >= KERNEL_ADDRESS_START);
+            warm.kernel.extend(kernel);
+            // A program's stacks do not say whose they are: each is placed in every process
+            // of the program that maps it.
+            for p in self
+                .processes
+                .values()
+                .filter(|p| p.slot.program_id == slot.program_id)
+            {
+                warm.user
+                    .extend(user.iter().filter_map(|a| match p.maps.locate(*a) {
+                        crate::process::maps::Location::File(file, offset) => Some((file, offset)),
+                        _ => None,
+                    }));
+            }
+        }
+        if !warm.user.is_empty() || !warm.kernel.is_empty() {
+            sink(warm);
+        }
+    }
+
+    /// Handles process `pid` of `slot`, which exec'd: the kernel stopped sampling it at the exec.
+    /// It is sampled again if `owner` may profile the new program, with its maps read anew
+    /// (those read since the exec may be of a program the owner may not see) and its Python
+    /// state forgotten (names read from its memory since the exec, likewise); otherwise it is
+    /// revoked. A child not adopted yet is handed back to the kernel's following, and adoption
+    /// checks it.
+    pub(super) fn after_exec(
+        &mut self,
+        program: &mut crate::kernel::KernelProgram,
+        slot: Slot,
+        pid: u32,
+        owner: Owner,
+    ) {
+        let follow = self.follow_children;
+        let known = self
+            .processes
+            .values_mut()
+            .find(|p| p.slot == slot && p.target.pid == pid && !p.exited);
+        let Some(p) = known else {
+            if !self.ignored.contains(&pid)
+                && Target::from_pid(pid).is_ok_and(|t| t.profilable_by(owner))
+            {
+                let _ = program.resume_followed(slot.run, pid);
+            } else {
+                program.drop_followed(slot.run, pid);
+            }
+            return;
+        };
+        if let Some(mut python) = p.python.take() {
+            python.stop(program);
+        }
+        let fresh = ProcessMaps::capture(pid, p.target.ns_pid, &self.copies);
+        let fresh = match fresh {
+            Ok(fresh) if p.target.profilable_by(owner) => fresh,
+            _ => {
+                p.revoke(program);
+                return;
+            }
+        };
+        let resumed = if p.direct {
+            program.resume_target(slot.run, &p.target, follow)
+        } else {
+            program.resume_followed(slot.run, pid)
+        };
+        // Checked again once it samples: an exec between the check and the resume was not
+        // reported (the kernel had already stopped the run); one after it is.
+        if resumed.is_err() || !p.target.profilable_by(owner) {
+            p.revoke(program);
+            return;
+        }
+        log::debug!("pid {pid} exec'd a program its run's owner may profile");
+        p.maps = fresh;
+        p.young_until = Some(Instant::now() + YOUNG_PROCESS);
+        let _ = program
+            .unwind
+            .track_maps(pid, owner.uid, Some(p.maps.last_read()));
+    }
+
+    /// Takes in a child the kernel followed for `slot` (or, `system`, a process a system-wide
+    /// run sampled), unless it is a thread or known.
+    pub(super) fn adopt(
+        &mut self,
+        program: &mut crate::kernel::KernelProgram,
+        slot: Slot,
+        pid: u32,
+        system: bool,
+    ) {
+        if self.ignored.contains(&pid)
+            || self.over_cap.contains(&pid)
+            || self
+                .processes
+                .contains_key(&(slot.program_id, slot.run, pid))
+            || (!system && self.processes.values().any(|p| p.target.pid == pid))
+        {
+            return;
+        }
+        if system && self.processes.len() >= MAX_SYSTEM_PROCESSES {
+            if self.over_cap.is_empty() {
+                log::warn!(
+                    "{MAX_SYSTEM_PROCESSES} processes taken in, the most a system-wide run \
+                     does: the samples of further ones are counted, not named"
+                );
+            }
+            self.over_cap.insert(pid);
+            return;
+        }
+        let is_process = crate::process::target::read_status(pid)
+            .map(|s| s.tgid == pid as i32)
+            .unwrap_or(false);
+        if !is_process {
+            // A thread of a target (the fork tracepoint sees those too), or gone already.
+            program.forget_followed(pid);
+            self.ignored.insert(pid);
+            return;
+        }
+        let adopted = Target::from_pid(pid).and_then(|target| {
+            let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
+            Ok((target, maps))
+        });
+        let adopted = adopted.and_then(|(target, maps)| match self.owner {
+            Some(owner) if !target.profilable_by(owner) => {
+                // Its samples so far (from its fork on) are dropped with it.
+                program.drop_followed(slot.run, pid);
+                let sample_pid = if system { pid } else { target.ns_pid };
+                let mut gone = ProcessRecording::gone(slot, sample_pid);
+                gone.revoked = true;
+                log::info!("not following child pid {pid}: its run's owner may not profile it");
+                self.processes
+                    .insert((slot.program_id, slot.run, sample_pid), gone);
+                Err(crate::error::Error::PermissionDenied(format!("pid {pid}")))
+            }
+            _ => Ok((target, maps)),
+        });
+        match adopted {
+            Ok((target, maps)) => {
+                log::debug!("taking in pid {pid} ({})", target.comm);
+                let tracked =
+                    program
+                        .unwind
+                        .track_maps(pid, self.owner_uid(), Some(maps.last_read()));
+                if let Err(e) = tracked {
+                    log::debug!("unwind tables of pid {pid}: {e}");
+                }
+                let cfi_walked = program.unwind.is_tracked(pid);
+                // A system-wide run's samples carry pids of the initial namespace.
+                let sample_pid = if system { pid } else { target.ns_pid };
+                let mut python_refused = None;
+                self.processes.insert(
+                    (slot.program_id, slot.run, sample_pid),
+                    ProcessRecording {
+                        slot,
+                        sample_pid,
+                        target,
+                        maps,
+                        direct: false,
+                        exited: false,
+                        python: match self.python_mode {
+                            PythonMode::Auto => PythonTracking::start(
+                                program,
+                                pid,
+                                &self.naming,
+                                self.owner_uid(),
+                                &mut python_refused,
+                            ),
+                            PythonMode::Off => None,
+                        },
+                        python_refused,
+                        young_until: Some(Instant::now() + YOUNG_PROCESS),
+                        refreshed_at: Instant::now(),
+                        executable_kib: None,
+                        untabled: Vec::new(),
+                        tabled_late: Vec::new(),
+                        cfi_walked,
+                        revoked: false,
+                    },
+                );
+            }
+            Err(_) => {
+                self.ignored.insert(pid);
+            }
+        }
+    }
+}
