@@ -125,8 +125,8 @@ fn leaf_counts(profile: &Profile) -> (u64, u64, Vec<(u32, u64)>) {
     (hot, cold, lines.into_iter().collect())
 }
 
-/// py-spy's share of `leaf_hot` in its raw (folded) output.
-fn py_spy_share(path: &Path) -> Option<f64> {
+/// py-spy's share of `leaf_hot` in its raw (folded) output, and its samples of the two leaves.
+fn py_spy_share(path: &Path) -> Option<(f64, u64)> {
     let text = std::fs::read_to_string(path).ok()?;
     let (mut hot, mut cold) = (0u64, 0u64);
     for line in text.lines() {
@@ -140,7 +140,15 @@ fn py_spy_share(path: &Path) -> Option<f64> {
             cold += n;
         }
     }
-    (hot + cold > 0).then(|| hot as f64 / (hot + cold) as f64)
+    (hot + cold > 0).then(|| (hot as f64 / (hot + cold) as f64, hot + cold))
+}
+
+/// How far two sampled shares may differ: [`TOLERANCE`], or four standard errors of their
+/// difference where the two sample counts make that wider (py-spy samples at 499 Hz and, on a
+/// loaded machine, misses some of those: 3 points is then under three standard errors).
+fn share_bound(share: f64, ours: u64, theirs: u64) -> f64 {
+    let variance = share * (1.0 - share) * (1.0 / ours.max(1) as f64 + 1.0 / theirs.max(1) as f64);
+    TOLERANCE.max(4.0 * variance.sqrt())
 }
 
 /// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts
@@ -159,8 +167,9 @@ fn py_spy() -> Option<PathBuf> {
     })
 }
 
-/// Checks one profile of the workload against its truth; returns bpfprof's share.
-fn check_profile(checks: &mut Checks, label: &str, profile: &Profile, truth: f64) -> f64 {
+/// Checks one profile of the workload against its truth; returns bpfprof's share and its
+/// samples of the two leaves.
+fn check_profile(checks: &mut Checks, label: &str, profile: &Profile, truth: f64) -> (f64, u64) {
     let (hot, cold, lines) = leaf_counts(profile);
     let measured = hot as f64 / (hot + cold).max(1) as f64;
     checks.check(hot + cold >= 300, || {
@@ -173,21 +182,23 @@ fn check_profile(checks: &mut Checks, label: &str, profile: &Profile, truth: f64
     checks.check((measured - truth).abs() <= TOLERANCE, || {
         format!("{label}: leaf_hot's share {measured:.3}, the workload's own {truth:.3}")
     });
-    // The loop's line has nearly every sample of leaf_hot (the rest: `x = 0`, line 3).
+    // The loop's line has nearly every sample of leaf_hot; the rest are on `x = 0` (line 3)
+    // or on the `def` line (2), where the function's first instruction (RESUME) is: leaf_hot
+    // is entered about a thousand times a second.
     let on_line: u64 = lines
         .iter()
         .filter(|(l, _)| *l == HOT_LINE)
         .map(|(_, n)| n)
         .sum();
     checks.check(
-        on_line as f64 >= 0.9 * hot as f64 && lines.iter().all(|(l, _)| (3..=4).contains(l)),
+        on_line as f64 >= 0.9 * hot as f64 && lines.iter().all(|(l, _)| (2..=4).contains(l)),
         || format!("{label}: leaf_hot's lines {lines:?} (samples), not its loop's {HOT_LINE}"),
     );
     eprintln!(
         "{label}: leaf_hot {measured:.3} of {} samples, truth {truth:.3}",
         hot + cold
     );
-    measured
+    (measured, hot + cold)
 }
 
 #[test]
@@ -254,10 +265,18 @@ fn cpython_314_and_315_attached_and_launched() {
         if let Some(mut child) = spy_run {
             let _ = child.wait();
             match py_spy_share(&spy_out) {
-                Some(theirs) => {
-                    eprintln!("{label} attached: py-spy's leaf_hot share {theirs:.3}");
-                    checks.check((ours - theirs).abs() <= TOLERANCE, || {
-                        format!("{label}: leaf_hot's share {ours:.3}, py-spy's {theirs:.3}")
+                Some((theirs, spy_samples)) => {
+                    let (ours, our_samples) = ours;
+                    let bound = share_bound(theirs, our_samples, spy_samples);
+                    eprintln!(
+                        "{label} attached: py-spy's leaf_hot share {theirs:.3} of {spy_samples} \
+                         samples (bound {bound:.3})"
+                    );
+                    checks.check((ours - theirs).abs() <= bound, || {
+                        format!(
+                            "{label}: leaf_hot's share {ours:.3}, py-spy's {theirs:.3} \
+                             (bound {bound:.3})"
+                        )
                     });
                 }
                 None => eprintln!("{label}: py-spy recorded nothing"),
