@@ -432,8 +432,13 @@ fn agent_http_root_scrapes_while_two_users_hold_20000_idle_connections() {
         cut >= 0.5 * elapsed,
         "{cut} windows cut in {elapsed:.1} s while the users held their connections"
     );
+    // Most of the users' connections are refused at accept, counted; the rest were taken
+    // and then closed by the header timeout (10 s), which frees room for later ones: on a
+    // loaded machine the users' 20,000 connects take long enough that a tenth or more of
+    // them get in that way (17,889 of 20,000 refused in one CI run), so the bound is half.
+    // The agent's own fd count above is what shows none of them is held.
     assert!(
-        refused >= (opened as f64) * 0.9,
+        refused >= (opened as f64) * 0.5,
         "only {refused} of {opened} connections were refused: {text}"
     );
     let stderr = agent.stderr_so_far();
