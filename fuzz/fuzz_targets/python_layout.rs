@@ -1,4 +1,4 @@
-//! CPython 3.13's self-description, `_Py_DebugOffsets`, read from the start of the target's
+//! CPython 3.13+'s self-description, `_Py_DebugOffsets`, read from the start of the target's
 //! `_PyRuntime`: every offset bpfprof then reads the target's memory at comes from it.
 #![no_main]
 
@@ -10,7 +10,16 @@ use libfuzzer_sys::fuzz_target;
 const MAX_OFFSET: u32 = 1 << 24;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(layout) = Layout::from_debug_offsets(data) else {
+    // The interpreter's own version, which the blob must match: taken from the blob's version
+    // word (after the 8-byte cookie), so that inputs reach the offsets' checks.
+    let expected = match data.get(8..16) {
+        Some(word) => {
+            let hex = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+            (((hex >> 24) & 0xff) as u8, ((hex >> 16) & 0xff) as u8)
+        }
+        None => (3, 13),
+    };
+    let Ok(layout) = Layout::from_debug_offsets(data, expected) else {
         return;
     };
     let offsets = [

@@ -191,7 +191,7 @@ pub fn python_image(
     use bpfprof::python::layout;
     let (&version, image) = data.split_first()?;
     let layout = match version % 4 {
-        3 => layout::Layout::from_debug_offsets(DEBUG_OFFSETS_3_13).expect("a real 3.13"),
+        3 => layout::Layout::from_debug_offsets(DEBUG_OFFSETS_3_13, (3, 13)).expect("a real 3.13"),
         minor => layout::table(10 + minor).expect("3.10 to 3.12 are tabled"),
     };
     let memory = bpfprof::python::memory::ProcessMemory::new(std::process::id());
