@@ -191,7 +191,13 @@ pub fn python_image(
     use bpfprof::python::layout;
     let (&version, image) = data.split_first()?;
     let layout = match version % 4 {
-        3 => layout::Layout::from_debug_offsets(DEBUG_OFFSETS_3_13, (3, 13)).expect("a real 3.13"),
+        3 => {
+            // The corpus holds the struct's 584 bytes; bpfprof reads a fixed span of
+            // `_PyRuntime` (the larger 3.14/3.15 structs), which follows it in a real process.
+            let mut raw = DEBUG_OFFSETS_3_13.to_vec();
+            raw.resize(4096, 0);
+            layout::Layout::from_debug_offsets(&raw, (3, 13)).expect("a real 3.13")
+        }
         minor => layout::table(10 + minor).expect("3.10 to 3.12 are tabled"),
     };
     let memory = bpfprof::python::memory::ProcessMemory::new(std::process::id());
