@@ -56,13 +56,16 @@ grep -q '"samples"' f.summary.json || missing="$missing f.summary.json"
 if [ $rc -eq 0 ] && [ -z "$missing" ]; then pass formats; else fail formats "exit $rc, lacking leaf_hot:$missing"; show formats.log; fi
 
 # --- daemon: one run through the socket; the results name the hot function ----------------------
-bpfprof daemon --socket /tmp/d.sock --state-dir /tmp/state > daemon.log 2>&1 &
+# The socket's and the state's folders must be root's and writable by root only (bpfprof
+# refuses a world-writable folder such as /tmp itself for them).
+mkdir -m 0700 -p /tmp/d
+bpfprof daemon --socket /tmp/d/d.sock --state-dir /tmp/d/state > daemon.log 2>&1 &
 DAEMON=$!
 i=0
-while [ ! -S /tmp/d.sock ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-bpfprof run --socket /tmp/d.sock --pid $HOT -F 499 --duration-ms 2000 > run.txt 2>&1
+while [ ! -S /tmp/d/d.sock ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+bpfprof run --socket /tmp/d/d.sock --pid $HOT -F 499 --duration-ms 2000 > run.txt 2>&1
 rc=$?
-BPFPROF_SOCKET=/tmp/d.sock bpfprof doctor > doctor-daemon.txt 2>&1
+BPFPROF_SOCKET=/tmp/d/d.sock bpfprof doctor > doctor-daemon.txt 2>&1
 if [ $rc -eq 0 ] && grep -q 'leaf_hot' run.txt && grep -q '^OK    daemon ' doctor-daemon.txt; then
     pass daemon
 else
