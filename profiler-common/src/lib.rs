@@ -686,8 +686,18 @@ pub struct PythonProcess {
     /// far into the object it points to: `co_name`'s cached string hash (3.10, 3.11), which,
     /// unlike the name's address, a new name at a freed name's address does not keep.
     pub code_identity_deref: u32,
-    /// Always zero; keeps the struct free of padding.
-    pub reserved: u32,
+    /// Offset in a frame of its `tlbc_index` (a C `int32_t`: which thread-local copy of its
+    /// code's bytecode the frame runs), or 0 where the build has none (GIL builds, 3.13t):
+    /// free-threaded 3.14+ give each thread its own copy of the bytecode it specializes, and
+    /// `instr_ptr` points into that copy, not into `co_code_adaptive`.
+    pub frame_tlbc_index: u32,
+    /// Offset in a code object of `co_tlbc`, the pointer to its `_PyCodeArray` of
+    /// thread-local copies (`Py_ssize_t size; char *entries[]`, entry 0 the code object's
+    /// own `co_code_adaptive`); 0 with `frame_tlbc_index`.
+    pub code_tlbc: u32,
+    /// Non-zero for a free-threaded (no-GIL) build: the kernel appends
+    /// [`PythonFrame::NO_GIL`] to its stacks where a GIL build's get a GIL entry.
+    pub free_threaded: u32,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address,
@@ -790,6 +800,15 @@ impl PythonFrame {
     pub const GIL_HELD: u64 = 1 << Self::CODE_BITS;
     /// The entry appended to the Python stack of a thread that does not hold the GIL.
     pub const GIL_NOT_HELD: u64 = 2 << Self::CODE_BITS;
+    /// The entry appended to the Python stack of a thread of a free-threaded build, which
+    /// has no GIL to hold.
+    pub const NO_GIL: u64 = 3 << Self::CODE_BITS;
+
+    /// Whether a packed entry is one of the kernel's GIL entries (outermost), not a frame.
+    #[inline(always)]
+    pub const fn is_gil_entry(packed: u64) -> bool {
+        packed == Self::GIL_HELD || packed == Self::GIL_NOT_HELD || packed == Self::NO_GIL
+    }
 
     /// Marks a packed frame as the first of an eval call.
     #[inline(always)]

@@ -558,7 +558,8 @@ pub struct RecordArgs {
     pub python_glue: bool,
 
     /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
-    /// sampled thread held CPython's global interpreter lock.
+    /// sampled thread held CPython's global interpreter lock (`[free-threaded: no GIL]` for a
+    /// free-threaded build, which has none).
     #[arg(long)]
     pub python_gil: bool,
 

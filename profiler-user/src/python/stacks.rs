@@ -455,6 +455,8 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
         (k.frame_code, 8),
         (k.frame_instr, instr),
         (k.frame_entry, 1),
+        // 0 where the build has no thread-local bytecode: never read then.
+        (k.frame_tlbc_index, 4),
     ]
     .iter()
     .all(|&(offset, size)| {
@@ -472,7 +474,7 @@ pub fn symbol_key(packed: u64) -> u64 {
 
 /// Whether a packed stack entry is the kernel's GIL entry (outermost), not a frame.
 fn is_gil_marker(packed: u64) -> bool {
-    packed == PythonFrame::GIL_HELD || packed == PythonFrame::GIL_NOT_HELD
+    PythonFrame::is_gil_entry(packed)
 }
 
 /// Whether any frame of the Python stack `python` has no name in `symbols`: its code object
@@ -517,13 +519,17 @@ pub struct MergeOptions {
 const GIL_HELD_FRAME: &str = "[GIL held]";
 /// The root frame of a sample whose thread did not hold the GIL (`--python-gil`).
 const GIL_NOT_HELD_FRAME: &str = "[GIL not held]";
+/// The root frame of a sample of a free-threaded build (`--python-gil`): there is no GIL,
+/// said rather than guessed.
+pub const NO_GIL_FRAME: &str = "[free-threaded: no GIL]";
 
-/// The root frame that says whether a sample's thread held the GIL.
-fn gil_frame(held: bool) -> Frame {
-    let name = if held {
-        GIL_HELD_FRAME
-    } else {
-        GIL_NOT_HELD_FRAME
+/// The root frame that says whether a sample's thread held the GIL, from the kernel's GIL
+/// entry `marker`.
+fn gil_frame(marker: u64) -> Frame {
+    let name = match marker {
+        PythonFrame::GIL_HELD => GIL_HELD_FRAME,
+        PythonFrame::NO_GIL => NO_GIL_FRAME,
+        _ => GIL_NOT_HELD_FRAME,
     };
     Frame::named(name, None, FrameKind::Python)
 }
@@ -586,6 +592,7 @@ pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
             f.kind == FrameKind::Python
                 && *f.name != *GIL_HELD_FRAME
                 && *f.name != *GIL_NOT_HELD_FRAME
+                && *f.name != *NO_GIL_FRAME
         })
     };
     let mut keep = vec![true; frames.len()];
@@ -643,13 +650,12 @@ pub fn merge<A: Clone>(
 ) -> Vec<(Frame, A)> {
     // The kernel's GIL entry, outermost, is not a frame.
     let (python, gil) = match python.split_last() {
-        Some((&PythonFrame::GIL_HELD, rest)) => (rest, Some(true)),
-        Some((&PythonFrame::GIL_NOT_HELD, rest)) => (rest, Some(false)),
+        Some((&last, rest)) if PythonFrame::is_gil_entry(last) => (rest, Some(last)),
         _ => (python, None),
     };
     let mut out = merge_frames(native, python, symbols, options.keep_glue, &python_address);
-    if let (true, Some(held)) = (options.show_gil, gil) {
-        out.insert(0, (gil_frame(held), python_address));
+    if let (true, Some(marker)) = (options.show_gil, gil) {
+        out.insert(0, (gil_frame(marker), python_address));
     }
     out
 }
@@ -946,7 +952,7 @@ mod tests {
         let native = [c("start_thread", "/lib/libc.so.6"), c("pymalloc_alloc", PY)];
         assert_eq!(keep(&native), ["start_thread", "pymalloc_alloc"]);
         // The GIL's root frame is no Python function.
-        let gil = [gil_frame(true), c("pymalloc_alloc", PY)];
+        let gil = [gil_frame(PythonFrame::GIL_HELD), c("pymalloc_alloc", PY)];
         assert_eq!(keep(&gil), ["[GIL held]", "pymalloc_alloc"]);
     }
 
@@ -981,6 +987,21 @@ mod tests {
         };
         assert_eq!(names(false), ["[unknown Python code]", "main"]);
         assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
+        // A free-threaded build's entry says so rather than guessing a holder.
+        let python = vec![PythonFrame::pack(0x10, 1, 5, true), PythonFrame::NO_GIL];
+        let options = MergeOptions {
+            keep_glue: false,
+            show_gil: true,
+            view: PythonView::Off,
+        };
+        let named: Vec<_> = merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
+            .into_iter()
+            .map(|(f, _)| f.name.to_string())
+            .collect();
+        assert_eq!(
+            named,
+            ["[free-threaded: no GIL]", "[unknown Python code]", "main"]
+        );
     }
 
     #[test]

@@ -95,9 +95,7 @@ pub struct TargetSamples<'a> {
 /// last, kept), and whether any were cut.
 fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
     use profiler_common::PythonFrame;
-    let gil = frames
-        .last()
-        .filter(|f| **f == PythonFrame::GIL_HELD || **f == PythonFrame::GIL_NOT_HELD);
+    let gil = frames.last().filter(|f| PythonFrame::is_gil_entry(**f));
     let code = &frames[..frames.len() - usize::from(gil.is_some())];
     if code.len() <= limit {
         return (frames.to_vec(), false);
