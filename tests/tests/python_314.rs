@@ -2,7 +2,8 @@
 //! at /srv/sid), walked in the kernel with the layout each reads from its own
 //! `_Py_DebugOffsets`: a 3:1 split attached and launched, within 3 points of the split the
 //! workload measures of itself (and of py-spy's on the same process), the hot loop's line;
-//! and a CPython whose debug offsets say a version bpfprof does not know, named with the
+//! a later version (3.14 saying it is 3.16.0) whose debug offsets keep a known shape, walked
+//! with them; and one whose debug offsets have a shape bpfprof does not know, named with the
 //! reason in the summary, its JSON and `dump`, never a silent profile without Python frames.
 //! Needs root.
 
@@ -332,6 +333,89 @@ fn version_offsets(bytes: &[u8]) -> (usize, usize) {
     )
 }
 
+/// sid's 3.14 as a 3.16.0 (final) would be named, in `Py_Version` and in its debug offsets,
+/// at `binary`; with `changed_shape`, its `_Py_DebugOffsets` also gains a field at the end of
+/// its thread section (as 3.15's did), which moves every section after it.
+fn write_316(python: &str, binary: &Path, changed_shape: bool) {
+    let mut bytes = std::fs::read(Path::new(SID).join(&python[1..])).unwrap();
+    let (runtime, py_version) = version_offsets(&bytes);
+    assert_eq!(&bytes[runtime..runtime + 8], b"xdebugpy");
+    const V316: u64 = 0x0310_00f0;
+    bytes[runtime + 8..runtime + 16].copy_from_slice(&V316.to_le_bytes());
+    bytes[py_version..py_version + 4].copy_from_slice(&(V316 as u32).to_le_bytes());
+    if changed_shape {
+        // 3.14's frame section starts at byte 248; its struct is 760 bytes (its last word,
+        // the debugger's script path size, is dropped). Only profilers read these bytes.
+        let (frame, end) = (runtime + 248, runtime + 760);
+        bytes.copy_within(frame..end - 8, frame + 8);
+        bytes[frame..frame + 8].copy_from_slice(&400u64.to_le_bytes());
+    }
+    std::fs::write(binary, &bytes).unwrap();
+    std::fs::set_permissions(binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+/// Where a later version keeps `_Py_DebugOffsets`'s shape, bpfprof walks it with the offsets it
+/// states, as it would 3.14 (its struct states everything bpfprof reads, and every check
+/// passes): sid's 3.14 saying it is 3.16.0 is profiled with its Python frames and its split.
+/// (This test expected a refusal when every version past 3.15 was refused: that refused a
+/// 3.16 whose offsets bpfprof can read and check, which is what `_Py_DebugOffsets` is for.)
+#[test]
+fn a_cpython_316_with_a_known_shape_is_walked() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = sid_python(14) else {
+        return;
+    };
+    let (dir, inside) = chroot_dir();
+    write_316(&python, &dir.path().join("python3.16"), false);
+    std::fs::write(dir.path().join("hot.py"), WORKLOAD).unwrap();
+    let argv = chroot_command(
+        &inside.join("python3.16").display().to_string(),
+        &inside,
+        "30",
+    );
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    let target = Workload::spawn_command(cmd);
+    truth(dir.path());
+    let pid_arg = target.pid().to_string();
+    let mut checks = Checks::new();
+    let out = dir.path().join("run.folded");
+    let summary = dir.path().join("run.json");
+    let t0 = truth(dir.path());
+    let run = run_bpfprof(
+        [
+            "-F",
+            "999",
+            "-d",
+            "5s",
+            "--pid",
+            &pid_arg,
+            "--line-numbers",
+            "-o",
+            out.to_str().unwrap(),
+            "--summary-json",
+            summary.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    );
+    let t1 = truth(dir.path());
+    run.assert_code(exit::OK);
+    let said = Summary::read(&summary).field("python_unsupported").clone();
+    checks.check(said.as_array().is_none_or(|a| a.is_empty()), || {
+        format!("a 3.16 of 3.14's shape named unsupported: {said}")
+    });
+    check_profile(
+        &mut checks,
+        "3.16 (3.14's shape)",
+        &Profile::read(&out),
+        share(t0, t1),
+    );
+    drop(target);
+    checks.finish();
+}
+
 #[test]
 fn a_cpython_of_an_unknown_version_is_named_with_the_reason() {
     if !require_root() {
@@ -340,18 +424,11 @@ fn a_cpython_of_an_unknown_version_is_named_with_the_reason() {
     let Some(python) = sid_python(14) else {
         return;
     };
-    // sid's 3.14 made to say it is 3.16.0 (final), in `Py_Version` and in its debug
-    // offsets, named as 3.16 would be: a CPython whose layout bpfprof does not know.
+    // sid's 3.14 made to say it is 3.16.0, its debug offsets of a shape bpfprof does not
+    // know: a CPython whose layout bpfprof cannot read.
     let (dir, inside) = chroot_dir();
-    let mut bytes = std::fs::read(Path::new(SID).join(&python[1..])).unwrap();
-    let (runtime, py_version) = version_offsets(&bytes);
-    assert_eq!(&bytes[runtime..runtime + 8], b"xdebugpy");
-    const V316: u64 = 0x0310_00f0;
-    bytes[runtime + 8..runtime + 16].copy_from_slice(&V316.to_le_bytes());
-    bytes[py_version..py_version + 4].copy_from_slice(&(V316 as u32).to_le_bytes());
     let binary = dir.path().join("python3.16");
-    std::fs::write(&binary, &bytes).unwrap();
-    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    write_316(&python, &binary, true);
     std::fs::write(dir.path().join("hot.py"), WORKLOAD).unwrap();
     let argv = chroot_command(
         &inside.join("python3.16").display().to_string(),
