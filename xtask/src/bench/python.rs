@@ -241,7 +241,7 @@ impl Bench {
         // and the free-threaded 3.13t setup builds, side by side.
         writeln!(md, "\nKernel program time per sample for a {PYTHON_DEPTH}-deep Python stack (`pywork.py 0 {PYTHON_DEPTH}`), measured as in section 7, on pyenv's 3.12.1, Debian sid's 3.14 (in `{SID_ROOT}`; its layout read from its `_Py_DebugOffsets`) and the free-threaded 3.13t `cargo xtask setup` builds (`{PY313T}`; per-thread state, the longer object header, no GIL entry read):\n")?;
         let interpreters = python_interpreters(&script_s)?;
-        let mut rows: Vec<(&str, Option<(Vec<f64>, Vec<f64>, Vec<f64>)>)> = Vec::new();
+        let mut rows: Vec<(&str, Option<KernelTimes>)> = Vec::new();
         for (label, argv) in &interpreters {
             let measured = match argv {
                 Some(argv) if kernel_walk => Some(self.python_kernel_time(plan, argv)?),
@@ -370,6 +370,11 @@ fn generate_many_functions(chains: usize, depth: usize) -> String {
     s
 }
 
+/// Per round: ns per target sample, frames per stack, samples with Python frames (%).
+type KernelTimes = (Vec<f64>, Vec<f64>, Vec<f64>);
+/// A row's label, and the command that runs the workload (None: not installed).
+type Interpreter = (&'static str, Option<Vec<String>>);
+
 /// The chroot with Debian sid's CPython 3.14 and 3.15, and the free-threaded 3.13t (both made
 /// by `cargo xtask setup`).
 const SID_ROOT: &str = "/srv/sid";
@@ -378,12 +383,13 @@ const PY313T: &str = "/opt/py313t/bin/python3.13t";
 /// The interpreters of the kernel-time rows: a label and the command that runs `script`
 /// `0 PYTHON_DEPTH` (None where setup has not installed it). The 3.14 one runs in the
 /// chroot, so the script is copied into it.
-fn python_interpreters(script: &str) -> Result<Vec<(&'static str, Option<Vec<String>>)>> {
+fn python_interpreters(script: &str) -> Result<Vec<Interpreter>> {
     let depth = PYTHON_DEPTH.to_string();
     let sid = std::path::Path::new(SID_ROOT);
     let sid314 = if sid.join("usr/bin/python3.14").is_file() {
         let inside = "/tmp/bpfprof-bench-pywork.py";
-        std::fs::copy(script, sid.join(&inside[1..])).context("copying pywork.py into the chroot")?;
+        std::fs::copy(script, sid.join(&inside[1..]))
+            .context("copying pywork.py into the chroot")?;
         Some(vec![
             "chroot".into(),
             SID_ROOT.into(),
@@ -401,7 +407,12 @@ fn python_interpreters(script: &str) -> Result<Vec<(&'static str, Option<Vec<Str
     Ok(vec![
         (
             "CPython 3.12 (pyenv)",
-            Some(vec![PYTHON.into(), script.into(), "0".into(), depth.clone()]),
+            Some(vec![
+                PYTHON.into(),
+                script.into(),
+                "0".into(),
+                depth.clone(),
+            ]),
         ),
         ("CPython 3.14 (Debian sid)", sid314),
         ("CPython 3.13t (free-threaded)", ft),
@@ -412,11 +423,7 @@ impl Bench {
     /// Kernel program time per sample of the Python workload `argv` (its stack
     /// `PYTHON_DEPTH` deep), with the reject cost taken out as in section 7: per round, ns
     /// per target sample, frames per stack and the share of samples with Python frames.
-    fn python_kernel_time(
-        &self,
-        plan: &Plan,
-        argv: &[String],
-    ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    fn python_kernel_time(&self, plan: &Plan, argv: &[String]) -> Result<KernelTimes> {
         let mut t = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::null())
@@ -426,7 +433,7 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(300));
         let secs = if plan.quick { 1.0 } else { ATTACH_SECS };
         let mut idle = Command::new("sleep").arg("3600").spawn()?;
-        let r = (|| -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+        let r = (|| -> Result<KernelTimes> {
             let (mut v, mut frames, mut share) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..plan.rounds {
                 let floor = self.kernel_run(idle.id() as i32, &[], secs)?;
