@@ -103,6 +103,13 @@ fn truth_share(t0: &[u64; 4], t1: &[u64; 4], i: usize) -> f64 {
     hot / (hot + cold)
 }
 
+/// How far a thread's sampled share may be from its own measure: [`TOLERANCE`], or three
+/// standard errors of a share of `samples` samples where that is wider (on a loaded machine a
+/// thread gets a few hundred samples in a run: 3 points is then under two standard errors).
+fn share_bound(share: f64, samples: u64) -> f64 {
+    TOLERANCE.max(3.0 * (share * (1.0 - share) / samples.max(1) as f64).sqrt())
+}
+
 /// Samples whose stack has the Python function `name` (`name` or `name (file:line)`).
 fn count_function(profile: &Profile, name: &str) -> u64 {
     let prefix = format!("{name} (");
@@ -170,9 +177,9 @@ fn free_threaded_313t_two_threads_at_once_each_with_its_own_shares() {
     let run = run_bpfprof(
         [
             "-F",
-            "499",
+            "999",
             "-d",
-            "5s",
+            "8s",
             "--pid",
             &pid_arg,
             "--python-gil",
@@ -209,8 +216,12 @@ fn free_threaded_313t_two_threads_at_once_each_with_its_own_shares() {
                 profile.top(8)
             )
         });
-        checks.check((measured - truth).abs() <= TOLERANCE, || {
-            format!("thread {label}: {hot}'s share {measured:.3}, its own measure {truth:.3}")
+        let bound = share_bound(truth, h + c);
+        checks.check((measured - truth).abs() <= bound, || {
+            format!(
+                "thread {label}: {hot}'s share {measured:.3}, its own measure {truth:.3} \
+                 (bound {bound:.3})"
+            )
         });
     }
     // `--python-gil`: no GIL to hold, said on every Python stack rather than guessed.
@@ -247,18 +258,22 @@ fn free_threaded_313t_two_threads_at_once_each_with_its_own_shares() {
         threads.iter().all(|t| t["holds_gil"].is_null()) && json["gil_holder"].is_null(),
         || format!("dump says a thread holds a GIL:\n{}", dump.stdout),
     );
-    let in_function = |prefix: &str| {
-        threads.iter().any(|t| {
+    // Both workers' Python frames, each under `worker` (the thread may be stopped in `worker`
+    // itself, between its calls, as well as in its leaves).
+    let workers = threads
+        .iter()
+        .filter(|t| {
             t["frames"].as_array().is_some_and(|f| {
-                f.iter().any(|f| {
-                    f["kind"] == "python"
-                        && f["name"].as_str().is_some_and(|n| n.starts_with(prefix))
-                })
+                f.iter()
+                    .any(|f| f["kind"] == "python" && f["name"] == "worker")
             })
         })
-    };
-    checks.check(in_function("a_") && in_function("b_"), || {
-        format!("dump has no thread in a_* and one in b_*:\n{}", dump.stdout)
+        .count();
+    checks.check(workers == 2, || {
+        format!(
+            "dump has {workers} threads in `worker`, not 2:\n{}",
+            dump.stdout
+        )
     });
     let text = run_bpfprof(["dump", "--pid", &pid_arg], TIMEOUT);
     checks.check(
@@ -291,10 +306,16 @@ fn free_threaded_313t_two_threads_at_once_each_with_its_own_shares() {
             .expect("py-spy runs");
         let t1 = truth(&truth_path);
         let text = std::fs::read_to_string(&raw).unwrap_or_default();
-        if !spy.status.success() || text.is_empty() {
+        // py-spy 0.4.3 lists 3.13t's threads but reads none of their frames: each sample is
+        // an empty stack (" N").
+        let framed = text
+            .lines()
+            .any(|l| l.contains("a_hot (") || l.contains("b_hot ("));
+        if !spy.status.success() || !framed {
             eprintln!(
-                "py-spy does not read 3.13t ({}): {}",
+                "py-spy does not read 3.13t's frames ({}; its output: {:?}): {}",
                 spy.status,
+                text.chars().take(200).collect::<String>(),
                 String::from_utf8_lossy(&spy.stderr).trim()
             );
         } else {
