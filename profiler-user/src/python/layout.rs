@@ -682,6 +682,8 @@ mod tests {
     /// 3.14.10 and `python3.15` 3.15.2, read from running processes' memory.
     const SID_314: &[u8] = include_bytes!("testdata/debug_offsets_3.14.bin");
     const SID_315: &[u8] = include_bytes!("testdata/debug_offsets_3.15.bin");
+    /// The same of the free-threaded 3.13.5 `cargo xtask setup` builds (`/opt/py313t`).
+    const FT_313: &[u8] = include_bytes!("testdata/debug_offsets_3.13t.bin");
 
     fn put(blob: &mut [u8], at: usize, value: u64) {
         blob[at..at + 8].copy_from_slice(&value.to_ne_bytes());
@@ -872,6 +874,42 @@ mod tests {
             put(&mut blob, 616 + 8 * i, v);
         }
         blob
+    }
+
+    #[test]
+    fn the_layout_of_3_13t_from_its_own_offsets() {
+        let l = Layout::from_debug_offsets(FT_313, (3, 13)).expect("3.13t's offsets pass");
+        assert!(l.free_threaded);
+        assert_eq!(l.gil, GilLayout::FreeThreaded);
+        let k = l.kernel;
+        assert_eq!(
+            (k.free_threaded, k.frame_tlbc_index, k.code_tlbc),
+            (1, 0, 0)
+        );
+        // The longer object header: `ob_type` at 24, and every object's fields 16 bytes later.
+        assert_eq!((l.object_type, l.type_name), (24, 40));
+        assert_eq!(
+            (l.code_filename, l.code_name, l.code_qualname),
+            (128, 136, Some(144))
+        );
+        assert_eq!((l.code_firstlineno, k.code_identity), (84, 104));
+        assert_eq!(k.code_instructions, 216);
+        assert_eq!((l.bytes_size, l.bytes_data), (32, 48));
+        assert_eq!(
+            (l.unicode_length, l.unicode_state, l.unicode_ascii_size),
+            (32, 48, 56)
+        );
+        // 3.13t keeps `interned:2` a bit field: the kind bits where a GIL build has them.
+        assert_eq!(l.unicode_kind_shift, unicode_state::KIND_SHIFT);
+        // The frame is a GIL build's.
+        assert_eq!(
+            (k.frame_code, k.frame_previous, k.frame_instr, k.frame_entry),
+            (0, 8, 56, 70)
+        );
+        // A 3.16t of 3.13t's shape is walked with its offsets too.
+        let l16 = Layout::from_debug_offsets(&as_316(FT_313), (3, 16)).expect("3.13t's shape");
+        assert_eq!(l16.object_type, 24);
+        assert!(l16.free_threaded);
     }
 
     #[test]
