@@ -61,3 +61,18 @@ pub fn python_console_script() -> &'static Path {
         })
         .1
 }
+
+/// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.
+pub fn py_spy() -> Option<PathBuf> {
+    crate::env::find_tool("py-spy").or_else(|| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('scripts'))",
+            ])
+            .output()
+            .ok()?;
+        let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("py-spy");
+        bin.is_file().then_some(bin)
+    })
+}
