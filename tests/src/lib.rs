@@ -19,8 +19,8 @@
 //! and `/proc`), `runner` (running bpfprof), `profile` (folded profiles), `summary` (the
 //! summary JSON), `files` (temp dirs and executable copies), `checks`, `daemon`, `users`,
 //! `python` (the installed Python package, py-spy), `root` (the machine lock behind
-//! `needs_root!`), `stats` (sampled shares and their standard errors), `exit` (exit codes), `large_library` and `agent`
-//! (the agent's tests' helpers).
+//! `needs_root!`), `stats` (sampled shares and their standard errors), `exit` (exit codes),
+//! `large_library` and `agent` (the agent's tests' helpers).
 
 pub mod agent;
 pub mod checks;
@@ -35,6 +35,7 @@ pub mod profile;
 pub mod python;
 pub mod root;
 pub mod runner;
+pub mod stats;
 pub mod summary;
 pub mod users;
 
@@ -46,5 +47,6 @@ pub use process::*;
 pub use profile::*;
 pub use python::*;
 pub use runner::*;
+pub use stats::*;
 pub use summary::*;
 pub use users::*;

@@ -14,6 +14,7 @@ use bpfprof_tests::{
     agent::{
         free_port, go_pprof_url, leaves, metrics, start_agent, start_agent_with_env, TestCgroup,
     },
+    assert_hotcold_split,
     hostile::{cli, run_id_of},
     needs_root, poll_until, run_bpfprof, tempdir, test_user, workload_as, world_executable_bpfprof,
     Daemon, Workload,
@@ -209,12 +210,7 @@ fn otlp_export_reaches_a_receiver(protocol: &str, flag: &str) {
     );
 
     // The known split: leaf_hot does three units of work for each of leaf_cold's.
-    let (h, c) = (otlp["leaf_hot"] as f64, otlp["leaf_cold"] as f64);
-    let share = h / (h + c);
-    assert!(
-        (0.67..=0.83).contains(&share),
-        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {otlp:?}"
-    );
+    assert_hotcold_split(otlp["leaf_hot"], otlp["leaf_cold"], &otlp);
     assert_eq!(
         otlp.iter()
             .max_by_key(|(_, n)| **n)
@@ -686,12 +682,7 @@ fn pyroscope_ingest_gets_each_services_pprof_with_its_name_and_labels() {
         (judged >= 300).then_some((requests, hot))
     })
     .unwrap_or_else(|| panic!("too few samples arrived\n{}", agent.stderr_so_far()));
-    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
-    let share = h / (h + c);
-    assert!(
-        (0.67..=0.83).contains(&share),
-        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
-    );
+    assert_hotcold_split(hot["leaf_hot"], hot["leaf_cold"], &hot);
     assert_eq!(
         hot.iter().max_by_key(|(_, n)| **n).map(|(f, _)| f.as_str()),
         Some("leaf_hot"),
@@ -1220,12 +1211,7 @@ fn a_daemon_exports_each_finished_run_with_its_id_tags_and_owner() {
         samples,
         "the run's {samples} samples: {otlp:?}"
     );
-    let (h, c) = (otlp["leaf_hot"] as f64, otlp["leaf_cold"] as f64);
-    let share = h / (h + c);
-    assert!(
-        (0.67..=0.83).contains(&share),
-        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {otlp:?}"
-    );
+    assert_hotcold_split(otlp["leaf_hot"], otlp["leaf_cold"], &otlp);
     // The run's time: as long as it sampled, ended before the results were read.
     let length = profile["duration_nano"].as_f64().unwrap() / 1e9;
     let end = Duration::from_nanos(
@@ -1489,10 +1475,5 @@ fn a_daemon_pushes_each_finished_run_to_pyroscope_with_its_id_and_owner_as_label
     }
     let hot = leaves(&pprof, run.hotcold.pid());
     assert_eq!(hot.values().sum::<u64>(), samples, "{hot:?}");
-    let (h, c) = (hot["leaf_hot"] as f64, hot["leaf_cold"] as f64);
-    let share = h / (h + c);
-    assert!(
-        (0.67..=0.83).contains(&share),
-        "leaf_hot's share of hotcold's leaves is {share:.3}, not 0.75: {hot:?}"
-    );
+    assert_hotcold_split(hot["leaf_hot"], hot["leaf_cold"], &hot);
 }

@@ -21,19 +21,28 @@ const USER: &str = "bpfprof-torch";
 const CALLS: usize = 3;
 /// The longest a profiled call may take from stopping the run to having its results.
 const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
-/// The least share of the main thread's samples that are in the train step (Python frames,
-/// read from the interpreter). The rest is the strobelight wrapper's own work while the run
-/// samples (between the run's start and the call, and after it): pooled over a front end's
-/// calls, 0.957 and 0.932 (binary, Python front ends) on 2026-11-25, and 0.911 of 45 samples
-/// once, which failed a bound of 0.95 (one standard error of 45 samples is 0.03).
-const MAIN_THREAD_SHARE: f64 = 0.88;
-/// The least share of the main thread's samples under a module's forward or backward with
-/// libtorch frames below. Issue 21 asks 0.95; pooled over a front end's calls 0.89-0.98 on
-/// 2026-11-27 (load 7-9) once the daemon built sampled objects' tables boosted: the step's
-/// `zero_grad`, `cross_entropy` and `optimizer.step` are outside forward/backward by
-/// construction. (0.595-0.86 while every stack in libtorch_cpu.so ended early until its
-/// niced build finished.)
-const LIBTORCH_BELOW_SHARE: f64 = 0.8;
+/// The share of the main thread's samples that are in the train step (Python frames, read from
+/// the interpreter), the lowest a correct build measured: judged less four standard errors at
+/// the samples pooled (see [`Share`]). The rest is the strobelight wrapper's own work while the
+/// run samples (between the run's start and the call, and after it): pooled over a front
+/// end's calls, 0.957 and 0.932 (binary, Python front ends) on 2026-11-25, and 0.911 of 45
+/// samples once, which failed a fixed bound of 0.95 (one standard error of 45 samples is 0.03).
+const MAIN_THREAD_SHARE: f64 = 0.91;
+/// The share of the main thread's samples the train step would have without its Python frames
+/// (no walk, or names lost), what [`MAIN_THREAD_SHARE`] catches: far under half.
+const MAIN_THREAD_DEFECT: f64 = 0.5;
+/// The share of the main thread's samples under a module's forward or backward with libtorch
+/// frames below, the lowest a correct build measured per call: judged less four standard
+/// errors at the samples pooled (see [`Share`]). Issue 21 asks 0.95; pooled over a front end's
+/// calls 0.89-0.98 on 2026-11-27 (load 7-9) once the daemon built sampled objects' tables
+/// boosted, 0.75-0.89 per call; the step's `zero_grad`, `cross_entropy` and `optimizer.step`
+/// are outside forward/backward by construction. A fixed bound of 0.8 failed a correct build
+/// in CI on a loaded machine (0.776 of 147 samples, one standard error 0.034).
+const LIBTORCH_BELOW_SHARE: f64 = 0.75;
+/// The share while libtorch_cpu.so's stacks end early (0.24-0.76 of them, when the daemon's
+/// table builds were all niced; the share was then 0.595 at its lowest pooled): what
+/// [`LIBTORCH_BELOW_SHARE`] must still catch, at half.
+const LIBTORCH_BELOW_DEFECT: f64 = 0.5;
 /// The most share of a call's stacks that may end early (a walk that left the mappings),
 /// issue 21's number, for every call that starts with libtorch_cpu.so's table in the kernel:
 /// 0 in each such call of four test runs on 2026-11-27 (load 7-9), where 0.24-0.76 ended early
@@ -344,20 +353,16 @@ fn strobelight_decorator_around_a_train_step() {
                 });
             }
         }
-        let step_share = in_step_all as f64 / main_all.max(1) as f64;
-        let share = good_all as f64 / main_all.max(1) as f64;
-        checks.check(step_share >= MAIN_THREAD_SHARE, || {
-            format!(
-                "{name}: {step_share:.3} of the main thread's {main_all} samples are in \
-                 train_step (at least {MAIN_THREAD_SHARE})"
-            )
-        });
-        checks.check(share >= LIBTORCH_BELOW_SHARE, || {
-            format!(
-                "{name}: {share:.3} of the main thread's {main_all} samples are in train_step \
-                 under forward/backward with libtorch (at least {LIBTORCH_BELOW_SHARE})"
-            )
-        });
+        let step_share = Share::new(in_step_all, main_all);
+        let share = Share::new(good_all, main_all);
+        checks.result(
+            &format!("{name}: the main thread's samples in train_step"),
+            step_share.at_least(MAIN_THREAD_SHARE, MAIN_THREAD_DEFECT),
+        );
+        checks.result(
+            &format!("{name}: the main thread's samples in train_step under forward/backward with libtorch"),
+            share.at_least(LIBTORCH_BELOW_SHARE, LIBTORCH_BELOW_DEFECT),
+        );
         if !checks.is_ok() {
             eprintln!("{name}: the workload's stderr:\n{}", out.stderr);
         }
