@@ -16,7 +16,7 @@ static MACHINE: RwLock<()> = RwLock::new(());
 
 /// How a test shares the machine with the other tests of its binary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Share {
+pub enum Turn {
     /// Beside any other test that shares it.
     Beside,
     /// Alone: no other test of the binary that took the lock runs meanwhile.
@@ -33,15 +33,15 @@ pub enum MachineGuard {
 }
 
 /// `None` when the test cannot run (see [`require_root`](crate::require_root)); else the machine
-/// lock, taken as `share` says. A test that panicked while alone does not keep the others from
+/// lock, taken as `turn` says. A test that panicked while alone does not keep the others from
 /// running: the lock's poison is ignored (its `()` has nothing to leave half-written).
-pub fn enter(share: Share) -> Option<MachineGuard> {
+pub fn enter(turn: Turn) -> Option<MachineGuard> {
     if !crate::require_root() {
         return None;
     }
-    Some(match share {
-        Share::Beside => MachineGuard::Beside(MACHINE.read().unwrap_or_else(|e| e.into_inner())),
-        Share::Alone => MachineGuard::Alone(MACHINE.write().unwrap_or_else(|e| e.into_inner())),
+    Some(match turn {
+        Turn::Beside => MachineGuard::Beside(MACHINE.read().unwrap_or_else(|e| e.into_inner())),
+        Turn::Alone => MachineGuard::Alone(MACHINE.write().unwrap_or_else(|e| e.into_inner())),
     })
 }
 
@@ -50,12 +50,12 @@ pub fn enter(share: Share) -> Option<MachineGuard> {
 #[macro_export]
 macro_rules! needs_root {
     () => {
-        let Some(_machine) = $crate::root::enter($crate::root::Share::Beside) else {
+        let Some(_machine) = $crate::root::enter($crate::root::Turn::Beside) else {
             return;
         };
     };
     (alone) => {
-        let Some(_machine) = $crate::root::enter($crate::root::Share::Alone) else {
+        let Some(_machine) = $crate::root::enter($crate::root::Turn::Alone) else {
             return;
         };
     };

@@ -872,15 +872,9 @@ impl Certificates {
     fn make(dir: &Path) -> Certificates {
         let path = |name: &str| dir.join(name);
         let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .expect("openssl (cargo xtask setup installs it)");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
+            bpfprof_tests::output_ok(
+                Command::new("openssl").args(args).current_dir(dir),
+                &format!("openssl {args:?} (cargo xtask setup installs it)"),
             );
         };
         for ca in ["ca", "wrong-ca"] {
@@ -1109,20 +1103,11 @@ impl UserRun {
         let pid = self.hotcold.pid().to_string();
         let id = run_id_of(&self.cli(
             daemon,
-            &[
-                "run",
-                "--async",
-                "--pid",
+            &bpfprof_tests::async_run_args(
                 &pid,
-                "-F",
-                "499",
-                "--duration-ms",
                 "600000",
-                "--sample-tags",
-                "fwd,step7",
-                "--tag",
-                "model=cnn",
-            ],
+                &["--sample-tags", "fwd,step7", "--tag", "model=cnn"],
+            ),
         ));
         poll_until(Duration::from_secs(180), || {
             let reply = daemon.client().status(id).ok()?;

@@ -134,19 +134,15 @@ fn profile_workload(args: &[&str], worker_name: &str) -> Run {
 
 /// The total of `sample_index` in a pprof file, as Go's pprof reads it (`Total samples = Nns`).
 fn go_pprof_total(file: &Path, sample_index: &str, home: &Path) -> u64 {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-top", "-nodecount=1", "-unit=ns"])
-        .arg(format!("-sample_index={sample_index}"))
-        .arg(file)
-        .env("HOME", home)
-        .output()
-        .expect("go tool pprof (golang-go, installed by cargo xtask setup)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "go tool pprof failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new("go")
+            .args(["tool", "pprof", "-top", "-nodecount=1", "-unit=ns"])
+            .arg(format!("-sample_index={sample_index}"))
+            .arg(file)
+            .env("HOME", home),
+        "go tool pprof (golang-go, installed by cargo xtask setup)",
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
         .find_map(|l| l.split("Total samples = ").nth(1))
         .and_then(|rest| rest.split("ns").next())

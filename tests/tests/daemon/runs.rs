@@ -39,20 +39,12 @@ fn cli_run_status_stop_results() {
     needs_root!();
     let daemon = Daemon::start(&[]);
     let target = Workload::spawn("hotcold", &["60"]);
-    let run = daemon.cli(&[
-        "run",
-        "--async",
-        "--pid",
-        &format!("{}:{}", pid_ns_inode(target.pid()), target.pid()),
-        "-F",
-        "499",
-        "--duration-ms",
+    let pid = format!("{}:{}", pid_ns_inode(target.pid()), target.pid());
+    let run = daemon.cli(&async_run_args(
+        &pid,
         "60000",
-        "--sample-tags",
-        "fwd,step7",
-        "--tag",
-        "phase=train",
-    ]);
+        &["--sample-tags", "fwd,step7", "--tag", "phase=train"],
+    ));
     run.assert_code(0);
     let id: u64 = run
         .stdout
@@ -119,18 +111,7 @@ fn cli_run_status_stop_results() {
         "{}",
         profile.top(3)
     );
-    let tags: Vec<String> = reply["summary"]["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            format!(
-                "{}={}",
-                t["key"].as_str().unwrap(),
-                t["value"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let tags = tag_pairs(&reply["summary"]["tags"]);
     assert_eq!(tags, ["tag=fwd", "tag=step7", "phase=train"]);
     let list = daemon.cli(&["list"]);
     assert!(
@@ -206,16 +187,7 @@ fn cli_run_follows_children_when_asked() {
         ]);
         let target = Workload::spawn_command(cmd);
         let pid = target.pid().to_string();
-        let mut args = vec![
-            "run",
-            "--async",
-            "--pid",
-            &pid,
-            "-F",
-            "499",
-            "--duration-ms",
-            "5000",
-        ];
+        let mut args = async_run_args(&pid, "5000", &[]);
         if follow {
             args.push("--follow-children");
         }
@@ -234,12 +206,7 @@ fn cli_run_follows_children_when_asked() {
             .results(id, Duration::from_secs(30))
             .unwrap();
         let profile = folded_of(reply.files.as_ref().unwrap());
-        let n = profile.count_containing("short_work");
-        if follow {
-            assert!(n >= 100, "only {n} child samples\n{}", profile.top(5));
-        } else {
-            assert_eq!(n, 0, "children profiled without --follow-children");
-        }
+        crate::check_children_followed(&profile, follow);
     }
 }
 

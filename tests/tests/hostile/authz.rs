@@ -29,6 +29,40 @@ fn root_copy(dir: &Path, name: &str, file: &str, mode: u32) -> PathBuf {
     path
 }
 
+/// What the exec attacks set up: mallory, a daemon, a folder shared with her holding root's
+/// execute-only and setuid-root copies of `spinner`, and a bystander working for a while.
+struct ExecAttack {
+    mallory: TestUser,
+    daemon: Daemon,
+    dir: tempfile::TempDir,
+    secret: PathBuf,
+    setuid: PathBuf,
+    bystander: Bystander,
+    bin: PathBuf,
+}
+
+impl ExecAttack {
+    /// The set-up, with a bystander working for `bystander_for`.
+    fn new(bystander_for: Duration) -> ExecAttack {
+        let mallory = test_user("bpfprof-t1");
+        let daemon = Daemon::start(&[]);
+        let dir = shared_dir();
+        let secret = root_copy(dir.path(), "spinner", "secret-spinner", 0o711);
+        let setuid = root_copy(dir.path(), "spinner", "setuid-spinner", 0o4755);
+        let bystander = Bystander::start(&daemon, bystander_for);
+        let bin = bystander.bin.clone();
+        ExecAttack {
+            mallory,
+            daemon,
+            dir,
+            secret,
+            setuid,
+            bystander,
+            bin,
+        }
+    }
+}
+
 /// A shell of `user` that spins until `go` exists, then runs `then` (a shell command).
 fn shell_then(user: &TestUser, go: &Path, then: &str) -> Workload {
     let script = format!("while [ ! -e {go} ]; do :; done; {then}", go = go.display());
@@ -48,13 +82,15 @@ fn shell_then(user: &TestUser, go: &Path, then: &str) -> Workload {
 #[test]
 fn exec_into_an_unreadable_or_setuid_program_ends_the_runs_sampling() {
     needs_root!();
-    let mallory = test_user("bpfprof-t1");
-    let daemon = Daemon::start(&[]);
-    let dir = shared_dir();
-    let secret = root_copy(dir.path(), "spinner", "secret-spinner", 0o711);
-    let setuid = root_copy(dir.path(), "spinner", "setuid-spinner", 0o4755);
-    let bystander = Bystander::start(&daemon, Duration::from_secs(20));
-    let bin = bystander.bin.clone();
+    let ExecAttack {
+        mallory,
+        daemon,
+        dir,
+        secret,
+        setuid,
+        bystander,
+        bin,
+    } = ExecAttack::new(Duration::from_secs(20));
     let mut checks = Checks::default();
     for program in [&secret, &setuid] {
         let go = dir.path().join(format!(
@@ -114,13 +150,15 @@ fn exec_into_an_unreadable_or_setuid_program_ends_the_runs_sampling() {
 #[test]
 fn followed_children_that_exec_what_their_user_may_not_profile_are_left_out() {
     needs_root!();
-    let mallory = test_user("bpfprof-t1");
-    let daemon = Daemon::start(&[]);
-    let dir = shared_dir();
-    let secret = root_copy(dir.path(), "spinner", "secret-spinner", 0o711);
-    let setuid = root_copy(dir.path(), "spinner", "setuid-spinner", 0o4755);
-    let bystander = Bystander::start(&daemon, Duration::from_secs(10));
-    let bin = bystander.bin.clone();
+    let ExecAttack {
+        mallory,
+        daemon,
+        dir,
+        secret,
+        setuid,
+        bystander,
+        bin,
+    } = ExecAttack::new(Duration::from_secs(10));
     let allowed = root_copy(dir.path(), "hotcold", "hotcold", 0o755);
     let go = dir.path().join("go");
     let shell = shell_then(

@@ -136,17 +136,7 @@ impl MemoryCgroup {
 
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
-            // SAFETY: kill(2) of the test's own agent, in the test's own cgroup.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = poll_until(Duration::from_secs(10), || {
-            std::fs::remove_dir(&self.path).ok()
-        });
+        bpfprof_tests::agent::remove_cgroup(&self.path);
     }
 }
 

@@ -52,21 +52,7 @@ fn a_user_cannot_make_the_daemon_write_or_chown_through_planted_links() {
     let (bin_dir, bin) = world_executable_bpfprof();
     let own = workload_as(&mallory, bin_dir.path(), "hotcold", &["60"]);
 
-    let started = cli(
-        &mallory,
-        &bin,
-        &daemon,
-        &[
-            "run",
-            "--async",
-            "--pid",
-            &own.pid().to_string(),
-            "-F",
-            "499",
-            "--duration-ms",
-            "60000",
-        ],
-    );
+    let started = start_as(&mallory, &bin, &daemon, own.pid(), 60000, &[]);
     let id = run_id_of(&started).to_string();
     let run_dir = daemon.state().join("runs").join(&id);
 

@@ -378,21 +378,7 @@ fn dump_through_a_terminal_shows_the_gil_holder_and_the_blocked_thread() {
         "{} dump --pid {pid} --python-only; echo \"exit=$?\"; sleep 600",
         bpfprof_bin().display()
     );
-    let started = Command::new(&tmux)
-        .args([
-            "new-session",
-            "-d",
-            "-s",
-            &name,
-            "-x",
-            "120",
-            "-y",
-            "40",
-            &command,
-        ])
-        .status()
-        .expect("run tmux");
-    assert!(started.success(), "tmux new-session failed");
+    crate::tmux_session(&tmux, &name, 120, 40, &command);
     let kill = || {
         let _ = Command::new(&tmux)
             .args(["kill-session", "-t", &name])

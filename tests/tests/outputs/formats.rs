@@ -43,32 +43,21 @@ fn validators() -> Option<PathBuf> {
 
 /// Runs a node script with the validators on NODE_PATH; returns its stdout parsed as JSON.
 fn node(modules: &Path, script: &str, file: &Path) -> serde_json::Value {
-    let out = Command::new("node")
-        .arg("-e")
-        .arg(script)
-        .arg(file)
-        .env("NODE_PATH", modules)
-        .output()
-        .expect("running node");
-    assert!(
-        out.status.success(),
-        "node failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new("node")
+            .arg("-e")
+            .arg(script)
+            .arg(file)
+            .env("NODE_PATH", modules),
+        "node",
     );
     serde_json::from_slice(&out.stdout).expect("node printed JSON")
 }
 
 fn python(script: &str, file: &Path) -> serde_json::Value {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(file)
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "python3 failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new("python3").arg("-c").arg(script).arg(file),
+        "python3",
     );
     serde_json::from_slice(&out.stdout).expect("python printed JSON")
 }
@@ -213,15 +202,9 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
 
     // SVG: well-formed XML (xmllint), searchable frames, tags and the title.
     if find_tool("xmllint").is_some() {
-        let lint = Command::new("xmllint")
-            .arg("--noout")
-            .arg(path("p.svg"))
-            .output()
-            .unwrap();
-        assert!(
-            lint.status.success(),
-            "{}",
-            String::from_utf8_lossy(&lint.stderr)
+        output_ok(
+            Command::new("xmllint").arg("--noout").arg(path("p.svg")),
+            "xmllint",
         );
     } else {
         assert!(!ci(), "xmllint is needed under CI");
@@ -274,19 +257,7 @@ fn every_format_opens_in_its_reader_with_tags_and_the_true_split() {
     // Summary JSON agrees with the folded total and carries the tags.
     let summary = Summary::read(&path("p.summary.json"));
     assert_eq!(summary.samples(), total);
-    let tags: Vec<String> = summary
-        .field("tags")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            format!(
-                "{}={}",
-                t["key"].as_str().unwrap(),
-                t["value"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let tags = tag_pairs(summary.field("tags"));
     assert_eq!(tags, ["tag=t1", "phase=e2e"]);
 
     let Some(modules) = modules else {

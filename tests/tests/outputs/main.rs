@@ -7,3 +7,24 @@ mod dump;
 mod formats;
 mod timeline;
 mod top;
+
+/// Starts a detached tmux session `name` of `cols` x `rows` running `command` (a shell line):
+/// how `top` and `dump` are seen as a user over ssh sees them.
+fn tmux_session(tmux: &std::path::Path, name: &str, cols: u16, rows: u16, command: &str) {
+    let (cols, rows) = (cols.to_string(), rows.to_string());
+    let status = std::process::Command::new(tmux)
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            &cols,
+            "-y",
+            &rows,
+            command,
+        ])
+        .status()
+        .expect("run tmux");
+    assert!(status.success(), "tmux new-session failed");
+}

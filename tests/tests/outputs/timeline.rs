@@ -270,20 +270,12 @@ fn a_daemon_run_asking_for_a_trace_gets_one_marked_by_its_tags() {
 fn daemon_trace_run(daemon: &Daemon) {
     // Two seconds of the thread's CPU in each phase: the daemon attaches while phase_a runs.
     let target = Workload::spawn("phases", &["2"]);
-    let run = daemon.cli(&[
-        "run",
-        "--async",
-        "--pid",
-        &format!("{}:{}", pid_ns_inode(target.pid()), target.pid()),
-        "-F",
-        "499",
-        "--duration-ms",
+    let pid = format!("{}:{}", pid_ns_inode(target.pid()), target.pid());
+    let run = daemon.cli(&bpfprof_tests::async_run_args(
+        &pid,
         "60000",
-        "--tag",
-        "phase=train",
-        "--formats",
-        "trace,folded",
-    ]);
+        &["--tag", "phase=train", "--formats", "trace,folded"],
+    ));
     let id = bpfprof_tests::hostile::run_id_of(&run).to_string();
     // The run ends when the workload does.
     let results = daemon.cli(&["results", "--run-id", &id, "--wait", "100s", "--json"]);

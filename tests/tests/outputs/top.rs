@@ -51,21 +51,7 @@ struct Session {
 impl Session {
     fn start(tmux: &Path, tag: &str, command: &str) -> Session {
         let name = format!("bpfprof-top-{tag}-{}", std::process::id());
-        let status = Command::new(tmux)
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                &name,
-                "-x",
-                "80",
-                "-y",
-                "24",
-                command,
-            ])
-            .status()
-            .expect("run tmux");
-        assert!(status.success(), "tmux new-session failed");
+        crate::tmux_session(tmux, &name, 80, 24, command);
         Session {
             tmux: tmux.to_path_buf(),
             name,

@@ -180,11 +180,7 @@ fn the_python_client_turns_perf_trampolines_on_for_the_profiled_call() {
     let out = child
         .wait_with_output()
         .expect("wait for the Python workload");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out, "the Python workload");
     let folded = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let profile = Profile::read(std::path::Path::new(&folded));
     // The trampolines were on: the interpreter wrote their perf map.

@@ -209,16 +209,9 @@ fn pstats_self_times(path: &Path) -> serde_json::Value {
                   for (f, l, name), (cc, nc, tt, ct, callers) in s.stats.items():\n\
                   \x20   out[name] = out.get(name, 0.0) + tt\n\
                   print(json.dumps(out))\n";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .arg(path)
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "pstats could not read {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new("python3").args(["-c", script]).arg(path),
+        &format!("pstats on {}", path.display()),
     );
     serde_json::from_slice(&out.stdout).expect("pstats JSON")
 }

@@ -23,20 +23,7 @@ const ZLIB_UNDER_CALLER_SHARE: f64 = 0.9;
 
 /// pyenv's CPythons under test.
 fn pythons() -> Vec<(String, std::path::PathBuf)> {
-    let pyenv = std::path::PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()))
-        .join(".pyenv/versions");
-    ["3.10.13", "3.11.7", "3.12.1", "3.13.0"]
-        .iter()
-        .map(|v| (format!("pyenv {v}"), pyenv.join(v).join("bin/python3")))
-        .filter(|(label, path)| {
-            let present = path.exists();
-            if !present {
-                assert!(!ci(), "{label} ({}) is needed under CI", path.display());
-                eprintln!("skipping {label}: {} missing", path.display());
-            }
-            present
-        })
-        .collect()
+    labelled_cpythons(false)
 }
 
 /// The rows of a `.txt` top table's "by self samples" part: (self samples, total samples,

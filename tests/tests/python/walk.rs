@@ -40,23 +40,7 @@ const OFF_RUN: &str = "2s";
 
 /// The CPythons under test: a label naming the version, and the interpreter.
 fn pythons() -> Vec<(String, PathBuf)> {
-    let pyenv =
-        PathBuf::from(std::env::var("HOME").unwrap_or("/root".into())).join(".pyenv/versions");
-    let mut all: Vec<(String, PathBuf)> = ["3.10.13", "3.11.7", "3.12.1", "3.13.0"]
-        .iter()
-        .map(|v| (format!("pyenv {v}"), pyenv.join(v).join("bin/python3")))
-        .collect();
-    all.push(("Debian 3.11".into(), PathBuf::from("/usr/bin/python3.11")));
-    all.into_iter()
-        .filter(|(label, path)| {
-            let present = path.exists();
-            if !present {
-                assert!(!ci(), "{label} ({}) is needed under CI", path.display());
-                eprintln!("skipping {label}: {} missing", path.display());
-            }
-            present
-        })
-        .collect()
+    labelled_cpythons(true)
 }
 
 fn workload(name: &str) -> PathBuf {

@@ -11,8 +11,8 @@ use std::{
 };
 
 use bpfprof_tests::{
-    exit, is_kernel_frame, needs_root, run_bpfprof, tempdir, workload_path, write_random_text,
-    Checks, Profile, Workload,
+    exit, needs_root, run_bpfprof, tempdir, user_frames, workload_path, write_random_text, Checks,
+    Profile, Workload,
 };
 
 /// The leaf's share under its 3-unit parent (the workloads split their work 3:1).
@@ -41,16 +41,6 @@ fn profile_pid(mode: &str, pid: u32, seconds: u32, out: &Path) -> Profile {
     );
     run.assert_code(exit::OK);
     Profile::read(out)
-}
-
-/// The user frames of a folded stack (root first), without the process name.
-fn user_frames(frames: &[String]) -> Vec<&str> {
-    frames
-        .iter()
-        .skip(1)
-        .filter(|f| !is_kernel_frame(f))
-        .map(String::as_str)
-        .collect()
 }
 
 /// The samples of `profile` containing `leaf`, by the user path from `main` down to `leaf`
