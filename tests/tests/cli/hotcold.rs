@@ -7,12 +7,15 @@
 use std::time::Duration;
 
 use bpfprof_tests::{
-    exit, has_hardware_pmu, needs_root, poll_until, spawn_bpfprof, tempdir, Checks, Profile,
-    Summary, Workload,
+    exit, has_hardware_pmu, needs_root, poll_until, spawn_bpfprof, tempdir, Checks, Profile, Share,
+    Summary, Workload, HOTCOLD_HOT_SHARE,
 };
 
 const FREQ: u64 = 999;
-const DURATION_SECS: f64 = 3.0;
+/// The run's durations (`-d`), tried in turn until hotcold gets [`MIN_CPU_SECS`] in one.
+const DURATIONS_SECS: [f64; 3] = [3.0, 10.0, 30.0];
+/// The least CPU time of hotcold's, sampled, that the split and the rate are judged on.
+const MIN_CPU_SECS: f64 = 1.0;
 
 #[test]
 fn hotcold_by_pid_split_parents_and_rate() {
@@ -20,38 +23,52 @@ fn hotcold_by_pid_split_parents_and_rate() {
     let dir = tempdir();
     let out = dir.path().join("hotcold.folded");
     let summary_path = dir.path().join("summary.json");
-    let target = Workload::spawn("hotcold", &["60"]);
+    let target = Workload::spawn("hotcold", &["120"]);
     let pid = target.pid();
     // Let it get going (exec, dynamic loading) before we start.
     std::thread::sleep(Duration::from_millis(200));
 
-    let process = spawn_bpfprof([
-        "--pid",
-        &pid.to_string(),
-        "-F",
-        &FREQ.to_string(),
-        "-d",
-        "3s",
-        "-o",
-        out.to_str().unwrap(),
-        "--summary-json",
-        summary_path.to_str().unwrap(),
-    ]);
-    // The CPU time hotcold gets in the sampling window itself: from the line bpfprof prints
-    // when sampling starts to the end of the duration (start-up and the final processing take
-    // CPU from a loaded machine too, but no samples are taken then).
-    poll_until(Duration::from_secs(15), || {
-        process
-            .stderr_so_far()
-            .contains("sampling with")
-            .then_some(())
-    })
-    .unwrap_or_else(|| panic!("sampling did not start:\n{}", process.stderr_so_far()));
-    let cpu_before = target.cpu_time();
-    std::thread::sleep(Duration::from_secs_f64(DURATION_SECS));
-    let cpu_during = target.cpu_time() - cpu_before;
-    let run = process.wait_timeout(Duration::from_secs(20));
-    run.assert_code(exit::OK);
+    // A loaded machine may give hotcold too little CPU in 3 s to judge (0.79 CPU-s at load 17
+    // beside other builds): the run is then made again for longer, so that the split and the
+    // rate are judged on at least MIN_CPU_SECS of hotcold's CPU (about 1000 samples).
+    let mut durations = DURATIONS_SECS.iter().copied();
+    let (run, cpu_during, duration) = loop {
+        let duration = durations.next().unwrap();
+        let process = spawn_bpfprof([
+            "--pid",
+            &pid.to_string(),
+            "-F",
+            &FREQ.to_string(),
+            "-d",
+            &format!("{duration}s"),
+            "-o",
+            out.to_str().unwrap(),
+            "--summary-json",
+            summary_path.to_str().unwrap(),
+        ]);
+        // The CPU time hotcold gets in the sampling window itself: from the line bpfprof prints
+        // when sampling starts to the end of the duration (start-up and the final processing take
+        // CPU from a loaded machine too, but no samples are taken then).
+        poll_until(Duration::from_secs(15), || {
+            process
+                .stderr_so_far()
+                .contains("sampling with")
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("sampling did not start:\n{}", process.stderr_so_far()));
+        let cpu_before = target.cpu_time();
+        std::thread::sleep(Duration::from_secs_f64(duration));
+        let cpu_during = target.cpu_time() - cpu_before;
+        let run = process.wait_timeout(Duration::from_secs(20));
+        run.assert_code(exit::OK);
+        if cpu_during.as_secs_f64() >= MIN_CPU_SECS || durations.len() == 0 {
+            break (run, cpu_during, duration);
+        }
+        eprintln!(
+            "hotcold got {:.2} CPU-s in {duration} s: again, longer",
+            cpu_during.as_secs_f64()
+        );
+    };
 
     let profile = Profile::read(&out);
     let ctx = profile.top(12);
@@ -105,12 +122,10 @@ fn hotcold_by_pid_split_parents_and_rate() {
     // timer jitter and any systematic skew of timer-based sampling. A profiler
     // that attributes samples to the wrong function or misses one chain lands
     // far outside it.
-    let share = hot as f64 / (hot + cold) as f64;
-    c.check((share - 0.75).abs() <= 0.06, || {
-        format!(
-            "leaf_hot share of leaf_hot+leaf_cold is {share:.3} ({hot} vs {cold}), expected 0.75 +- 0.06"
-        )
-    });
+    c.result(
+        "leaf_hot's share of leaf_hot+leaf_cold",
+        Share::new(hot, hot + cold).near(HOTCOLD_HOT_SHARE, 0.06, 0.5),
+    );
     // Nearly everything is in the two leaves.
     let total = profile.total();
     c.check((hot + cold) as f64 >= 0.9 * total as f64, || {
@@ -123,15 +138,15 @@ fn hotcold_by_pid_split_parents_and_rate() {
     // Sample count. cpu-clock at F Hz samples each on-CPU second F times, so
     // the expectation is F x (CPU seconds the target got during the window).
     // hotcold is single-threaded and runs on 1 of 2 cores, so that is about
-    // DURATION_SECS when the machine is otherwise idle; we measure its CPU
+    // the duration when the machine is otherwise idle; we measure its CPU
     // time over the sampling window so that outside load on the machine does
     // not fail the test.
     let cpu_secs = cpu_during.as_secs_f64();
-    let expected_nominal = FREQ as f64 * DURATION_SECS;
-    let expected = FREQ as f64 * cpu_secs.min(DURATION_SECS);
+    let expected_nominal = FREQ as f64 * duration;
+    let expected = FREQ as f64 * cpu_secs.min(duration);
     assert!(
-        cpu_secs >= 1.0,
-        "hotcold only got {cpu_secs:.2} s of CPU in a {DURATION_SECS} s run: machine too loaded to judge"
+        cpu_secs >= MIN_CPU_SECS,
+        "hotcold only got {cpu_secs:.2} s of CPU in a {duration} s run: machine too loaded to judge"
     );
     c.check(
         total as f64 >= 0.6 * expected && total as f64 <= 1.1 * expected_nominal,
@@ -140,7 +155,7 @@ fn hotcold_by_pid_split_parents_and_rate() {
                 "{total} samples; expected 60%..110% of {FREQ} Hz x {:.2} CPU-s = {expected:.0} \
                  (nominal {expected_nominal:.0}; hotcold used {cpu_secs:.2} CPU-s in the sampling \
                  window; the run took {:?})",
-                cpu_secs.min(DURATION_SECS),
+                cpu_secs.min(duration),
                 run.elapsed
             )
         },
@@ -150,9 +165,9 @@ fn hotcold_by_pid_split_parents_and_rate() {
     });
     // The run itself takes about the requested duration.
     c.check(
-        run.elapsed >= Duration::from_secs_f64(DURATION_SECS * 0.95)
-            && run.elapsed <= Duration::from_secs_f64(DURATION_SECS + 5.0),
-        || format!("bpfprof -d 3s ran for {:?}", run.elapsed),
+        run.elapsed >= Duration::from_secs_f64(duration * 0.95)
+            && run.elapsed <= Duration::from_secs_f64(duration + 5.0),
+        || format!("bpfprof -d {duration}s ran for {:?}", run.elapsed),
     );
 
     // Summary JSON.
@@ -174,7 +189,7 @@ fn hotcold_by_pid_split_parents_and_rate() {
         Some(FREQ as f64),
     );
     let secs = summary.f64("duration_secs");
-    c.check((2.8..=3.6).contains(&secs), || {
+    c.check((duration - 0.2..=duration + 0.6).contains(&secs), || {
         format!("summary duration_secs {secs}")
     });
     let targets = summary.targets();
