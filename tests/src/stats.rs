@@ -24,6 +24,18 @@ impl Share {
         Share { hits, total }
     }
 
+    /// The share `value` of `total` samples (`hits` rounded from them).
+    pub fn of(value: f64, total: u64) -> Share {
+        Share::new((value * total as f64).round() as u64, total)
+    }
+
+    /// Whether the share is `truth` within `tolerance` or [`SIGMAS`] standard errors, as
+    /// [`Share::near`] judges it, never passing an even split (the defect of a shares test
+    /// whose truth is well above one half).
+    pub fn near_truth(&self, truth: f64, tolerance: f64) -> bool {
+        self.near(truth, tolerance, 0.5).is_ok()
+    }
+
     /// `hits / total`; 0 without samples.
     pub fn value(&self) -> f64 {
         self.hits as f64 / self.total.max(1) as f64

@@ -17,8 +17,13 @@ use bpfprof_tests::*;
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The root of the sid chroot (see ../shared/PYTHON.md and `cargo xtask setup`).
 const SID: &str = "/srv/sid";
-/// Most the measured share may differ from the workload's own measure.
+/// Most the measured share may differ from the workload's own measure, or four standard errors
+/// of the sampled share where fewer samples make that wider (see [`Share`]): 3 points fixed
+/// failed a correct build at load 15, 0.816 of 1030 samples against 0.785, 2.4 standard errors.
 const TOLERANCE: f64 = 0.03;
+/// The share a walk that read the wrong frames (or none of one leaf) would give: an even split
+/// or worse, what the bound must still catch.
+const DEFECT: f64 = 0.5;
 
 /// The 3:1 workload: `leaf_hot` runs 3000 iterations on its line 4 for each 1000 of
 /// `leaf_cold`; each leaf's thread CPU time is summed and written to `argv[1]` ("hot cold",
@@ -163,9 +168,10 @@ fn check_profile(checks: &mut Checks, label: &str, profile: &Profile, truth: f64
             profile.top(8)
         )
     });
-    checks.check((measured - truth).abs() <= TOLERANCE, || {
-        format!("{label}: leaf_hot's share {measured:.3}, the workload's own {truth:.3}")
-    });
+    checks.result(
+        &format!("{label}: leaf_hot's share against the workload's own {truth:.3}"),
+        Share::new(hot, hot + cold).near(truth, TOLERANCE, DEFECT),
+    );
     // The loop's line has nearly every sample of leaf_hot; the rest are on `x = 0` (line 3)
     // or on the `def` line (2), where the function's first instruction (RESUME) is: leaf_hot
     // is entered about a thousand times a second.
