@@ -122,3 +122,20 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// The arguments of `bpfprof run --async` on `pid` (a pid, or `NS_INODE:PID`) at 499 Hz for
+/// `duration_ms`, then `extra`: how the daemon's tests start a run.
+pub fn async_run_args<'a>(pid: &'a str, duration_ms: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--async",
+        "--pid",
+        pid,
+        "-F",
+        "499",
+        "--duration-ms",
+        duration_ms,
+    ];
+    args.extend(extra);
+    args
+}

@@ -153,7 +153,7 @@ fn setup_py_spy() -> Result<()> {
 fn setup_torch() -> Result<()> {
     let venv = Path::new(TORCH_VENV);
     let python = venv.join("bin/python");
-    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/pytorch.rs)");
+    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/python/pytorch.rs)");
     if let Some(version) = probe(Command::new(&python).args(["-c", TORCH_PROBE])) {
         println!("    torch {} already installed", version.trim());
         return world_readable(venv);
