@@ -5,6 +5,7 @@
 
 mod cpython_314;
 mod frames;
+mod free_threaded;
 mod gil;
 mod layout;
 mod pytorch;

@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -133,26 +133,9 @@ fn cpu_ticks(pid: u32) -> u64 {
             .unwrap_or(0)
 }
 
-/// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.
-fn py_spy() -> Option<PathBuf> {
-    find_tool("py-spy").or_else(|| {
-        let out = Command::new("python3")
-            .args([
-                "-c",
-                "import sysconfig; print(sysconfig.get_path('scripts'))",
-            ])
-            .output()
-            .ok()?;
-        let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("py-spy");
-        bin.is_file().then_some(bin)
-    })
-}
-
 #[test]
 fn free_threaded_313t_two_threads_at_once_each_with_its_own_shares() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let Some(python) = py313t() else {
         return;
     };
@@ -392,9 +375,7 @@ Parked().park(sys.argv[1])
 
 #[test]
 fn free_threaded_313t_layout_matches_what_the_interpreter_reports() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let Some(python) = py313t() else {
         return;
     };
