@@ -199,6 +199,18 @@ impl KernelProgram {
         moved
     }
 
+    /// The keys of every sample recorded since the last take (in the kernel map or moved
+    /// out): which threads ran which stacks. A system-wide run reads them every half second
+    /// to find the processes whose maps or Python thread lists their samples show stale, so
+    /// that only those are read again (see `Recording::tick`).
+    pub fn sample_keys(&self) -> Vec<SampleKey> {
+        self.samples
+            .keys()
+            .filter_map(|k| k.ok())
+            .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
+            .collect()
+    }
+
     /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
     /// still lives. A pid alone could be another namespace's process in another run.

@@ -639,6 +639,12 @@ impl ProcessMaps {
         self.find(addr).is_some()
     }
 
+    /// Whether the last capture's layout holds `addr` (earlier layouts aside): an address
+    /// outside it ran in code mapped since, or in a mapping that replaced one of them.
+    pub fn covers_now(&self, addr: u64) -> bool {
+        find(&self.current, addr).is_some()
+    }
+
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep
     /// real addresses (pprof's mappings).
     pub fn mapping_at(&self, addr: u64) -> Option<MappingInfo> {

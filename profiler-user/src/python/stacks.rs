@@ -393,6 +393,16 @@ impl PythonTracking {
         &self.symbols
     }
 
+    /// Whether thread `ns_tid` (in the process's pid namespace) was listed with a thread
+    /// state (`Some(true)`), only without one (`Some(false)`), or never (`None`).
+    pub fn listed(&self, ns_tid: u32) -> Option<bool> {
+        if self.kinds.python.contains(&ns_tid) {
+            Some(true)
+        } else {
+            self.kinds.stateless.contains(&ns_tid).then_some(false)
+        }
+    }
+
     /// Whether thread `ns_tid` (in the process's pid namespace) ran no Python during the run:
     /// listed at a refresh without a thread state, and never with one.
     pub fn runs_no_python(&self, ns_tid: u32) -> bool {

@@ -11,7 +11,7 @@ use crate::{
     error::Result,
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
-    process::target::Target,
+    process::target::{ExitWatch, Target},
     python::stacks::{PythonMode, PythonTracking},
     recording::process::ProcessRecording,
     recording::request::{Scope, SystemScope},
@@ -329,6 +329,7 @@ impl Recording {
                 return Err(e);
             }
         };
+        let exit = ExitWatch::open(&target);
         self.processes.insert(
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {
@@ -347,6 +348,9 @@ impl Recording {
                 tabled_late: Vec::new(),
                 cfi_walked: waited,
                 revoked: false,
+                exit,
+                threads_listed_at: Instant::now(),
+                checked_stacks: Default::default(),
             },
         );
         Ok(())
