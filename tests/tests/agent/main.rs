@@ -4,5 +4,6 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test agent -- export::`);
 //! the receivers' helpers are in `bpfprof_tests::agent`.
 
+mod cost;
 mod export;
 mod serve;

@@ -11,7 +11,7 @@ use std::{process::Command, sync::Mutex, time::Duration};
 use bpfprof_tests::{
     agent::{free_port, go_pprof_url, start_agent, RawSample},
     hostile::compile,
-    poll_until, require_root, tempdir, Workload,
+    needs_root, poll_until, tempdir, Workload,
 };
 
 /// One agent at a time: each samples every process, those of the others included.
@@ -46,9 +46,7 @@ fn share_named(samples: &[RawSample], pid: u32, name: &str) -> (u64, u64) {
 /// maps long before, names the library's function in the windows after the load.
 #[test]
 fn a_library_loaded_mid_window_is_named() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let _machine = lock();
     let dir = tempdir();
     let library = compile(
@@ -113,9 +111,7 @@ fn a_library_loaded_mid_window_is_named() {
 /// its threads long before, walks and names the new thread's Python frames.
 #[test]
 fn a_python_thread_started_mid_window_is_named() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let _machine = lock();
     let dir = tempdir();
     let script = dir.path().join("late_thread.py");
