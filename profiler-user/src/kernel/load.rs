@@ -205,6 +205,8 @@ impl KernelProgram {
             _ => return Err(kernel_err(anyhow!("{TIMELINE_MAP} is not a ring buffer"))),
         };
         let off_cpu_pending = HashMap::try_from(take("OFF_CPU_PENDING")?).map_err(kernel_err)?;
+        let wait_scan =
+            HashMap::try_from(take(profiler_common::WAIT_SCAN_MAP)?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
@@ -275,6 +277,9 @@ impl KernelProgram {
             off_cpu_tracepoint: None,
             off_cpu_runs: 0,
             off_cpu_pending,
+            wait_scan,
+            wait_scan_setup: None,
+            targets_added_ns: StdHashMap::new(),
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),

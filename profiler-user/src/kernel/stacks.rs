@@ -46,6 +46,13 @@ impl KernelProgram {
             .keys()
             .filter_map(|k| k.ok())
             .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
+            // Waits still going: their switch-in (or the run's end) counts them under these.
+            .chain(
+                self.off_cpu_pending
+                    .iter()
+                    .filter_map(|e| e.ok())
+                    .map(|(_, p)| p.key),
+            )
             .flat_map(|k| [k.user_stack, k.kernel_stack, k.python_stack])
             .collect();
         wanted.remove(&0);
@@ -217,8 +224,15 @@ impl KernelProgram {
     pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
         let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
+        // Waits still going, which a run's end counts: named while their process lives.
+        let pending = self
+            .off_cpu_pending
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|(_, p)| p.key);
         let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
+            .chain(pending)
             .filter(|k| k.python_stack != 0)
             .map(|k| (k.runs, k.pid, k.python_stack))
             .collect();
@@ -248,7 +262,7 @@ impl KernelProgram {
 
 /// Sorts moved sample counts by key and adds up the counts of each key into one entry, in
 /// place: a key the kernel made again after its count moved comes back at the next move.
-fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
+pub(super) fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
     let order = |k: &SampleKey| {
         (
             k.runs,

@@ -30,6 +30,7 @@ mod process;
 mod setup;
 mod state;
 mod tick;
+mod waits;
 
 pub use collect::Collected;
 pub use process::{

@@ -298,6 +298,15 @@ impl Recording {
                     }
                 }
             }
+            // Its threads already waiting: their waits count from when it became a target,
+            // not from their next switch-out (a thread blocked throughout would not show).
+            // Right after the owner's check: a thread that wakes before the scan loses the
+            // part of its wait until then.
+            let waits = if self.request.off_cpu.is_some() {
+                program.scan_waits(slot.run, &target)
+            } else {
+                Vec::new()
+            };
             let mut refused = None;
             let python = match self.python_mode {
                 PythonMode::Auto => PythonTracking::start(
@@ -309,6 +318,9 @@ impl Recording {
                 ),
                 PythonMode::Off => None,
             };
+            if python.is_some() {
+                super::waits::store_python_frames(program, &target, &waits);
+            }
             Ok((python, refused))
         });
         if waited && self.processes.is_empty() {
