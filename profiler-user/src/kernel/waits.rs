@@ -324,19 +324,16 @@ fn ns_thread_id(pid: u32, tid: u32) -> Option<u32> {
     status.nspid?.last().map(|&t| t as u32)
 }
 
-/// The offsets of the `task_struct` fields the scan reads, from the kernel's BTF.
+/// The offsets of the `task_struct` fields the scan reads, from the kernel's BTF (btfparse
+/// resolves a member path through the anonymous structs and unions `task_struct` nests).
 fn task_offsets() -> anyhow::Result<Vec<(Config, u64)>> {
-    let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux")
-        .map_err(|e| anyhow!("reading /sys/kernel/btf/vmlinux: {e}"))?;
+    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+    let bytes = std::fs::read(VMLINUX).map_err(|e| anyhow!("reading {VMLINUX}: {e}"))?;
+    let btf = btfparse::TypeInformation::new(&BtfBytes(bytes))
+        .map_err(|e| anyhow!("parsing {VMLINUX}: {e:?}"))?;
     let task = btf
-        .resolve_types_by_name("task_struct")
-        .map_err(|e| anyhow!("no task_struct in the kernel's BTF: {e}"))?
-        .into_iter()
-        .find_map(|t| match t {
-            btf_rs::Type::Struct(s) => Some(s),
-            _ => None,
-        })
-        .ok_or_else(|| anyhow!("task_struct is not a struct in the kernel's BTF"))?;
+        .id_of("task_struct")
+        .ok_or_else(|| anyhow!("no task_struct in the kernel's BTF"))?;
     [
         (Config::TaskPidOffset, "pid"),
         (Config::TaskStateOffset, "__state"),
@@ -345,30 +342,83 @@ fn task_offsets() -> anyhow::Result<Vec<(Config, u64)>> {
         (Config::TaskNivcswOffset, "nivcsw"),
     ]
     .into_iter()
-    .map(|(entry, name)| {
-        let bits = member_offset(&btf, &task, name)
-            .ok_or_else(|| anyhow!("task_struct has no {name} in the kernel's BTF"))?;
-        Ok((entry, u64::from(bits / 8)))
+    .map(|(entry, name)| match btf.offset_of(task, name) {
+        Ok((_, btfparse::Offset::ByteOffset(bytes))) => Ok((entry, u64::from(bytes))),
+        Ok((_, btfparse::Offset::BitOffsetAndSize(..))) => Err(anyhow!(
+            "task_struct's {name} is a bit field in the kernel's BTF"
+        )),
+        Err(e) => Err(anyhow!(
+            "task_struct has no {name} in the kernel's BTF: {e:?}"
+        )),
     })
     .collect()
 }
 
-/// The bit offset of member `name` of `s`, looking into its anonymous structs and unions.
-fn member_offset(btf: &btf_rs::Btf, s: &btf_rs::Struct, name: &str) -> Option<u32> {
-    for member in &s.members {
-        let member_name = btf.resolve_name(member).unwrap_or_default();
-        if member_name == name {
-            return Some(member.bit_offset());
-        }
-        if member_name.is_empty() {
-            if let Ok(btf_rs::Type::Struct(inner) | btf_rs::Type::Union(inner)) =
-                btf.resolve_chained_type(member)
-            {
-                if let Some(bits) = member_offset(btf, &inner, name) {
-                    return Some(member.bit_offset() + bits);
-                }
+/// The kernel's BTF in memory, read by btfparse through its `Readable` trait.
+struct BtfBytes(Vec<u8>);
+
+impl btfparse::Readable for BtfBytes {
+    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
+        let range = usize::try_from(offset)
+            .ok()
+            .and_then(|start| Some(start..start.checked_add(buffer.len())?));
+        match range.and_then(|range| self.0.get(range)) {
+            Some(bytes) => {
+                buffer.copy_from_slice(bytes);
+                Ok(())
             }
+            None => Err(btfparse::Error::new(
+                btfparse::ErrorKind::EOF,
+                "read past the end of the kernel's BTF",
+            )),
         }
     }
-    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offsets read through btfparse are the ones bpftool prints for the running kernel's
+    /// `task_struct` (the five fields are its direct members on the kernels bpfprof supports).
+    #[test]
+    fn task_offsets_match_bpftool() {
+        let Ok(out) = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "raw",
+            ])
+            .output()
+        else {
+            // `cargo xtask setup` installs it; under CI nothing skips.
+            assert!(std::env::var_os("CI").is_none(), "bpftool is missing");
+            eprintln!("bpftool not found: skipped");
+            return;
+        };
+        let dump = String::from_utf8_lossy(&out.stdout);
+        let block: Vec<&str> = dump
+            .lines()
+            .skip_while(|l| !l.contains("STRUCT 'task_struct'"))
+            .skip(1)
+            .take_while(|l| !l.starts_with('['))
+            .collect();
+        let bits_of = |name: &str| -> u64 {
+            let line = block
+                .iter()
+                .find(|l| l.trim_start().starts_with(&format!("'{name}' ")))
+                .unwrap_or_else(|| panic!("bpftool shows no task_struct.{name}"));
+            let bits = line.split("bits_offset=").nth(1).unwrap();
+            bits.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let offsets = task_offsets().unwrap();
+        let names = ["pid", "__state", "on_cpu", "nvcsw", "nivcsw"];
+        assert_eq!(offsets.len(), names.len());
+        for ((_, offset), name) in offsets.iter().zip(names) {
+            assert_eq!(*offset, bits_of(name) / 8, "task_struct.{name}");
+        }
+    }
 }

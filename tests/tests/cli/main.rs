@@ -12,3 +12,4 @@ mod lifecycle;
 mod offcpu;
 mod system_wide;
 mod targeting;
+mod waits;

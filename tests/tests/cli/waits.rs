@@ -161,21 +161,6 @@ fn wall_run(dir: &Path, pid: u32, secs: u32) -> (Profile, (f64, f64)) {
     (Profile::read(&folded), run_window(&trace))
 }
 
-/// py-spy (`cargo xtask setup` pip-installs it): on PATH, else where `python3` puts scripts.
-fn py_spy() -> Option<PathBuf> {
-    find_tool("py-spy").or_else(|| {
-        let out = Command::new("python3")
-            .args([
-                "-c",
-                "import sysconfig; print(sysconfig.get_path('scripts'))",
-            ])
-            .output()
-            .ok()?;
-        let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("py-spy");
-        bin.is_file().then_some(bin)
-    })
-}
-
 /// Checks that `total` is `truth` within a period and the allowance.
 fn within(checks: &mut Checks, what: &str, total: f64, truth: f64) {
     let bound = 1.0 / HZ + LOAD_ALLOWANCE;
@@ -187,9 +172,7 @@ fn within(checks: &mut Checks, what: &str, total: f64, truth: f64) {
 
 #[test]
 fn python_waits_that_straddle_the_run_are_counted_whole() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("waits.py");
     std::fs::write(&script, PYTHON_WAITS).unwrap();
@@ -290,9 +273,7 @@ fn python_waits_that_straddle_the_run_are_counted_whole() {
 
 #[test]
 fn c_threads_blocked_throughout_show_with_their_wall_time() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("waits.c");
     std::fs::write(&source, C_WAITS).unwrap();
