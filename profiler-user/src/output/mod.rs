@@ -488,6 +488,7 @@ pub(crate) mod fixture {
                 tabled_late: Vec::new(),
                 off_cpu: None,
                 limits_hit: Vec::new(),
+                unavailable: Vec::new(),
                 python_unsupported: Vec::new(),
             },
             frames,
