@@ -24,6 +24,7 @@ pub mod peer;
 pub mod pyroscope;
 pub mod rules;
 pub mod spool;
+pub mod tls;
 pub mod windows;
 
 use std::{
@@ -107,6 +108,8 @@ pub struct ListenConfig {
     pub group: Option<u32>,
     /// The bearer token that shows everything, if any.
     pub token: Option<Vec<u8>>,
+    /// TLS on the TCP endpoint, if asked for ([`tls`]).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl AgentConfig {
@@ -140,6 +143,7 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
     let token = config.listen.as_mut().and_then(|l| l.token.take());
+    let tls = config.listen.as_mut().and_then(|l| l.tls.take());
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let shared = Arc::new(Shared {
@@ -163,7 +167,13 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    let listen = config.listen.as_ref().map(|l| l.listen.clone());
+    let listen = config
+        .listen
+        .as_ref()
+        .map(|l| match (&l.listen, tls.is_some()) {
+            (peer::Listen::Tcp(addr), true) => format!("https://{addr}"),
+            (listen, _) => listen.to_string(),
+        });
     let thread = {
         let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
         std::thread::Builder::new()
@@ -195,7 +205,7 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = listener.map(|listener| {
         let shared = Arc::clone(&shared);
-        tokio::spawn(http::serve(listener, shared, token, limits, async {
+        tokio::spawn(http::serve(listener, shared, token, tls, limits, async {
             let _ = server_stopped.await;
         }))
     });
