@@ -105,6 +105,14 @@ impl Daemon {
         }
     }
 
+    /// What the daemon wrote to stderr so far (its log).
+    pub fn stderr_so_far(&self) -> String {
+        self.process
+            .as_ref()
+            .map(|p| p.stderr_so_far())
+            .unwrap_or_default()
+    }
+
     /// Runs a CLI client command against this daemon.
     pub fn cli(&self, args: &[&str]) -> RunResult {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();

@@ -124,6 +124,13 @@ pub struct AgentArgs {
     /// request with `Authorization: Bearer TOKEN` sees every process, from anywhere.
     #[arg(long, value_name = "FILE")]
     pub listen_token_file: Option<PathBuf>,
+    /// Serve the TCP endpoint over TLS with this certificate chain (PEM); needs
+    /// --listen-tls-key. Plain HTTP is then refused on that port.
+    #[arg(long, value_name = "FILE", requires = "listen_tls_key")]
+    pub listen_tls_cert: Option<PathBuf>,
+    /// The private key of --listen-tls-cert (PEM, owned by the agent's user, mode 600).
+    #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
+    pub listen_tls_key: Option<PathBuf>,
     /// Only the processes of this cgroup v2 (a path under /sys/fs/cgroup, or relative to it:
     /// a container, a systemd unit, a k8s pod).
     #[arg(long, value_name = "PATH")]

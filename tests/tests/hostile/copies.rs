@@ -390,3 +390,80 @@ fn the_daemon_refuses_reserved_tag_names() {
         &["--tag", "phase=ok"],
     ));
 }
+
+/// An object past the daemon's copy budget of its user is not copied: the run's summary
+/// (`.summary.json`, and the results' summary) names it `Unavailable` with the reason, and
+/// its frames are `module+0xOFFSET`, not its function's name.
+#[test]
+fn an_object_past_the_daemons_copy_budget_is_named_unavailable_in_the_runs_summary() {
+    if !require_root() {
+        return;
+    }
+    let user = test_user("bpfprof-t1");
+    let dir = shared_dir();
+    let program = compile(dir.path(), "spinner", "c", SPINNER, &["-O1"]);
+    let object = dir.path().join("sparse-daemon-object");
+    user.give(&program, &object);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&object)
+        .unwrap();
+    // Under the largest object bpfprof copies at all, over the budget given below.
+    file.set_len(OBJECT_BYTES).unwrap();
+    drop(file);
+    std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let child = user
+        .command(&object)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let _children = Children(vec![child]);
+    let daemon = Daemon::start(&["--copy-budget-mib", "16"]);
+    let bin = user_bin(dir.path());
+    let id = run_id_of(&start_as(
+        &user,
+        &bin,
+        &daemon,
+        pid,
+        3000,
+        &["--formats", "folded"],
+    ));
+    let (state, profile, summary) = hostile::results_of(&daemon, id);
+    let unavailable = &summary.0["objects_unavailable"];
+    eprintln!(
+        "run {id}: {state:?}, {} samples; objects_unavailable {unavailable}\n{}",
+        profile.total(),
+        profile.top(5)
+    );
+    assert_eq!(state, bpfprof::protocol::RunState::Success);
+    assert!(profile.total() > 0, "no samples");
+    let named = unavailable.as_array().is_some_and(|objects| {
+        objects.iter().any(|o| {
+            o["name"].as_str() == Some(&object.display().to_string())
+                && o["why"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("copy budget exhausted"))
+        })
+    });
+    assert!(
+        named,
+        "the summary does not name {} unavailable: {}",
+        object.display(),
+        summary.0
+    );
+    assert!(
+        !profile.has_frame("burn_in_copy"),
+        "the object was read past the budget:\n{}",
+        profile.top(5)
+    );
+    assert!(
+        profile.count_where(|frames| frames
+            .iter()
+            .any(|f| f.starts_with("sparse-daemon-object+0x")))
+            > 0,
+        "its frames are not named module+0xOFFSET:\n{}",
+        profile.top(5)
+    );
+}

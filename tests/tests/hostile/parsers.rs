@@ -390,6 +390,16 @@ int main(int argc, char **argv) {
         limits.contains("executable mappings were not named"),
         || format!("the attacker's summary does not say what it left out: {limits}"),
     );
+    // Said once for the object, not at every refresh of the maps (64 times in 15 s).
+    let log = scene.daemon.stderr_so_far();
+    let said = log
+        .lines()
+        .filter(|l| l.contains(&format!("pid {}: ", target.pid())))
+        .filter(|l| l.contains("executable mappings; the first"))
+        .count();
+    c.check(said == 1, || {
+        format!("the mappings warning was said {said} times in the run:\n{log}")
+    });
     scene.finish(c);
 }
 

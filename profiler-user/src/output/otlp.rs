@@ -1,4 +1,4 @@
-//! A window as an OTLP profiles request (`ExportProfilesServiceRequest` of
+//! A profile as an OTLP profiles request (`ExportProfilesServiceRequest` of
 //! `opentelemetry.proto.collector.profiles.v1development`, the dictionary-based schema of
 //! OTLP 1.10), built on the official protos' generated types.
 //!
@@ -14,7 +14,10 @@
 //! dictionary (strings, functions, mappings with their build ids, locations with their frame
 //! type, stacks), so each request decodes alone.
 
-use std::{collections::HashMap, time::UNIX_EPOCH};
+use std::{
+    collections::HashMap,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use opentelemetry_proto::tonic::{
     collector::profiles::v1development::ExportProfilesServiceRequest,
@@ -27,7 +30,6 @@ use opentelemetry_proto::tonic::{
 };
 
 use crate::{
-    agent::windows::Window,
     output::pprof::location_groups,
     profile::{CodeAddress, FrameId, Profile, ProfileFrame},
     symbolize::FrameKind,
@@ -35,7 +37,7 @@ use crate::{
 
 /// The instrumentation scope's name on every profile.
 pub const SCOPE_NAME: &str = "bpfprof";
-/// The process labels (set by [`crate::agent::labels`]) that become resource attributes, and
+/// The process labels (set by the agent) that become resource attributes, and
 /// the semantic-convention key each becomes; every other label is a profile attribute.
 const RESOURCE_LABELS: &[(&str, &str)] = &[
     ("service_name", "service.name"),
@@ -263,10 +265,15 @@ struct ProcessSamples {
     off_cpu: Vec<Sample>,
 }
 
-/// The request for one window: a resource per process (its stacks, the stacks without a
-/// process under a resource of the host alone), the dictionary shared by all.
-pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
-    let profile = &window.profile;
+/// The request for `profile`, recorded from `start` to `end` (an agent's window, a daemon's
+/// run): a resource per process (its stacks, the stacks without a process under a resource
+/// of the host alone), the dictionary shared by all.
+pub fn request(
+    profile: &Profile,
+    start: SystemTime,
+    end: SystemTime,
+    host: &str,
+) -> ExportProfilesServiceRequest {
     let mut d = Dictionary::new(profile);
     let sample_type = ValueType {
         type_strindex: d.string("samples"),
@@ -282,8 +289,8 @@ pub fn request(window: &Window, host: &str) -> ExportProfilesServiceRequest {
         type_strindex: d.string("off_cpu"),
         unit_strindex: d.string("nanoseconds"),
     };
-    let time_unix_nano = unix_nanos(window.start);
-    let duration_nano = unix_nanos(window.end).saturating_sub(time_unix_nano);
+    let time_unix_nano = unix_nanos(start);
+    let duration_nano = unix_nanos(end).saturating_sub(time_unix_nano);
     let period = i64::try_from(profile.meta.sample_nanos()).unwrap_or(i64::MAX);
 
     // Each process's samples (and its comm), in pid order; `None` holds stacks without one.
@@ -442,6 +449,13 @@ mod tests {
     use prost::Message;
     use std::time::Duration;
 
+    /// A profile and the span it was recorded over.
+    struct Window {
+        start: SystemTime,
+        end: SystemTime,
+        profile: Profile,
+    }
+
     fn window() -> Window {
         let mut profile = fixture::profile();
         profile.process_labels.insert(
@@ -457,7 +471,6 @@ mod tests {
             start: UNIX_EPOCH + Duration::from_secs(1000),
             end: UNIX_EPOCH + Duration::from_secs(1010),
             profile,
-            owners: Default::default(),
         }
     }
 
@@ -475,7 +488,7 @@ mod tests {
     #[test]
     fn a_window_decodes_with_its_stacks_counts_and_attributes() {
         let w = window();
-        let bytes = request(&w, "box").encode_to_vec();
+        let bytes = request(&w.profile, w.start, w.end, "box").encode_to_vec();
         let req = ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
         let d = req.dictionary.as_ref().unwrap();
         // Every table starts with its zero value.
@@ -596,7 +609,7 @@ mod tests {
             off_cpu_ns: 1_500_000_000,
             addresses: Vec::new(),
         });
-        let req = request(&w, "box");
+        let req = request(&w.profile, w.start, w.end, "box");
         let d = req.dictionary.as_ref().unwrap();
         let name = |i: i32| d.string_table[i as usize].as_str();
         let profiles = &req.resource_profiles[0].scope_profiles[0].profiles;
@@ -635,7 +648,7 @@ mod tests {
             crate::profile::Tag::new("tag", "step7").unwrap(),
             crate::profile::Tag::new("model", "cnn").unwrap(),
         ];
-        let req = request(&w, "box");
+        let req = request(&w.profile, w.start, w.end, "box");
         let d = req.dictionary.as_ref().unwrap();
         let p = &req.resource_profiles[0].scope_profiles[0].profiles[0];
         let attrs: Vec<_> = p.attribute_indices.iter().map(|&i| attr(d, i)).collect();
@@ -659,7 +672,7 @@ mod tests {
         // A stack with a thread under the process, and one with no process at all.
         w.profile.stacks[0].frames.insert(2, thread);
         w.profile.stacks[1].frames.remove(1);
-        let req = request(&w, "box");
+        let req = request(&w.profile, w.start, w.end, "box");
         let d = req.dictionary.as_ref().unwrap();
         assert_eq!(req.resource_profiles.len(), 2);
         let stray = &req.resource_profiles[0];
