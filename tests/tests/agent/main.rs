@@ -7,3 +7,4 @@
 mod cost;
 mod export;
 mod serve;
+mod tls;

@@ -12,12 +12,7 @@
 //! on this 2-core machine shared with compilers, that gap was measured at a few milliseconds
 //! and up to about 40 ms.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 
 use bpfprof_tests::*;
 

@@ -396,9 +396,7 @@ fn the_daemon_refuses_reserved_tag_names() {
 /// its frames are `module+0xOFFSET`, not its function's name.
 #[test]
 fn an_object_past_the_daemons_copy_budget_is_named_unavailable_in_the_runs_summary() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let user = test_user("bpfprof-t1");
     let dir = shared_dir();
     let program = compile(dir.path(), "spinner", "c", SPINNER, &["-O1"]);

@@ -349,9 +349,7 @@ fn write_316(python: &str, binary: &Path, changed_shape: bool) {
 /// 3.16 whose offsets bpfprof can read and check, which is what `_Py_DebugOffsets` is for.)
 #[test]
 fn a_cpython_316_with_a_known_shape_is_walked() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let Some(python) = sid_python(14) else {
         return;
     };

@@ -8,7 +8,7 @@ use std::{os::unix::fs::PermissionsExt, path::Path, process::Command, time::Dura
 
 use bpfprof_tests::{
     agent::{free_port, go_pprof_bytes},
-    bpfprof_bin, poll_until, require_root, run_bpfprof, spawn_bpfprof_command, tempdir, Workload,
+    bpfprof_bin, needs_root, poll_until, run_bpfprof, spawn_bpfprof_command, tempdir, Workload,
 };
 
 /// The token the agent is given.
@@ -99,9 +99,7 @@ fn self_signed(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
 
 #[test]
 fn agent_http_over_tls_serves_the_token_and_refuses_plain_http() {
-    if !require_root() {
-        return;
-    }
+    needs_root!();
     let dir = tempdir();
     let (cert, key) = self_signed(dir.path());
     let token_file = dir.path().join("token");
