@@ -60,7 +60,7 @@ fn export_sizes(path: &Path) -> HashMap<String, u64> {
 /// `export+0xOFF` frames whose offset lies past the export's size.
 fn named_past_their_export(profile: &Profile, exports: &HashMap<String, u64>) -> Vec<String> {
     let mut wrong: Vec<String> = Vec::new();
-    for (frames, _) in &profile.stacks {
+    for frames in profile.stacks.keys() {
         for frame in frames {
             let Some((name, offset)) = frame.rsplit_once("+0x") else {
                 continue;
@@ -120,7 +120,7 @@ fn stripped_cpython_314_and_315_python_frames_under_the_native_entry() {
         std::thread::sleep(Duration::from_millis(300));
         let out = dir.path().join("stacks.folded");
         run_bpfprof(
-            &[
+            [
                 "-F",
                 "499",
                 "-d",

@@ -261,7 +261,7 @@ fn stripped_cpp_internal_code_is_named_by_its_own_start() {
     settle();
     let (p, _, _) = profile(&target.pid().to_string(), &[], "1s");
     let own = format!("stripped+{start:#x}");
-    let in_spin = p.count_where(|f| f.iter().any(|x| *x == own));
+    let in_spin = p.count_where(|f| f.contains(&own));
     assert!(
         // A 1 s run at 499 Hz of a process sharing 2 busy cores: 87 samples seen here.
         in_spin as f64 >= 0.8 * p.total() as f64 && p.total() >= 30,

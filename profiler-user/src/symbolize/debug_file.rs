@@ -296,10 +296,7 @@ mod tests {
                 &["linked_work"],
             )
             .unwrap();
-        assert!(
-            found_sym[0].first().is_some(),
-            "linked_work in the debug file"
-        );
+        assert!(!found_sym[0].is_empty(), "linked_work in the debug file");
         drop(found);
 
         // Nobody but root may be able to write the file read.
