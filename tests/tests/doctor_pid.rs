@@ -14,8 +14,8 @@ const SPIN: &str =
 
 /// `bpfprof doctor --pid PID --json`'s checks by name: (status, found).
 fn doctor(pid: u32) -> Vec<(String, String, String)> {
+    // Exit 12 (DOCTOR_FAILED) when a layout is refused, 0 otherwise.
     let out = run_bpfprof(["doctor", "--json", "--pid", &pid.to_string()], TIMEOUT);
-    out.assert_code(exit::OK);
     let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
     report["checks"]
         .as_array()
@@ -115,6 +115,47 @@ fn doctor_pid_names_the_interpreter_its_build_and_its_layout() {
     } else {
         assert!(!ci(), "{} is needed under CI", sid314.display());
     }
+    // sid's 3.14 made to say it is 3.16.0 (as python_314.rs makes it): refused, with the reason.
+    if sid314.exists() {
+        let dir = tempfile::Builder::new()
+            .prefix("bpfprof-test-")
+            .tempdir_in(Path::new(SID).join("tmp"))
+            .unwrap();
+        let mut bytes = std::fs::read(&sid314).unwrap();
+        let (runtime, py_version) = version_offsets(&bytes);
+        assert_eq!(&bytes[runtime..runtime + 8], b"xdebugpy");
+        const V316: u64 = 0x0310_00f0;
+        bytes[runtime + 8..runtime + 16].copy_from_slice(&V316.to_le_bytes());
+        bytes[py_version..py_version + 4].copy_from_slice(&(V316 as u32).to_le_bytes());
+        let binary = dir.path().join("python3.16");
+        std::fs::write(&binary, &bytes).unwrap();
+        std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let inside = Path::new("/tmp")
+            .join(dir.path().file_name().unwrap())
+            .join("python3.16");
+        let target = Workload::spawn_command({
+            let mut c = Command::new("chroot");
+            c.arg(SID).arg(&inside).args(["-c", SPIN]);
+            c
+        });
+        exec_done(target.pid(), "python3.16");
+        let checks = doctor(target.pid());
+        assert!(
+            found(&checks, "python").starts_with("CPython 3.16.0"),
+            "{checks:?}"
+        );
+        let layout = checks.iter().find(|c| c.0 == "python_layout").unwrap();
+        assert!(
+            layout.1 == "FAIL" && layout.2.contains("laid out as no version bpfprof knows"),
+            "{checks:?}"
+        );
+        assert!(
+            found(&checks, "python_frames")
+                .ends_with("native frames only (said in the run's summary, by dump and by top)"),
+            "{checks:?}"
+        );
+    }
     // No Python: said so, native frames only.
     let sleeper = Workload::spawn_command({
         let mut c = Command::new("sleep");
@@ -127,4 +168,28 @@ fn doctor_pid_names_the_interpreter_its_build_and_its_layout() {
         found(&checks, "python").contains("no CPython"),
         "{checks:?}"
     );
+}
+
+/// File offsets of `_PyRuntime` and `Py_Version` in an interpreter's bytes.
+fn version_offsets(bytes: &[u8]) -> (usize, usize) {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let elf = object::File::parse(bytes).expect("an ELF file");
+    let file_offset = |address: u64| -> usize {
+        let section = elf
+            .sections()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&address))
+            .expect("a section holds it");
+        let (start, _) = section.file_range().expect("in the file");
+        (start + address - section.address()) as usize
+    };
+    let symbol = |name: &str| {
+        elf.dynamic_symbols()
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("{name} in .dynsym"))
+            .address()
+    };
+    (
+        file_offset(symbol("_PyRuntime")),
+        file_offset(symbol("Py_Version")),
+    )
 }
