@@ -50,7 +50,7 @@ pub type PythonSymbols = HashMap<u64, PythonFunction>;
 /// Whether Python frames are read from CPython processes (`--python`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PythonMode {
-    /// For every CPython 3.10-3.13 process.
+    /// For every CPython process bpfprof can walk (3.10-3.15).
     #[default]
     Auto,
     /// Never: Python processes show the interpreter's C functions only.
