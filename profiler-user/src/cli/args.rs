@@ -258,6 +258,11 @@ pub struct DoctorArgs {
     /// Empty the unwind table cache (the tables are built again as runs need them).
     #[arg(long)]
     pub clean: bool,
+    /// Check one process instead of the machine: its Python interpreter, version and build,
+    /// whether its layout passed bpfprof's checks (the reason if not), and what a recording
+    /// of it will show.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 /// Options of `bpfprof daemon`.

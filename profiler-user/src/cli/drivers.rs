@@ -212,7 +212,10 @@ pub fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             args.unwind_cache.display()
         );
     }
-    let report = crate::cli::doctor::run(args.socket.as_deref(), &args.unwind_cache);
+    let report = match args.pid {
+        Some(pid) => crate::cli::doctor::process(pid),
+        None => crate::cli::doctor::run(args.socket.as_deref(), &args.unwind_cache),
+    };
     if args.json {
         println!(
             "{}",

@@ -370,6 +370,11 @@ impl PythonTarget {
         &self.interpreter.path
     }
 
+    /// The interpreter found (for `bpfprof doctor --pid`).
+    pub fn interpreter(&self) -> &detect::Interpreter {
+        &self.interpreter
+    }
+
     /// Address of `_PyRuntime` in the process.
     pub fn runtime_address(&self) -> u64 {
         self.interpreter.runtime

@@ -50,7 +50,7 @@ pub type PythonSymbols = HashMap<u64, PythonFunction>;
 /// Whether Python frames are read from CPython processes (`--python`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PythonMode {
-    /// For every CPython 3.10-3.13 process.
+    /// For every CPython process bpfprof can walk (3.10-3.15).
     #[default]
     Auto,
     /// Never: Python processes show the interpreter's C functions only.
@@ -644,6 +644,17 @@ fn is_perf_trampoline(frame: &Frame) -> bool {
                 && frame.module.as_deref() == Some(crate::symbolize::JIT_MODULE)))
 }
 
+/// Whether `frame` is one of the eval loop's: [`EVAL_FUNCTION`], or the part of it GCC split
+/// off (`_PyEval_EvalFrameDefault.cold`, as a debug file or bpfprof's naming of a stripped
+/// interpreter calls it: Debian's python3.14 runs most of its eval loop there).
+fn is_eval_frame(frame: &Frame) -> bool {
+    frame.kind == FrameKind::User
+        && frame
+            .name
+            .strip_prefix(EVAL_FUNCTION)
+            .is_some_and(|rest| rest.is_empty() || rest == ".cold")
+}
+
 /// Merges a sample's Python frames (`python`, packed, leaf first) into its native user frames
 /// (`native`, root first, each with what the caller keeps beside it): each
 /// `_PyEval_EvalFrameDefault` frame becomes the Python frames that call ran, matched from the
@@ -694,10 +705,7 @@ fn merge_frames<A: Clone>(
     if !current.is_empty() {
         groups.push(current);
     }
-    let evals = native
-        .iter()
-        .filter(|(f, _)| f.kind == FrameKind::User && *f.name == *EVAL_FUNCTION)
-        .count();
+    let evals = native.iter().filter(|(f, _)| is_eval_frame(f)).count();
     // The innermost `evals` groups replace the eval frames; the rest go at the root.
     let leftover = groups.len().saturating_sub(evals);
     let mut groups = groups.into_iter();
@@ -709,7 +717,7 @@ fn merge_frames<A: Clone>(
     // stay as they are, at the root side.
     let mut unmatched_evals = evals.saturating_sub(evals.min(groups.len()));
     for (frame, address) in native {
-        if frame.kind == FrameKind::User && *frame.name == *EVAL_FUNCTION {
+        if is_eval_frame(&frame) {
             if unmatched_evals > 0 {
                 unmatched_evals -= 1;
             } else if let Some(group) = groups.next() {

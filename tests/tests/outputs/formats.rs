@@ -892,16 +892,21 @@ fn stripped_library_functions_are_one_row_each() {
     let folded = Profile::read(&folded_path);
     let total = folded.total();
     assert!(total > 100, "{}", folded.top(5));
-    // No leaf is an address in liblzma: each is named by its function.
-    let by_address = folded.count_where(|f| f.last().is_some_and(|l| l.contains("liblzma.so")));
-    assert_eq!(by_address, 0, "{}", folded.top(10));
+    // Each leaf in liblzma is named by its function: an export (`lzma_*`), or the start of an
+    // internal function past every export's end (`liblzma.so.5+0xSTART`), never an address of
+    // its own (a row per sampled instruction).
     let mut functions: BTreeMap<&str, u64> = BTreeMap::new();
     for (frames, n) in &folded.stacks {
         let leaf = frames.last().unwrap();
-        if leaf.starts_with("lzma_") {
+        if leaf.starts_with("lzma_") || leaf.starts_with("liblzma.so") {
             *functions.entry(leaf.as_str()).or_default() += n;
         }
     }
+    assert!(
+        functions.len() <= 40,
+        "{} rows for liblzma's functions: {functions:?}",
+        functions.len()
+    );
     let in_lzma: u64 = functions.values().sum();
     assert!(
         in_lzma * 2 > total,

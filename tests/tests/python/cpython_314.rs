@@ -296,52 +296,6 @@ fn cpython_314_and_315_attached_and_launched() {
     checks.finish();
 }
 
-/// Where `.PyRuntime` (which starts with `_Py_DebugOffsets`) and `Py_Version` are in the file
-/// of the ELF executable `bytes`.
-fn version_offsets(bytes: &[u8]) -> (usize, usize) {
-    use object::{Object, ObjectSection, ObjectSymbol};
-    let elf = object::File::parse(bytes).expect("an ELF file");
-    let file_offset = |address: u64| -> usize {
-        let section = elf
-            .sections()
-            .find(|s| (s.address()..s.address() + s.size()).contains(&address))
-            .expect("a section holds it");
-        let (start, _) = section.file_range().expect("in the file");
-        (start + address - section.address()) as usize
-    };
-    let symbol = |name: &str| {
-        elf.dynamic_symbols()
-            .find(|s| s.name() == Ok(name))
-            .unwrap_or_else(|| panic!("{name} in .dynsym"))
-            .address()
-    };
-    (
-        file_offset(symbol("_PyRuntime")),
-        file_offset(symbol("Py_Version")),
-    )
-}
-
-/// sid's 3.14 as a 3.16.0 (final) would be named, in `Py_Version` and in its debug offsets,
-/// at `binary`; with `changed_shape`, its `_Py_DebugOffsets` also gains a field at the end of
-/// its thread section (as 3.15's did), which moves every section after it.
-fn write_316(python: &str, binary: &Path, changed_shape: bool) {
-    let mut bytes = std::fs::read(Path::new(SID).join(&python[1..])).unwrap();
-    let (runtime, py_version) = version_offsets(&bytes);
-    assert_eq!(&bytes[runtime..runtime + 8], b"xdebugpy");
-    const V316: u64 = 0x0310_00f0;
-    bytes[runtime + 8..runtime + 16].copy_from_slice(&V316.to_le_bytes());
-    bytes[py_version..py_version + 4].copy_from_slice(&(V316 as u32).to_le_bytes());
-    if changed_shape {
-        // 3.14's frame section starts at byte 248; its struct is 760 bytes (its last word,
-        // the debugger's script path size, is dropped). Only profilers read these bytes.
-        let (frame, end) = (runtime + 248, runtime + 760);
-        bytes.copy_within(frame..end - 8, frame + 8);
-        bytes[frame..frame + 8].copy_from_slice(&400u64.to_le_bytes());
-    }
-    std::fs::write(binary, &bytes).unwrap();
-    std::fs::set_permissions(binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-}
-
 /// Where a later version keeps `_Py_DebugOffsets`'s shape, bpfprof walks it with the offsets it
 /// states, as it would 3.14 (its struct states everything bpfprof reads, and every check
 /// passes): sid's 3.14 saying it is 3.16.0 is profiled with its Python frames and its split.
@@ -354,7 +308,11 @@ fn a_cpython_316_with_a_known_shape_is_walked() {
         return;
     };
     let (dir, inside) = chroot_dir();
-    write_316(&python, &dir.path().join("python3.16"), false);
+    write_python_316(
+        &Path::new(SID).join(&python[1..]),
+        &dir.path().join("python3.16"),
+        false,
+    );
     std::fs::write(dir.path().join("hot.py"), WORKLOAD).unwrap();
     let argv = chroot_command(
         &inside.join("python3.16").display().to_string(),
@@ -412,7 +370,7 @@ fn a_cpython_of_an_unknown_version_is_named_with_the_reason() {
     // know: a CPython whose layout bpfprof cannot read.
     let (dir, inside) = chroot_dir();
     let binary = dir.path().join("python3.16");
-    write_316(&python, &binary, true);
+    write_python_316(&Path::new(SID).join(&python[1..]), &binary, true);
     std::fs::write(dir.path().join("hot.py"), WORKLOAD).unwrap();
     let argv = chroot_command(
         &inside.join("python3.16").display().to_string(),

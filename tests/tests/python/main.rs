@@ -4,11 +4,13 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test python -- walk::`).
 
 mod cpython_314;
+mod doctor;
 mod frames;
 mod free_threaded;
 mod gil;
 mod layout;
 mod pytorch;
+mod stripped;
 mod strobeclient;
 mod view;
 mod walk;

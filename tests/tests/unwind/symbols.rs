@@ -206,11 +206,13 @@ static __attribute__((noinline)) void spin_internal() { for (unsigned long i = 0
 int main() { for (;;) { ns::exported_entry(1); spin_internal(); } }
 "#;
 
-/// Code no symbol covers is named `export+0xOFF` from the nearest exported function before
-/// it, and that name is demangled as exact symbols are (issue 27: cc1plus showed
+/// Code no symbol covers, past the end of the exported function before it (its size says
+/// where it ends), is named by its own start, `module+0xSTART`, not `export+0xOFF` (Debian's
+/// python3.14 showed its eval loop as `_PyObject_DebugMallocStats+0x10bb7`, 68 KB past an
+/// export of 414 bytes); exact names stay demangled (issue 27: cc1plus showed
 /// `_Z14debug_df_chainP7df_link+0x16c0` beside demangled exact names).
 #[test]
-fn stripped_cpp_offsets_from_exports_are_demangled() {
+fn stripped_cpp_internal_code_is_named_by_its_own_start() {
     needs_root!();
     let dir = tempdir();
     let bin = compile(
@@ -220,6 +222,21 @@ fn stripped_cpp_offsets_from_exports_are_demangled() {
         true,
         &["-O0", "-fno-omit-frame-pointer", "-rdynamic"],
     );
+    // Where spin_internal starts in the file, from the symbols strip removes.
+    let data = std::fs::read(&bin).unwrap();
+    let start = {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let elf = object::File::parse(&*data).unwrap();
+        let address = elf
+            .symbols()
+            .find(|s| s.name().is_ok_and(|n| n.contains("spin_internal")))
+            .expect("spin_internal's symbol")
+            .address();
+        elf.segments()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&address))
+            .map(|s| address - s.address() + s.file_range().0)
+            .unwrap()
+    };
     let status = Command::new("strip")
         .arg("--strip-all")
         .arg(&bin)
@@ -235,14 +252,21 @@ fn stripped_cpp_offsets_from_exports_are_demangled() {
     let target = Workload::spawn_command(Command::new(&bin));
     settle();
     let (p, _, _) = profile(&target.pid().to_string(), &[], "1s");
-    let in_spin = p.count_where(|f| {
-        f.iter()
-            .any(|x| x.starts_with("ns::exported_entry(int)+0x"))
-    });
+    let own = format!("stripped+{start:#x}");
+    let in_spin = p.count_where(|f| f.contains(&own));
     assert!(
-        in_spin as f64 >= 0.8 * p.total() as f64 && p.total() >= 100,
-        "{in_spin} of {} samples in ns::exported_entry(int)+0x...:\n{}",
+        // A 1 s run at 499 Hz of a process sharing 2 busy cores: 87 samples seen here.
+        in_spin as f64 >= 0.8 * p.total() as f64 && p.total() >= 30,
+        "{in_spin} of {} samples in {own}:\n{}",
         p.total(),
+        p.top(5)
+    );
+    assert_eq!(
+        p.count_where(|f| f
+            .iter()
+            .any(|x| x.starts_with("ns::exported_entry(int)+0x"))),
+        0,
+        "named from an export it lies past:\n{}",
         p.top(5)
     );
     assert_eq!(
