@@ -27,7 +27,7 @@ pub mod agent;
 
 pub mod recording;
 
-pub mod python;
+pub mod runtime;
 
 pub mod kernel;
 pub mod unwind;

@@ -10,7 +10,7 @@ const LAYERS: &[&str] = &[
     "daemon",
     "agent",
     "recording",
-    "python",
+    "runtime",
     "kernel",
     "unwind",
     "output",

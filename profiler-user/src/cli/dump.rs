@@ -7,7 +7,7 @@
 //! thread states, GIL holder and frames), then, with the target running again, the native
 //! walks over the copies ([`ProcessTables::walk`]), symbols, the Python frames' names
 //! (code objects do not change) and the merge of Python frames into the native stacks at
-//! each `_PyEval_EvalFrameDefault` ([`crate::python::stacks::merge`]).
+//! each `_PyEval_EvalFrameDefault` ([`crate::runtime::cpython::stacks::merge`]).
 
 use std::{collections::HashMap, io::Write, time::Duration};
 
@@ -21,7 +21,7 @@ use crate::{
         snapshot::{self, StoppedThread},
         target::{Target, TargetSpec},
     },
-    python::{
+    runtime::cpython::{
         stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
         Probe, PythonFrame, PythonTarget,
     },

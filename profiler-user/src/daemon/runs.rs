@@ -22,13 +22,13 @@ use crate::{
     profile::CostScope,
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
-    python::shares::NamingShares,
     recording::aggregate::pstats_view,
     recording::request::RecordingRequest,
     recording::{
         run_loop::{self, RunDriver},
         Recording,
     },
+    runtime::cpython::shares::NamingShares,
     symbolize::{Symbolizer, SymbolizerThread},
 };
 

@@ -11,7 +11,7 @@ use crate::{
     process::maps::ProcessMaps,
     process::target::Target,
     profile::sample::{take_shrinking, Sample},
-    python::stacks::PythonView,
+    runtime::cpython::stacks::PythonView,
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
 };
 
@@ -28,7 +28,7 @@ pub struct AggregateOptions {
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
     /// How Python frames are shown (`--python-glue`, `--python-gil`).
-    pub python: crate::python::stacks::MergeOptions,
+    pub python: crate::runtime::cpython::stacks::MergeOptions,
     /// Name each process's root frame `name (pid N)`: set by the recording for runs that can
     /// have more than one process, so that two processes of one name stay apart.
     pub pid_roots: bool,
@@ -85,7 +85,7 @@ pub struct TargetSamples<'a> {
     /// give their memory to the profile being built rather than both being held at the end.
     pub samples: Vec<Sample>,
     /// Names of its Python frames, when the kernel read them.
-    pub python: Option<&'a crate::python::stacks::PythonSymbols>,
+    pub python: Option<&'a crate::runtime::cpython::stacks::PythonSymbols>,
     /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
     /// early itself.
     pub cfi_walked: bool,
@@ -233,7 +233,7 @@ pub fn aggregate(
             }
             let mut addresses = vec![None; frames.len()];
             if let Some(symbols) = input.python {
-                if crate::python::stacks::has_unnamed(&python_frames, symbols) {
+                if crate::runtime::cpython::stacks::has_unnamed(&python_frames, symbols) {
                     python_unnamed += sample.count;
                 }
                 // Python frames go between native ones by name: merged as frames.
@@ -251,7 +251,7 @@ pub fn aggregate(
                         user_frames.push((frame.clone(), address));
                     }
                 }
-                let user_frames = crate::python::stacks::merge(
+                let user_frames = crate::runtime::cpython::stacks::merge(
                     user_frames,
                     &python_frames,
                     symbols,
@@ -398,7 +398,7 @@ pub fn aggregate(
 
 /// The Python view of `profile`: each stack's frames below its innermost Python function
 /// that are the interpreter's own C code folded into that function
-/// ([`crate::python::stacks::python_view_keep`]), stacks that become equal merged. The one
+/// ([`crate::runtime::cpython::stacks::python_view_keep`]), stacks that become equal merged. The one
 /// place the view is made, for every output that shows it.
 pub fn python_view(profile: &Profile) -> Profile {
     let mut interner = Interner::default();
@@ -414,7 +414,7 @@ pub fn python_view(profile: &Profile) -> Profile {
                 _ => None,
             })
             .collect();
-        let keep = crate::python::stacks::python_view_keep(&code);
+        let keep = crate::runtime::cpython::stacks::python_view_keep(&code);
         let mut frames = Vec::with_capacity(stack.frames.len());
         let mut addresses = Vec::with_capacity(stack.addresses.len());
         for (i, id) in stack.frames.iter().enumerate() {

@@ -8,9 +8,9 @@ use profiler_common::StackId;
 use crate::{
     kernel::pool::{ProgramPool, Slot},
     kernel::KernelProgram,
-    python::stacks::PythonTracking,
     recording::process::ProcessRecording,
     recording::Recording,
+    runtime::cpython::stacks::PythonTracking,
 };
 
 /// What [`Recording::name_python`] may take of its owner's CPU share at once: all of it (the
@@ -21,7 +21,7 @@ impl Recording {
     /// Names the Python frames ticks queued, reading code objects from the live processes:
     /// call it without the programs' lock (it needs none), on a thread that answers no
     /// client. It takes what is left of the owner's CPU share of the period (`at_end`: with
-    /// the extra a run's end gets, see [`crate::python::shares`]) and names for that long, the
+    /// the extra a run's end gets, see [`crate::runtime::cpython::shares`]) and names for that long, the
     /// processes in turn; what is left waits for the next call.
     pub fn name_python(&mut self, at_end: bool) {
         let owner = self.owner_uid();

@@ -7,7 +7,7 @@ use profiler_common::PidNamespace;
 
 use crate::{
     kernel::pool::Slot, process::maps::ProcessMaps, process::target::Target,
-    python::stacks::PythonTracking,
+    runtime::cpython::stacks::PythonTracking,
 };
 
 /// How often target memory maps are re-read, to catch libraries loaded during the run.

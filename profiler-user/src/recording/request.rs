@@ -13,8 +13,8 @@ use crate::{
     error::{Error, Result},
     profile::Tag,
     protocol::{RunRequest, MAX_TAGS},
-    python::stacks::{MergeOptions, PythonMode},
     recording::aggregate::AggregateOptions,
+    runtime::cpython::stacks::{MergeOptions, PythonMode},
     sampling::{
         validate_max_stack_length, KernelLimits, Mode, OffCpu, SamplingPlan, SamplingRequest,
     },
@@ -479,7 +479,7 @@ mod tests {
         // one is refused with the names that work.
         assert_eq!(ok.unwind, UnwindMode::Auto);
         // Likewise the Python mode.
-        assert_eq!(ok.python, crate::python::stacks::PythonMode::Auto);
+        assert_eq!(ok.python, crate::runtime::cpython::stacks::PythonMode::Auto);
         let off = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
@@ -490,7 +490,7 @@ mod tests {
             DEFAULT_TABLE_MIB,
         )
         .unwrap();
-        assert_eq!(off.python, crate::python::stacks::PythonMode::Off);
+        assert_eq!(off.python, crate::runtime::cpython::stacks::PythonMode::Off);
         let err = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
@@ -587,7 +587,7 @@ mod tests {
     fn walks_reach_the_request_whole() {
         let walks = Walks {
             unwind: UnwindMode::Cfi,
-            python: crate::python::stacks::PythonMode::Off,
+            python: crate::runtime::cpython::stacks::PythonMode::Off,
             table_mib: 32,
         };
         let validated = RecordingRequest::validate(
@@ -600,7 +600,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(validated.unwind, UnwindMode::Cfi);
-        assert_eq!(validated.python, crate::python::stacks::PythonMode::Off);
+        assert_eq!(
+            validated.python,
+            crate::runtime::cpython::stacks::PythonMode::Off
+        );
         assert_eq!(
             validated.table_rows_cap,
             crate::unwind::table_rows_cap(32).unwrap()

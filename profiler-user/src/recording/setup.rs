@@ -12,10 +12,10 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
     process::target::Target,
-    python::stacks::{PythonMode, PythonTracking},
     recording::process::ProcessRecording,
     recording::request::{Scope, SystemScope},
     recording::Recording,
+    runtime::cpython::stacks::{PythonMode, PythonTracking},
     sampling::KernelLimits,
 };
 

@@ -15,9 +15,9 @@ use crate::{
     kernel::Counters,
     process::copies::CopyBudget,
     process::target::Owner,
-    python::{shares::NamingShares, stacks::PythonMode},
     recording::process::ProcessRecording,
     recording::request::{RecordingRequest, Scope},
+    runtime::cpython::{shares::NamingShares, stacks::PythonMode},
     sampling::{Sampling, SamplingRequest},
     symbolize::WarmSink,
 };

@@ -17,9 +17,9 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
     process::target::{Owner, Target},
-    python::stacks::{PythonMode, PythonTracking},
     recording::process::ProcessRecording,
     recording::Recording,
+    runtime::cpython::stacks::{PythonMode, PythonTracking},
     symbolize::Warm,
 };
 

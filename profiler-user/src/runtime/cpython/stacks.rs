@@ -7,7 +7,7 @@
 //! [`PythonTracking::refresh_threads`] lists new threads and [`PythonTracking::queue_new_stacks`]
 //! queues the frames of new Python stacks (reading the kernel's maps, under the programs'
 //! lock); [`PythonTracking::name_queued`] (off that lock, within the owner's share of
-//! [`crate::python::shares`]) names them, which needs the live process (code objects live in
+//! [`crate::runtime::cpython::shares`]) names them, which needs the live process (code objects live in
 //! its memory); [`merge`] (at aggregation) puts the named frames where the interpreter
 //! ran them.
 
@@ -21,7 +21,7 @@ use profiler_common::{PythonFrame, StackId};
 
 use crate::{
     kernel::KernelProgram,
-    python::{
+    runtime::cpython::{
         shares::{NamingShares, Owner},
         Probe, PythonFunction, PythonTarget,
     },
@@ -109,7 +109,7 @@ pub struct PythonTracking {
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
     /// Frames left unnamed because the owner's runs keep
-    /// [`crate::python::shares::NAMING_BYTES_PER_OWNER`] of names.
+    /// [`crate::runtime::cpython::shares::NAMING_BYTES_PER_OWNER`] of names.
     over_budget: u64,
     /// Frames still queued when the run ended, or dropped from a full queue: naming them
     /// needed more than the owner's CPU share.
@@ -121,7 +121,7 @@ pub struct PythonTracking {
 impl PythonTracking {
     /// Starts walking the Python frames of `pid` (host pid) when it runs a supported CPython.
     /// Its names are charged to `owner`'s share of `shares`. When it runs a CPython bpfprof
-    /// cannot walk, `refused` gets the sentence that says so (see [`crate::python::Unsupported`]), logged as
+    /// cannot walk, `refused` gets the sentence that says so (see [`crate::runtime::cpython::Unsupported`]), logged as
     /// a warning the first time.
     pub fn start(
         program: &mut KernelProgram,
@@ -202,7 +202,7 @@ impl PythonTracking {
                 self.layout = layout;
             }
         }
-        let crate::python::ThreadListing {
+        let crate::runtime::cpython::ThreadListing {
             python: threads,
             tasks,
         } = match self.target.thread_listing() {
@@ -347,14 +347,14 @@ impl PythonTracking {
                 "its Python thread list was longer than the daemon reads at {} reads (the \
                  first {} thread states are listed)",
                 walks.threads_cut,
-                crate::python::MAX_THREAD_STATES
+                crate::runtime::cpython::MAX_THREAD_STATES
             ));
         }
         if walks.frames_cut > 0 {
             parts.push(format!(
                 "{} of its Python frame walks looped or went past {} frames",
                 walks.frames_cut,
-                crate::python::MAX_FRAMES_VISITED
+                crate::runtime::cpython::MAX_FRAMES_VISITED
             ));
         }
         if self.over_budget > 0 {
@@ -362,7 +362,7 @@ impl PythonTracking {
                 "{} Python frames were left unnamed: its user's runs keep the {} MiB of names \
                  a user may keep",
                 self.over_budget,
-                crate::python::shares::NAMING_BYTES_PER_OWNER >> 20
+                crate::runtime::cpython::shares::NAMING_BYTES_PER_OWNER >> 20
             ));
         }
         if self.over_time + self.queue_full > 0 {

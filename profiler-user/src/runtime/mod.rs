@@ -1,0 +1,3 @@
+//! Language runtimes whose frames bpfprof reads: CPython ([`cpython`]).
+
+pub mod cpython;
