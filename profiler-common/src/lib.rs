@@ -586,6 +586,33 @@ pub struct ProcessMappings {
     pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 
+/// A language runtime whose frames the kernel program walks beside the native stack: the tag
+/// userspace gives the frames it names from a runtime's stacks (each runtime has its own
+/// walker, maps and frame encoding; a process runs one).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuntimeTag {
+    /// CPython 3.10 and later: [`PythonProcess`] per process, frames packed as [`PythonFrame`].
+    CPython = 1,
+}
+
+impl RuntimeTag {
+    /// The runtime's name where outputs tag frames by their runtime (trace event categories,
+    /// pprof function names without a file).
+    pub const fn name(self) -> &'static str {
+        match self {
+            RuntimeTag::CPython => "python",
+        }
+    }
+
+    /// The runtime's OpenTelemetry `profile.frame.type`.
+    pub const fn otel_frame_type(self) -> &'static str {
+        match self {
+            RuntimeTag::CPython => "cpython",
+        }
+    }
+}
+
 /// Processes whose Python frames the kernel program can walk at once.
 pub const MAX_PYTHON_PROCESSES: u32 = 1024;
 /// Python threads (over all processes) the kernel program knows the thread state of.

@@ -756,7 +756,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         .iter()
         .rev()
         .map(|(f, _)| match f.kind {
-            FrameKind::Python => format!("py:{}", f.name),
+            FrameKind::Runtime(_) => format!("py:{}", f.name),
             _ => f.name.to_string(),
         })
         .collect();

@@ -291,7 +291,7 @@ fn record(
     let mut next_cut = Instant::now() + agent.config.window;
     while !stop.load(Ordering::Relaxed) {
         recording.tick(&mut pool);
-        recording.name_python(false);
+        recording.name_runtime_frames(false);
         agent.observe(&recording);
         if Instant::now() >= next_cut {
             agent.cut(&mut recording, &mut pool)?;

@@ -311,12 +311,12 @@ fn dump_thread(
         }));
     }
     for f in user.into_iter().rev() {
-        if python_only && f.kind != FrameKind::Python {
+        if python_only && f.kind != crate::runtime::cpython::stacks::PYTHON_FRAME {
             continue;
         }
         frames.push(DumpFrame {
             kind: match f.kind {
-                FrameKind::Python => "python",
+                FrameKind::Runtime(tag) => tag.name(),
                 FrameKind::Kernel => "kernel",
                 FrameKind::User => "native",
             },

@@ -34,6 +34,6 @@ mod walker;
 
 pub use following::ensure_tracefs;
 pub use load::check_privileges;
-pub use program::{KernelProgram, PythonMaps};
+pub use program::{KernelProgram, PythonMaps, RuntimeMaps};
 pub use stats::Counters;
 pub use walker::WalkerLoad;

@@ -112,11 +112,17 @@ pub struct KernelProgram {
     pub(super) stats_fd: Option<std::os::fd::OwnedFd>,
     /// The CFI unwinding maps and their resident tables (see [`crate::unwind`]).
     pub unwind: crate::unwind::UnwindMaps,
-    /// The Python walk's maps: interpreters' layouts and thread states.
-    pub python: PythonMaps,
+    /// The maps of the runtimes' walks (see `crate::runtime`).
+    pub runtimes: RuntimeMaps,
 }
 
-/// The kernel maps of the Python walk.
+/// The kernel maps of each runtime's walk: what its walker reads per process and thread.
+pub struct RuntimeMaps {
+    /// CPython's: interpreters' layouts and thread states.
+    pub cpython: PythonMaps,
+}
+
+/// The kernel maps of the CPython walk.
 pub struct PythonMaps {
     /// Layouts of the CPython processes the kernel walks, by host tgid.
     pub processes: HashMap<MapData, u32, profiler_common::PythonProcess>,

@@ -199,10 +199,10 @@ impl KernelProgram {
         moved
     }
 
-    /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
+    /// The runtime stacks (see `crate::runtime`) recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
     /// still lives. A pid alone could be another namespace's process in another run.
-    pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
+    pub fn runtime_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
         let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
         let mut ids: Vec<(u64, u32, StackId)> = kernel

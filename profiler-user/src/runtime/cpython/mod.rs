@@ -17,7 +17,6 @@ pub mod layout;
 pub mod linetable;
 pub mod memory;
 pub mod names;
-pub mod shares;
 pub mod stacks;
 
 use std::{
@@ -60,6 +59,37 @@ const PTHREAD_SEARCH_BYTES: usize = 1024;
 /// `offsetof(struct pthread, tid)` in glibc 2.26 and later on x86-64 (Debian 12's 2.36 too);
 /// preferred when the search finds several offsets that fit.
 const GLIBC_PTHREAD_TID: usize = 0x2d0;
+
+/// CPython as a [`crate::runtime::Runtime`]: recognised by its `_PyRuntime` ([`detect`]),
+/// followed by [`stacks::PythonTracking`], its frames merged at each
+/// `_PyEval_EvalFrameDefault` ([`stacks::merge`]).
+pub struct CPython;
+
+impl crate::runtime::Runtime for CPython {
+    fn tag(&self) -> profiler_common::RuntimeTag {
+        profiler_common::RuntimeTag::CPython
+    }
+
+    fn attach(
+        &self,
+        program: &mut crate::kernel::KernelProgram,
+        pid: u32,
+        naming: &crate::runtime::Naming,
+        refused: &mut Option<String>,
+    ) -> Option<Box<dyn crate::runtime::Instance>> {
+        let tracking =
+            stacks::PythonTracking::start(program, pid, naming.shares, naming.owner, refused)?;
+        Some(Box::new(tracking))
+    }
+
+    fn cut(&self, stack: &[u64], limit: usize) -> (Vec<u64>, bool) {
+        stacks::limit_python(stack, limit)
+    }
+
+    fn view_keep(&self, frames: &[Option<&crate::symbolize::Frame>]) -> Vec<bool> {
+        stacks::python_view_keep(frames)
+    }
+}
 
 /// One CPython process bpfprof reads Python frames of.
 pub struct PythonTarget {

@@ -7,7 +7,7 @@
 //! [`PythonTracking::refresh_threads`] lists new threads and [`PythonTracking::queue_new_stacks`]
 //! queues the frames of new Python stacks (reading the kernel's maps, under the programs'
 //! lock); [`PythonTracking::name_queued`] (off that lock, within the owner's share of
-//! [`crate::runtime::cpython::shares`]) names them, which needs the live process (code objects live in
+//! [`crate::runtime::shares`]) names them, which needs the live process (code objects live in
 //! its memory); [`merge`] (at aggregation) puts the named frames where the interpreter
 //! ran them.
 
@@ -21,12 +21,15 @@ use profiler_common::{PythonFrame, StackId};
 
 use crate::{
     kernel::KernelProgram,
-    runtime::cpython::{
+    runtime::{
+        cpython::{Probe, PythonFunction, PythonTarget},
         shares::{NamingShares, Owner},
-        Probe, PythonFunction, PythonTarget,
     },
     symbolize::{Frame, FrameKind},
 };
+
+/// The kind of the frames this runtime names (Python functions, and the GIL's root frames).
+pub const PYTHON_FRAME: FrameKind = FrameKind::Runtime(profiler_common::RuntimeTag::CPython);
 
 /// The C function that runs Python frames: one call per group of frames the kernel marks as
 /// an eval call's entry.
@@ -64,6 +67,16 @@ impl PythonMode {
             PythonMode::Auto => "auto",
             PythonMode::Off => "off",
         }
+    }
+}
+
+impl PythonMode {
+    /// `runtimes` with CPython's frames read or not, as this mode says.
+    pub fn runtimes(self, runtimes: crate::runtime::Enabled) -> crate::runtime::Enabled {
+        runtimes.with(
+            profiler_common::RuntimeTag::CPython,
+            self == PythonMode::Auto,
+        )
     }
 }
 
@@ -109,7 +122,7 @@ pub struct PythonTracking {
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
     /// Frames left unnamed because the owner's runs keep
-    /// [`crate::runtime::cpython::shares::NAMING_BYTES_PER_OWNER`] of names.
+    /// [`crate::runtime::shares::NAMING_BYTES_PER_OWNER`] of names.
     over_budget: u64,
     /// Frames still queued when the run ended, or dropped from a full queue: naming them
     /// needed more than the owner's CPU share.
@@ -160,7 +173,7 @@ impl PythonTracking {
             );
             return None;
         }
-        if let Err(e) = program.python.processes.insert(pid, layout, 0) {
+        if let Err(e) = program.runtimes.cpython.processes.insert(pid, layout, 0) {
             log::warn!("pid {pid}: cannot register CPython {major}.{minor} with the kernel: {e}");
             return None;
         }
@@ -194,7 +207,8 @@ impl PythonTracking {
             let layout = self.target.kernel_layout_with_gil();
             if layout != self.layout
                 && program
-                    .python
+                    .runtimes
+                    .cpython
                     .processes
                     .insert(self.target.pid(), layout, 0)
                     .is_ok()
@@ -220,10 +234,10 @@ impl PythonTracking {
         );
         for (tid, tstate) in threads {
             // Re-written every time: a thread id can be reused with a new thread state.
-            let _ = program.python.threads.insert(tid, tstate, 0);
+            let _ = program.runtimes.cpython.threads.insert(tid, tstate, 0);
         }
         for gone in self.threads.difference(&now) {
-            let _ = program.python.threads.remove(gone);
+            let _ = program.runtimes.cpython.threads.remove(gone);
         }
         self.threads = now;
     }
@@ -362,7 +376,7 @@ impl PythonTracking {
                 "{} Python frames were left unnamed: its user's runs keep the {} MiB of names \
                  a user may keep",
                 self.over_budget,
-                crate::runtime::cpython::shares::NAMING_BYTES_PER_OWNER >> 20
+                crate::runtime::shares::NAMING_BYTES_PER_OWNER >> 20
             ));
         }
         if self.over_time + self.queue_full > 0 {
@@ -382,9 +396,13 @@ impl PythonTracking {
 
     /// Stops walking this process: its layout and threads leave the kernel maps.
     pub fn stop(&mut self, program: &mut KernelProgram) {
-        let _ = program.python.processes.remove(&self.target.pid());
+        let _ = program
+            .runtimes
+            .cpython
+            .processes
+            .remove(&self.target.pid());
         for tid in self.threads.drain() {
-            let _ = program.python.threads.remove(&tid);
+            let _ = program.runtimes.cpython.threads.remove(&tid);
         }
     }
 
@@ -397,6 +415,62 @@ impl PythonTracking {
     /// listed at a refresh without a thread state, and never with one.
     pub fn runs_no_python(&self, ns_tid: u32) -> bool {
         self.kinds.runs_no_python(ns_tid)
+    }
+}
+
+impl crate::runtime::Instance for PythonTracking {
+    fn tag(&self) -> profiler_common::RuntimeTag {
+        profiler_common::RuntimeTag::CPython
+    }
+
+    fn refresh(&mut self, program: &mut KernelProgram) {
+        self.refresh_threads(program);
+    }
+
+    fn queue_new_stacks(
+        &mut self,
+        program: &KernelProgram,
+        ids: &[(u64, u32, StackId)],
+        run: u32,
+        ns_pid: u32,
+    ) {
+        PythonTracking::queue_new_stacks(self, program, ids, run, ns_pid);
+    }
+
+    fn has_queued(&self) -> bool {
+        PythonTracking::has_queued(self)
+    }
+
+    fn name_queued(&mut self, cpu: Duration) -> Duration {
+        PythonTracking::name_queued(self, cpu)
+    }
+
+    fn abandon_queued(&mut self) {
+        PythonTracking::abandon_queued(self);
+    }
+
+    fn thread_names(&mut self) -> HashMap<u32, String> {
+        self.threading_names()
+    }
+
+    fn runs_no_runtime_code(&self, ns_tid: u32) -> bool {
+        self.runs_no_python(ns_tid)
+    }
+
+    fn limits_hit(&self) -> Option<String> {
+        PythonTracking::limits_hit(self)
+    }
+
+    fn naming_cost(&self) -> (usize, Duration) {
+        PythonTracking::naming_cost(self)
+    }
+
+    fn frames(&self) -> &dyn crate::runtime::NamedFrames {
+        &self.symbols
+    }
+
+    fn stop(&mut self, program: &mut KernelProgram) {
+        PythonTracking::stop(self, program);
     }
 }
 
@@ -475,6 +549,21 @@ fn is_gil_marker(packed: u64) -> bool {
     packed == PythonFrame::GIL_HELD || packed == PythonFrame::GIL_NOT_HELD
 }
 
+/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
+/// last, kept), and whether any were cut.
+pub fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
+    let gil = frames
+        .last()
+        .filter(|f| **f == PythonFrame::GIL_HELD || **f == PythonFrame::GIL_NOT_HELD);
+    let code = &frames[..frames.len() - usize::from(gil.is_some())];
+    if code.len() <= limit {
+        return (frames.to_vec(), false);
+    }
+    let mut out = code[..limit].to_vec();
+    out.extend(gil);
+    (out, true)
+}
+
 /// Whether any frame of the Python stack `python` has no name in `symbols`: its code object
 /// was never read (freed, or its process exited, before naming reached it), so it shows as
 /// `[unknown Python code]`.
@@ -490,28 +579,21 @@ fn python_frame(function: Option<&PythonFunction>) -> Frame {
         Some(f) => Frame {
             name: f.name.as_str().into(),
             module: Some(f.file.as_str().into()),
-            kind: FrameKind::Python,
+            kind: PYTHON_FRAME,
             inlined: false,
             file: Some(f.file.as_str().into()),
             line: Some(f.line),
             start_line: Some(f.first_line),
             build_id: None,
         },
-        None => Frame::named("[unknown Python code]", None, FrameKind::Python),
+        None => Frame::named("[unknown Python code]", None, PYTHON_FRAME),
     }
 }
 
-/// How [`merge`] shows Python frames.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MergeOptions {
-    /// Keep the interpreter's C frames between Python frames (`--python-glue`).
-    pub keep_glue: bool,
-    /// Put `[GIL held]` or `[GIL not held]` at the root of each Python thread's stack
-    /// (`--python-gil`).
-    pub show_gil: bool,
-    /// Which outputs show the Python view (`--python-view`).
-    pub view: PythonView,
-}
+/// How [`merge`] shows Python frames: the runtimes' options.
+pub use crate::runtime::FrameOptions as MergeOptions;
+/// Which outputs show the Python view (`--python-view`): the runtimes' view.
+pub use crate::runtime::View as PythonView;
 
 /// The root frame of a sample whose thread held the GIL (`--python-gil`).
 const GIL_HELD_FRAME: &str = "[GIL held]";
@@ -525,22 +607,7 @@ fn gil_frame(held: bool) -> Frame {
     } else {
         GIL_NOT_HELD_FRAME
     };
-    Frame::named(name, None, FrameKind::Python)
-}
-
-/// Which outputs show the Python view (`--python-view`): each sample attributed to its
-/// innermost Python function, the interpreter's own C frames below it folded into it
-/// ([`python_view_keep`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum PythonView {
-    /// pstats only (snakeviz and `pstats` list Python functions); every other output keeps
-    /// the interpreter's frames.
-    #[default]
-    Pstats,
-    /// Every output.
-    All,
-    /// None: pstats too keeps the interpreter's frames.
-    Off,
+    Frame::named(name, None, PYTHON_FRAME)
 }
 
 /// Whether `frame` is one of the C runtime's libraries, which the interpreter calls for its
@@ -583,9 +650,7 @@ fn module_name_starts_with(frame: &Frame, prefixes: &[&str]) -> bool {
 pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     let is_python = |f: &Option<&Frame>| {
         f.is_some_and(|f| {
-            f.kind == FrameKind::Python
-                && *f.name != *GIL_HELD_FRAME
-                && *f.name != *GIL_NOT_HELD_FRAME
+            f.kind == PYTHON_FRAME && *f.name != *GIL_HELD_FRAME && *f.name != *GIL_NOT_HELD_FRAME
         })
     };
     let mut keep = vec![true; frames.len()];
@@ -625,6 +690,21 @@ fn is_perf_trampoline(frame: &Frame) -> bool {
         && (*frame.name == *PERF_TRAMPOLINE_EVALUATOR
             || (frame.name.starts_with(PERF_TRAMPOLINE_PREFIX)
                 && frame.module.as_deref() == Some(crate::symbolize::JIT_MODULE)))
+}
+
+impl crate::runtime::NamedFrames for PythonSymbols {
+    fn has_unnamed(&self, stack: &[u64]) -> bool {
+        has_unnamed(stack, self)
+    }
+
+    fn merge(
+        &self,
+        native: Vec<(Frame, Option<crate::profile::CodeAddress>)>,
+        stack: &[u64],
+        options: MergeOptions,
+    ) -> Vec<(Frame, Option<crate::profile::CodeAddress>)> {
+        merge(native, stack, self, options, None)
+    }
 }
 
 /// Merges a sample's Python frames (`python`, packed, leaf first) into its native user frames
@@ -707,7 +787,7 @@ fn merge_frames<A: Clone>(
         return out;
     }
     // Drop interpreter frames that have a Python frame on both sides.
-    let is_python = |f: &Frame| f.kind == FrameKind::Python;
+    let is_python = |f: &Frame| f.kind == PYTHON_FRAME;
     let Some(first) = out.iter().position(|(f, _)| is_python(f)) else {
         return out;
     };
@@ -786,7 +866,7 @@ mod tests {
                 "time_sleep"
             ]
         );
-        assert_eq!(merged[4].0.kind, FrameKind::Python);
+        assert_eq!(merged[4].0.kind, PYTHON_FRAME);
         assert_eq!(merged[4].0.line, Some(5));
         assert_eq!(merged[4].1, 0, "Python frames get the Python address");
         let glue = MergeOptions {
@@ -812,6 +892,18 @@ mod tests {
 
     /// Under `-X perf` each eval call sits under its perf trampoline (`py::NAME:FILE`, named
     /// from the perf map): the walked Python frames make them repeats, dropped unless glue is kept.
+    #[test]
+    fn python_frames_keep_the_leaf_most_and_the_gil_entry() {
+        let gil = PythonFrame::GIL_HELD;
+        assert_eq!(
+            limit_python(&[1, 2, 3, gil], 3),
+            (vec![1, 2, 3, gil], false)
+        );
+        assert_eq!(limit_python(&[1, 2, 3, gil], 2), (vec![1, 2, gil], true));
+        assert_eq!(limit_python(&[1, 2, 3], 1), (vec![1], true));
+        assert_eq!(limit_python(&[], 1), (vec![], false));
+    }
+
     #[test]
     fn perf_trampolines_go_where_the_kernel_walked_the_frames() {
         let mut symbols = PythonSymbols::new();
@@ -891,7 +983,7 @@ mod tests {
     /// below them; native callers at the root stay.
     #[test]
     fn the_python_view_folds_the_interpreter_below_the_innermost_python_function() {
-        let py = |name: &str| Frame::named(name, Some("/app/work.py".into()), FrameKind::Python);
+        let py = |name: &str| Frame::named(name, Some("/app/work.py".into()), PYTHON_FRAME);
         let c = |name: &str, module: &str| Frame::named(name, Some(module.into()), FrameKind::User);
         let kernel = Frame::named("asm_exc_page_fault", None, FrameKind::Kernel);
         let keep = |frames: &[Frame]| {
