@@ -217,9 +217,10 @@ pub struct SampleKey {
     pub user_stack: StackId,
     /// The kernel stack, or 0 when the sample was taken in user mode or none was recorded.
     pub kernel_stack: StackId,
-    /// The Python stack (frames encoded by [`PythonFrame`]), or 0 when the process is not a
-    /// CPython the kernel walks or the thread runs no Python code.
-    pub python_stack: StackId,
+    /// The stack of the process's runtime ([`RuntimeTag`]; CPython's frames encoded by
+    /// [`PythonFrame`]), or 0 when the process runs no runtime the kernel walks or the thread
+    /// runs none of its code.
+    pub runtime_stack: StackId,
     /// A [`SampleKind`] value: CPU samples, or off-CPU time in one thread state.
     pub kind: u32,
     /// Always zero; keeps the key free of padding.

@@ -34,7 +34,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     for (key, value) in take_shrinking(counts) {
         let user_frames = stack(key.user_stack)?;
         let kernel_frames = stack(key.kernel_stack)?;
-        let runtime_frames = stack(key.python_stack)?;
+        let runtime_frames = stack(key.runtime_stack)?;
         let mut times_ns = times.remove(&key).unwrap_or_default();
         times_ns.sort_unstable();
         out.push(Sample {

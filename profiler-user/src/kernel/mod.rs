@@ -3,7 +3,7 @@
 //!
 //! [`KernelProgram`] is one loaded object with its maps; its methods live by concern:
 //! - `load`: the object loaded and verified ([`KernelProgram::load`], [`check_privileges`]);
-//! - `walker`: the CFI and Python walker, verified beside sampling ([`WalkerLoad`]);
+//! - `walker`: the CFI and runtime (CPython) walker, verified beside sampling ([`WalkerLoad`]);
 //! - `events`: the perf events sampled on;
 //! - `targets`: the processes each run keeps samples of;
 //! - `following`: children followed, processes stopped at exec ([`ensure_tracefs`]);

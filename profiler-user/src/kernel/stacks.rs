@@ -46,7 +46,7 @@ impl KernelProgram {
             .keys()
             .filter_map(|k| k.ok())
             .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
-            .flat_map(|k| [k.user_stack, k.kernel_stack, k.python_stack])
+            .flat_map(|k| [k.user_stack, k.kernel_stack, k.runtime_stack])
             .collect();
         wanted.remove(&0);
         let before = self.offloaded_stacks.len();
@@ -207,8 +207,8 @@ impl KernelProgram {
         let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
         let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
-            .filter(|k| k.python_stack != 0)
-            .map(|k| (k.runs, k.pid, k.python_stack))
+            .filter(|k| k.runtime_stack != 0)
+            .map(|k| (k.runs, k.pid, k.runtime_stack))
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -244,7 +244,7 @@ fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
             k.tid,
             k.user_stack,
             k.kernel_stack,
-            k.python_stack,
+            k.runtime_stack,
             k.kind,
             k.reserved,
         )
