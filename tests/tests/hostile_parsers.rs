@@ -292,7 +292,7 @@ fn a_fake_python_whose_thread_list_loops_is_read_once_per_state() {
         return;
     }
     let scene = Scene::new(&[]);
-    // CPython 3.12's offsets (profiler-user/src/python/layout.rs).
+    // CPython 3.12's offsets (profiler-user/src/runtime/cpython/layout.rs).
     let source = r#"
 #define _GNU_SOURCE
 #include <pthread.h>
