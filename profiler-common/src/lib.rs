@@ -42,6 +42,21 @@ pub const TASK_REPORT_PREEMPTED: u64 = 0x100;
 /// preallocated: 4 MiB): more than every thread of the largest target (a PyTorch dataloader
 /// pool has hundreds); a switch-out that finds the map full is counted, not recorded.
 pub const MAX_OFF_CPU_PENDING: u32 = 65536;
+/// Name of the wait scan program (`iter/task`, see [`WaitScan`]) in the kernel object.
+pub const WAIT_SCAN_PROGRAM_NAME: &str = "bpfprof_wait_scan";
+/// Name of the wait scan's map ([`WaitScan`] by global tid).
+pub const WAIT_SCAN_MAP: &str = "WAIT_SCAN";
+/// Most threads one wait scan looks at.
+pub const MAX_WAIT_SCAN: u32 = 16384;
+/// [`WaitScan::outcome`]: the thread was not seen off the CPU (or not seen at all).
+pub const WAIT_SCAN_NOT_WAITING: u32 = 0;
+/// [`WaitScan::outcome`]: its wait is now pending, as if it had left the CPU at `since_ns`.
+pub const WAIT_SCAN_PENDING: u32 = 1;
+/// [`WaitScan::outcome`]: it already had a pending wait (its switch-out came after the
+/// off-CPU program was attached), which is kept.
+pub const WAIT_SCAN_ALREADY_PENDING: u32 = 2;
+/// [`WaitScan::outcome`]: it ran while it was being read: nothing was left pending.
+pub const WAIT_SCAN_RAN: u32 = 3;
 
 /// How many distinct pid namespaces the kernel program can watch at once.
 pub const MAX_PID_NAMESPACES: u32 = 8;
@@ -152,11 +167,23 @@ pub enum Config {
     /// goes to the timeline ring ([`TimelineRecord`]: its key and the time), besides its count.
     /// Runs without the bit pay one branch per sample.
     TimelineRuns = 10,
+    /// Byte offset of `task_struct.pid` in this kernel (from its BTF), for the wait scan
+    /// ([`WaitScan`]), which reads tasks other than the current one; 0 until userspace set
+    /// the offsets, and then the scan does nothing.
+    TaskPidOffset = 11,
+    /// Byte offset of `task_struct.__state` (an `unsigned int`).
+    TaskStateOffset = 12,
+    /// Byte offset of `task_struct.on_cpu` (an `int`).
+    TaskOnCpuOffset = 13,
+    /// Byte offset of `task_struct.nvcsw` (an `unsigned long`, followed by `nivcsw`).
+    TaskNvcswOffset = 14,
+    /// Byte offset of `task_struct.nivcsw`.
+    TaskNivcswOffset = 15,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 16;
 }
 
 /// What a sample map entry records: CPU samples or time off the CPU, by the thread's state
@@ -249,6 +276,47 @@ pub struct OffCpuPending {
     /// The [`Counter`]s of the user and kernel stacks that could not be read or stored at the
     /// switch-out, or `u32::MAX`: counted at the switch-in, with the interval they belong to.
     pub stack_losses: [u32; 2],
+}
+
+/// One thread of a wait scan: a run's off-CPU time starts with the waits that began before
+/// it. Userspace lists the threads of a target it has just taken in (global tid -> this,
+/// `runs`, `pid` and `tid` filled) and runs the scan (an `iter/task` program over every task):
+/// each listed thread found off the CPU gets an [`OffCpuPending`] entry as a switch-out would
+/// have made it, with its kernel stack and the scan's time, and its user registers here, from
+/// which userspace walks its user (native, Python) stacks, since a BPF program reads only the
+/// current task's memory. Those stacks are stored by userspace under the ids the entry
+/// already holds (`user_stack`, `python_stack`), fixed by the scan so that the entry never has
+/// to be changed once the thread may have woken.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WaitScan {
+    /// In: the runs whose off-CPU time the thread's wait goes to.
+    pub runs: u64,
+    /// In: the process id in the target's pid namespace ([`SampleKey::pid`]).
+    pub pid: u32,
+    /// In: the thread id in the target's pid namespace.
+    pub tid: u32,
+    /// In: non-zero when userspace walks the thread's Python frames (`python_stack` is set).
+    pub python: u32,
+    /// Out: a `WAIT_SCAN_*` value.
+    pub outcome: u32,
+    /// Out: the [`SampleKind`] of the wait.
+    pub kind: u32,
+    /// Always zero; keeps the struct free of padding.
+    pub reserved: u32,
+    /// Out: the user registers (rip, rsp, rbp) as the thread last entered the kernel.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// In: when the process became a target (`CLOCK_MONOTONIC`, `bpf_ktime_get_ns`'s clock),
+    /// the start of its waits for the runs; 0 for the scan's own time. Out: the time used.
+    pub since_ns: u64,
+    /// Out: the ids userspace stores the walked stacks under (0: none to store).
+    pub user_stack: StackId,
+    pub python_stack: StackId,
+    /// Out: its context switches (`nvcsw + nivcsw`) when read: a thread whose count differs
+    /// afterwards ran meanwhile, and its user stack is no longer the one of its wait.
+    pub switches: u64,
 }
 
 /// Name of the timeline ring map in the kernel object.
@@ -714,8 +782,18 @@ pub struct PythonProcess {
     /// far into the object it points to: `co_name`'s cached string hash (3.10, 3.11), which,
     /// unlike the name's address, a new name at a freed name's address does not keep.
     pub code_identity_deref: u32,
-    /// Always zero; keeps the struct free of padding.
-    pub reserved: u32,
+    /// Offset in a frame of its `tlbc_index` (a C `int32_t`: which thread-local copy of its
+    /// code's bytecode the frame runs), or 0 where the build has none (GIL builds, 3.13t):
+    /// free-threaded 3.14+ give each thread its own copy of the bytecode it specializes, and
+    /// `instr_ptr` points into that copy, not into `co_code_adaptive`.
+    pub frame_tlbc_index: u32,
+    /// Offset in a code object of `co_tlbc`, the pointer to its `_PyCodeArray` of
+    /// thread-local copies (`Py_ssize_t size; char *entries[]`, entry 0 the code object's
+    /// own `co_code_adaptive`); 0 with `frame_tlbc_index`.
+    pub code_tlbc: u32,
+    /// Non-zero for a free-threaded (no-GIL) build: the kernel appends
+    /// [`PythonFrame::NO_GIL`] to its stacks where a GIL build's get a GIL entry.
+    pub free_threaded: u32,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address,
@@ -818,6 +896,15 @@ impl PythonFrame {
     pub const GIL_HELD: u64 = 1 << Self::CODE_BITS;
     /// The entry appended to the Python stack of a thread that does not hold the GIL.
     pub const GIL_NOT_HELD: u64 = 2 << Self::CODE_BITS;
+    /// The entry appended to the Python stack of a thread of a free-threaded build, which
+    /// has no GIL to hold.
+    pub const NO_GIL: u64 = 3 << Self::CODE_BITS;
+
+    /// Whether a packed entry is one of the kernel's GIL entries (outermost), not a frame.
+    #[inline(always)]
+    pub const fn is_gil_entry(packed: u64) -> bool {
+        packed == Self::GIL_HELD || packed == Self::GIL_NOT_HELD || packed == Self::NO_GIL
+    }
 
     /// Marks a packed frame as the first of an eval call.
     #[inline(always)]
@@ -851,6 +938,7 @@ mod pod {
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::SampleValue {}
     unsafe impl aya::Pod for super::OffCpuPending {}
+    unsafe impl aya::Pod for super::WaitScan {}
     unsafe impl aya::Pod for super::TimelineRecord {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}

@@ -64,6 +64,7 @@ mod off_cpu;
 mod python;
 mod timeline;
 mod unwind;
+mod waits;
 
 const EEXIST: i32 = 17;
 
@@ -111,7 +112,7 @@ static STACKS: HashMap<StackId, StackFrames> = HashMap::with_max_entries(STACK_M
 
 /// Per-CPU room to read a stack into: 1 KiB does not fit on the 512-byte BPF stack.
 #[map]
-static SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
 /// Sample counts (and off-CPU time) by (runs, thread, user stack, kernel stack, Python stack,
 /// kind).

@@ -43,7 +43,7 @@ use crate::{
 /// Target threads off the CPU, by global thread id: their stacks and state at the
 /// switch-out, and its time.
 #[map]
-static OFF_CPU_PENDING: HashMap<u32, OffCpuPending> =
+pub(crate) static OFF_CPU_PENDING: HashMap<u32, OffCpuPending> =
     HashMap::with_max_entries(MAX_OFF_CPU_PENDING, 0);
 
 tracepoint_program! {

@@ -76,6 +76,12 @@ struct Walk {
     /// frames of a recursion read them once.
     identity_code: u64,
     identity: u64,
+    /// The code object and thread-local bytecode index (free-threaded 3.14+) whose copy's
+    /// address was read last (`tlbc_code` 0: none), and that address: a thread's frames of
+    /// one function (a recursion) read it once.
+    tlbc_code: u64,
+    tlbc_index: u64,
+    tlbc_bytecode: u64,
     /// A copy of the memory that ends with the last frame read anew (see `window_offset`).
     window: [u64; WINDOW_WORDS],
 }
@@ -158,6 +164,7 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     walk.window_at = 0;
     walk.window_len = 0;
     walk.identity_code = 0;
+    walk.tlbc_code = 0;
     let frames = scratch.get_ptr_mut(0)?;
     // The count of frames written lives in the map value, not in `walk`: the verifier does not
     // track map contents, so every iteration of the loop looks alike to it and it checks the
@@ -180,14 +187,22 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     }
     // SAFETY: as above.
     let mut len = (unsafe { (*frames).len } as usize).min(MAX_STACK_DEPTH);
-    if len > 0 && layout.gil_holder != 0 && len < MAX_STACK_DEPTH {
-        // Whether this thread holds the GIL: it is locked and this thread took it last.
-        if let Some((locked, holder)) = gil_state(&layout) {
-            let marker = if locked != 0 && holder == tstate {
-                PythonFrame::GIL_HELD
-            } else {
-                PythonFrame::GIL_NOT_HELD
-            };
+    if len > 0 && (layout.gil_holder != 0 || layout.free_threaded != 0) && len < MAX_STACK_DEPTH
+    {
+        // Whether this thread holds the GIL: it is locked and this thread took it last; a
+        // free-threaded build has none to hold.
+        let marker = if layout.free_threaded != 0 {
+            Some(PythonFrame::NO_GIL)
+        } else {
+            gil_state(&layout).map(|(locked, holder)| {
+                if locked != 0 && holder == tstate {
+                    PythonFrame::GIL_HELD
+                } else {
+                    PythonFrame::GIL_NOT_HELD
+                }
+            })
+        };
+        if let Some(marker) = marker {
             // Masked, though `len` is below the array's length: LLVM checked the unclamped
             // count and indexed with the clamped one, and the verifiers of 6.1 and 6.12 did not
             // relate the two ("invalid access to map value ... off=4104"). `black_box` keeps
@@ -328,6 +343,8 @@ fn read_frame(walk: &mut Walk) -> Frame {
     } else {
         word(walk, at, layout.frame_code) & !PYTHON_STACKREF_TAG_BITS
     };
+    let entry = layout.entry_rule == PythonEntryRule::EveryFrame as u32
+        || (layout.entry_rule == PythonEntryRule::EntryFlag as u32 && entry_byte != 0);
     let instruction = if shim {
         0
     } else if layout.instr_rule == PythonInstrRule::LastiIndex as u32 {
@@ -339,7 +356,18 @@ fn read_frame(walk: &mut Walk) -> Frame {
         }
     } else {
         let ptr = word(walk, at, layout.frame_instr);
-        let first = code.wrapping_add(layout.code_instructions as u64);
+        // Free-threaded 3.14+: a frame whose `tlbc_index` is not 0 runs its thread's own
+        // copy of the bytecode, which `instr_ptr` points into.
+        let tlbc_index = if layout.frame_tlbc_index != 0 {
+            word(walk, at, layout.frame_tlbc_index) as u32 as i32
+        } else {
+            0
+        };
+        let first = if tlbc_index > 0 {
+            thread_bytecode(walk, code, tlbc_index as u64)
+        } else {
+            code.wrapping_add(walk.layout.code_instructions as u64)
+        };
         if ptr >= first {
             // Code units are 2 bytes.
             ((ptr - first) / 2).min(PythonFrame::MAX_INSTRUCTION as u64) as u32
@@ -347,8 +375,6 @@ fn read_frame(walk: &mut Walk) -> Frame {
             0
         }
     };
-    let entry = layout.entry_rule == PythonEntryRule::EveryFrame as u32
-        || (layout.entry_rule == PythonEntryRule::EntryFlag as u32 && entry_byte != 0);
     walk.frame = previous;
     if shim {
         Frame::Shim
@@ -363,6 +389,30 @@ fn read_frame(walk: &mut Walk) -> Frame {
             entry,
         ))
     }
+}
+
+/// Where the thread-local copy `index` of the bytecode of the code object at `code` starts
+/// (`co_tlbc->entries[index]`), read unless the frame before had the same code and index; 0
+/// when a read fails (the instruction is then 0: the function's first line, not a wrong one).
+#[inline(always)]
+fn thread_bytecode(walk: &mut Walk, code: u64, index: u64) -> u64 {
+    if code != walk.tlbc_code || index != walk.tlbc_index {
+        let at = code.wrapping_add(walk.layout.code_tlbc as u64);
+        // SAFETY: user memory read through the checked helper.
+        let bytecode = unsafe { bpf_probe_read_user(at as *const u64) }
+            .ok()
+            .filter(|&array| array != 0)
+            .and_then(|array| {
+                // `_PyCodeArray`: its size, then the entries.
+                let entry = array.wrapping_add(8).wrapping_add(index.wrapping_mul(8));
+                // SAFETY: as above.
+                unsafe { bpf_probe_read_user(entry as *const u64) }.ok()
+            });
+        walk.tlbc_code = code;
+        walk.tlbc_index = index;
+        walk.tlbc_bytecode = bytecode.unwrap_or(0);
+    }
+    walk.tlbc_bytecode
 }
 
 /// The identity bits of the code object at `code` ([`PythonFrame::identity_of`] its

@@ -1,6 +1,6 @@
 """The strobeclient console script's logic against a fake daemon: what PyTorch parses from its
 stderr, the duration fallback, the wait after a stop, and fetching unreadable results.
-(The real daemon and PyTorch's exact flow are tested end to end in tests/tests/strobeclient.rs.)"""
+(The real daemon and PyTorch's exact flow are tested end to end in tests/tests/python/strobeclient.rs.)"""
 
 from __future__ import annotations
 

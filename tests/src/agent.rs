@@ -29,14 +29,9 @@ for family in text_string_to_metric_families(text):
         out[s.name + ("{" + labels + "}" if labels else "")] = s.value
 print(json.dumps(out))
 "#;
-    let out = Command::new("python3")
-        .args(["-c", script, &port.to_string()])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "/metrics did not parse as OpenMetrics text: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::output_ok(
+        Command::new("python3").args(["-c", script, &port.to_string()]),
+        "/metrics through the OpenMetrics parser",
     );
     serde_json::from_slice(&out.stdout).expect("the parser's JSON")
 }
@@ -220,19 +215,22 @@ impl TestCgroup {
     }
 }
 
+/// Kills the processes of the test's own cgroup at `path` and removes it (once they are gone).
+pub fn remove_cgroup(path: &Path) {
+    let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) of the test's own processes, in its own cgroup.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = poll_until(Duration::from_secs(10), || std::fs::remove_dir(path).ok());
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
-            // SAFETY: kill(2) of the test's own processes, in its own cgroup.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = poll_until(Duration::from_secs(10), || {
-            std::fs::remove_dir(&self.path).ok()
-        });
+        remove_cgroup(&self.path);
         // And the parents made for it, innermost first.
         for dir in self.path.ancestors().skip(1) {
             if !dir.starts_with(&self.root) || dir == self.root {

@@ -25,6 +25,14 @@ impl Checks {
         }
     }
 
+    /// Records `what: error` as a failure when `result` is an error (a [`crate::Share`]'s
+    /// judgement, say).
+    pub fn result(&mut self, what: &str, result: Result<(), String>) {
+        if let Err(e) = result {
+            self.failures.push(format!("{what}: {e}"));
+        }
+    }
+
     /// Records a failure unless `actual == expected`.
     pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, what: &str, actual: T, expected: T) {
         if actual != expected {

@@ -105,6 +105,14 @@ impl Daemon {
         }
     }
 
+    /// What the daemon wrote to stderr so far (its log).
+    pub fn stderr_so_far(&self) -> String {
+        self.process
+            .as_ref()
+            .map(|p| p.stderr_so_far())
+            .unwrap_or_default()
+    }
+
     /// Runs a CLI client command against this daemon.
     pub fn cli(&self, args: &[&str]) -> RunResult {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -121,4 +129,21 @@ impl Drop for Daemon {
             let _ = p.wait_timeout(DAEMON_TIMEOUT);
         }
     }
+}
+
+/// The arguments of `bpfprof run --async` on `pid` (a pid, or `NS_INODE:PID`) at 499 Hz for
+/// `duration_ms`, then `extra`: how the daemon's tests start a run.
+pub fn async_run_args<'a>(pid: &'a str, duration_ms: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--async",
+        "--pid",
+        pid,
+        "-F",
+        "499",
+        "--duration-ms",
+        duration_ms,
+    ];
+    args.extend(extra);
+    args
 }

@@ -490,17 +490,9 @@ pub fn compile(dir: &Path, name: &str, ext: &str, source: &str, args: &[&str]) -
     let src = dir.join(format!("{name}.{ext}"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(name);
-    let result = Command::new("gcc")
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("running gcc");
-    assert!(
-        result.status.success(),
-        "gcc {name}: {}",
-        String::from_utf8_lossy(&result.stderr)
+    crate::output_ok(
+        Command::new("gcc").args(args).arg("-o").arg(&out).arg(&src),
+        &format!("gcc {name}"),
     );
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
     out
@@ -516,20 +508,13 @@ pub fn start_as(
     duration_ms: u64,
     extra: &[&str],
 ) -> RunResult {
-    let pid = pid.to_string();
-    let duration = duration_ms.to_string();
-    let mut args = vec![
-        "run",
-        "--async",
-        "--pid",
-        &pid,
-        "-F",
-        "499",
-        "--duration-ms",
-        &duration,
-    ];
-    args.extend(extra);
-    cli(user, bin, daemon, &args)
+    let (pid, duration) = (pid.to_string(), duration_ms.to_string());
+    cli(
+        user,
+        bin,
+        daemon,
+        &crate::async_run_args(&pid, &duration, extra),
+    )
 }
 
 /// The run id an `--async` start printed.

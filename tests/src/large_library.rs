@@ -91,11 +91,7 @@ pub fn large_library() -> PathBuf {
         .output()
         .expect("running gcc");
     let _ = std::fs::remove_file(&asm);
-    assert!(
-        out.status.success(),
-        "assembling the large library: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::assert_ok(&out, "assembling the large library");
     std::fs::rename(&tmp, &so).unwrap();
     std::fs::write(&stamp, params).unwrap();
     eprintln!(

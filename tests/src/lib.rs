@@ -1,10 +1,11 @@
 //! Harness for the bpfprof end-to-end tests.
 //!
-//! The tests in `tests/tests/` run the real `bpfprof` binary, as root, with the
-//! real eBPF program, against the C workloads in `tests/workloads/` (compiled by
-//! `build.rs`). This library holds what they share:
+//! The tests in `tests/tests/` (one binary per family, one module per topic) run the real
+//! `bpfprof` binary, as root, with the real eBPF program, against the C workloads in
+//! `tests/workloads/` (compiled by `build.rs`). This library holds what they share:
 //!
-//! * [`require_root`]: skip (or, under `CI=true`, fail) when not root;
+//! * [`needs_root!`]: the one way a test says it needs root: it returns (or, under
+//!   `CI=true`, fails) when not root, and runs beside the binary's other tests or alone;
 //! * [`bpfprof_bin`]: where the binary is (`BPFPROF_BIN`, else the workspace's
 //!   `target/debug/bpfprof`, built once on demand);
 //! * [`Workload`]: a spawned workload process, killed on drop;
@@ -17,8 +18,9 @@
 //! everything: `env` (root/CI, the binary, workloads, tools), `process` (workload processes
 //! and `/proc`), `runner` (running bpfprof), `profile` (folded profiles), `summary` (the
 //! summary JSON), `files` (temp dirs and executable copies), `checks`, `daemon`, `users`,
-//! `python` (the installed Python package), `exit` (exit codes), `large_library` and `agent`
-//! (the agent's tests' helpers).
+//! `python` (the installed Python package, py-spy), `root` (the machine lock behind
+//! `needs_root!`), `stats` (sampled shares and their standard errors), `exit` (exit codes),
+//! `large_library` and `agent` (the agent's tests' helpers).
 
 pub mod agent;
 pub mod checks;
@@ -31,7 +33,9 @@ pub mod large_library;
 pub mod process;
 pub mod profile;
 pub mod python;
+pub mod root;
 pub mod runner;
+pub mod stats;
 pub mod summary;
 pub mod users;
 
@@ -43,5 +47,6 @@ pub use process::*;
 pub use profile::*;
 pub use python::*;
 pub use runner::*;
+pub use stats::*;
 pub use summary::*;
 pub use users::*;

@@ -231,3 +231,26 @@ pub fn perf_event_fds(pid: u32) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// Runs `cmd` to its end and returns its output; panics, naming `what` and printing its stderr,
+/// unless it exited with 0.
+#[track_caller]
+pub fn output_ok(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    assert_ok(&out, what);
+    out
+}
+
+/// Panics, naming `what` and printing its stderr, unless `out` is of a command that exited
+/// with 0.
+#[track_caller]
+pub fn assert_ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

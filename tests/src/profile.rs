@@ -216,15 +216,11 @@ fn ratio(a: u64, b: u64) -> f64 {
 /// The standard output of `script` run by Debian's Python on the pstats file `path` (passed as
 /// `sys.argv[1]`): how tests read a `.prof` with Python's own `pstats` module.
 pub fn run_pstats(path: &Path, script: &str) -> String {
-    let out = std::process::Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .arg(path)
-        .output()
-        .expect("run python3 -c pstats");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::output_ok(
+        std::process::Command::new("/usr/bin/python3")
+            .args(["-c", script])
+            .arg(path),
+        "python3 -c pstats",
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

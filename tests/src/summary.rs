@@ -74,3 +74,18 @@ impl Summary {
             .unwrap_or_else(|| panic!("summary field \"targets\" is not an array: {}", self.0))
     }
 }
+
+/// A summary's `tags` (`[{"key": .., "value": ..}]`) as `key=value`, in order.
+pub fn tag_pairs(tags: &serde_json::Value) -> Vec<String> {
+    tags.as_array()
+        .expect("tags are a list")
+        .iter()
+        .map(|t| {
+            format!(
+                "{}={}",
+                t["key"].as_str().unwrap(),
+                t["value"].as_str().unwrap()
+            )
+        })
+        .collect()
+}

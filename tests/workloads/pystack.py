@@ -1,4 +1,4 @@
-"""A Python process with known stacks for the python_layout test: the main thread blocks in
+"""A Python process with known stacks for the Python layout test (tests/tests/python/layout.rs): the main thread blocks in
 inner_日本() under middlé() and outer(); a second thread blocks in Worker.spin_𠀀() under
 Worker.run(); a third recurses DEPTH times, then calls leaf() through C (map), which blocks; a
 fourth runs Python without a pause (holding the GIL) when the second argument is "spin", else

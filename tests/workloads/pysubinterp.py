@@ -1,4 +1,4 @@
-"""A CPython 3.13 process with a thread running in a subinterpreter, for the python_layout test: the
+"""A CPython 3.13 process with a thread running in a subinterpreter, for the Python layout test (tests/tests/python/layout.rs): the
 thread's state in the subinterpreter (where it runs now) holds sub_leaf() under the
 subinterpreter's <module>; the main thread waits in main_wait()."""
 

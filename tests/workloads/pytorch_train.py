@@ -1,4 +1,4 @@
-"""A small CNN trained on the CPU, for the PyTorch end-to-end tests (tests/tests/pytorch.rs).
+"""A small CNN trained on the CPU, for the PyTorch end-to-end tests (tests/tests/python/pytorch.rs).
 
 Usage:
     pytorch_train.py strobelight CALLS   PyTorch's strobelight decorator around train_step, called

@@ -84,7 +84,7 @@ pub const PYTHON_MODULES: &[(&str, &str)] = &[
     ("pytest", "pytest"),
     ("numpy", "numpy"),
     ("prometheus_client", "prometheus-client"),
-    // The OTLP profiles receiver of tests/tests/export.rs: the official generated stubs, at
+    // The OTLP profiles receiver of tests/tests/agent/export.rs: the official generated stubs, at
     // the version whose protos (OTLP 1.10's v1development profiles) are those of the Rust
     // `opentelemetry-proto` crate the agent exports with, and gRPC.
     (
@@ -97,7 +97,7 @@ pub const PYTHON_MODULES: &[(&str, &str)] = &[
 /// Programs from PyPI the tests run: py-spy, the peer the Python-walk tests compare shares with.
 pub const PYTHON_TOOLS: &[&str] = &["py-spy"];
 
-/// The PyTorch venv the end-to-end tests (`tests/tests/pytorch.rs`) run: a fixed path outside
+/// The PyTorch venv the end-to-end tests (`tests/tests/python/pytorch.rs`) run: a fixed path outside
 /// the checkout, so every worktree and CI run on this machine reuses one 4 GB install.
 pub const TORCH_VENV: &str = "/opt/bpfprof/torch-venv";
 /// The interpreter of that venv: Debian's, which a non-root test user can run (pyenv's live

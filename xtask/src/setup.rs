@@ -1,7 +1,8 @@
 //! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
 //! rustfmt and clippy, bpf-linker, cargo-fuzz, the format validators, upstream pprof, Python
-//! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot, and the VM
-//! test's kernels); each step does nothing for what is already there.
+//! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot, a
+//! free-threaded CPython 3.13t built from Debian's source, and the VM test's kernels); each
+//! step does nothing for what is already there.
 
 use std::path::Path;
 use std::process::Command;
@@ -31,6 +32,7 @@ pub fn setup() -> Result<()> {
     setup_py_spy()?;
     setup_torch()?;
     setup_sid_pythons()?;
+    setup_free_threaded_python()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())
@@ -151,7 +153,7 @@ fn setup_py_spy() -> Result<()> {
 fn setup_torch() -> Result<()> {
     let venv = Path::new(TORCH_VENV);
     let python = venv.join("bin/python");
-    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/pytorch.rs)");
+    println!("==> PyTorch in {TORCH_VENV} (for tests/tests/python/pytorch.rs)");
     if let Some(version) = probe(Command::new(&python).args(["-c", TORCH_PROBE])) {
         println!("    torch {} already installed", version.trim());
         return world_readable(venv);
@@ -259,14 +261,7 @@ fn setup_sid_pythons() -> Result<()> {
                 .args(["install", "-y", "debootstrap"])
                 .env("DEBIAN_FRONTEND", "noninteractive"))?;
         }
-        let sources =
-            std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
-        let mirror = sources
-            .lines()
-            .find_map(|l| l.strip_prefix("URIs:"))
-            .and_then(|uris| uris.split_whitespace().next())
-            .unwrap_or("http://deb.debian.org/debian")
-            .to_string();
+        let mirror = debian_mirror();
         run(as_root("debootstrap")?
             .args(["--variant=minbase"])
             .arg(format!("--include={}", SID_PYTHONS.join(",")))
@@ -278,6 +273,66 @@ fn setup_sid_pythons() -> Result<()> {
             "{SID_ROOT}/usr/bin/{python} is still missing"
         );
     }
+    Ok(())
+}
+
+/// The Debian mirror the host's apt uses.
+fn debian_mirror() -> String {
+    let sources =
+        std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    sources
+        .lines()
+        .find_map(|l| l.strip_prefix("URIs:"))
+        .and_then(|uris| uris.split_whitespace().next())
+        .unwrap_or("http://deb.debian.org/debian")
+        .to_string()
+}
+
+/// Where the free-threaded CPython is installed, and its interpreter.
+const PY313T_PREFIX: &str = "/opt/py313t";
+const PY313T: &str = "/opt/py313t/bin/python3.13t";
+/// The CPython source Debian's mirror serves (trixie's `python3.13`; sid's 3.14 and 3.15
+/// sources are not there), and its directory once unpacked.
+const PY313_SOURCE: &str = "pool/main/p/python3.13/python3.13_3.13.5.orig.tar.xz";
+const PY313_SOURCE_DIR: &str = "Python-3.13.5";
+/// Where it is built (1 GB while building; removed after).
+const PY313T_BUILD: &str = "/var/tmp/bpfprof-py313t";
+
+/// A free-threaded (`--disable-gil`) CPython 3.13t at [`PY313T_PREFIX`], built from the
+/// CPython source on the mirror the host's apt uses: Debian packages no free-threaded build
+/// (about 10 minutes on 2 cores).
+fn setup_free_threaded_python() -> Result<()> {
+    println!("==> free-threaded CPython 3.13t in {PY313T_PREFIX}");
+    if Path::new(PY313T).is_file() {
+        println!("    already there");
+        return Ok(());
+    }
+    // A fixed directory, made anew: an interrupted build's leftovers are not reused.
+    let build = Path::new(PY313T_BUILD);
+    if build.exists() {
+        std::fs::remove_dir_all(build).with_context(|| format!("removing {PY313T_BUILD}"))?;
+    }
+    std::fs::create_dir_all(build).with_context(|| format!("creating {PY313T_BUILD}"))?;
+    let tarball = build.join("python3.13.orig.tar.xz");
+    run(command("curl")
+        .args(["-fsSL", "-o"])
+        .arg(&tarball)
+        .arg(format!("{}/{PY313_SOURCE}", debian_mirror())))?;
+    run(command("tar").arg("xf").arg(&tarball).arg("-C").arg(build))?;
+    let source = build.join(PY313_SOURCE_DIR);
+    run(command("./configure")
+        .args(["--disable-gil", &format!("--prefix={PY313T_PREFIX}")])
+        .current_dir(&source))?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    run(command("make")
+        .arg(format!("-j{jobs}"))
+        .current_dir(&source))?;
+    run(as_root("make")?.arg("install").current_dir(&source))?;
+    ensure!(
+        Path::new(PY313T).is_file(),
+        "{PY313T} is still missing after `make install`"
+    );
+    std::fs::remove_dir_all(build).with_context(|| format!("removing {PY313T_BUILD}"))?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 //!
 //! The recording thread never waits on the network: it hands each window to each backend's
 //! bounded queue ([`QUEUE_WINDOWS`]) and goes on; a full queue drops the window, counted. The exporter
-//! encodes each window ([`crate::agent::otlp`]) into the on-disk spool
+//! encodes each window ([`crate::output::otlp`], [`crate::output::pyroscope`]) into the on-disk spool
 //! ([`crate::agent::spool`]) and sends the spool's windows oldest first, each attempt bounded
 //! by [`REQUEST_TIMEOUT`]: a window the backend could not take (unreachable, timed out, 5xx)
 //! stays and is retried with exponential backoff and jitter ([`backoff`]), later windows
@@ -17,23 +17,22 @@ use std::{sync::Arc, time::Duration};
 use prost::Message;
 use reqwest::header::{HeaderName, HeaderValue};
 
+pub use crate::agent::send::REQUEST_TIMEOUT;
 use crate::{
     agent::{
         metrics::Metrics,
-        otlp,
         pyroscope::{self, PyroscopeConfig},
+        send::{error_chain, grpc_outcome, http_outcome, Outcome, Prepared},
         spool::Spool,
         windows::Window,
     },
     error::{Error, Result},
+    output::{otlp, pyroscope as pyroscope_requests},
 };
 
 /// Windows waiting for the exporter at most: a minute of the default 10 s windows, so a slow
 /// send does not lose a window while the queue stays a few MB.
 pub const QUEUE_WINDOWS: usize = 6;
-/// Longest one export request may take, connection included (the OpenTelemetry SDKs'
-/// default export timeout).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The path of the profiles signal under an OTLP/HTTP endpoint (the collector's
 /// `otlpreceiver`).
 pub const HTTP_PATH: &str = "/v1development/profiles";
@@ -160,17 +159,6 @@ pub fn parse_header_list(list: &str) -> Result<Vec<(HeaderName, HeaderValue)>> {
         out.push(header(&format!("{key}={value}"), item, WHAT)?);
     }
     Ok(out)
-}
-
-/// What became of one attempt to send a window.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The backend took it.
-    Sent,
-    /// It may take it later (unreachable, timed out, 5xx, 429, gRPC UNAVAILABLE, ...).
-    Retry(String),
-    /// It refused it for good (4xx, gRPC INVALID_ARGUMENT, ...).
-    Rejected(String),
 }
 
 /// The client of one backend.
@@ -302,65 +290,11 @@ impl Transport {
     }
 }
 
-/// A spooled entry made ready to send, on a blocking thread.
-pub enum Prepared {
-    /// An OTLP/HTTP body, gzipped.
-    Otlp(Vec<u8>),
-    /// An OTLP request for gRPC's codec.
-    OtlpMessage(Box<opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest>),
-    /// A Pyroscope ingest request.
-    Pyroscope(pyroscope::Request),
-    /// An entry that cannot be sent (unreadable): refused for good.
-    Broken(String),
-}
-
-/// An error with its causes (reqwest's own message says little: "error sending request").
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(body)?;
     gz.finish()
-}
-
-/// OTLP/HTTP's rule: 2xx taken; 429, 502, 503, 504 (and any other 5xx) retried; other 4xx
-/// refused for good.
-pub fn http_outcome(status: reqwest::StatusCode) -> Outcome {
-    if status.is_success() {
-        Outcome::Sent
-    } else if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
-        Outcome::Retry(format!("HTTP {status}"))
-    } else {
-        Outcome::Rejected(format!("HTTP {status}"))
-    }
-}
-
-/// OTLP/gRPC's rule: the codes the specification names retryable are retried, the others
-/// refused for good.
-pub fn grpc_outcome(status: &tonic::Status) -> Outcome {
-    use tonic::Code;
-    let what = format!("gRPC {:?}: {}", status.code(), status.message());
-    match status.code() {
-        Code::Ok => Outcome::Sent,
-        Code::Cancelled
-        | Code::DeadlineExceeded
-        | Code::Aborted
-        | Code::OutOfRange
-        | Code::Unavailable
-        | Code::DataLoss
-        | Code::ResourceExhausted => Outcome::Retry(what),
-        _ => Outcome::Rejected(what),
-    }
 }
 
 /// Where and how windows are exported, and the spool that keeps them until they are.
@@ -395,11 +329,21 @@ impl Backend {
     /// service.
     fn entries(&self, window: &Window, host: &str) -> std::io::Result<Vec<Vec<u8>>> {
         match self {
-            Backend::Otlp(_) => Ok(vec![otlp::request(window, host).encode_to_vec()]),
-            Backend::Pyroscope(_) => Ok(pyroscope::requests(window, host)?
-                .iter()
-                .map(pyroscope::to_entry)
-                .collect()),
+            Backend::Otlp(_) => Ok(vec![otlp::request(
+                &window.profile,
+                window.start,
+                window.end,
+                host,
+            )
+            .encode_to_vec()]),
+            Backend::Pyroscope(_) => {
+                Ok(
+                    pyroscope_requests::requests(&window.profile, window.start, window.end, host)?
+                        .iter()
+                        .map(pyroscope_requests::to_entry)
+                        .collect(),
+                )
+            }
         }
     }
 

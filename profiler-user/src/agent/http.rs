@@ -4,6 +4,9 @@
 //! `pyroscope.scrape` and the OpenTelemetry Collector's pprof receiver read; `GET /metrics`
 //! the agent's metrics (counts of the whole agent, nothing of any one process).
 //!
+//! With `--listen-tls-cert` and `--listen-tls-key` the TCP endpoint speaks HTTPS only
+//! ([`crate::agent::tls`]); who sees what is the same.
+//!
 //! Who sees what: root (uid 0), or any peer with the `--listen-token-file` token
 //! (`Authorization: Bearer TOKEN`), sees every process. Another local user, known by the uid
 //! owning its socket ([`crate::agent::peer`]), sees only the processes it owns, without the
@@ -240,6 +243,7 @@ pub async fn serve(
     listener: Listener,
     shared: Arc<Shared>,
     token: Option<Vec<u8>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     limits: Limits,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
@@ -302,11 +306,31 @@ pub async fn serve(
                 continue;
             }
         };
-        let app = app.clone();
+        let (app, tls, metrics) = (app.clone(), tls.clone(), Arc::clone(&metrics));
         connections.spawn(async move {
-            match io {
-                Stream::Tcp(io) => connection(io, peer, app).await,
-                Stream::Unix(io) => connection(io, peer, app).await,
+            match (io, tls) {
+                (Stream::Tcp(io), Some(tls)) => {
+                    // The handshake is bounded as a request's head is: a peer that sends
+                    // nothing, or plain HTTP, holds its place no longer.
+                    match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(io)).await {
+                        Ok(Ok(io)) => connection(io, peer, app).await,
+                        Ok(Err(e)) => {
+                            log::debug!("TLS handshake with {peer:?}: {e}");
+                            metrics
+                                .http_refused
+                                .get_or_create(&vec![("reason", "tls_handshake")])
+                                .inc();
+                        }
+                        Err(_) => {
+                            metrics
+                                .http_refused
+                                .get_or_create(&vec![("reason", "tls_handshake")])
+                                .inc();
+                        }
+                    }
+                }
+                (Stream::Tcp(io), None) => connection(io, peer, app).await,
+                (Stream::Unix(io), _) => connection(io, peer, app).await,
             }
             drop(slot);
         });

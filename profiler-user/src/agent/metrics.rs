@@ -104,8 +104,10 @@ pub struct Metrics {
 
 /// Why an HTTP connection was closed as soon as it was accepted (the `reason` label of
 /// `bpfprof_agent_http_connections_refused`): the endpoint held its most connections
-/// (`total`), or the peer (a local uid, a remote address) held its own most (`per_peer`).
-pub const HTTP_REFUSALS: &[&str] = &["total", "per_peer"];
+/// (`total`), or the peer (a local uid, a remote address) held its own most (`per_peer`),
+/// or, on a TLS endpoint, the peer did not complete a TLS handshake in time (`tls_handshake`:
+/// plain HTTP, a certificate it refused, silence).
+pub const HTTP_REFUSALS: &[&str] = &["total", "per_peer", "tls_handshake"];
 /// Why an HTTP request was refused (`bpfprof_agent_http_requests_refused`): `busy` (a 503:
 /// the most profiles were being built or sent), `forbidden` (a 403: a remote peer without
 /// the token), `unauthorized` (a 401: a wrong token).

@@ -5,7 +5,8 @@
 //! ([`labels`], [`rules`]), keeps the recent windows in a ring ([`windows`]) and serves them
 //! as pprof with its own metrics over HTTP ([`http`], [`metrics`]), and sends each window to
 //! an OpenTelemetry backend as OTLP profiles or to Pyroscope where asked ([`export`],
-//! [`otlp`], [`pyroscope`], [`spool`]).
+//! [`pyroscope`], [`send`], [`spool`]; the requests are encoded beside the other formats, by
+//! [`crate::output::otlp`] and [`crate::output::pyroscope`]).
 //!
 //! The recording runs on a thread of its own (ticks, windows, symbolization); the HTTP server
 //! and the exporter on the async runtime, reading only the ring, the export queue and
@@ -19,20 +20,18 @@ pub mod export;
 pub mod http;
 pub mod labels;
 pub mod metrics;
-pub mod otlp;
 pub mod peer;
 pub mod pyroscope;
 pub mod rules;
+pub mod send;
 pub mod spool;
+pub mod tls;
 pub mod windows;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -47,7 +46,12 @@ use crate::{
     error::{exit_code, Error, Result},
     kernel::pool::ProgramPool,
     process::target::{Target, TargetSpec},
-    recording::{request::RecordingRequest, run_loop::TICK, Recording},
+    profile::RunEnd,
+    recording::{
+        request::RecordingRequest,
+        run_loop::{self, RunDriver},
+        Recording,
+    },
     symbolize::Symbolizer,
 };
 
@@ -107,6 +111,8 @@ pub struct ListenConfig {
     pub group: Option<u32>,
     /// The bearer token that shows everything, if any.
     pub token: Option<Vec<u8>>,
+    /// TLS on the TCP endpoint, if asked for ([`tls`]).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl AgentConfig {
@@ -140,6 +146,7 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
     let token = config.listen.as_mut().and_then(|l| l.token.take());
+    let tls = config.listen.as_mut().and_then(|l| l.tls.take());
     let mut sigint = signal(SignalKind::interrupt()).map_err(anyhow::Error::from)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(anyhow::Error::from)?;
     let shared = Arc::new(Shared {
@@ -160,16 +167,22 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
         }
         None => (None, None),
     };
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    let listen = config.listen.as_ref().map(|l| l.listen.clone());
+    let listen = config
+        .listen
+        .as_ref()
+        .map(|l| match (&l.listen, tls.is_some()) {
+            (peer::Listen::Tcp(addr), true) => format!("https://{addr}"),
+            (listen, _) => listen.to_string(),
+        });
     let thread = {
-        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        let shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("agent-recording".into())
             .spawn(move || {
-                let result = record(config, host, queue, &shared, &stop, started_tx);
+                let result = record(config, host, queue, &shared, stop_rx, started_tx);
                 let _ = done_tx.send(result);
             })
             .map_err(anyhow::Error::from)?
@@ -195,7 +208,7 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = listener.map(|listener| {
         let shared = Arc::clone(&shared);
-        tokio::spawn(http::serve(listener, shared, token, limits, async {
+        tokio::spawn(http::serve(listener, shared, token, tls, limits, async {
             let _ = server_stopped.await;
         }))
     });
@@ -204,7 +217,7 @@ pub async fn serve(mut config: AgentConfig) -> Result<i32> {
         _ = sigterm.recv() => None,
         result = &mut done_rx => Some(result),
     };
-    stop.store(true, Ordering::Relaxed);
+    let _ = stop.send(true);
     let _ = stop_server.send(());
     if let Some(server) = server {
         let _ = server.await;
@@ -249,14 +262,14 @@ fn raise_fd_limit() -> u64 {
     limit.current.unwrap_or(u64::MAX)
 }
 
-/// The recording thread: starts sampling (saying how through `started`), then ticks and cuts
-/// windows until `stop`.
+/// The recording thread: starts sampling (saying how through `started`), then runs the one
+/// run loop ([`run_loop::run`]), ticking and cutting windows, until `stop` says so.
 fn record(
     config: AgentConfig,
     host: String,
     export: Option<export::Queue>,
     shared: &Shared,
-    stop: &AtomicBool,
+    stop: tokio::sync::watch::Receiver<bool>,
     started: tokio::sync::oneshot::Sender<Result<String>>,
 ) -> Result<()> {
     let table_cache = crate::unwind::open_table_cache(&config.table_cache);
@@ -277,7 +290,7 @@ fn record(
     if let Some(e) = failed {
         return Err(Error::Other(anyhow::anyhow!(e)));
     }
-    let mut agent = Agent {
+    let agent = Agent {
         config,
         shared,
         symbolizer: Symbolizer::new().with_kernel_cache(table_cache.map(|c| c as _)),
@@ -288,22 +301,66 @@ fn record(
         evictions: 0,
         copy_refusals: 0,
     };
-    let mut next_cut = Instant::now() + agent.config.window;
-    while !stop.load(Ordering::Relaxed) {
-        recording.tick(&mut pool);
-        recording.name_runtime_frames(false);
-        agent.observe(&recording);
-        if Instant::now() >= next_cut {
-            agent.cut(&mut recording, &mut pool)?;
-            next_cut += agent.config.window;
-            // Behind by more than a window (a very slow symbolization): start afresh.
-            if next_cut < Instant::now() {
-                next_cut = Instant::now() + agent.config.window;
+    let next_cut = Instant::now() + agent.config.window;
+    let mut driver = AgentLoop {
+        agent,
+        recording: &mut recording,
+        pool: &mut pool,
+        stop,
+        next_cut,
+    };
+    // The one run loop every driver runs, on this thread (a runtime of its own: the
+    // recording never waits for the HTTP server's or the exporter's tasks, nor they for it).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(anyhow::Error::from)?;
+    runtime.block_on(async {
+        loop {
+            // The agent has no deadline: the loop is given one a day away, and entered again
+            // when it passes.
+            let deadline = Instant::now() + Duration::from_secs(24 * 3600);
+            match run_loop::run(&mut driver, deadline).await? {
+                RunEnd::Completed => continue,
+                _ => return Ok(()),
             }
         }
-        std::thread::sleep(TICK);
+    })
+}
+
+/// The agent's part of the run loop: each tick also reads the labels of new processes and,
+/// every `--window`, cuts a window; the loop stops when the agent is asked to.
+struct AgentLoop<'a, 'r> {
+    agent: Agent<'a>,
+    recording: &'r mut Recording,
+    pool: &'r mut ProgramPool,
+    stop: tokio::sync::watch::Receiver<bool>,
+    next_cut: Instant,
+}
+
+impl RunDriver for AgentLoop<'_, '_> {
+    type Error = Error;
+
+    async fn tick(&mut self) -> Result<Option<RunEnd>> {
+        self.recording.tick(self.pool);
+        self.recording.name_runtime_frames(false);
+        self.agent.observe(self.recording);
+        if Instant::now() >= self.next_cut {
+            self.agent.cut(self.recording, self.pool)?;
+            self.next_cut += self.agent.config.window;
+            // Behind by more than a window (a very slow symbolization): start afresh.
+            if self.next_cut < Instant::now() {
+                self.next_cut = Instant::now() + self.agent.config.window;
+            }
+        }
+        Ok(None)
     }
-    Ok(())
+
+    async fn stopped(&mut self) -> RunEnd {
+        // A closed channel (the server gone) stops the loop as well.
+        let _ = self.stop.wait_for(|stop| *stop).await;
+        RunEnd::Interrupted
+    }
 }
 
 /// Starts sampling what `config` names.

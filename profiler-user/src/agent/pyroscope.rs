@@ -4,27 +4,13 @@
 //! (the same writer as every pprof bpfprof makes: `pid`, `comm`, `service_name`, ... as
 //! sample labels), `--pyroscope-tenant` as `X-Scope-OrgID`, `--pyroscope-user` as basic auth.
 //!
-//! A request waits in the export spool as JSON (`query`, and the gzipped pprof in base64), so
-//! that a spooled request is sent exactly as it was built.
-
-use std::{collections::BTreeMap, time::UNIX_EPOCH};
-
-use serde::{Deserialize, Serialize};
+//! The requests are built beside the other formats ([`crate::output::pyroscope`]); this is
+//! the client that sends them.
 
 use crate::{
-    agent::{
-        export::{error_chain, http_outcome, Outcome, Prepared, REQUEST_TIMEOUT},
-        windows::Window,
-    },
+    agent::send::{error_chain, http_outcome, Outcome, Prepared, REQUEST_TIMEOUT},
     error::{Error, Result},
-    output::pprof,
-    profile::Profile,
 };
-
-/// The profile type Pyroscope files the samples under (`SERVICE.cpu`).
-const PROFILE_SUFFIX: &str = ".cpu";
-/// The service of processes without a `service_name` label.
-const UNKNOWN_SERVICE: &str = "unknown";
 
 /// Where and how to push, validated.
 #[derive(Clone, Debug)]
@@ -69,96 +55,6 @@ impl PyroscopeConfig {
     }
 }
 
-/// One ingest request: its query string and its body (a gzipped pprof).
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Request {
-    /// `name=...&from=...&until=...&format=pprof&sampleRate=...`, encoded.
-    pub query: String,
-    /// The body, base64 in the spool.
-    #[serde(with = "base64_bytes")]
-    pub body: Vec<u8>,
-}
-
-mod base64_bytes {
-    use base64::Engine;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// A label value as Pyroscope's `name{k=v,...}` syntax can hold it: its separators
-/// (`{`, `}`, `,`, `=`) and anything outside printable ASCII replaced by `_`.
-fn name_part(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_graphic() && !matches!(c, '{' | '}' | ',' | '=' | '"') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// The service each process of `profile` belongs to (its `service_name` label).
-fn service_of(profile: &Profile, pid: u32) -> &str {
-    profile
-        .process_labels
-        .get(&pid)
-        .and_then(|labels| labels.iter().find(|(k, _)| k == "service_name"))
-        .map_or(UNKNOWN_SERVICE, |(_, v)| v.as_str())
-}
-
-/// The ingest requests of a window: one per service, in service order.
-pub fn requests(window: &Window, host: &str) -> std::io::Result<Vec<Request>> {
-    let profile = &window.profile;
-    let services: BTreeMap<&str, ()> = profile
-        .stacks
-        .iter()
-        .filter_map(|s| profile.stack_pid(s))
-        .map(|pid| (service_of(profile, pid), ()))
-        .collect();
-    let secs = |t: std::time::SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (from, until) = (
-        secs(window.start),
-        secs(window.end).max(secs(window.start) + 1),
-    );
-    let hz = profile.meta.sampling.nominal_hz.round().max(1.0) as u64;
-    let mut out = Vec::with_capacity(services.len());
-    for service in services.keys() {
-        let Some(part) = Profile::merge(&[profile], |pid| service_of(profile, pid) == *service)
-        else {
-            continue;
-        };
-        let mut body = Vec::new();
-        pprof::write(&part, &mut body)?;
-        let name = format!(
-            "{}{PROFILE_SUFFIX}{{host={}}}",
-            name_part(service),
-            name_part(host)
-        );
-        let query = url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("name", &name)
-            .append_pair("from", &from.to_string())
-            .append_pair("until", &until.to_string())
-            .append_pair("format", "pprof")
-            .append_pair("sampleRate", &hz.to_string())
-            .append_pair("spyName", "bpfprof")
-            .finish();
-        out.push(Request { query, body });
-    }
-    Ok(out)
-}
-
 /// The client of one Pyroscope server.
 pub struct Client {
     client: reqwest::Client,
@@ -179,7 +75,7 @@ impl Client {
     }
 
     /// Sends one request.
-    pub async fn send(&self, request: Request) -> Outcome {
+    pub async fn send(&self, request: crate::output::pyroscope::Request) -> Outcome {
         let mut url = self.config.url.clone();
         let base = url.path().trim_end_matches('/').to_string();
         url.set_path(&format!("{base}/ingest"));
@@ -204,52 +100,15 @@ impl Client {
 
 /// A spooled request read back (its JSON), ready to send.
 pub fn prepare(entry: &[u8]) -> Prepared {
-    match serde_json::from_slice(entry) {
+    match crate::output::pyroscope::from_entry(entry) {
         Ok(request) => Prepared::Pyroscope(request),
-        Err(e) => Prepared::Broken(format!("unreadable spooled request: {e}")),
+        Err(e) => Prepared::Broken(e),
     }
-}
-
-/// A request as the spool keeps it.
-pub fn to_entry(request: &Request) -> Vec<u8> {
-    // Serializing plain strings cannot fail.
-    serde_json::to_vec(request).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
-    use std::time::Duration;
-
-    #[test]
-    fn one_request_per_service_with_pyroscopes_query() {
-        let mut profile = fixture::profile();
-        profile
-            .process_labels
-            .insert(1234, vec![("service_name".into(), "shop{a=b}".into())]);
-        let window = Window {
-            start: UNIX_EPOCH + Duration::from_secs(1000),
-            end: UNIX_EPOCH + Duration::from_secs(1010),
-            profile,
-            owners: Default::default(),
-        };
-        let requests = requests(&window, "box 1").unwrap();
-        assert_eq!(requests.len(), 1);
-        let query: BTreeMap<String, String> =
-            url::form_urlencoded::parse(requests[0].query.as_bytes())
-                .into_owned()
-                .collect();
-        assert_eq!(query["name"], "shop_a_b_.cpu{host=box_1}");
-        assert_eq!(query["from"], "1000");
-        assert_eq!(query["until"], "1010");
-        assert_eq!(query["format"], "pprof");
-        // A gzipped pprof, and the spool's JSON keeps it byte for byte.
-        assert_eq!(&requests[0].body[..2], &[0x1f, 0x8b]);
-        let entry = to_entry(&requests[0]);
-        let back: Request = serde_json::from_slice(&entry).unwrap();
-        assert_eq!(back, requests[0]);
-    }
 
     #[test]
     fn settings_are_checked() {

@@ -124,6 +124,13 @@ pub struct AgentArgs {
     /// request with `Authorization: Bearer TOKEN` sees every process, from anywhere.
     #[arg(long, value_name = "FILE")]
     pub listen_token_file: Option<PathBuf>,
+    /// Serve the TCP endpoint over TLS with this certificate chain (PEM); needs
+    /// --listen-tls-key. Plain HTTP is then refused on that port.
+    #[arg(long, value_name = "FILE", requires = "listen_tls_key")]
+    pub listen_tls_cert: Option<PathBuf>,
+    /// The private key of --listen-tls-cert (PEM, owned by the agent's user, mode 600).
+    #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
+    pub listen_tls_key: Option<PathBuf>,
     /// Only the processes of this cgroup v2 (a path under /sys/fs/cgroup, or relative to it:
     /// a container, a systemd unit, a k8s pod).
     #[arg(long, value_name = "PATH")]
@@ -251,6 +258,11 @@ pub struct DoctorArgs {
     /// Empty the unwind table cache (the tables are built again as runs need them).
     #[arg(long)]
     pub clean: bool,
+    /// Check one process instead of the machine: its Python interpreter, version and build,
+    /// whether its layout passed bpfprof's checks (the reason if not), and what a recording
+    /// of it will show.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 /// Options of `bpfprof daemon`.
@@ -558,7 +570,8 @@ pub struct RecordArgs {
     pub python_glue: bool,
 
     /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
-    /// sampled thread held CPython's global interpreter lock.
+    /// sampled thread held CPython's global interpreter lock (`[free-threaded: no GIL]` for a
+    /// free-threaded build, which has none).
     #[arg(long)]
     pub python_gil: bool,
 

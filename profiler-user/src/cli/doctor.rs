@@ -102,6 +102,183 @@ fn check(name: &'static str, status: Status, found: impl Into<String>, advice: &
     }
 }
 
+/// `bpfprof doctor --pid PID`: what bpfprof makes of one process's Python (its interpreter,
+/// version, build, whether its layout passed bpfprof's checks and why not, and what a
+/// recording of it will show), so that a profile without Python frames is never a mystery.
+pub fn process(pid: u32) -> Report {
+    use crate::runtime::cpython::{Probe, PythonTarget};
+    let mut checks = Vec::new();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+    let Ok(exe) = exe else {
+        checks.push(check(
+            "process",
+            Status::Fail,
+            format!("pid {pid}: no such process (or not readable)"),
+            "give the pid of a running process; bpfprof needs root (or CAP_SYS_PTRACE) to read it",
+        ));
+        return Report { checks };
+    };
+    checks.push(check(
+        "process",
+        Status::Ok,
+        format!("pid {pid}: {}", exe.display()),
+        "",
+    ));
+    let probe = match PythonTarget::probe(pid) {
+        Ok(probe) => probe,
+        Err(e) => {
+            checks.push(check(
+                "python",
+                Status::Fail,
+                format!("cannot read the process: {e:#}"),
+                "run as root (or with CAP_SYS_PTRACE)",
+            ));
+            return Report { checks };
+        }
+    };
+    let (interpreter, layout) = match &probe {
+        Probe::NotPython(reason) => {
+            checks.push(check(
+                "python",
+                Status::Ok,
+                format!("no CPython in this process ({reason}): native frames only"),
+                "",
+            ));
+            return Report { checks };
+        }
+        Probe::Walkable(target) => (
+            target.interpreter().clone(),
+            Ok(if target.version() >= (3, 13) {
+                "read from the interpreter's own _Py_DebugOffsets, checked"
+            } else {
+                "bpfprof's table for this version"
+            }),
+        ),
+        Probe::Unsupported(unsupported) => (
+            unsupported.interpreter.clone(),
+            Err(unsupported.reason.clone()),
+        ),
+    };
+    let (major, minor) = interpreter.version;
+    let version = match interpreter.version_hex {
+        Some(hex) => format!("{major}.{minor}.{}", (hex >> 8) & 0xff),
+        None => format!("{major}.{minor}"),
+    };
+    checks.push(check(
+        "python",
+        Status::Ok,
+        format!(
+            "CPython {version} in {}, _PyRuntime at {:#x}",
+            interpreter.path.display(),
+            interpreter.runtime
+        ),
+        "",
+    ));
+    checks.push(python_build(pid, &interpreter));
+    match &layout {
+        Ok(source) => checks.push(check("python_layout", Status::Ok, *source, "")),
+        Err(reason) => checks.push(check(
+            "python_layout",
+            Status::Fail,
+            format!("refused: {reason}"),
+            "a bpfprof that knows this version is needed for its Python frames",
+        )),
+    }
+    checks.push(match &layout {
+        Ok(_) => check(
+            "python_frames",
+            Status::Ok,
+            "Python frames walked in the kernel and shown in place of the eval loop's \
+             (--python auto)",
+            "",
+        ),
+        Err(reason) => check(
+            "python_frames",
+            Status::Warn,
+            format!(
+                "Python frames not supported by this bpfprof: {reason}; native frames only \
+                 (said in the run's summary, by dump and by top)"
+            ),
+            "",
+        ),
+    });
+    Report { checks }
+}
+
+/// The interpreter's build: free-threaded or not (its `_Py_DebugOffsets` say so from 3.13,
+/// its name's `t` before), and whether its object keeps a symbol table or a debug file is
+/// installed for it (stripped code is named by function starts, the eval loop's split-off
+/// part included).
+fn python_build(pid: u32, interpreter: &crate::runtime::cpython::detect::Interpreter) -> Check {
+    use object::Object;
+    let name = interpreter
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let free_threaded = name
+        .strip_prefix("libpython")
+        .unwrap_or(&name)
+        .split(".so")
+        .next()
+        .is_some_and(|stem| stem.ends_with('t'));
+    let mut found = vec![if free_threaded {
+        "free-threaded".to_string()
+    } else {
+        "with the GIL".to_string()
+    }];
+    // The maps name a chrooted process's files as bpfprof sees them (/srv/sid/usr/bin/...),
+    // a container's as the container does.
+    let opened = crate::process::target_file::open_in_root(pid, &interpreter.path)
+        .or_else(|_| crate::process::target_file::open_proc_link(&interpreter.path));
+    let symbols = match opened {
+        Ok((file, _)) => {
+            let cache = object::read::ReadCache::new(&file);
+            match object::File::parse(&cache) {
+                Ok(elf) if elf.section_by_name(".symtab").is_some() => {
+                    "symbol table: yes (not stripped)".to_string()
+                }
+                Ok(elf) => {
+                    let reader = crate::process::target_file::ElfReader::new(
+                        file.try_clone().expect("a descriptor"),
+                    );
+                    let build_id: Option<String> =
+                        crate::process::target_file::gnu_build_id(&reader)
+                            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+                    use std::os::fd::AsRawFd;
+                    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                    let link = elf
+                        .gnu_debuglink()
+                        .ok()
+                        .flatten()
+                        .map(|(n, _)| String::from_utf8_lossy(n).into_owned());
+                    match crate::symbolize::debug_file::DebugSymbols::find(
+                        &by_fd,
+                        build_id.as_deref(),
+                    ) {
+                        Some(debug) => format!(
+                            "stripped; debug file {} used for its symbols",
+                            std::fs::read_link(&debug.path)
+                                .unwrap_or(debug.path.clone())
+                                .display()
+                        ),
+                        None => format!(
+                            "stripped (exports only{}; no debug file installed): internal \
+                             functions are named module+0xSTART",
+                            link.map(|l| format!(", .gnu_debuglink {l}"))
+                                .unwrap_or_default()
+                        ),
+                    }
+                }
+                Err(e) => format!("not read as ELF: {e}"),
+            }
+        }
+        Err(e) => format!("its file cannot be opened: {e}"),
+    };
+    found.push(symbols);
+    check("python_build", Status::Ok, found.join("; "), "")
+}
+
 /// Runs every check; `socket` is the daemon socket to try (else `BPFPROF_SOCKET` or the
 /// default), `table_cache` the unwind table cache to report on.
 pub fn run(socket: Option<&Path>, table_cache: &Path) -> Report {

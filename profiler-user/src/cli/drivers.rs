@@ -101,7 +101,6 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
         window,
         listen: match args.listen {
             Some(listen) => Some(crate::agent::ListenConfig {
-                listen,
                 mode: args.listen_mode,
                 group: args.listen_group,
                 token: args
@@ -109,7 +108,26 @@ pub async fn agent(args: AgentArgs) -> Result<i32, Error> {
                     .as_deref()
                     .map(crate::agent::peer::read_token)
                     .transpose()?,
+                tls: match (&args.listen_tls_cert, &args.listen_tls_key, &listen) {
+                    (Some(cert), Some(key), crate::agent::peer::Listen::Tcp(_)) => {
+                        Some(crate::agent::tls::acceptor(cert, key)?)
+                    }
+                    (Some(_), _, crate::agent::peer::Listen::Unix(_)) => {
+                        return Err(Error::Usage(
+                            "--listen-tls-cert is for a TCP --listen address: a Unix \
+                             socket never leaves the machine"
+                                .into(),
+                        ))
+                    }
+                    _ => None,
+                },
+                listen,
             }),
+            None if args.listen_tls_cert.is_some() => {
+                return Err(Error::Usage(
+                    "--listen-tls-cert needs a TCP --listen address".into(),
+                ))
+            }
             None => None,
         },
         rules,
@@ -194,7 +212,10 @@ pub fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             args.unwind_cache.display()
         );
     }
-    let report = crate::cli::doctor::run(args.socket.as_deref(), &args.unwind_cache);
+    let report = match args.pid {
+        Some(pid) => crate::cli::doctor::process(pid),
+        None => crate::cli::doctor::run(args.socket.as_deref(), &args.unwind_cache),
+    };
     if args.json {
         println!(
             "{}",

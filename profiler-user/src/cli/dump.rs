@@ -94,8 +94,11 @@ pub struct Dump {
     pub comm: String,
     /// `3.12` when it runs CPython, else `null`.
     pub python_version: Option<String>,
-    /// The tid holding the GIL, `null` when it is free or there is no Python.
+    /// The tid holding the GIL, `null` when it is free or there is no Python (or no GIL).
     pub gil_holder: Option<u32>,
+    /// `free-threaded: no GIL` for a free-threaded build (no thread holds a GIL: said, not
+    /// guessed), else `null`.
+    pub gil: Option<String>,
     /// How long the process was stopped, in microseconds (first stop to last release).
     pub stopped_us: u64,
     /// Of which waiting for every thread to reach its stop (a thread waiting for a CPU stops
@@ -209,6 +212,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         .map(|p| p.threading_names(&reads.threads))
         .unwrap_or_default();
     let has_python = python.is_some() && reads.error.is_none();
+    let free_threaded = python.as_ref().is_some_and(|p| p.free_threaded());
     let threads = snapshot
         .threads
         .values()
@@ -241,7 +245,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                 user.into_iter().map(|(f, ())| f).collect(),
                 walk.map(|(_, end)| *end),
                 py.is_some(),
-                has_python.then_some(reads.gil_holder == Some(thread.proc.tid)),
+                (has_python && !free_threaded).then_some(reads.gil_holder == Some(thread.proc.tid)),
                 python_only,
             )
         })
@@ -254,6 +258,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             .map(|p| format!("{}.{}", p.version().0, p.version().1))
             .or_else(|| unsupported.as_ref().map(|u| u.version())),
         gil_holder: reads.gil_holder,
+        gil: free_threaded.then(|| crate::runtime::cpython::FREE_THREADED_NO_GIL.to_string()),
         stopped_us: micros(snapshot.stopped),
         reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
@@ -368,7 +373,10 @@ pub fn render_text(dump: &Dump) -> String {
     let python = dump
         .python_version
         .as_ref()
-        .map(|v| format!(" (CPython {v})"))
+        .map(|v| match &dump.gil {
+            Some(gil) => format!(" (CPython {v}, {gil})"),
+            None => format!(" (CPython {v})"),
+        })
         .unwrap_or_default();
     let _ = writeln!(
         s,
@@ -447,6 +455,7 @@ mod tests {
             comm: "python3".into(),
             python_version: Some("3.12".into()),
             gil_holder: Some(7),
+            gil: None,
             stopped_us: 1500,
             reaching_stop_us: 1000,
             python_read_us: 50,
@@ -475,5 +484,19 @@ mod tests {
         ));
         assert!(text
             .contains("Thread 8 \"python3\" (sleeping in do_nanosleep)\n    clock_nanosleep (m)"));
+        // A free-threaded build: no GIL, said in the header, and no thread holds one.
+        let mut free = dump.clone();
+        free.python_version = Some("3.13".into());
+        free.gil_holder = None;
+        free.gil = Some(crate::runtime::cpython::FREE_THREADED_NO_GIL.into());
+        for t in &mut free.threads {
+            t.holds_gil = None;
+        }
+        let text = render_text(&free);
+        assert!(
+            text.starts_with("Process 7 python3 (CPython 3.13, free-threaded: no GIL): 2 threads"),
+            "{text}"
+        );
+        assert!(!text.contains("holds the GIL"), "{text}");
     }
 }

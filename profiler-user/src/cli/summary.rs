@@ -126,6 +126,14 @@ pub fn summary(profile: &Profile) -> String {
     for limit in &meta.limits_hit {
         out.push_str(&format!("  partly read: {limit}\n"));
     }
+    for object in &meta.unavailable {
+        // A path its user chose.
+        out.push_str(&format!(
+            "  Unavailable: {}: {} (its frames are named module+0xOFFSET)\n",
+            crate::cli::terminal::escape(&object.name),
+            object.why
+        ));
+    }
     for said in &meta.python_unsupported {
         // It names the process, whose name its owner chose.
         out.push_str(&format!("  {}\n", crate::cli::terminal::escape(said)));

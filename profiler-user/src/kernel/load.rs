@@ -29,6 +29,106 @@ use crate::{
 static PROGRAM_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/profiler.bpf.o"));
 
+/// Hash maps that only userspace inserts into (the kernel program looks them up, and at most
+/// changes an element in place): on kernels that allow it they are created with
+/// `BPF_F_NO_PREALLOC`, so that creating them zeroes no memory for the entries a run never
+/// uses. Their 10 MiB, zeroed at every load, was a share of a launched run's start (the
+/// kernel's `htab_map_alloc` -> `clear_page_erms`). The maps the kernel program inserts into
+/// from its perf event (a timer here, an NMI with a PMU) or tracepoints stay preallocated:
+/// an insertion that must allocate may fail there (for 1 KiB stacks it did, in bursts).
+const UNPREALLOCATED_MAPS: [&str; 4] = [
+    "UNWIND_PROCESSES",
+    "PYTHON_THREADS",
+    "PYTHON_PROCESSES",
+    "TARGETS",
+];
+
+/// `BPF_F_NO_PREALLOC` (`include/uapi/linux/bpf.h`).
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// The offset of `map_flags` in a legacy map definition (`struct bpf_map_def`: type, key
+/// size, value size, max entries, flags, each a u32), which aya-ebpf writes to `maps`.
+const MAP_DEF_FLAGS_OFFSET: usize = 16;
+
+/// The kernel object, 8-byte aligned for the ELF parser.
+struct AlignedObject(Vec<u64>, usize);
+
+impl AlignedObject {
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the vector holds at least `self.1` initialized bytes, and u8 has no
+        // alignment or validity requirement.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>(), self.1) }
+    }
+}
+
+/// Whether this kernel lets perf event programs use hash maps that are not preallocated:
+/// 6.1 and later (commit 96da3f7d489d, "bpf: Remove tracing program restriction on map
+/// types", once hash maps allocated from `bpf_mem_alloc`); earlier ones refuse to verify
+/// such a program.
+fn allows_unpreallocated_maps() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut numbers = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (6, 1)
+}
+
+/// The embedded object, with [`UNPREALLOCATED_MAPS`] marked `BPF_F_NO_PREALLOC` where this
+/// kernel allows it (see [`allows_unpreallocated_maps`]).
+fn object_for_this_kernel() -> AlignedObject {
+    object_with_unpreallocated(allows_unpreallocated_maps())
+}
+
+/// The embedded object, copied to aligned memory, with [`UNPREALLOCATED_MAPS`] marked
+/// `BPF_F_NO_PREALLOC` when `unpreallocated`.
+fn object_with_unpreallocated(unpreallocated: bool) -> AlignedObject {
+    let len = PROGRAM_OBJECT.len();
+    let mut words = vec![0u64; len.div_ceil(8)];
+    // SAFETY: the words are initialized and span at least `len` bytes; u8 has no alignment
+    // or validity requirement.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) };
+    bytes.copy_from_slice(PROGRAM_OBJECT);
+    if unpreallocated {
+        for (at, name) in map_flag_offsets(PROGRAM_OBJECT) {
+            if UNPREALLOCATED_MAPS.contains(&name.as_str()) {
+                let flags = &mut bytes[at..at + 4];
+                let old = u32::from_le_bytes([flags[0], flags[1], flags[2], flags[3]]);
+                flags.copy_from_slice(&(old | BPF_F_NO_PREALLOC).to_le_bytes());
+            }
+        }
+    }
+    AlignedObject(words, len)
+}
+
+/// The file offset of each map definition's flags in `object`'s `maps` section, by map name.
+fn map_flag_offsets(object: &[u8]) -> Vec<(usize, String)> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let Ok(file) = object::File::parse(object) else {
+        return Vec::new();
+    };
+    let Some(maps) = file.section_by_name("maps") else {
+        return Vec::new();
+    };
+    let Some((section_start, section_len)) = maps.file_range() else {
+        return Vec::new();
+    };
+    file.symbols()
+        .filter(|sym| sym.section_index() == Some(maps.index()))
+        .filter_map(|sym| {
+            let within = sym.address().checked_sub(maps.address())?;
+            let end = within.checked_add(MAP_DEF_FLAGS_OFFSET as u64 + 4)?;
+            (end <= section_len && sym.size() >= end - within).then(|| {
+                let at = (section_start + within) as usize + MAP_DEF_FLAGS_OFFSET;
+                Some((at, sym.name().ok()?.to_string()))
+            })?
+        })
+        .collect()
+}
+
 impl KernelProgram {
     /// Loads the program and creates its maps, with an unwind row array of `table_rows` rows
     /// ([`crate::unwind::table_rows_for`]) filled by builds at `build_priority`, the walker
@@ -47,7 +147,7 @@ impl KernelProgram {
         let mut ebpf = loader
             .btf(None)
             .map_max_entries("UNWIND_ROWS", table_rows.max(1))
-            .load(PROGRAM_OBJECT)
+            .load(object_for_this_kernel().as_bytes())
             .map_err(|e| match &e {
                 EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
                     if is_permission(io_error) =>
@@ -105,6 +205,8 @@ impl KernelProgram {
             _ => return Err(kernel_err(anyhow!("{TIMELINE_MAP} is not a ring buffer"))),
         };
         let off_cpu_pending = HashMap::try_from(take("OFF_CPU_PENDING")?).map_err(kernel_err)?;
+        let wait_scan =
+            HashMap::try_from(take(profiler_common::WAIT_SCAN_MAP)?).map_err(kernel_err)?;
         let unwind = crate::unwind::UnwindMaps::new(
             take("UNWIND_ROWS")?,
             take("UNWIND_PROCESSES")?,
@@ -177,6 +279,9 @@ impl KernelProgram {
             off_cpu_tracepoint: None,
             off_cpu_runs: 0,
             off_cpu_pending,
+            wait_scan,
+            wait_scan_setup: None,
+            targets_added_ns: StdHashMap::new(),
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),
@@ -342,6 +447,47 @@ pub fn check_privileges() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flags of map `name` in `object`.
+    fn flags_of(object: &[u8], name: &str) -> u32 {
+        let (at, _) = map_flag_offsets(object)
+            .into_iter()
+            .find(|(_, n)| n == name)
+            .unwrap_or_else(|| panic!("no map {name} in the object"));
+        u32::from_le_bytes(object[at..at + 4].try_into().unwrap())
+    }
+
+    /// Only the maps userspace alone inserts into lose their preallocation, and only when
+    /// asked; every other map keeps its flags.
+    #[test]
+    fn only_userspace_filled_maps_are_unpreallocated() {
+        let names: Vec<String> = map_flag_offsets(PROGRAM_OBJECT)
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        for name in UNPREALLOCATED_MAPS
+            .iter()
+            .chain(&["SAMPLES", "STACKS", "FOLLOWED"])
+        {
+            assert!(
+                names.iter().any(|n| n == name),
+                "{name} not found in {names:?}"
+            );
+        }
+        let patched = object_with_unpreallocated(true);
+        let plain = object_with_unpreallocated(false);
+        assert_eq!(plain.as_bytes(), PROGRAM_OBJECT);
+        for name in &names {
+            let before = flags_of(PROGRAM_OBJECT, name);
+            let after = flags_of(patched.as_bytes(), name);
+            if UNPREALLOCATED_MAPS.contains(&name.as_str()) {
+                assert_eq!(after, before | BPF_F_NO_PREALLOC, "{name}");
+            } else {
+                assert_eq!(after, before, "{name}");
+            }
+        }
+        assert_eq!(patched.as_bytes().as_ptr() as usize % 8, 0);
+    }
 
     /// The loader is made without reading the kernel's BTF, and the filter that keeps it from
     /// reading it stays on the loader's thread.

@@ -30,7 +30,10 @@ mod stats;
 mod system;
 mod targets;
 mod timeline;
+mod waits;
 mod walker;
+
+pub use waits::ScannedWait;
 
 pub use following::ensure_tracefs;
 pub use load::check_privileges;

@@ -90,12 +90,16 @@ impl KernelProgram {
                 .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
         self.off_cpu_tracepoint = Some(tp);
         self.off_cpu_stats_at_attach = self.program_run_stats(self.off_cpu_program_id);
+        if let Err(e) = self.set_up_wait_scan() {
+            log::warn!("the waits that began before a run will be missing: {e:#}");
+        }
         Ok(())
     }
 
-    /// Stops recording off-CPU time for `run` (a no-op for a run that did not): threads still
-    /// off the CPU add nothing to it when they return, and their pending entries forget it.
-    /// Call before draining the run's samples.
+    /// Stops recording off-CPU time for `run` (a no-op for a run that did not): the waits
+    /// still going are counted up to now on the stacks they began with, threads still off the
+    /// CPU add nothing more to it when they return, and their pending entries forget it. Call
+    /// before draining the run's samples.
     pub fn end_off_cpu(&mut self, run: u32) {
         if self.off_cpu_runs & (1 << run) == 0 {
             return;
@@ -113,6 +117,7 @@ impl KernelProgram {
         }
         let entries: Vec<(u32, OffCpuPending)> =
             self.off_cpu_pending.iter().filter_map(|e| e.ok()).collect();
+        self.count_unfinished_waits(run, &entries);
         for (tid, mut pending) in entries {
             if pending.key.runs & (1 << run) == 0 {
                 continue;

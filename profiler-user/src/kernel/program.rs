@@ -90,6 +90,13 @@ pub struct KernelProgram {
     pub(super) off_cpu_runs: u64,
     /// Target threads off the CPU since their switch-out, by global tid.
     pub(super) off_cpu_pending: HashMap<MapData, u32, OffCpuPending>,
+    /// The wait scan's threads, by global tid (see [`profiler_common::WaitScan`]).
+    pub(super) wait_scan: HashMap<MapData, u32, profiler_common::WaitScan>,
+    /// Whether the wait scan's program loaded and its offsets were set, once a run asked.
+    pub(super) wait_scan_setup: super::waits::WaitScanSetup,
+    /// When each (run, pid) that records off-CPU time became a target, `CLOCK_MONOTONIC`
+    /// nanoseconds: where its threads' waits found by the scan start. Taken by the scan.
+    pub(super) targets_added_ns: StdHashMap<(u32, u32), u64>,
     /// The program-wide sample count when sample counts were last moved.
     pub(super) samples_at_last_move: u64,
     /// The samples recorded (all runs) when stacks last moved (see [`Self::offload_when_due`]).

@@ -46,6 +46,13 @@ impl KernelProgram {
             .keys()
             .filter_map(|k| k.ok())
             .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
+            // Waits still going: their switch-in (or the run's end) counts them under these.
+            .chain(
+                self.off_cpu_pending
+                    .iter()
+                    .filter_map(|e| e.ok())
+                    .map(|(_, p)| p.key),
+            )
             .flat_map(|k| [k.user_stack, k.kernel_stack, k.runtime_stack])
             .collect();
         wanted.remove(&0);
@@ -199,14 +206,33 @@ impl KernelProgram {
         moved
     }
 
+    /// The keys of every sample recorded since the last take (in the kernel map or moved
+    /// out): which threads ran which stacks. A system-wide run reads them every half second
+    /// to find the processes whose maps or Python thread lists their samples show stale, so
+    /// that only those are read again (see `Recording::tick`).
+    pub fn sample_keys(&self) -> Vec<SampleKey> {
+        self.samples
+            .keys()
+            .filter_map(|k| k.ok())
+            .chain(self.offloaded_samples.iter().map(|(k, _)| *k))
+            .collect()
+    }
+
     /// The runtime stacks (see `crate::runtime`) recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
     /// still lives. A pid alone could be another namespace's process in another run.
     pub fn runtime_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
         let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
+        // Waits still going, which a run's end counts: named while their process lives.
+        let pending = self
+            .off_cpu_pending
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|(_, p)| p.key);
         let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
+            .chain(pending)
             .filter(|k| k.runtime_stack != 0)
             .map(|k| (k.runs, k.pid, k.runtime_stack))
             .collect();
@@ -236,7 +262,7 @@ impl KernelProgram {
 
 /// Sorts moved sample counts by key and adds up the counts of each key into one entry, in
 /// place: a key the kernel made again after its count moved comes back at the next move.
-fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
+pub(super) fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
     let order = |k: &SampleKey| {
         (
             k.runs,

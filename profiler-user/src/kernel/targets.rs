@@ -49,6 +49,12 @@ impl KernelProgram {
             target.ns_pid
         );
         let key = target_key(target);
+        if self.off_cpu_runs & (1 << run) != 0 {
+            // Taken before the kernel sees it as a target: a wait the scan finds then began
+            // before this (see `scan_waits`).
+            self.targets_added_ns
+                .insert((run, target.pid), super::waits::monotonic_ns());
+        }
         // Another run may watch the same process: add this run's bit to its entry.
         let mut info = self.targets.get(&key, 0).unwrap_or_default();
         info.runs |= 1 << run;

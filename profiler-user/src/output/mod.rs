@@ -1,8 +1,11 @@
-//! Output writers: each format in its own file, all reading the same [`Profile`].
+//! Output writers: each format in its own file, all reading the same [`Profile`]; the
+//! exporters' requests (OTLP profiles, Pyroscope ingest) too, sent by the agent.
 
 pub mod folded;
+pub mod otlp;
 pub mod pprof;
 pub mod pstats;
+pub mod pyroscope;
 pub mod speedscope;
 pub mod summary;
 pub mod svg;
@@ -488,6 +491,7 @@ pub(crate) mod fixture {
                 tabled_late: Vec::new(),
                 off_cpu: None,
                 limits_hit: Vec::new(),
+                unavailable: Vec::new(),
                 python_unsupported: Vec::new(),
             },
             frames,

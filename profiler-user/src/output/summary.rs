@@ -8,7 +8,7 @@ use crate::{
     output::top::{function_shares, FunctionShare},
     profile::{
         LateTable, Losses, Profile, ProfiledTarget, RunCost, RunEnd, Tag, Throttled,
-        UntabledObject, Unwound,
+        UnavailableObject, UntabledObject, Unwound,
     },
     sampling::{Event, Rate},
 };
@@ -38,6 +38,8 @@ struct Summary<'a> {
     unwind_tables_loaded_late: &'a [LateTable],
     /// What the bounds on reading the targets left out, one sentence per process.
     limits_hit: &'a [String],
+    /// The objects that could not be read to name their frames, with why.
+    objects_unavailable: &'a [UnavailableObject],
     /// The CPythons whose Python frames bpfprof cannot walk, one sentence each.
     python_unsupported: &'a [String],
     targets: &'a [ProfiledTarget],
@@ -117,6 +119,7 @@ pub fn write(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
         objects_without_unwind_tables: &meta.untabled,
         unwind_tables_loaded_late: &meta.tabled_late,
         limits_hit: &meta.limits_hit,
+        objects_unavailable: &meta.unavailable,
         python_unsupported: &meta.python_unsupported,
         targets: &meta.targets,
         program_id: meta.program_id,

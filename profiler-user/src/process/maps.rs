@@ -63,6 +63,9 @@ pub struct MappedFile {
     /// [`crate::process::target_file::stable`]): `Some(None)` when none could be made; left
     /// `None` while the copy budget refuses it (a later use tries again).
     stable: std::sync::Mutex<Option<Option<Arc<Stable>>>>,
+    /// Why it could not be read (the copy budget refused it, or it is too large to copy),
+    /// while that holds: the run's summary names it `Unavailable` with this reason.
+    unavailable: std::sync::Mutex<Option<String>>,
     /// The budget a copy of it counts against.
     budget: CopyBudget,
 }
@@ -76,24 +79,46 @@ impl MappedFile {
         self.stable().map(|(path, _)| path)
     }
 
+    /// Why the file could not be read for symbolization, if it could not (its frames are
+    /// then named `module+0xOFFSET`).
+    pub fn unavailable(&self) -> Option<String> {
+        self.unavailable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// [`Self::open_path`], with what keeps the descriptor behind it open (and its copy
     /// counted): whoever keeps using the path (blazesym's cache) holds it as long.
     pub fn stable(&self) -> Option<(PathBuf, Arc<Stable>)> {
         use std::os::fd::AsRawFd;
         let mut state = self.stable.lock().unwrap_or_else(|p| p.into_inner());
         if state.is_none() {
-            match crate::process::target_file::stable(&self.file, &self.stat, &self.budget) {
-                Ok(stable) => *state = Some(Some(Arc::new(stable))),
-                Err(Some(why)) if why.starts_with(crate::process::copies::EXHAUSTED) => {
-                    log::warn!("{} is not symbolized: {why}", self.path.display());
-                }
-                // Said once already: tried again at the next use, when copies may have gone.
-                Err(None) => {}
-                Err(Some(why)) => {
-                    log::warn!("{} is not symbolized: {why}", self.path.display());
-                    *state = Some(None);
-                }
-            }
+            let unavailable =
+                match crate::process::target_file::stable(&self.file, &self.stat, &self.budget) {
+                    Ok(stable) => {
+                        *state = Some(Some(Arc::new(stable)));
+                        None
+                    }
+                    Err(Some(why)) if why.starts_with(crate::process::copies::EXHAUSTED) => {
+                        log::warn!("{} is not symbolized: {why}", self.path.display());
+                        Some(why)
+                    }
+                    // Said once already (by this process or another mapping the object): tried
+                    // again at the next use, when copies may have gone.
+                    Err(None) => Some(format!(
+                        "{} ({} MiB of {} MiB held by copies of other objects)",
+                        crate::process::copies::EXHAUSTED,
+                        self.budget.used() >> 20,
+                        self.budget.limit() >> 20
+                    )),
+                    Err(Some(why)) => {
+                        log::warn!("{} is not symbolized: {why}", self.path.display());
+                        *state = Some(None);
+                        Some(why)
+                    }
+                };
+            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = unavailable;
         }
         let stable = state.as_ref()?.as_ref()?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", stable.file().as_raw_fd()));
@@ -452,6 +477,7 @@ impl ProcessMaps {
                                     stat,
                                     build_id: std::sync::OnceLock::new(),
                                     stable: std::sync::Mutex::new(None),
+                                    unavailable: std::sync::Mutex::new(None),
                                     budget: self.budget.clone(),
                                 });
                                 self.files.insert(dev_ino, file.clone());
@@ -540,6 +566,18 @@ impl ProcessMaps {
         let before = self.retired.len();
         self.retired.retain(|m| m.seen > cut);
         self.retired_dropped += (before - self.retired.len()) as u64;
+    }
+
+    /// The files of this process that could not be read for symbolization, with why (a
+    /// file is only tried once a sample needs its names).
+    pub fn unavailable(&self) -> Vec<(&Path, String)> {
+        let mut out: Vec<(&Path, String)> = self
+            .files
+            .values()
+            .filter_map(|f| Some((f.path.as_path(), f.unavailable()?)))
+            .collect();
+        out.sort();
+        out
     }
 
     /// What the bounds on tracked mappings left out: executable mappings not named at the
@@ -637,6 +675,12 @@ impl ProcessMaps {
     /// mapping's path: asked for every frame of every sample).
     pub fn maps_address(&self, addr: u64) -> bool {
         self.find(addr).is_some()
+    }
+
+    /// Whether the last capture's layout holds `addr` (earlier layouts aside): an address
+    /// outside it ran in code mapped since, or in a mapping that replaced one of them.
+    pub fn covers_now(&self, addr: u64) -> bool {
+        find(&self.current, addr).is_some()
     }
 
     /// The executable mapping holding `addr`, as the process saw it, for profiles that keep

@@ -465,6 +465,11 @@ pub struct ProfileMeta {
     /// frames or code objects past a cap), one sentence per process: a target that maps,
     /// lists or points at more than any real program is profiled in part, and says so.
     pub limits_hit: Vec<String>,
+    /// The objects the targets ran in that could not be read to name their frames (a copy
+    /// past the driver's copy budget, a file its user could truncate that is too large to
+    /// copy), each with why: their frames are `module+0xOFFSET`. Named `Unavailable` in the
+    /// run's summary.
+    pub unavailable: Vec<UnavailableObject>,
     /// The CPythons among the targets whose Python frames bpfprof cannot walk, one sentence
     /// each ("python3.16 (CPython 3.16.0, pid 4711): Python frames not supported by this
     /// bpfprof: <reason>; native frames only"): their profiles have native frames only, and
@@ -502,6 +507,15 @@ pub struct Unwound {
     /// a stack scan (which code without frame pointers can lead astray): JIT code, objects
     /// without CFI, objects whose table was not in the kernel yet. Counted by the kernel.
     pub stacks_through_untabled: u64,
+}
+
+/// An object that could not be read to name its frames, for the summary.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct UnavailableObject {
+    /// Its path (as the target sees it).
+    pub name: String,
+    /// Why it could not be read.
+    pub why: String,
 }
 
 /// An object whose unwind table went into the kernel during the run, after samples had run in
@@ -803,6 +817,7 @@ impl Profile {
         meta.unwound = Unwound::default();
         meta.targets = Vec::new();
         meta.limits_hit = Vec::new();
+        meta.unavailable = Vec::new();
         meta.python_unsupported = Vec::new();
         let mut process_labels = BTreeMap::new();
         for part in parts {
@@ -818,6 +833,11 @@ impl Profile {
             for said in &part.meta.limits_hit {
                 if !meta.limits_hit.contains(said) {
                     meta.limits_hit.push(said.clone());
+                }
+            }
+            for object in &part.meta.unavailable {
+                if !meta.unavailable.iter().any(|o| o.name == object.name) {
+                    meta.unavailable.push(object.clone());
                 }
             }
             for said in &part.meta.python_unsupported {

@@ -12,8 +12,8 @@ use crate::{
     process::maps::ProcessMaps,
     profile::sample::Sample,
     profile::{
-        Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, Throttled, UntabledObject,
-        Unwound,
+        Losses, Profile, ProfileMeta, ProfiledTarget, RunCost, RunEnd, Throttled,
+        UnavailableObject, UntabledObject, Unwound,
     },
     recording::aggregate::{aggregate, AggregateOptions, TargetSamples},
     recording::process::ProcessRecording,
@@ -305,6 +305,8 @@ pub(super) fn assemble_samples(
                 })
             }))
             .collect(),
+        // Filled after symbolization, which reads the objects.
+        unavailable: Vec::new(),
         python_unsupported: processes
             .values()
             .filter_map(|p| p.runtime_refused.clone())
@@ -344,12 +346,30 @@ pub(super) fn assemble_samples(
         cost.python_naming_secs += naming.as_secs_f64();
     }
     profile.meta.cost = cost;
+    profile.meta.unavailable = unavailable_objects(processes);
     if let (Some(timeline), Some(clock)) = (&mut profile.timeline, timeline_clock) {
         timeline.start_ns = clock.start_ns;
         timeline.end_ns = clock.end_ns;
         timeline.realtime_offset_ns = clock.realtime_offset_ns;
     }
     profile
+}
+
+/// The objects that could not be read to name their frames (read after symbolization, which
+/// tries them), each once, by path.
+fn unavailable_objects(
+    processes: &BTreeMap<(u32, u32, u32), ProcessRecording>,
+) -> Vec<UnavailableObject> {
+    let mut objects: BTreeMap<String, String> = BTreeMap::new();
+    for p in processes.values() {
+        for (path, why) in p.maps.unavailable() {
+            objects.entry(path.display().to_string()).or_insert(why);
+        }
+    }
+    objects
+        .into_iter()
+        .map(|(name, why)| UnavailableObject { name, why })
+        .collect()
 }
 
 /// The objects without an unwind table at the run's end that samples' user stacks ran

@@ -12,7 +12,6 @@ use profiler_common::Counter;
 use super::{
     assemble::{assemble_samples, Head, TableCost, TimelineClock},
     naming::RuntimeStackIds,
-    MAPS_REFRESH,
 };
 use crate::{
     error::{Error, Result},
@@ -198,13 +197,14 @@ impl Recording {
     ) -> Result<Profile> {
         let mut runtime_ids = RuntimeStackIds::default();
         let system = self.is_system();
-        for p in self.processes.values_mut() {
+        let exited = self.kernel_exits();
+        for (key, p) in self.processes.iter_mut() {
             if p.exited {
                 continue;
             }
-            // A system-wide run re-reads an established process's maps only every
-            // SYSTEM_MAPS_REFRESH: libraries it loaded since are found before it is named.
-            if system && p.refreshed_at.elapsed() >= MAPS_REFRESH && p.poll(true, false) {
+            // Exits are noted now; a system-wide run's maps are re-read below, for the
+            // processes whose samples ran outside them.
+            if system && p.poll(exited.contains(key), false, false) {
                 // It exited: a new process may get its pid (the next tick unloads the rest).
                 if let Ok(program) = pool.program(p.slot) {
                     program.forget_system_process(p.target.pid);
@@ -235,6 +235,9 @@ impl Recording {
         } = drained;
         if let Some(e) = error {
             return Err(e);
+        }
+        if system {
+            self.reread_uncovered(pool, &samples);
         }
         // The kernel's counters run on from the recording's start: a window's are the
         // difference.
@@ -268,9 +271,59 @@ impl Recording {
             |_| {},
         );
         self.drop_exited(pool);
+        // The stacks the window took are checked again if they recur (the set stays small).
+        for p in self.processes.values_mut() {
+            p.checked_stacks = Default::default();
+        }
         // The files of the processes dropped (their sealed copies above all) go with them.
         symbolizer.release_unmapped();
         Ok(profile)
+    }
+
+    /// Re-reads the maps (and unwind tables) of the living processes of which a sample of
+    /// `samples` ran at an address outside them: a system-wide run does not re-read them on
+    /// a timer, and a library loaded since the last read is named right all the same.
+    fn reread_uncovered(&mut self, pool: &mut ProgramPool, samples: &[(u32, Vec<Sample>)]) {
+        let mut stale = std::collections::HashSet::new();
+        for (program_id, samples) in samples {
+            for sample in samples {
+                let key = (*program_id, sample.run, sample.pid);
+                if stale.contains(&key) {
+                    continue;
+                }
+                let Some(p) = self.processes.get(&key) else {
+                    continue;
+                };
+                let outside = sample
+                    .user_frames
+                    .first()
+                    .is_some_and(|leaf| !p.maps.covers_now(*leaf));
+                if outside && !p.exited && p.maps.is_known() {
+                    stale.insert(key);
+                }
+            }
+        }
+        let (owner_uid, started) = (self.owner_uid(), self.started);
+        for key in stale {
+            let Some(p) = self.processes.get_mut(&key) else {
+                continue;
+            };
+            log::debug!(
+                "pid {}: a sample ran outside its maps: read again",
+                p.target.pid
+            );
+            if p.maps.refresh().is_err() {
+                continue;
+            }
+            p.refreshed_at = Instant::now();
+            if let Ok(program) = pool.program(p.slot) {
+                let _ =
+                    program
+                        .unwind
+                        .track_maps(p.target.pid, owner_uid, Some(p.maps.last_read()));
+                p.note_tables(&program.unwind, started);
+            }
+        }
     }
 
     /// Forgets every process seen to exit (or known only by its samples), and what the kernel

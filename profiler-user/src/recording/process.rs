@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use profiler_common::PidNamespace;
 
 use crate::{
-    kernel::pool::Slot, process::maps::ProcessMaps, process::target::Target, runtime::Instance,
+    kernel::pool::Slot,
+    process::maps::ProcessMaps,
+    process::target::{ExitWatch, Target},
+    runtime::Instance,
 };
 
 /// How often target memory maps are re-read, to catch libraries loaded during the run.
@@ -26,12 +29,29 @@ pub const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 /// machine starting many short processes (builds), where each lives its whole life young.
 pub const YOUNG_REFRESH_PERIODS: f64 = 5.0;
 
-/// How often a system-wide run re-reads the maps of a process past its youth that runs no
-/// CPython (whose thread list the Python walk needs every [`MAPS_REFRESH`]). Re-reading the
-/// maps of every process on the machine twice a second was a sixth of the agent's CPU; a
-/// library such a process loads later gets its unwind table up to this much later, and its
-/// samples are named all the same (maps are re-read before each window is named).
-pub const SYSTEM_MAPS_REFRESH: Duration = Duration::from_secs(5);
+/// How often a system-wide run re-reads the maps of a process past its youth when nothing
+/// says they changed. They are read again sooner when one of its samples ran at an address
+/// they do not cover (a library loaded since, new JIT code: see `Recording::tick`, and before
+/// each window is named); this is the backstop, for a library mapped where another was
+/// (never sampled outside the old maps) and for thread names. Re-reading every process's
+/// maps on a timer (Python ones twice a second, the others every 5 s) was half of the
+/// agent's CPU on a host of 150 CPython services.
+pub const SYSTEM_MAPS_REFRESH: Duration = Duration::from_secs(60);
+
+/// A system-wide run re-reads a process's maps because a sample ran outside them at most
+/// this often: an address that no re-read covers (code run from a writable mapping, a
+/// frame-pointer walk's guess) costs a read per this interval, not one per tick.
+pub const STALE_MAPS_MIN_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How often a system-wide run lists a CPython's threads when none of its samples names a
+/// thread it has not listed: the backstop that forgets threads that ended. A sampled thread
+/// never listed is listed at the next half-second look; one listed without a thread state
+/// (a native thread, or a Python thread caught before its state named it) is listed again
+/// at most every [`STATELESS_THREAD_RELIST`].
+pub const PYTHON_THREADS_BACKSTOP: Duration = Duration::from_secs(30);
+
+/// See [`PYTHON_THREADS_BACKSTOP`].
+pub const STATELESS_THREAD_RELIST: Duration = Duration::from_secs(5);
 
 /// Most processes a system-wide recording takes in, live and exited (an exited one's maps are
 /// kept to name its samples): each costs its memory maps, and while it lives its unwind tables
@@ -77,6 +97,13 @@ pub struct ProcessRecording {
     /// its user cannot read, or changed its credentials): no longer sampled, and its samples
     /// are dropped, never named.
     pub revoked: bool,
+    /// The kernel's word of its exit, where it gives one (see [`ExitWatch`]).
+    pub exit: ExitWatch,
+    /// When its CPython's threads were last listed (see [`PYTHON_THREADS_BACKSTOP`]).
+    pub threads_listed_at: Instant,
+    /// The user stacks of its samples whose leaf was checked against its maps since the
+    /// last window (see `Recording::tick`).
+    pub checked_stacks: std::collections::HashSet<profiler_common::StackId>,
 }
 
 impl ProcessRecording {
@@ -124,11 +151,18 @@ impl ProcessRecording {
 
     /// Notes whether the process still lives, re-reading its maps when `refresh`; true when
     /// it is found to have exited now.
-    pub(super) fn poll(&mut self, refresh: bool, name_threads: bool) -> bool {
+    /// `exited` is the kernel's word that it exited ([`ExitWatch`]); a process the kernel does
+    /// not watch is looked for in /proc.
+    pub(super) fn poll(&mut self, exited: bool, refresh: bool, name_threads: bool) -> bool {
         if self.exited {
             return false;
         }
-        if !self.target.is_alive() {
+        let gone = if self.exit.is_watching() {
+            exited
+        } else {
+            !self.target.is_alive()
+        };
+        if gone {
             log::debug!("pid {} ({}) exited", self.target.pid, self.target.comm);
             self.exited = true;
             return true;
@@ -179,6 +213,9 @@ impl ProcessRecording {
             tabled_late: Vec::new(),
             cfi_walked: false,
             revoked: false,
+            exit: ExitWatch::default(),
+            threads_listed_at: Instant::now(),
+            checked_stacks: Default::default(),
         }
     }
 }
@@ -202,7 +239,7 @@ mod tests {
             (0, "[exited child]")
         );
         assert!(p.exited && !p.revoked && !p.direct && p.runtime.is_none());
-        assert!(!p.poll(true, false), "an exited process exits once");
+        assert!(!p.poll(true, true, false), "an exited process exits once");
     }
 
     /// The first look at a process's executable memory only notes it; a look that finds it

@@ -2,7 +2,8 @@
 //! is asked to stop, or when a tick says the run is over (its targets exited), ticking every
 //! [`TICK`] meanwhile. The drivers differ only in what a tick does around
 //! [`super::Recording::tick`] and in what stops them (signals and a launched command for the
-//! command line, a client's `stop` for the daemon).
+//! command line, a client's `stop` for the daemon, its shutdown for the agent, which cuts a
+//! window every `--window` in its tick and enters the loop again each day, having no deadline).
 
 use std::{future::Future, time::Duration};
 

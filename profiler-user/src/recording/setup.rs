@@ -11,7 +11,7 @@ use crate::{
     error::Result,
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
-    process::target::Target,
+    process::target::{ExitWatch, Target},
     recording::process::ProcessRecording,
     recording::request::{Scope, SystemScope},
     recording::Recording,
@@ -298,13 +298,25 @@ impl Recording {
                     }
                 }
             }
+            // Its threads already waiting: their waits count from when it became a target,
+            // not from their next switch-out (a thread blocked throughout would not show).
+            // Right after the owner's check: a thread that wakes before the scan loses the
+            // part of its wait until then.
+            let waits = if self.request.off_cpu.is_some() {
+                program.scan_waits(slot.run, &target)
+            } else {
+                Vec::new()
+            };
             let mut refused = None;
             let naming = Naming {
                 shares: &self.naming,
                 owner: self.owner_uid(),
             };
-            let runtime =
+            let mut runtime =
                 crate::runtime::attach(program, target.pid, &naming, self.runtimes, &mut refused);
+            if let Some(runtime) = &mut runtime {
+                runtime.store_wait_stacks(program, &target, &waits);
+            }
             Ok((runtime, refused))
         });
         if waited && self.processes.is_empty() {
@@ -325,6 +337,7 @@ impl Recording {
                 return Err(e);
             }
         };
+        let exit = ExitWatch::open(&target);
         self.processes.insert(
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {
@@ -343,6 +356,9 @@ impl Recording {
                 tabled_late: Vec::new(),
                 cfi_walked: waited,
                 revoked: false,
+                exit,
+                threads_listed_at: Instant::now(),
+                checked_stacks: Default::default(),
             },
         );
         Ok(())

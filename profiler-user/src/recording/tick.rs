@@ -10,13 +10,14 @@ use std::{
 use profiler_common::Counter;
 
 use super::{
-    naming::RuntimeStackIds, MAPS_REFRESH, MAX_SYSTEM_PROCESSES, SYSTEM_MAPS_REFRESH,
-    YOUNG_PROCESS, YOUNG_REFRESH_PERIODS,
+    naming::RuntimeStackIds,
+    process::{PYTHON_THREADS_BACKSTOP, STALE_MAPS_MIN_INTERVAL, STATELESS_THREAD_RELIST},
+    MAPS_REFRESH, MAX_SYSTEM_PROCESSES, SYSTEM_MAPS_REFRESH, YOUNG_PROCESS, YOUNG_REFRESH_PERIODS,
 };
 use crate::{
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
-    process::target::{Owner, Target},
+    process::target::{ExitWatch, Owner, Target},
     recording::process::ProcessRecording,
     recording::Recording,
     runtime::Naming,
@@ -32,6 +33,9 @@ const KERNEL_ADDRESS_START: u64 = 1 << 63;
 /// up to 16k keys between moves), so the next look waits this many times the CPU the last one
 /// took, at most until the next maps refresh.
 pub(super) const RUNTIME_SCAN_COST_SHARE: u32 = 20;
+
+/// A process's key in a recording's `processes`: its program, run slot and sample pid.
+pub(super) type ProcessKey = (u32, u32, u32);
 
 /// Where a recording stands after a tick.
 #[derive(Clone, Copy, Debug)]
@@ -100,6 +104,15 @@ impl Recording {
         let mut runtime_ids = RuntimeStackIds::default();
         let now = Instant::now();
         let system = self.is_system();
+        // The processes the kernel says exited, all in one look.
+        let exited = self.kernel_exits();
+        // A system-wide run reads its processes again only where their samples say it is due
+        // (a leaf outside their maps, a thread not listed), not on a timer for each.
+        let (stale_maps, unlisted_threads) = if system && refresh {
+            self.check_samples(pool)
+        } else {
+            Default::default()
+        };
         let owner_uid = self.owner_uid();
         // Every tick where sampling is fast enough that a tick holds more than
         // YOUNG_REFRESH_PERIODS samples per CPU (command-line runs at their default rate).
@@ -109,8 +122,9 @@ impl Recording {
             .map_or(Duration::ZERO, |s| {
                 Duration::from_secs_f64(YOUNG_REFRESH_PERIODS / s.nominal_hz)
             });
-        // A system-wide run looks for its processes' exits every MAPS_REFRESH (and at each
-        // one's own re-read), not every tick: each look opens and reads /proc/PID/stat, and
+        // The kernel says which processes exited (a pidfd each) at every tick. Where it
+        // watches none, a system-wide run looks for its processes' exits every MAPS_REFRESH
+        // (and at each one's own re-read), not every tick: each look opens and reads /proc/PID/stat, and
         // for every process of the machine ten times a second that was the agent's busiest
         // system call (200 a second on a quiet machine); an exit seen later only keeps the
         // process's state that much longer. Runs of targets look every tick: their end is
@@ -121,11 +135,13 @@ impl Recording {
         let started = self.started;
         // `--per-thread` labels a program's threads by the names its runtime gave them.
         let per_thread = self.per_thread;
-        for p in self.processes.values_mut() {
+        for (key, p) in self.processes.iter_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
                 && now.duration_since(p.refreshed_at) >= young_every;
-            let due = if system && p.runtime.is_none() {
+            let due = if system {
                 now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
+                    || (stale_maps.contains(key)
+                        && now.duration_since(p.refreshed_at) >= STALE_MAPS_MIN_INTERVAL)
             } else {
                 refresh
             };
@@ -144,7 +160,8 @@ impl Recording {
                     p.revoke(program);
                 }
             }
-            if (look_for_exits || refresh) && p.poll(refresh, per_thread) && system {
+            let polled = look_for_exits || refresh || p.exit.is_watching();
+            if polled && p.poll(exited.contains(key), refresh, per_thread) && system {
                 program.forget_system_process(p.target.pid);
             }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
@@ -176,8 +193,19 @@ impl Recording {
                 if p.exited {
                     runtime.stop(program);
                 } else {
-                    if refresh {
+                    // A system-wide run lists a CPython's threads when its samples name one
+                    // not listed (see `check_samples`), and otherwise rarely; a run of
+                    // targets at each refresh of its maps.
+                    let list = if system {
+                        refresh
+                            || unlisted_threads.contains(key)
+                            || now.duration_since(p.threads_listed_at) >= PYTHON_THREADS_BACKSTOP
+                    } else {
+                        refresh
+                    };
+                    if list {
                         runtime.refresh(program);
+                        p.threads_listed_at = now;
                     }
                     // A code object can be read only while it lives: a function compiled,
                     // run and dropped, or the last code a process runs before it exits, is
@@ -185,7 +213,12 @@ impl Recording {
                     // such code was never named ("[unknown Python code]"); a run of targets
                     // queues as often as every tick. A system-wide run, which scans the
                     // stacks of every process, still does it at each refresh.
-                    if refresh || (scan_runtime && new_stacks.contains_key(&p.slot.program_id)) {
+                    // A system-wide run queues at each of its half-second looks, whether or
+                    // not the process's maps were read again.
+                    let queue = refresh
+                        || (system && scan_runtime)
+                        || (scan_runtime && new_stacks.contains_key(&p.slot.program_id));
+                    if queue {
                         // Named by `name_runtime_frames`, off the programs' lock.
                         let read = |program: &crate::kernel::KernelProgram| {
                             // CPU time, not wall time: with three busy loops on two cores a
@@ -237,6 +270,80 @@ impl Recording {
             // A system-wide run lasts until it is stopped.
             all_exited: !system && self.processes.values().all(|p| p.exited),
         }
+    }
+
+    /// The processes the kernel says exited since they were taken in (those it watches: see
+    /// [`ExitWatch`]), by their keys in `processes`.
+    pub(super) fn kernel_exits(&self) -> HashSet<ProcessKey> {
+        let (keys, watches): (Vec<_>, Vec<_>) = self
+            .processes
+            .iter()
+            .filter(|(_, p)| !p.exited && p.exit.is_watching())
+            .map(|(k, p)| (*k, &p.exit))
+            .unzip();
+        ExitWatch::exited(&watches)
+            .into_iter()
+            .map(|i| keys[i])
+            .collect()
+    }
+
+    /// Reads the keys of the samples recorded so far and finds, by their keys in
+    /// `processes`, the processes whose maps are stale (a user stack of theirs, checked once
+    /// per window, has its leaf outside their maps: code mapped since, by dlopen or a JIT) and
+    /// the CPythons a sample of which names a thread not listed yet (or listed without a
+    /// thread state more than [`STATELESS_THREAD_RELIST`] ago). What this costs grows with
+    /// the samples, not with the processes: each new stack's leaf is looked at once.
+    fn check_samples(
+        &mut self,
+        pool: &mut ProgramPool,
+    ) -> (HashSet<ProcessKey>, HashSet<ProcessKey>) {
+        let (mut stale, mut unlisted) = (HashSet::new(), HashSet::new());
+        let now = Instant::now();
+        let mut read: HashMap<u32, Vec<profiler_common::SampleKey>> = HashMap::new();
+        for (slot, _) in &self.slots {
+            let Ok(program) = pool.program(*slot) else {
+                continue;
+            };
+            let keys = read
+                .entry(slot.program_id)
+                .or_insert_with(|| program.sample_keys());
+            for k in keys.iter().filter(|k| k.runs & (1 << slot.run) != 0) {
+                let key = (slot.program_id, slot.run, k.pid);
+                let Some(p) = self.processes.get_mut(&key) else {
+                    continue;
+                };
+                if p.exited {
+                    continue;
+                }
+                if k.user_stack != 0
+                    && p.maps.is_known()
+                    && !stale.contains(&key)
+                    && p.checked_stacks.insert(k.user_stack)
+                {
+                    let leaf = program
+                        .stack(k.user_stack)
+                        .ok()
+                        .and_then(|frames| frames.first().copied());
+                    if leaf.is_some_and(|leaf| !p.maps.covers_now(leaf)) {
+                        stale.insert(key);
+                    }
+                }
+                if let Some(runtime) = &p.runtime {
+                    let relist = k.runtime_stack == 0
+                        && match runtime.thread_listed(k.tid) {
+                            Some(true) => false,
+                            Some(false) => {
+                                now.duration_since(p.threads_listed_at) >= STATELESS_THREAD_RELIST
+                            }
+                            None => true,
+                        };
+                    if relist {
+                        unlisted.insert(key);
+                    }
+                }
+            }
+        }
+        (stale, unlisted)
     }
 
     /// Sends the addresses sampled since the last call to the warm sink, if there is one.
@@ -408,6 +515,7 @@ impl Recording {
                     shares: &self.naming,
                     owner: self.owner_uid(),
                 };
+                let exit = ExitWatch::open(&target);
                 self.processes.insert(
                     (slot.program_id, slot.run, sample_pid),
                     ProcessRecording {
@@ -432,6 +540,9 @@ impl Recording {
                         tabled_late: Vec::new(),
                         cfi_walked,
                         revoked: false,
+                        exit,
+                        threads_listed_at: Instant::now(),
+                        checked_stacks: Default::default(),
                     },
                 );
             }

@@ -30,7 +30,8 @@ pub use profiler_common::RuntimeTag;
 use profiler_common::StackId;
 
 use crate::{
-    kernel::KernelProgram,
+    kernel::{KernelProgram, ScannedWait},
+    process::target::Target,
     profile::CodeAddress,
     symbolize::{Frame, FrameKind},
 };
@@ -117,6 +118,10 @@ pub trait Instance: Send + Sync {
     /// The names the program gave its threads, by host tid (Python's `threading` names).
     fn thread_names(&mut self) -> HashMap<u32, String>;
 
+    /// Whether thread `ns_tid` (in the process's pid namespace) was listed with the runtime's
+    /// state (`Some(true)`), only without it (`Some(false)`), or never (`None`).
+    fn thread_listed(&self, ns_tid: u32) -> Option<bool>;
+
     /// Whether thread `ns_tid` (in the process's pid namespace) ran none of the runtime's
     /// code during the run, so that its samples miss no runtime frames.
     fn runs_no_runtime_code(&self, ns_tid: u32) -> bool;
@@ -129,6 +134,16 @@ pub trait Instance: Send + Sync {
 
     /// The frames named so far.
     fn frames(&self) -> &dyn NamedFrames;
+
+    /// Gives the kernel the runtime frames of the waits `scanned` of `target` (the threads
+    /// already off the CPU when the run took it in, whose native stacks the kernel walked
+    /// from their saved registers), read from userspace.
+    fn store_wait_stacks(
+        &mut self,
+        program: &mut KernelProgram,
+        target: &Target,
+        scanned: &[ScannedWait],
+    );
 
     /// Stops following the process: what the kernel holds for it goes.
     fn stop(&mut self, program: &mut KernelProgram);

@@ -8,15 +8,30 @@
 //! third of its peak memory) for what the symbol table gives as well: the function's name.
 //! Inlined functions and source lines inside system libraries are what is left out; they
 //! come back with `--line-numbers`, which reads the DWARF as before.
+//!
+//! Without a file under its build id, the object's `.gnu_debuglink` (a file name and the
+//! CRC-32 of the debug file) is followed as gdb does: that name beside the object, in a
+//! `.debug` folder beside it, then under `/usr/lib/debug` followed by the object's folder;
+//! the first file there whose CRC matches. Only a root-owned file nobody else can write is
+//! read (it may lie in a folder the target's user owns: another user could truncate a file
+//! of theirs under the mapping), and through the descriptor that was checked.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fs::File,
+    io::Read,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use object::{Object, ObjectSegment};
 
-use crate::process::target_file::{gnu_build_id, map_stable, ElfReader};
+use crate::process::target_file::{gnu_build_id, map_stable, user_writable, ElfReader};
 
 /// Where Debian (and most distributions) install debug files by build id.
 const BUILD_ID_DIR: &str = "/usr/lib/debug/.build-id";
+
+/// Where gdb looks for a `.gnu_debuglink` file under the object's own folder's path.
+const GLOBAL_DEBUG_DIR: &str = "/usr/lib/debug";
 
 /// A stripped object's debug file, and how to place the object's file offsets in it.
 #[derive(Clone, Debug)]
@@ -25,15 +40,19 @@ pub struct DebugSymbols {
     pub path: PathBuf,
     /// The object's loadable segments: (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
+    /// The checked descriptor `path` names (`/proc/self/fd/N`), for a file found through
+    /// `.gnu_debuglink`: kept open as long as blazesym may open it by that path.
+    _held: Option<Arc<File>>,
 }
 
 impl DebugSymbols {
     /// The debug file of the object at `path` with GNU build id `build_id` (hex), where the
-    /// object has no symbol table of its own and an installed debug file of that build id has
-    /// one; `None` otherwise (blazesym then reads the object as before).
+    /// object has no symbol table of its own and an installed debug file of that build id (or,
+    /// without one, the file its `.gnu_debuglink` names) has one; `None` otherwise (blazesym
+    /// then reads the object as before).
     pub fn find(path: &Path, build_id: Option<&str>) -> Option<DebugSymbols> {
         let build_id =
-            build_id.filter(|id| id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit()))?;
+            build_id.filter(|id| id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit()));
         let data = map_stable(path)?;
         let object = object::File::parse(&*data).ok()?;
         if object.section_by_name(".symtab").is_some() {
@@ -46,11 +65,14 @@ impl DebugSymbols {
                 (offset, size, s.address())
             })
             .collect();
+        let Some(build_id) = build_id else {
+            return Self::find_linked(path, &object, segments);
+        };
         let debug = Path::new(BUILD_ID_DIR)
             .join(&build_id[..2])
             .join(format!("{}.debug", &build_id[2..]));
         if !std::fs::symlink_metadata(&debug).is_ok_and(|m| m.is_file()) {
-            return None;
+            return Self::find_linked(path, &object, segments);
         }
         // The file at that name must be that build's, with a symbol table to read.
         let reader = ElfReader::new(std::fs::File::open(&debug).ok()?);
@@ -67,7 +89,52 @@ impl DebugSymbols {
         Some(DebugSymbols {
             path: debug,
             segments,
+            _held: None,
         })
+    }
+
+    /// The debug file `object` (opened by `path`, a descriptor's `/proc/self/fd/N`) names in
+    /// its `.gnu_debuglink`, where one is installed with a symbol table (see the notes above).
+    fn find_linked(
+        path: &Path,
+        object: &object::File<'_>,
+        segments: Vec<(u64, u64, u64)>,
+    ) -> Option<DebugSymbols> {
+        let (name, crc) = object.gnu_debuglink().ok()??;
+        let name = std::str::from_utf8(name).ok()?;
+        // A file name, as the section holds one: never a path out of the folders searched.
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return None;
+        }
+        // The object's folder as this process sees it (the descriptor's target).
+        let real = std::fs::canonicalize(path).ok()?;
+        let dir = real.parent().filter(|d| d.is_absolute())?;
+        let global = Path::new(GLOBAL_DEBUG_DIR).join(dir.strip_prefix("/").ok()?);
+        for candidate in [
+            dir.join(name),
+            dir.join(".debug").join(name),
+            global.join(name),
+        ] {
+            let Some(file) = open_trusted(&candidate) else {
+                continue;
+            };
+            if crc32_of(&file) != Some(crc) {
+                log::debug!("{}: not the debug file linked (CRC)", candidate.display());
+                continue;
+            }
+            use std::os::fd::AsRawFd;
+            let held = Arc::new(file);
+            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+            let data = map_stable(&by_fd)?;
+            let debug_object = object::File::parse(&*data).ok()?;
+            debug_object.section_by_name(".symtab")?;
+            return Some(DebugSymbols {
+                path: by_fd,
+                segments,
+                _held: Some(held),
+            });
+        }
+        None
     }
 
     /// The virtual address (as the symbol tables give them) of `file_offset` in the object.
@@ -76,6 +143,34 @@ impl DebugSymbols {
             .iter()
             .find(|(offset, size, _)| (*offset..offset + size).contains(&file_offset))
             .map(|(offset, _, address)| address + (file_offset - offset))
+    }
+}
+
+/// The regular file at `path`, when root owns it and nobody else can write it (see the
+/// module's notes); checked on the open descriptor.
+fn open_trusted(path: &Path) -> Option<File> {
+    let file = File::open(path).ok()?;
+    let stat = rustix::fs::fstat(&file).ok()?;
+    let regular =
+        rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+    if !regular || user_writable(&stat) {
+        log::debug!("{}: not a root-owned read-only file", path.display());
+        return None;
+    }
+    Some(file)
+}
+
+/// The CRC-32 of the whole file (the `.gnu_debuglink` checksum: zlib's CRC-32).
+fn crc32_of(mut file: &File) -> Option<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buffer = vec![0u8; 1 << 16];
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => return Some(hasher.finalize()),
+            Ok(n) => hasher.update(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
     }
 }
 
@@ -135,5 +230,89 @@ mod tests {
         assert!(DebugSymbols::find(libc, Some("00ff")).is_none());
         assert!(DebugSymbols::find(libc, Some("../../etc")).is_none());
         assert!(DebugSymbols::find(libc, None).is_none());
+    }
+
+    /// A stripped program with a `.gnu_debuglink` to a debug file beside it (made as a
+    /// distribution makes one: `objcopy --only-keep-debug`, then `--add-gnu-debuglink`) is
+    /// named from that file's symbol table; a file of that name with another CRC, or one
+    /// another user could write, is not read.
+    #[test]
+    fn a_debuglink_file_beside_the_object_is_found_and_checked() {
+        use std::{os::fd::AsRawFd, os::unix::fs::PermissionsExt, process::Command};
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipping: debug files are trusted when root owns them");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("linked.c");
+        std::fs::write(
+            &source,
+            "volatile int sink; __attribute__((noinline)) void linked_work(void) { sink++; }\n\
+             int main(void) { linked_work(); return 0; }\n",
+        )
+        .unwrap();
+        let bin = dir.path().join("linked");
+        let debug = dir.path().join("linked.debug");
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            let status = Command::new(program).args(args).status().unwrap();
+            assert!(status.success(), "{program} {args:?}");
+        };
+        run(
+            "cc",
+            &[
+                "-O1".as_ref(),
+                "-g".as_ref(),
+                "-o".as_ref(),
+                bin.as_os_str(),
+                source.as_os_str(),
+            ],
+        );
+        run(
+            "objcopy",
+            &[
+                "--only-keep-debug".as_ref(),
+                bin.as_os_str(),
+                debug.as_os_str(),
+            ],
+        );
+        run("strip", &["--strip-all".as_ref(), bin.as_os_str()]);
+        let link = format!("--add-gnu-debuglink={}", debug.display());
+        run("objcopy", &[link.as_ref(), bin.as_os_str()]);
+        std::fs::set_permissions(&debug, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // As the symbolizer opens objects: by a descriptor.
+        let object = File::open(&bin).unwrap();
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", object.as_raw_fd()));
+        let found = DebugSymbols::find(&by_fd, None).expect("the linked debug file");
+        assert_eq!(
+            std::fs::canonicalize(&found.path).unwrap(),
+            std::fs::canonicalize(&debug).unwrap()
+        );
+        // Its symbol table names the function the stripped object no longer does.
+        use blazesym::inspect::{source::Elf as InspectElf, source::Source as InspectSource};
+        let inspector = blazesym::inspect::Inspector::new();
+        let found_sym = inspector
+            .lookup(
+                &InspectSource::Elf(InspectElf::new(&found.path)),
+                &["linked_work"],
+            )
+            .unwrap();
+        assert!(!found_sym[0].is_empty(), "linked_work in the debug file");
+        drop(found);
+
+        // Nobody but root may be able to write the file read.
+        std::fs::set_permissions(&debug, std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(
+            DebugSymbols::find(&by_fd, None).is_none(),
+            "a group-writable debug file"
+        );
+        std::fs::set_permissions(&debug, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // Another file under that name (its CRC differs) is not the one linked.
+        let mut bytes = std::fs::read(&debug).unwrap();
+        bytes.push(0);
+        std::fs::write(&debug, bytes).unwrap();
+        assert!(
+            DebugSymbols::find(&by_fd, None).is_none(),
+            "a debug file of another CRC"
+        );
     }
 }

@@ -3,24 +3,50 @@
 //! function would be a row of its own (`liblzma.so.5+0x1692b`, `+0x16904`, ...).
 //!
 //! The unwind tables (`.eh_frame_hdr`) list where every function starts, stripped or not,
-//! so an address is named by the start of its function, relative to the nearest exported
-//! function before it, as perf writes such frames: `lzma_code+0x1a0` (all samples of that
-//! internal function share the name), or `module+0xSTART` when no export precedes it.
+//! so an address is named by the start of its function (all samples of that internal function
+//! share the name): `module+0xSTART` (its file offset), or `export+0x1a0` only where that
+//! start lies inside the extent of the exported function before it (or the export has no
+//! size to say where it ends). Code past an export's end is not that export's: Debian's
+//! python3.14 showed its eval loop as `_PyObject_DebugMallocStats+0x10bb7`, 68 KB past the
+//! end of a function of 414 bytes.
+//!
+//! One kind of code past every export's end still belongs to an export: the part GCC splits
+//! off a function (`-freorder-blocks-and-partition`, `NAME.cold` in a symbol table) into
+//! `.text.unlikely`, with an unwind entry of its own. Only the function's own branches lead
+//! into the middle of it (a call or tail call lands on a function's first instruction), so
+//! an unwind entry that an exported function's jumps enter past its start is that export's
+//! part, named `export.cold` as the debug file names it. Debian's python3.14 keeps most of
+//! `_PyEval_EvalFrameDefault` in such a part (84 KB; the exported entry is 1184 bytes), and
+//! the Python frames take the place of the eval loop's frames by that name.
 
-use std::path::Path;
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use gimli::{BaseAddresses, EhFrameHdr, Pointer, RunTimeEndian};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+/// Most bytes of exported code decoded to find split-off parts (see the module's notes): a
+/// few milliseconds. Python's interpreter exports 400 KB of code; a library past this
+/// (libtorch_cpu's exports are hundreds of MB) names such parts `module+0xSTART`.
+const MAX_DECODED_BYTES: u64 = 16 << 20;
 
 /// What a binary says about its functions' extents when its symbols do not.
 #[derive(Debug, Default)]
 pub struct FunctionStarts {
     /// Function entry points (ELF virtual addresses), sorted.
     starts: Vec<u64>,
-    /// Exported functions (`.dynsym`) with their addresses, sorted by address.
-    exports: Vec<(u64, String)>,
+    /// Exported functions (`.dynsym`): address, size (0: unknown) and name, sorted by address.
+    exports: Vec<(u64, u64, String)>,
     /// Loadable segments: (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
+    /// The file, read again on the first address past every export's end.
+    path: Option<PathBuf>,
+    /// Split-off parts by their start, with the index in `exports` of the function they are
+    /// part of (found on first need).
+    parts: OnceLock<HashMap<u64, usize>>,
 }
 
 impl FunctionStarts {
@@ -28,7 +54,9 @@ impl FunctionStarts {
     /// it is not an ELF file or has no unwind table.
     pub fn read(path: &Path) -> Option<FunctionStarts> {
         // Only the headers, `.eh_frame_hdr` and the dynamic symbols are touched.
-        Self::parse(&crate::process::target_file::map_stable(path)?)
+        let mut starts = Self::parse(&crate::process::target_file::map_stable(path)?)?;
+        starts.path = Some(path.to_path_buf());
+        Some(starts)
     }
 
     fn parse(data: &[u8]) -> Option<FunctionStarts> {
@@ -54,18 +82,26 @@ impl FunctionStarts {
         }
         starts.sort_unstable();
         starts.dedup();
-        let mut exports: Vec<(u64, String)> = elf
+        let mut exports: Vec<(u64, u64, String)> = elf
             .dynamic_symbols()
             .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
-            .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
+            .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_string())))
             .collect();
-        // Aliases share an address: keep one name for it, the shortest, then the first.
+        // Aliases share an address: keep one name for it, the shortest, then the first, with
+        // the largest size any of them states.
         exports.sort_by(|a, b| {
             a.0.cmp(&b.0)
-                .then(a.1.len().cmp(&b.1.len()))
-                .then(a.1.cmp(&b.1))
+                .then(a.2.len().cmp(&b.2.len()))
+                .then(a.2.cmp(&b.2))
         });
-        exports.dedup_by_key(|e| e.0);
+        let mut merged: Vec<(u64, u64, String)> = Vec::with_capacity(exports.len());
+        for export in exports {
+            match merged.last_mut() {
+                Some(last) if last.0 == export.0 => last.1 = last.1.max(export.1),
+                _ => merged.push(export),
+            }
+        }
+        let exports = merged;
         let segments = elf
             .segments()
             .map(|s| {
@@ -77,6 +113,8 @@ impl FunctionStarts {
             starts,
             exports,
             segments,
+            path: None,
+            parts: OnceLock::new(),
         })
     }
 
@@ -90,12 +128,107 @@ impl FunctionStarts {
         let address = offset - seg_offset + seg_address;
         let i = self.starts.partition_point(|&s| s <= address);
         let start = *self.starts.get(i.checked_sub(1)?)?;
-        let j = self.exports.partition_point(|(a, _)| *a <= start);
+        let j = self.exports.partition_point(|(a, _, _)| *a <= start);
+        let own = || format!("{module}+{:#x}", start - seg_address + seg_offset);
         Some(match j.checked_sub(1).map(|j| &self.exports[j]) {
-            Some((export, name)) if *export == start => demangle(name),
-            Some((export, name)) => format!("{}+{:#x}", demangle(name), start - export),
-            None => format!("{module}+{:#x}", start - seg_address + seg_offset),
+            Some((export, _, name)) if *export == start => demangle(name),
+            // Inside the export's extent, or an export that does not say where it ends.
+            Some((export, size, name)) if *size == 0 || start < export + size => {
+                format!("{}+{:#x}", demangle(name), start - export)
+            }
+            _ => match self.parts().get(&start) {
+                Some(&owner) => format!("{}.cold", demangle(&self.exports[owner].2)),
+                None => own(),
+            },
         })
+    }
+
+    /// The split-off parts of exported functions (see the module's notes), found once.
+    fn parts(&self) -> &HashMap<u64, usize> {
+        self.parts.get_or_init(|| {
+            let Some(data) = self
+                .path
+                .as_deref()
+                .and_then(crate::process::target_file::map_stable)
+            else {
+                return HashMap::new();
+            };
+            let parts = self.find_parts(&data);
+            log::debug!("{} split-off parts of exported functions", parts.len());
+            parts
+        })
+    }
+
+    /// Decodes each exported function of the x86-64 ELF file `data` and keeps the unwind
+    /// entries its jumps enter past their start: a start no export has, claimed by one
+    /// export only (two claiming one part leave it unnamed).
+    fn find_parts(&self, data: &[u8]) -> HashMap<u64, usize> {
+        use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
+        let mut parts: HashMap<u64, Option<usize>> = HashMap::new();
+        let Ok(elf) = object::File::parse(data) else {
+            return HashMap::new();
+        };
+        if elf.architecture() != object::Architecture::X86_64 {
+            return HashMap::new();
+        }
+        let is_export = |start: u64| {
+            self.exports
+                .binary_search_by_key(&start, |(a, _, _)| *a)
+                .is_ok()
+        };
+        let mut budget = MAX_DECODED_BYTES;
+        let mut instruction = Instruction::default();
+        for (index, (address, size, _)) in self.exports.iter().enumerate() {
+            let (address, size) = (*address, *size);
+            if size == 0 || size > budget {
+                continue;
+            }
+            // The function's bytes, from the segment that holds them all.
+            let Some(code) = self.segments.iter().find_map(|&(offset, file_size, base)| {
+                let start = address.checked_sub(base)?;
+                (start + size <= file_size)
+                    .then(|| data.get((offset + start) as usize..(offset + start + size) as usize))
+                    .flatten()
+            }) else {
+                continue;
+            };
+            budget -= size;
+            let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+            while decoder.can_decode() {
+                decoder.decode_out(&mut instruction);
+                // Jumps and conditional jumps to a fixed place: a call's target is a function.
+                if instruction.op0_kind() != OpKind::NearBranch64
+                    || instruction.mnemonic() == Mnemonic::Call
+                {
+                    continue;
+                }
+                let target = instruction.near_branch_target();
+                if (address..address + size).contains(&target) {
+                    continue;
+                }
+                let i = self.starts.partition_point(|&s| s <= target);
+                let Some(&part) = i.checked_sub(1).and_then(|i| self.starts.get(i)) else {
+                    continue;
+                };
+                // A jump to a function's start is a tail call; an unwind entry that starts
+                // inside the export is its own (its extent ran past the symbol's size).
+                if part == target || (address..address + size).contains(&part) || is_export(part) {
+                    continue;
+                }
+                parts
+                    .entry(part)
+                    .and_modify(|owner| {
+                        if *owner != Some(index) {
+                            *owner = None
+                        }
+                    })
+                    .or_insert(Some(index));
+            }
+        }
+        parts
+            .into_iter()
+            .filter_map(|(part, owner)| Some((part, owner?)))
+            .collect()
     }
 }
 

@@ -24,7 +24,7 @@ use std::{
 
 use super::{
     cache::TableCache,
-    loader::FileKey,
+    file_key::FileKey,
     table::{CfiInputs, UnwindTable},
 };
 

@@ -4,6 +4,7 @@
 
 mod builder;
 pub mod cache;
+mod file_key;
 pub mod loader;
 pub mod table;
 pub mod walk;

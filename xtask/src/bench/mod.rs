@@ -28,6 +28,7 @@
 mod accuracy;
 mod agent;
 mod big;
+mod cost;
 mod dwarf_overhead;
 mod end_of_run;
 mod export;
@@ -232,6 +233,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if let Err(e) = bench.off_cpu(&plan, &mut sections, &mut verdicts) {
             println!("    section 14 failed: {e:#}");
             writeln!(sections, "\n## 14. (failed in this run: {e:#})\n")?;
+        }
+    }
+    // Issue 46: the agent on hosts of many processes, a launched run against perf's.
+    if want(15) {
+        if let Err(e) = bench.cost(&plan, &mut sections) {
+            println!("    section 15 failed: {e:#}");
+            writeln!(sections, "\n## 15. (failed in this run: {e:#})\n")?;
         }
     }
     let mut md = md.replace(

@@ -236,45 +236,35 @@ impl Bench {
 
         self.python_naming(plan, md)?;
 
-        // Kernel program time for a 30-deep Python stack.
-        writeln!(md, "\nKernel program time per sample for a {PYTHON_DEPTH}-deep Python stack (`pywork.py 0 {PYTHON_DEPTH}`), measured as in section 7:\n")?;
-        let measured = if kernel_walk {
-            let mut t = Command::new(PYTHON)
-                .args([&script_s, "0", &PYTHON_DEPTH.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .context("starting the Python workload")?;
-            std::thread::sleep(Duration::from_millis(300));
-            let secs = if plan.quick { 1.0 } else { ATTACH_SECS };
-            let mut idle = Command::new("sleep").arg("3600").spawn()?;
-            let r = (|| -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
-                let (mut v, mut frames, mut share) = (Vec::new(), Vec::new(), Vec::new());
-                for _ in 0..plan.rounds {
-                    let floor = self.kernel_run(idle.id() as i32, &[], secs)?;
-                    let r = floor.run_time_ns / floor.run_count.max(1.0);
-                    let k = self.kernel_run(t.id() as i32, &[], secs)?;
-                    let other = (k.run_count - k.target_samples).max(0.0);
-                    let ns = (k.run_time_ns - other * r) / k.target_samples.max(1.0);
-                    println!(
-                        "    {PYTHON_DEPTH}-deep Python stack: {ns:.0} ns per target sample, {:.1}% of samples with Python frames, {:.1} frames",
-                        k.python_share, k.frames
-                    );
-                    v.push(ns);
-                    frames.push(k.frames);
-                    share.push(k.python_share);
-                }
-                Ok((v, frames, share))
-            })();
-            stop_target(&mut t);
-            stop_target(&mut idle);
-            Some(r?)
-        } else {
-            None
-        };
+        // Kernel program time for a 30-deep Python stack, on 3.12 (pyenv's, the verdicts'),
+        // 3.14 (Debian sid's, in the chroot setup makes: its layout from `_Py_DebugOffsets`)
+        // and the free-threaded 3.13t setup builds, side by side.
+        writeln!(md, "\nKernel program time per sample for a {PYTHON_DEPTH}-deep Python stack (`pywork.py 0 {PYTHON_DEPTH}`), measured as in section 7, on pyenv's 3.12.1, Debian sid's 3.14 (in `{SID_ROOT}`; its layout read from its `_Py_DebugOffsets`) and the free-threaded 3.13t `cargo xtask setup` builds (`{PY313T}`; per-thread state, the longer object header, no GIL entry read):\n")?;
+        let interpreters = python_interpreters(&script_s)?;
+        let mut rows: Vec<(&str, Option<KernelTimes>)> = Vec::new();
+        for (label, argv) in &interpreters {
+            let measured = match argv {
+                Some(argv) if kernel_walk => Some(self.python_kernel_time(plan, argv)?),
+                _ => None,
+            };
+            rows.push((label, measured));
+        }
+        writeln!(md, "| interpreter | ns per target sample | frames per stack | samples with Python frames, % |\n|---|---|---|---|")?;
+        for (label, measured) in &rows {
+            match measured {
+                Some((v, frames, share)) => writeln!(
+                    md,
+                    "| {label} | {} | {} | {} |",
+                    stat(v, 0),
+                    stat(frames, 1),
+                    stat(share, 1)
+                )?,
+                None => writeln!(md, "| {label} | not measured | | |")?,
+            }
+        }
+        let measured = rows.into_iter().next().and_then(|(_, m)| m);
         match &measured {
-            Some((v, frames, share)) => {
-                writeln!(md, "| stack | ns per target sample | frames per stack | samples with Python frames, % |\n|---|---|---|---|\n| {PYTHON_DEPTH} Python frames deep | {} | {} | {} |", stat(v, 0), stat(frames, 1), stat(share, 1))?;
+            Some((v, _, _)) => {
                 verdicts.push(Verdict {
                     target: format!(
                         "kernel time per sample under 10 µs, {PYTHON_DEPTH}-deep Python stack"
@@ -292,7 +282,6 @@ impl Bench {
                 });
             }
             None => {
-                writeln!(md, "| stack | ns per target sample |\n|---|---|\n| {PYTHON_DEPTH} Python frames deep | not measured: no kernel Python walk in this build |")?;
                 verdicts.push(Verdict {
                     target: format!(
                         "kernel time per sample under 10 µs, {PYTHON_DEPTH}-deep Python stack"
@@ -379,4 +368,93 @@ fn generate_many_functions(chains: usize, depth: usize) -> String {
     let _ = writeln!(s, "CHAINS = [{}]\n", heads.join(", "));
     s.push_str("start = time.monotonic()\nfor _ in range(int(sys.argv[1])):\n    for chain in CHAINS:\n        chain(int(sys.argv[2]))\nprint(\"secs %.6f\" % (time.monotonic() - start), flush=True)\n");
     s
+}
+
+/// Per round: ns per target sample, frames per stack, samples with Python frames (%).
+type KernelTimes = (Vec<f64>, Vec<f64>, Vec<f64>);
+/// A row's label, and the command that runs the workload (None: not installed).
+type Interpreter = (&'static str, Option<Vec<String>>);
+
+/// The chroot with Debian sid's CPython 3.14 and 3.15, and the free-threaded 3.13t (both made
+/// by `cargo xtask setup`).
+const SID_ROOT: &str = "/srv/sid";
+const PY313T: &str = "/opt/py313t/bin/python3.13t";
+
+/// The interpreters of the kernel-time rows: a label and the command that runs `script`
+/// `0 PYTHON_DEPTH` (None where setup has not installed it). The 3.14 one runs in the
+/// chroot, so the script is copied into it.
+fn python_interpreters(script: &str) -> Result<Vec<Interpreter>> {
+    let depth = PYTHON_DEPTH.to_string();
+    let sid = std::path::Path::new(SID_ROOT);
+    let sid314 = if sid.join("usr/bin/python3.14").is_file() {
+        let inside = "/tmp/bpfprof-bench-pywork.py";
+        std::fs::copy(script, sid.join(&inside[1..]))
+            .context("copying pywork.py into the chroot")?;
+        Some(vec![
+            "chroot".into(),
+            SID_ROOT.into(),
+            "/usr/bin/python3.14".into(),
+            inside.into(),
+            "0".into(),
+            depth.clone(),
+        ])
+    } else {
+        None
+    };
+    let ft = std::path::Path::new(PY313T)
+        .is_file()
+        .then(|| vec![PY313T.into(), script.into(), "0".into(), depth.clone()]);
+    Ok(vec![
+        (
+            "CPython 3.12 (pyenv)",
+            Some(vec![
+                PYTHON.into(),
+                script.into(),
+                "0".into(),
+                depth.clone(),
+            ]),
+        ),
+        ("CPython 3.14 (Debian sid)", sid314),
+        ("CPython 3.13t (free-threaded)", ft),
+    ])
+}
+
+impl Bench {
+    /// Kernel program time per sample of the Python workload `argv` (its stack
+    /// `PYTHON_DEPTH` deep), with the reject cost taken out as in section 7: per round, ns
+    /// per target sample, frames per stack and the share of samples with Python frames.
+    fn python_kernel_time(&self, plan: &Plan, argv: &[String]) -> Result<KernelTimes> {
+        let mut t = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the Python workload")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let secs = if plan.quick { 1.0 } else { ATTACH_SECS };
+        let mut idle = Command::new("sleep").arg("3600").spawn()?;
+        let r = (|| -> Result<KernelTimes> {
+            let (mut v, mut frames, mut share) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..plan.rounds {
+                let floor = self.kernel_run(idle.id() as i32, &[], secs)?;
+                let r = floor.run_time_ns / floor.run_count.max(1.0);
+                let k = self.kernel_run(t.id() as i32, &[], secs)?;
+                let other = (k.run_count - k.target_samples).max(0.0);
+                let ns = (k.run_time_ns - other * r) / k.target_samples.max(1.0);
+                println!(
+                    "    {PYTHON_DEPTH}-deep Python stack ({}): {ns:.0} ns per target sample, {:.1}% of samples with Python frames, {:.1} frames",
+                    argv.join(" "),
+                    k.python_share,
+                    k.frames
+                );
+                v.push(ns);
+                frames.push(k.frames);
+                share.push(k.python_share);
+            }
+            Ok((v, frames, share))
+        })();
+        stop_target(&mut t);
+        stop_target(&mut idle);
+        r
+    }
 }

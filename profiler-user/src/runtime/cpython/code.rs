@@ -212,7 +212,8 @@ fn object_bytes(
 pub fn read_str(mem: &ProcessMemory, layout: &Layout, addr: u64) -> Result<String> {
     ensure!(addr != 0, "null string pointer");
     let prefix = read_object(mem, addr, layout.unicode_compact_size as usize)?;
-    let state = field_u64(&prefix, layout.unicode_state) as u32;
+    // The bit fields from `kind` on (free-threaded 3.14+ keep them past a whole byte).
+    let state = (field_u64(&prefix, layout.unicode_state) as u32) >> layout.unicode_kind_shift;
     let length = field_u64(&prefix, layout.unicode_length);
     ensure!(
         state & unicode_state::COMPACT != 0,
@@ -229,7 +230,7 @@ pub fn read_str(mem: &ProcessMemory, layout: &Layout, addr: u64) -> Result<Strin
         )?;
         return Ok(String::from_utf8_lossy(&bytes).into_owned());
     }
-    let kind = (state >> unicode_state::KIND_SHIFT) & unicode_state::KIND_MASK;
+    let kind = state & unicode_state::KIND_MASK;
     ensure!(
         matches!(kind, 1 | 2 | 4),
         "str at {addr:#x} has kind {kind}"

@@ -94,7 +94,7 @@ impl PythonTarget {
             let pointer = self
                 .memory
                 .read_u64(frame.wrapping_add(k.frame_instr as u64))?;
-            let first = code.wrapping_add(k.code_instructions as u64);
+            let first = self.bytecode_start(frame, code, k)?;
             // 3.11's `prev_instr` starts one code unit before the first instruction: index 0.
             let units = pointer.saturating_sub(first) / 2;
             u32::try_from(units).unwrap_or(u32::MAX)
@@ -107,6 +107,32 @@ impl PythonTarget {
                 code::identity_bits(&self.memory, k, word)
             });
         Ok(Some(PythonFrame::pack(code, instruction, identity, entry)))
+    }
+
+    /// Where the bytecode the frame at `frame` runs starts: its code object's
+    /// `co_code_adaptive`, or in free-threaded 3.14+ the thread-local copy its `tlbc_index`
+    /// names (`co_tlbc->entries[tlbc_index]`), as the kernel reads it (0 where that read
+    /// fails).
+    fn bytecode_start(&self, frame: u64, code: u64, k: &PythonProcess) -> Result<u64> {
+        let index = if k.frame_tlbc_index != 0 {
+            self.memory
+                .read_i32(frame.wrapping_add(k.frame_tlbc_index as u64))?
+        } else {
+            0
+        };
+        if index <= 0 {
+            return Ok(code.wrapping_add(k.code_instructions as u64));
+        }
+        let entry = self
+            .memory
+            .read_u64(code.wrapping_add(k.code_tlbc as u64))
+            .ok()
+            .filter(|&array| array != 0)
+            .and_then(|array| {
+                let at = array.wrapping_add(8).wrapping_add(index as u64 * 8);
+                self.memory.read_u64(at).ok()
+            });
+        Ok(entry.unwrap_or(0))
     }
 
     /// Python's `threading` names of the threads `threads` lists (host tid, thread state),

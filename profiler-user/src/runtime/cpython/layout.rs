@@ -65,6 +65,14 @@ pub struct Layout {
     pub line_format: LineTableFormat,
     /// Where the main interpreter's GIL is.
     pub gil: GilLayout,
+    /// A free-threaded (no-GIL, `--disable-gil`) build: its objects have the longer header
+    /// (`ob_tid`, the local and shared reference counts: `ob_type` at 24, not 8), and there
+    /// is no GIL to hold.
+    pub free_threaded: bool,
+    /// Where the `kind` bits start in `PyASCIIObject.state` (see [`unicode_state`]): 2 after
+    /// the `interned:2` bit field, 8 in free-threaded 3.14+, whose `interned` is a whole
+    /// byte (read atomically).
+    pub unicode_kind_shift: u32,
 }
 
 /// Where the main interpreter's GIL (`struct _gil_runtime_state`) is, and its `locked` (a C
@@ -87,19 +95,25 @@ pub enum GilLayout {
         /// Offset of `last_holder` in the GIL's struct.
         last_holder: u32,
     },
+    /// A free-threaded build: no GIL (said so, never guessed at).
+    FreeThreaded,
 }
 
-/// Bits of `PyASCIIObject.state` (the same in 3.10-3.13): `interned:2, kind:3, compact:1,
-/// ascii:1, ...`, allocated from bit 0 on x86-64.
+/// Bits of `PyASCIIObject.state`: `interned:2, kind:3, compact:1, ascii:1, ...`, allocated
+/// from bit 0 on x86-64 (3.10 on); free-threaded 3.14+ make `interned` an `unsigned char`,
+/// and the bit fields follow it from bit 8 ([`Layout::unicode_kind_shift`]).
 pub mod unicode_state {
-    /// Shift of the `kind` field (1, 2 or 4 bytes per character).
+    /// Shift of the `kind` field (1, 2 or 4 bytes per character) after `interned:2`.
     pub const KIND_SHIFT: u32 = 2;
+    /// Shift of the `kind` field after free-threaded 3.14+'s `unsigned char interned`.
+    pub const FREE_THREADED_KIND_SHIFT: u32 = 8;
     /// Mask of the `kind` field after shifting.
     pub const KIND_MASK: u32 = 0b111;
-    /// The `compact` bit: the characters follow the object header.
-    pub const COMPACT: u32 = 1 << 5;
-    /// The `ascii` bit: the characters are ASCII, right after a `PyASCIIObject`.
-    pub const ASCII: u32 = 1 << 6;
+    /// The `compact` bit, relative to the `kind` field: the characters follow the header.
+    pub const COMPACT: u32 = 1 << 3;
+    /// The `ascii` bit, relative to the `kind` field: the characters are ASCII, right after
+    /// a `PyASCIIObject`.
+    pub const ASCII: u32 = 1 << 4;
 }
 
 /// `offsetof(PyObject, ob_type)` and `offsetof(PyTypeObject, tp_name)` in every GIL build.
@@ -142,7 +156,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 // co_name's hash (see `PythonProcess::code_identity_deref`).
                 code_identity: 112,
                 code_identity_deref: STR_HASH,
-                reserved: 0,
+                frame_tlbc_index: 0,
+                code_tlbc: 0,
+                free_threaded: 0,
             },
             runtime_interpreters_head: 32,
             interp_next: 0,
@@ -168,6 +184,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 locked: 368,
                 last_holder: 360,
             },
+            free_threaded: false,
+            unicode_kind_shift: unicode_state::KIND_SHIFT,
         }),
         11 => Some(Layout {
             kernel: PythonProcess {
@@ -187,7 +205,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 // co_name's hash (see `PythonProcess::code_identity_deref`).
                 code_identity: 120,
                 code_identity_deref: STR_HASH,
-                reserved: 0,
+                frame_tlbc_index: 0,
+                code_tlbc: 0,
+                free_threaded: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -213,6 +233,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 locked: 376,
                 last_holder: 368,
             },
+            free_threaded: false,
+            unicode_kind_shift: unicode_state::KIND_SHIFT,
         }),
         12 => Some(Layout {
             kernel: PythonProcess {
@@ -234,7 +256,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 // old name's address (code made again from one template).
                 code_identity: 88,
                 code_identity_deref: 0,
-                reserved: 0,
+                frame_tlbc_index: 0,
+                code_tlbc: 0,
+                free_threaded: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -262,6 +286,8 @@ pub fn table(minor: u8) -> Option<Layout> {
                 locked: 16,
                 last_holder: 8,
             },
+            free_threaded: false,
+            unicode_kind_shift: unicode_state::KIND_SHIFT,
         }),
         _ => None,
     }
@@ -272,103 +298,175 @@ pub fn table(minor: u8) -> Option<Layout> {
 pub const DEBUG_OFFSETS_SIZE: usize = 1024;
 /// The first 8 bytes of `_Py_DebugOffsets`.
 pub const DEBUG_OFFSETS_COOKIE: &[u8; 8] = b"xdebugpy";
-/// The CPython versions whose `_Py_DebugOffsets` bpfprof knows the fields of.
+/// The CPython versions whose `_Py_DebugOffsets` bpfprof knows the shape of; a later version
+/// whose struct has one of their shapes, and passes every check, is walked with it.
 pub const DEBUG_OFFSETS_VERSIONS: &[u8] = &[13, 14, 15];
 
-/// Where, in one version's `_Py_DebugOffsets` (all `u64`s), the fields bpfprof uses are, each
-/// with the position of the size of the struct it is an offset into: that struct's
-/// `sizeof`, which each section of `_Py_DebugOffsets` states first. The struct gains fields
-/// and sections from version to version (3.14 added `threads_main`, `stackpointer`,
-/// `tlbc_index`, `co_tlbc` and sections; 3.15 added thread fields and a section after the
-/// type object's), so positions are per version; the values themselves are the target's.
+/// The shape of one version's `_Py_DebugOffsets` (all `u64`s after the cookie, version and
+/// `free_threaded` words): how many fields each of its sections has, from `runtime_state` to
+/// `unicode_object` (the last bpfprof reads), each section's first field the `sizeof` of the
+/// struct its other fields are offsets into; and where in their sections the fields that
+/// moved between versions are. From `Include/internal/pycore_debug_offsets.h` of each
+/// release, checked against Debian's and pyenv's interpreters and the 3.13t built here. The
+/// struct is the same in GIL and free-threaded builds: `Py_GIL_DISABLED` changes only the
+/// values (3.14's `tlbc_index` and `co_tlbc` are 0 in a GIL build).
 #[derive(Clone, Copy, Debug)]
-struct DebugPositions {
-    runtime: (usize, usize),
-    interp_next: (usize, usize),
-    interp_threads_head: (usize, usize),
-    interp_ceval_gil: (usize, usize),
-    interp_gil_state: (usize, usize),
-    interp_gil_locked: (usize, usize),
-    interp_gil_holder: (usize, usize),
-    tstate_next: (usize, usize),
-    tstate_current_frame: (usize, usize),
-    tstate_thread_id: (usize, usize),
-    tstate_native_thread_id: (usize, usize),
-    frame_previous: (usize, usize),
-    frame_executable: (usize, usize),
-    frame_instr_ptr: (usize, usize),
-    frame_owner: (usize, usize),
-    code_filename: (usize, usize),
-    code_name: (usize, usize),
-    code_qualname: (usize, usize),
-    code_linetable: (usize, usize),
-    code_firstlineno: (usize, usize),
-    code_localsplusnames: (usize, usize),
-    code_adaptive: (usize, usize),
-    object_type: (usize, usize),
-    type_name: (usize, usize),
-    bytes_size: (usize, usize),
-    bytes_data: (usize, usize),
-    unicode_state: (usize, usize),
-    unicode_length: (usize, usize),
-    unicode_ascii_size: (usize, usize),
+struct Shape {
+    /// The version it is 3.`minor`'s shape of.
+    minor: u8,
+    /// Fields per section: runtime, interpreter, thread, frame, code, object, type, then
+    /// sections bpfprof does not read, then bytes and unicode (the last two).
+    sections: &'static [usize],
+    /// Index of `ceval_gil` in the interpreter's section (3.14 put `threads_main` before it).
+    gil: usize,
+    /// Index of `thread_id` in the thread's section (3.15 put three pointers before it).
+    thread_id: usize,
+    /// Whether the frame's section has `tlbc_index` (its field 7) and the code's `co_tlbc`
+    /// (its field 10): 3.14 on.
+    tlbc: bool,
 }
 
+/// The shapes bpfprof knows, oldest first.
+const SHAPES: [Shape; 3] = [
+    Shape {
+        minor: 13,
+        sections: &[3, 13, 9, 6, 10, 2, 4, 3, 3, 3, 2, 3, 3, 4],
+        gil: 8,
+        thread_id: 5,
+        tlbc: false,
+    },
+    // 3.14 added `threads_main`, `code_object_generation` and `tlbc_generation` to the
+    // interpreter's section, `stackpointer` and `tlbc_index` to the frame's, `co_tlbc` to
+    // the code's, and a set section before the dict's.
+    Shape {
+        minor: 14,
+        sections: &[3, 16, 9, 8, 11, 2, 4, 3, 3, 4, 3, 2, 3, 3, 4],
+        gil: 9,
+        thread_id: 5,
+        tlbc: true,
+    },
+    // 3.15 added 8 thread fields, `tp_basicsize` and `tp_dictoffset` to the type's section
+    // and a heap type section after it.
+    Shape {
+        minor: 15,
+        sections: &[3, 16, 17, 8, 11, 2, 6, 2, 3, 3, 4, 3, 2, 3, 3, 4],
+        gil: 9,
+        thread_id: 8,
+        tlbc: true,
+    },
+];
+
 /// Byte positions in `_Py_DebugOffsets` of its version and free-threading fields (all
-/// versions).
+/// versions), and of its first section.
 const DEBUG_VERSION: usize = 8;
 const DEBUG_FREE_THREADED: usize = 16;
+const DEBUG_SECTIONS: usize = 24;
 
-/// The positions of 3.`minor`'s `_Py_DebugOffsets` fields: from `pycore_debug_offsets.h` of
-/// each release, checked against Debian's and pyenv's interpreters (the values each holds are
-/// what `python_layout` compares with the interpreter's own report).
-fn debug_positions(minor: u8) -> Option<DebugPositions> {
-    // Each section's first field is the size of its struct: (section start + 8 * index,
-    // section start).
-    let f = |section: usize, index: usize| (section + 8 * index, section);
-    // Sections common to the versions that differ only in their starts.
-    let (runtime, interp, tstate, frame, code, object, type_, bytes, unicode) = match minor {
-        13 => (24, 48, 152, 224, 272, 352, 368, 512, 536),
-        14 => (24, 48, 176, 248, 312, 400, 416, 592, 616),
-        15 => (24, 48, 176, 312, 376, 464, 480, 688, 712),
-        _ => return None,
+/// Sections of every [`Shape`] by their index.
+const RUNTIME: usize = 0;
+const INTERP: usize = 1;
+const TSTATE: usize = 2;
+const FRAME: usize = 3;
+const CODE: usize = 4;
+const OBJECT: usize = 5;
+const TYPE: usize = 6;
+
+impl Shape {
+    /// Where section `index` starts (negative: from the end, -1 the unicode section).
+    fn section(&self, index: isize) -> usize {
+        let index = if index < 0 {
+            (self.sections.len() as isize + index) as usize
+        } else {
+            index as usize
+        };
+        DEBUG_SECTIONS + 8 * self.sections[..index].iter().sum::<usize>()
+    }
+
+    /// Field `field` of section `index`, with the position of its section's size.
+    fn field(&self, index: isize, field: usize) -> (usize, usize) {
+        let start = self.section(index);
+        (start + 8 * field, start)
+    }
+
+    /// Bytes of `_Py_DebugOffsets` up to the end of its unicode section.
+    fn span(&self) -> usize {
+        DEBUG_SECTIONS + 8 * self.sections.iter().sum::<usize>()
+    }
+}
+
+/// `sizeof(PyObject)` of a GIL build and of a free-threaded one (`ob_tid`, `ob_flags`,
+/// `ob_mutex`, `ob_gc_bits`, `ob_ref_local`, `ob_ref_shared` before `ob_type`).
+const OBJECT_SIZE: u64 = 16;
+const FREE_THREADED_OBJECT_SIZE: u64 = 32;
+
+/// Whether `raw` has `shape`'s shape: each section starts with a plausible struct size (not
+/// 0, 8-aligned, below [`MAX_STATED_SIZE`]) that each of its other fields lies below, and the
+/// sections every version has keep their anchors: `sizeof(PyObject)` is 16 (32 in a
+/// free-threaded build) with `ob_type` last, and `tp_name`, `PyBytesObject.ob_size` and
+/// `PyASCIIObject.length` follow the object header as they always have. A struct that gained
+/// or lost a field before these sections moves them, and fails here.
+fn check_shape(raw: &[u8], shape: &Shape, free_threaded: bool) -> Result<()> {
+    let field = |at: usize| u64::from_ne_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
+    ensure!(
+        shape.span() <= raw.len(),
+        "_Py_DebugOffsets: 3.{}'s shape spans {} bytes",
+        shape.minor,
+        shape.span()
+    );
+    for (index, &fields) in shape.sections.iter().enumerate() {
+        let start = shape.section(index as isize);
+        let size = field(start);
+        ensure!(
+            size > 0 && size <= MAX_STATED_SIZE && size.is_multiple_of(8),
+            "_Py_DebugOffsets: implausible struct size {size:#x} at byte {start}, where \
+             3.{}'s section {index} starts",
+            shape.minor
+        );
+        for at in (1..fields).map(|f| start + 8 * f) {
+            ensure!(
+                field(at) < size,
+                "_Py_DebugOffsets: offset {:#x} at byte {at} is past its struct's {size} \
+                 bytes (3.{}'s section {index})",
+                field(at),
+                shape.minor
+            );
+        }
+    }
+    let header = if free_threaded {
+        FREE_THREADED_OBJECT_SIZE
+    } else {
+        OBJECT_SIZE
     };
-    // 3.14 put `threads_main` after `threads_head`: the GIL fields moved one down.
-    let gil = if minor == 13 { 8 } else { 9 };
-    // 3.15 put `base_frame`, `last_profiled_frame` and another pointer between
-    // `current_frame` and `thread_id`.
-    let thread_id = if minor == 15 { 8 } else { 5 };
-    Some(DebugPositions {
-        runtime: f(runtime, 2),
-        interp_next: f(interp, 2),
-        interp_threads_head: f(interp, 3),
-        interp_ceval_gil: f(interp, gil),
-        interp_gil_state: f(interp, gil + 1),
-        interp_gil_locked: f(interp, gil + 3),
-        interp_gil_holder: f(interp, gil + 4),
-        tstate_next: f(tstate, 2),
-        tstate_current_frame: f(tstate, 4),
-        tstate_thread_id: f(tstate, thread_id),
-        tstate_native_thread_id: f(tstate, thread_id + 1),
-        frame_previous: f(frame, 1),
-        frame_executable: f(frame, 2),
-        frame_instr_ptr: f(frame, 3),
-        frame_owner: f(frame, 5),
-        code_filename: f(code, 1),
-        code_name: f(code, 2),
-        code_qualname: f(code, 3),
-        code_linetable: f(code, 4),
-        code_firstlineno: f(code, 5),
-        code_localsplusnames: f(code, 7),
-        code_adaptive: f(code, 9),
-        object_type: f(object, 1),
-        type_name: f(type_, 1),
-        bytes_size: f(bytes, 1),
-        bytes_data: f(bytes, 2),
-        unicode_state: f(unicode, 1),
-        unicode_length: f(unicode, 2),
-        unicode_ascii_size: f(unicode, 3),
-    })
+    let anchors = [
+        ("sizeof(PyObject)", shape.field(OBJECT as isize, 0), header),
+        (
+            "PyObject.ob_type",
+            shape.field(OBJECT as isize, 1),
+            header - 8,
+        ),
+        (
+            "PyTypeObject.tp_name",
+            shape.field(TYPE as isize, 1),
+            header + 8,
+        ),
+        ("PyBytesObject.ob_size", shape.field(-2, 1), header),
+        ("PyASCIIObject.length", shape.field(-1, 2), header),
+    ];
+    for (what, (at, _), expected) in anchors {
+        ensure!(
+            field(at) == expected,
+            "_Py_DebugOffsets: {what} at byte {at} is {}, not {expected} as in every {} build \
+             (3.{}'s shape)",
+            field(at),
+            if free_threaded {
+                "free-threaded"
+            } else {
+                "GIL"
+            },
+            shape.minor
+        );
+    }
+    Ok(())
 }
 
 /// Bytes a `PyCompactUnicodeObject` adds to a `PyASCIIObject` in 3.12 and later: `utf8_length`
@@ -390,8 +488,10 @@ impl Layout {
     /// The layout of CPython 3.13 and later from its `_Py_DebugOffsets` (`raw`: the first
     /// [`DEBUG_OFFSETS_SIZE`] bytes of `_PyRuntime`), whose interpreter says it is version
     /// `expected` (`Py_Version` or its name). Checked: the cookie, the version (the
-    /// interpreter's, and one whose positions are known), a GIL build, and each offset within
+    /// interpreter's), the struct's shape (3.13 to 3.15's for those versions; for a later
+    /// one, the newest known shape its struct has, [`check_shape`]) and each offset within
     /// the size its struct has by the same `_Py_DebugOffsets`, aligned to its field's size.
+    /// Free-threaded builds (3.13t, 3.14t, 3.15t) are read through the same offsets.
     pub fn from_debug_offsets(raw: &[u8], expected: (u8, u8)) -> Result<Layout> {
         ensure!(
             raw.len() >= DEBUG_OFFSETS_SIZE,
@@ -412,19 +512,48 @@ impl Layout {
             expected.0,
             expected.1
         );
-        let positions = debug_positions(minor)
-            .filter(|_| major == 3)
-            .ok_or_else(|| {
-                anyhow!(
-                    "its _Py_DebugOffsets (version {hex:#x}) is laid out as no version bpfprof \
-                 knows (3.13 to 3.15)"
-                )
-            })?;
+        let free_threaded = match field(DEBUG_FREE_THREADED) {
+            0 => false,
+            1 => true,
+            other => anyhow::bail!("_Py_DebugOffsets: free_threaded is {other}, not 0 or 1"),
+        };
+        if let Some(shape) = SHAPES.iter().find(|s| s.minor == minor && major == 3) {
+            check_shape(raw, shape, free_threaded)?;
+            return Self::with_shape(raw, shape, minor, free_threaded);
+        }
         ensure!(
-            field(DEBUG_FREE_THREADED) == 0,
-            "a free-threaded (no-GIL) build: its object headers and per-thread bytecode are \
-             not supported"
+            major == 3 && minor > 15,
+            "its _Py_DebugOffsets (version {hex:#x}) is laid out as no version bpfprof knows \
+             (3.13 to 3.15)"
         );
+        // A later version: walked with the newest shape its struct has, if one passes every
+        // check (a release that only appends sections, or changes values, keeps its shape).
+        let mut refusals = Vec::new();
+        for shape in SHAPES.iter().rev() {
+            match check_shape(raw, shape, free_threaded)
+                .and_then(|()| Self::with_shape(raw, shape, minor, free_threaded))
+            {
+                Ok(layout) => {
+                    log::info!(
+                        "CPython 3.{minor}'s _Py_DebugOffsets has 3.{}'s shape and passes every \
+                         check: its frames are walked with its own offsets",
+                        shape.minor
+                    );
+                    return Ok(layout);
+                }
+                Err(e) => refusals.push(format!("as 3.{}'s: {e:#}", shape.minor)),
+            }
+        }
+        anyhow::bail!(
+            "its _Py_DebugOffsets (version {hex:#x}) is laid out as no version bpfprof knows \
+             (3.13 to 3.15): {}",
+            refusals.join("; ")
+        )
+    }
+
+    /// The layout from `raw` read as `shape`, for an interpreter of version 3.`minor`.
+    fn with_shape(raw: &[u8], shape: &Shape, minor: u8, free_threaded: bool) -> Result<Layout> {
+        let field = |at: usize| u64::from_ne_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
         // The offset at `at`, of a field `width` bytes wide, checked against its struct's
         // stated size.
         let offset = |(at, size_at): (usize, usize), width: u64| -> Result<u32> {
@@ -441,35 +570,61 @@ impl Layout {
             );
             Ok(value as u32)
         };
-        let p = positions;
-        let firstlineno = offset(p.code_firstlineno, 4)?;
+        let f = |section: usize, index: usize| shape.field(section as isize, index);
+        let firstlineno = offset(f(CODE, 5), 4)?;
         ensure!(
-            offset(p.code_localsplusnames, 8)? == firstlineno + FIRSTLINENO_TO_LOCALSPLUSNAMES,
+            offset(f(CODE, 7), 8)? == firstlineno + FIRSTLINENO_TO_LOCALSPLUSNAMES,
             "_Py_DebugOffsets: co_localsplusnames is not 7 ints past co_firstlineno: \
              co_version is not where bpfprof reads it"
         );
-        let gil_state = offset(p.interp_gil_state, 8)?;
-        let in_gil = |at, what| -> Result<u32> {
-            offset(at, 8)?
-                .checked_sub(gil_state)
-                .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's {what} before the GIL"))
+        let gil = if free_threaded {
+            GilLayout::FreeThreaded
+        } else {
+            let gil_state = offset(f(INTERP, shape.gil + 1), 8)?;
+            let in_gil = |at, what| -> Result<u32> {
+                offset(at, 8)?
+                    .checked_sub(gil_state)
+                    .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's {what} before the GIL"))
+            };
+            // The offsets of the fields of the interpreter's own `_gil` in
+            // `PyInterpreterState`; `ceval.gil` points to that struct (to the main
+            // interpreter's for interpreters that share its GIL).
+            GilLayout::PerInterpreter {
+                interp_gil: offset(f(INTERP, shape.gil), 8)?,
+                locked: in_gil(f(INTERP, shape.gil + 3), "locked")?,
+                last_holder: in_gil(f(INTERP, shape.gil + 4), "holder")?,
+            }
         };
+        // Free-threaded 3.14+: where a frame says which thread-local copy of its code's
+        // bytecode it runs, and where the code object keeps the copies.
+        let (frame_tlbc_index, code_tlbc) = if free_threaded && shape.tlbc {
+            let index = offset(f(FRAME, 7), 4)?;
+            let copies = offset(f(CODE, 10), 8)?;
+            ensure!(
+                index != 0 && copies != 0,
+                "_Py_DebugOffsets: a free-threaded build without tlbc_index or co_tlbc"
+            );
+            (index, copies)
+        } else {
+            (0, 0)
+        };
+        let unicode_ascii_size = offset(shape.field(-1, 3), 8)?;
         // 3.14 made `f_executable` a `_PyStackRef` (a tagged pointer): the kernel and
         // userspace clear `PYTHON_STACKREF_TAG_BITS` before following it, as for any version.
         Ok(Layout {
             kernel: PythonProcess {
-                tstate_frame: offset(p.tstate_current_frame, 8)?,
+                tstate_frame: offset(f(TSTATE, 4), 8)?,
                 cframe_current_frame: NO_CFRAME,
-                frame_previous: offset(p.frame_previous, 8)?,
-                frame_code: offset(p.frame_executable, 8)?,
-                frame_instr: offset(p.frame_instr_ptr, 8)?,
+                frame_previous: offset(f(FRAME, 1), 8)?,
+                frame_code: offset(f(FRAME, 2), 8)?,
+                frame_instr: offset(f(FRAME, 3), 8)?,
                 instr_rule: PythonInstrRule::Pointer as u32,
-                frame_entry: offset(p.frame_owner, 1)?,
+                frame_entry: offset(f(FRAME, 5), 1)?,
                 // The eval loop's entry frame: owner 3 in 3.12 and 3.13
                 // (`FRAME_OWNED_BY_CSTACK`) and in 3.14 and 3.15 (renamed
                 // `FRAME_OWNED_BY_INTERPRETER`; 3.15's thread's base frame has it too).
                 entry_rule: PythonEntryRule::ShimFrame as u32,
-                code_instructions: offset(p.code_adaptive, 2)?,
+                code_instructions: offset(f(CODE, 9), 2)?,
                 version: 0x0300 | minor as u32,
                 gil_holder: 0,
                 gil_locked: 0,
@@ -477,37 +632,38 @@ impl Layout {
                 // co_nfreevars and co_version, as for 3.12.
                 code_identity: firstlineno + FIRSTLINENO_TO_IDENTITY,
                 code_identity_deref: 0,
-                reserved: 0,
+                frame_tlbc_index,
+                code_tlbc,
+                free_threaded: free_threaded as u32,
             },
-            runtime_interpreters_head: offset(p.runtime, 8)?,
-            interp_next: offset(p.interp_next, 8)?,
-            interp_threads_head: offset(p.interp_threads_head, 8)?,
-            tstate_next: offset(p.tstate_next, 8)?,
-            tstate_thread_id: offset(p.tstate_thread_id, 8)?,
-            tstate_native_thread_id: Some(offset(p.tstate_native_thread_id, 8)?),
-            code_filename: offset(p.code_filename, 8)?,
-            code_name: offset(p.code_name, 8)?,
-            code_qualname: Some(offset(p.code_qualname, 8)?),
+            runtime_interpreters_head: offset(f(RUNTIME, 2), 8)?,
+            interp_next: offset(f(INTERP, 2), 8)?,
+            interp_threads_head: offset(f(INTERP, 3), 8)?,
+            tstate_next: offset(f(TSTATE, 2), 8)?,
+            tstate_thread_id: offset(f(TSTATE, shape.thread_id), 8)?,
+            tstate_native_thread_id: Some(offset(f(TSTATE, shape.thread_id + 1), 8)?),
+            code_filename: offset(f(CODE, 1), 8)?,
+            code_name: offset(f(CODE, 2), 8)?,
+            code_qualname: Some(offset(f(CODE, 3), 8)?),
             code_firstlineno: firstlineno,
-            code_linetable: offset(p.code_linetable, 8)?,
-            object_type: offset(p.object_type, 8)?,
-            type_name: offset(p.type_name, 8)?,
-            unicode_length: offset(p.unicode_length, 8)?,
-            unicode_state: offset(p.unicode_state, 4)?,
+            code_linetable: offset(f(CODE, 4), 8)?,
+            object_type: offset(f(OBJECT, 1), 8)?,
+            type_name: offset(f(TYPE, 1), 8)?,
+            unicode_length: offset(shape.field(-1, 2), 8)?,
+            unicode_state: offset(shape.field(-1, 1), 4)?,
             // A size, not an offset: `PyUnicodeObject` (whose size its section states) is a
             // `PyCompactUnicodeObject` and a data pointer, so 8 bytes at least follow it.
-            unicode_ascii_size: offset(p.unicode_ascii_size, 8)?,
-            unicode_compact_size: offset(p.unicode_ascii_size, 8)? + COMPACT_EXTRA,
-            bytes_size: offset(p.bytes_size, 8)?,
-            bytes_data: offset(p.bytes_data, 1)?,
+            unicode_ascii_size,
+            unicode_compact_size: unicode_ascii_size + COMPACT_EXTRA,
+            bytes_size: offset(shape.field(-2, 1), 8)?,
+            bytes_data: offset(shape.field(-2, 2), 1)?,
             line_format: LineTableFormat::Locations,
-            // The offsets of the fields of the interpreter's own `_gil` in
-            // `PyInterpreterState`; `ceval.gil` points to that struct (to the main
-            // interpreter's for interpreters that share its GIL).
-            gil: GilLayout::PerInterpreter {
-                interp_gil: offset(p.interp_ceval_gil, 8)?,
-                locked: in_gil(p.interp_gil_locked, "locked")?,
-                last_holder: in_gil(p.interp_gil_holder, "holder")?,
+            gil,
+            free_threaded,
+            unicode_kind_shift: if free_threaded && minor >= 14 {
+                unicode_state::FREE_THREADED_KIND_SHIFT
+            } else {
+                unicode_state::KIND_SHIFT
             },
         })
     }
@@ -526,6 +682,8 @@ mod tests {
     /// 3.14.10 and `python3.15` 3.15.2, read from running processes' memory.
     const SID_314: &[u8] = include_bytes!("testdata/debug_offsets_3.14.bin");
     const SID_315: &[u8] = include_bytes!("testdata/debug_offsets_3.15.bin");
+    /// The same of the free-threaded 3.13.5 `cargo xtask setup` builds (`/opt/py313t`).
+    const FT_313: &[u8] = include_bytes!("testdata/debug_offsets_3.13t.bin");
 
     fn put(blob: &mut [u8], at: usize, value: u64) {
         blob[at..at + 8].copy_from_slice(&value.to_ne_bytes());
@@ -600,23 +758,200 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_or_mismatched_version_is_refused_with_the_reason() {
-        // 3.16.0 final, in an interpreter that says it is 3.16: no known layout.
-        let mut blob = SID_315.to_vec();
-        put(&mut blob, DEBUG_VERSION, 0x031000f0);
-        let e = Layout::from_debug_offsets(&blob, (3, 16)).unwrap_err();
+    fn a_mismatched_version_is_refused_with_the_reason() {
+        // 3.14's offsets in an interpreter that says it is 3.15.
+        let e = Layout::from_debug_offsets(SID_314, (3, 15)).unwrap_err();
+        assert!(e.to_string().contains("says version 3.14"), "{e}");
+        // A GIL build's offsets (16-byte object header) under a free-threaded flag.
+        let mut blob = SID_314.to_vec();
+        put(&mut blob, DEBUG_FREE_THREADED, 1);
+        let e = Layout::from_debug_offsets(&blob, (3, 14)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sizeof(PyObject) at byte 400 is 16, not 32"),
+            "{e}"
+        );
+        // A version before 3.13 never has debug offsets.
+        let mut blob = SID_314.to_vec();
+        put(&mut blob, DEBUG_VERSION, 0x030c00f0);
+        let e = Layout::from_debug_offsets(&blob, (3, 12)).unwrap_err();
         assert!(
             e.to_string()
                 .contains("laid out as no version bpfprof knows"),
             "{e}"
         );
-        // 3.14's offsets in an interpreter that says it is 3.15.
-        let e = Layout::from_debug_offsets(SID_314, (3, 15)).unwrap_err();
-        assert!(e.to_string().contains("says version 3.14"), "{e}");
-        // A free-threaded build.
+    }
+
+    /// `blob` made to say it is 3.16.0 (final).
+    fn as_316(blob: &[u8]) -> Vec<u8> {
+        let mut blob = blob.to_vec();
+        put(&mut blob, DEBUG_VERSION, 0x031000f0);
+        blob
+    }
+
+    #[test]
+    fn a_later_version_with_a_known_shape_is_walked_with_its_own_offsets() {
+        // sid's 3.15 and 3.14 saying they are 3.16: each struct has its own version's shape
+        // and passes every check, so the offsets are its own (the newest shape that fits).
+        for (blob, minor) in [(SID_315, 15), (SID_314, 14)] {
+            let known = Layout::from_debug_offsets(blob, (3, minor)).unwrap();
+            let later = Layout::from_debug_offsets(&as_316(blob), (3, 16))
+                .unwrap_or_else(|e| panic!("3.{minor}'s shape as 3.16: {e:#}"));
+            assert_eq!(later.kernel.version, 0x0310);
+            let mut expected = known.clone();
+            expected.kernel.version = 0x0310;
+            assert_eq!(later, expected, "3.{minor}'s shape");
+        }
+    }
+
+    #[test]
+    fn a_later_version_of_a_changed_shape_is_refused_with_the_reason() {
+        // 3.15's struct with a field added to the thread's section (as 3.15 added some):
+        // every section after it moves by 8 bytes, which no known shape describes.
+        let mut blob = as_316(SID_315);
+        let frame = 312;
+        blob.copy_within(frame..DEBUG_OFFSETS_SIZE - 8, frame + 8);
+        put(&mut blob, frame, 400);
+        let e = Layout::from_debug_offsets(&blob, (3, 16)).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("laid out as no version bpfprof knows"), "{e}");
+        // Each known shape was tried, newest first, and each refusal says why.
+        let (at15, at14, at13) = (
+            e.find("as 3.15's: ").expect(&e),
+            e.find("as 3.14's: ").expect(&e),
+            e.find("as 3.13's: ").expect(&e),
+        );
+        assert!(at15 < at14 && at14 < at13, "{e}");
+        // A section bpfprof does not read (3.15's heap type section) two fields longer:
+        // the bytes and unicode sections move, and the anchors catch it.
+        let mut blob = as_316(SID_315);
+        blob.copy_within(544..DEBUG_OFFSETS_SIZE - 16, 560);
+        put(&mut blob, 544, 0);
+        put(&mut blob, 552, 0);
+        let e = Layout::from_debug_offsets(&blob, (3, 16)).unwrap_err();
+        assert!(e.to_string().contains("as 3.15's: "), "{e}");
+        // A known version whose struct lost its shape is refused as such, not read wrongly.
+        let mut blob = SID_315.to_vec();
+        blob.copy_within(frame..DEBUG_OFFSETS_SIZE - 8, frame + 8);
+        let e = Layout::from_debug_offsets(&blob, (3, 15)).unwrap_err();
+        assert!(e.to_string().contains("_Py_DebugOffsets: "), "{e}");
+    }
+
+    /// 3.14's struct as a free-threaded 3.14t build fills it: the struct is the same (only
+    /// values change under `Py_GIL_DISABLED`, `pycore_debug_offsets.h`); the values that
+    /// differ are those of the longer object header (`PyObject` 32 bytes, `ob_type` at 24,
+    /// every object's fields 16 bytes later), `tlbc_index` (frame field 7) and `co_tlbc` (code
+    /// field 10), 0 in a GIL build. The exact offsets of 3.14t's frame and code fields are
+    /// illustrative (no 3.14t can be installed here); what is checked is where they are read
+    /// from and what follows from them.
+    fn as_314t() -> Vec<u8> {
         let mut blob = SID_314.to_vec();
         put(&mut blob, DEBUG_FREE_THREADED, 1);
+        // interpreter: the GIL fields hold what a free-threaded build's `_gil` has, unused.
+        // frame (248): size, previous, executable, instr_ptr, localsplus, owner,
+        // stackpointer, tlbc_index (an int32 after `stackpointer`).
+        for (i, v) in [88, 8, 0, 56, 80, 78, 64, 72].into_iter().enumerate() {
+            put(&mut blob, 248 + 8 * i, v);
+        }
+        // code (312): every field 16 bytes later; `co_tlbc` a pointer inside the object.
+        for (i, v) in [240, 128, 136, 144, 152, 84, 68, 112, 120, 232, 224]
+            .into_iter()
+            .enumerate()
+        {
+            put(&mut blob, 312 + 8 * i, v);
+        }
+        // object (400), type (416): the header and what follows it.
+        put(&mut blob, 400, 32);
+        put(&mut blob, 408, 24);
+        put(&mut blob, 416, 432);
+        put(&mut blob, 424, 40);
+        // bytes (592): ob_size after the header, ob_sval after ob_shash.
+        for (i, v) in [56, 32, 48].into_iter().enumerate() {
+            put(&mut blob, 592 + 8 * i, v);
+        }
+        // unicode (616): size, state, length, sizeof(PyASCIIObject).
+        for (i, v) in [80, 48, 32, 56].into_iter().enumerate() {
+            put(&mut blob, 616 + 8 * i, v);
+        }
+        blob
+    }
+
+    #[test]
+    fn the_layout_of_3_13t_from_its_own_offsets() {
+        let l = Layout::from_debug_offsets(FT_313, (3, 13)).expect("3.13t's offsets pass");
+        assert!(l.free_threaded);
+        assert_eq!(l.gil, GilLayout::FreeThreaded);
+        let k = l.kernel;
+        assert_eq!(
+            (k.free_threaded, k.frame_tlbc_index, k.code_tlbc),
+            (1, 0, 0)
+        );
+        // The longer object header: `ob_type` at 24, and every object's fields 16 bytes later.
+        assert_eq!((l.object_type, l.type_name), (24, 40));
+        assert_eq!(
+            (l.code_filename, l.code_name, l.code_qualname),
+            (128, 136, Some(144))
+        );
+        assert_eq!((l.code_firstlineno, k.code_identity), (84, 104));
+        assert_eq!(k.code_instructions, 216);
+        assert_eq!((l.bytes_size, l.bytes_data), (32, 48));
+        assert_eq!(
+            (l.unicode_length, l.unicode_state, l.unicode_ascii_size),
+            (32, 48, 56)
+        );
+        // 3.13t keeps `interned:2` a bit field: the kind bits where a GIL build has them.
+        assert_eq!(l.unicode_kind_shift, unicode_state::KIND_SHIFT);
+        // The frame is a GIL build's.
+        assert_eq!(
+            (k.frame_code, k.frame_previous, k.frame_instr, k.frame_entry),
+            (0, 8, 56, 70)
+        );
+        // A 3.16t of 3.13t's shape is walked with its offsets too.
+        let l16 = Layout::from_debug_offsets(&as_316(FT_313), (3, 16)).expect("3.13t's shape");
+        assert_eq!(l16.object_type, 24);
+        assert!(l16.free_threaded);
+    }
+
+    #[test]
+    fn free_threaded_offsets_are_read_from_the_same_struct() {
+        let l = Layout::from_debug_offsets(&as_314t(), (3, 14)).expect("3.14t's offsets pass");
+        assert!(l.free_threaded);
+        assert_eq!(l.gil, GilLayout::FreeThreaded);
+        let k = l.kernel;
+        assert_eq!(k.free_threaded, 1);
+        assert_eq!((k.frame_tlbc_index, k.code_tlbc), (72, 224));
+        assert_eq!(
+            (k.frame_instr, k.frame_entry, k.code_instructions),
+            (56, 78, 232)
+        );
+        // co_nfreevars and co_version, 20 bytes past co_firstlineno as in a GIL build.
+        assert_eq!((l.code_firstlineno, k.code_identity), (84, 104));
+        assert_eq!((l.object_type, l.type_name), (24, 40));
+        assert_eq!((l.bytes_size, l.bytes_data), (32, 48));
+        assert_eq!((l.unicode_length, l.unicode_state), (32, 48));
+        assert_eq!((l.unicode_ascii_size, l.unicode_compact_size), (56, 72));
+        // 3.14t's `interned` is a whole byte: the kind bits start at bit 8.
+        assert_eq!(
+            l.unicode_kind_shift,
+            unicode_state::FREE_THREADED_KIND_SHIFT
+        );
+        // The same as 3.15t, and as a 3.16t of 3.14's shape.
+        let mut later = as_314t();
+        put(&mut later, DEBUG_VERSION, 0x031000f0);
+        let l16 = Layout::from_debug_offsets(&later, (3, 16)).expect("3.16t of 3.14t's shape");
+        assert_eq!(
+            (l16.kernel.frame_tlbc_index, l16.kernel.code_tlbc),
+            (72, 224)
+        );
+        // A free-threaded 3.14+ without per-thread bytecode offsets would name wrong lines.
+        let mut blob = as_314t();
+        put(&mut blob, 248 + 8 * 7, 0);
         let e = Layout::from_debug_offsets(&blob, (3, 14)).unwrap_err();
-        assert!(e.to_string().contains("free-threaded"), "{e}");
+        assert!(e.to_string().contains("without tlbc_index"), "{e}");
+        // A GIL build ignores the (zero) per-thread bytecode fields and keeps its GIL.
+        let gil = Layout::from_debug_offsets(SID_314, (3, 14)).unwrap();
+        assert!(!gil.free_threaded);
+        assert_eq!((gil.kernel.frame_tlbc_index, gil.kernel.code_tlbc), (0, 0));
+        assert_eq!(gil.unicode_kind_shift, unicode_state::KIND_SHIFT);
     }
 }

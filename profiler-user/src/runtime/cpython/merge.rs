@@ -36,15 +36,13 @@ pub fn symbol_key(packed: u64) -> u64 {
 
 /// Whether a packed stack entry is the kernel's GIL entry (outermost), not a frame.
 pub(super) fn is_gil_marker(packed: u64) -> bool {
-    packed == PythonFrame::GIL_HELD || packed == PythonFrame::GIL_NOT_HELD
+    PythonFrame::is_gil_entry(packed)
 }
 
 /// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
 /// last, kept), and whether any were cut.
 pub fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
-    let gil = frames
-        .last()
-        .filter(|f| **f == PythonFrame::GIL_HELD || **f == PythonFrame::GIL_NOT_HELD);
+    let gil = frames.last().filter(|f| PythonFrame::is_gil_entry(**f));
     let code = &frames[..frames.len() - usize::from(gil.is_some())];
     if code.len() <= limit {
         return (frames.to_vec(), false);
@@ -89,13 +87,17 @@ pub use crate::runtime::View as PythonView;
 const GIL_HELD_FRAME: &str = "[GIL held]";
 /// The root frame of a sample whose thread did not hold the GIL (`--python-gil`).
 const GIL_NOT_HELD_FRAME: &str = "[GIL not held]";
+/// The root frame of a sample of a free-threaded build (`--python-gil`): there is no GIL,
+/// said rather than guessed.
+pub const NO_GIL_FRAME: &str = "[free-threaded: no GIL]";
 
-/// The root frame that says whether a sample's thread held the GIL.
-fn gil_frame(held: bool) -> Frame {
-    let name = if held {
-        GIL_HELD_FRAME
-    } else {
-        GIL_NOT_HELD_FRAME
+/// The root frame that says whether a sample's thread held the GIL, from the kernel's GIL
+/// entry `marker`.
+fn gil_frame(marker: u64) -> Frame {
+    let name = match marker {
+        PythonFrame::GIL_HELD => GIL_HELD_FRAME,
+        PythonFrame::NO_GIL => NO_GIL_FRAME,
+        _ => GIL_NOT_HELD_FRAME,
     };
     Frame::named(name, None, PYTHON_FRAME)
 }
@@ -140,7 +142,10 @@ fn module_name_starts_with(frame: &Frame, prefixes: &[&str]) -> bool {
 pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     let is_python = |f: &Option<&Frame>| {
         f.is_some_and(|f| {
-            f.kind == PYTHON_FRAME && *f.name != *GIL_HELD_FRAME && *f.name != *GIL_NOT_HELD_FRAME
+            f.kind == PYTHON_FRAME
+                && *f.name != *GIL_HELD_FRAME
+                && *f.name != *GIL_NOT_HELD_FRAME
+                && *f.name != *NO_GIL_FRAME
         })
     };
     let mut keep = vec![true; frames.len()];
@@ -197,6 +202,17 @@ impl crate::runtime::NamedFrames for PythonSymbols {
     }
 }
 
+/// Whether `frame` is one of the eval loop's: [`EVAL_FUNCTION`], or the part of it GCC split
+/// off (`_PyEval_EvalFrameDefault.cold`, as a debug file or bpfprof's naming of a stripped
+/// interpreter calls it: Debian's python3.14 runs most of its eval loop there).
+fn is_eval_frame(frame: &Frame) -> bool {
+    frame.kind == FrameKind::User
+        && frame
+            .name
+            .strip_prefix(EVAL_FUNCTION)
+            .is_some_and(|rest| rest.is_empty() || rest == ".cold")
+}
+
 /// Merges a sample's Python frames (`python`, packed, leaf first) into its native user frames
 /// (`native`, root first, each with what the caller keeps beside it): each
 /// `_PyEval_EvalFrameDefault` frame becomes the Python frames that call ran, matched from the
@@ -213,13 +229,12 @@ pub fn merge<A: Clone>(
 ) -> Vec<(Frame, A)> {
     // The kernel's GIL entry, outermost, is not a frame.
     let (python, gil) = match python.split_last() {
-        Some((&PythonFrame::GIL_HELD, rest)) => (rest, Some(true)),
-        Some((&PythonFrame::GIL_NOT_HELD, rest)) => (rest, Some(false)),
+        Some((&last, rest)) if PythonFrame::is_gil_entry(last) => (rest, Some(last)),
         _ => (python, None),
     };
     let mut out = merge_frames(native, python, symbols, options.keep_glue, &python_address);
-    if let (true, Some(held)) = (options.show_gil, gil) {
-        out.insert(0, (gil_frame(held), python_address));
+    if let (true, Some(marker)) = (options.show_gil, gil) {
+        out.insert(0, (gil_frame(marker), python_address));
     }
     out
 }
@@ -248,10 +263,7 @@ fn merge_frames<A: Clone>(
     if !current.is_empty() {
         groups.push(current);
     }
-    let evals = native
-        .iter()
-        .filter(|(f, _)| f.kind == FrameKind::User && *f.name == *EVAL_FUNCTION)
-        .count();
+    let evals = native.iter().filter(|(f, _)| is_eval_frame(f)).count();
     // The innermost `evals` groups replace the eval frames; the rest go at the root.
     let leftover = groups.len().saturating_sub(evals);
     let mut groups = groups.into_iter();
@@ -263,7 +275,7 @@ fn merge_frames<A: Clone>(
     // stay as they are, at the root side.
     let mut unmatched_evals = evals.saturating_sub(evals.min(groups.len()));
     for (frame, address) in native {
-        if frame.kind == FrameKind::User && *frame.name == *EVAL_FUNCTION {
+        if is_eval_frame(&frame) {
             if unmatched_evals > 0 {
                 unmatched_evals -= 1;
             } else if let Some(group) = groups.next() {
@@ -528,7 +540,7 @@ mod tests {
         let native = [c("start_thread", "/lib/libc.so.6"), c("pymalloc_alloc", PY)];
         assert_eq!(keep(&native), ["start_thread", "pymalloc_alloc"]);
         // The GIL's root frame is no Python function.
-        let gil = [gil_frame(true), c("pymalloc_alloc", PY)];
+        let gil = [gil_frame(PythonFrame::GIL_HELD), c("pymalloc_alloc", PY)];
         assert_eq!(keep(&gil), ["[GIL held]", "pymalloc_alloc"]);
     }
 
@@ -549,5 +561,20 @@ mod tests {
         };
         assert_eq!(names(false), ["[unknown Python code]", "main"]);
         assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
+        // A free-threaded build's entry says so rather than guessing a holder.
+        let python = vec![PythonFrame::pack(0x10, 1, 5, true), PythonFrame::NO_GIL];
+        let options = MergeOptions {
+            keep_glue: false,
+            show_gil: true,
+            view: PythonView::Off,
+        };
+        let named: Vec<_> = merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
+            .into_iter()
+            .map(|(f, _)| f.name.to_string())
+            .collect();
+        assert_eq!(
+            named,
+            ["[free-threaded: no GIL]", "[unknown Python code]", "main"]
+        );
     }
 }

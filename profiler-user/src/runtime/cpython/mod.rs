@@ -31,6 +31,7 @@ pub mod names;
 pub mod stacks;
 mod target;
 mod threads;
+pub mod waits;
 
 use profiler_common::MAX_STACK_DEPTH;
 
@@ -49,6 +50,9 @@ pub use profiler_common::PYTHON_FRAME_OWNED_BY_CSTACK as FRAME_OWNED_BY_CSTACK;
 pub const MAX_PYTHON_DEPTH: usize = MAX_STACK_DEPTH;
 /// Most frames one walk visits, shim frames included, so a cycle cannot loop forever.
 pub const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
+
+/// What bpfprof says of a free-threaded build's GIL (`--python-gil`, `dump`): it has none.
+pub const FREE_THREADED_NO_GIL: &str = "free-threaded: no GIL";
 
 /// CPython as a [`crate::runtime::Runtime`]: recognised by its `_PyRuntime` ([`detect`]),
 /// followed by [`stacks::PythonTracking`], its frames merged at each

@@ -41,7 +41,7 @@ const MAX_QUEUED_FRAMES: usize = 1 << 18;
 /// Whether Python frames are read from CPython processes (`--python`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PythonMode {
-    /// For every CPython 3.10-3.13 process.
+    /// For every CPython process bpfprof can walk (3.10-3.15).
     #[default]
     Auto,
     /// Never: Python processes show the interpreter's C functions only.
@@ -399,6 +399,16 @@ impl PythonTracking {
         &self.symbols
     }
 
+    /// Whether thread `ns_tid` (in the process's pid namespace) was listed with a thread
+    /// state (`Some(true)`), only without one (`Some(false)`), or never (`None`).
+    pub fn listed(&self, ns_tid: u32) -> Option<bool> {
+        if self.kinds.python.contains(&ns_tid) {
+            Some(true)
+        } else {
+            self.kinds.stateless.contains(&ns_tid).then_some(false)
+        }
+    }
+
     /// Whether thread `ns_tid` (in the process's pid namespace) ran no Python during the run:
     /// listed at a refresh without a thread state, and never with one.
     pub fn runs_no_python(&self, ns_tid: u32) -> bool {
@@ -441,6 +451,10 @@ impl crate::runtime::Instance for PythonTracking {
         self.threading_names()
     }
 
+    fn thread_listed(&self, ns_tid: u32) -> Option<bool> {
+        self.listed(ns_tid)
+    }
+
     fn runs_no_runtime_code(&self, ns_tid: u32) -> bool {
         self.runs_no_python(ns_tid)
     }
@@ -455,6 +469,15 @@ impl crate::runtime::Instance for PythonTracking {
 
     fn frames(&self) -> &dyn crate::runtime::NamedFrames {
         &self.symbols
+    }
+
+    fn store_wait_stacks(
+        &mut self,
+        program: &mut KernelProgram,
+        target: &crate::process::target::Target,
+        scanned: &[crate::kernel::ScannedWait],
+    ) {
+        super::waits::store_python_frames(program, target, scanned);
     }
 
     fn stop(&mut self, program: &mut KernelProgram) {
@@ -517,6 +540,8 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
         (k.frame_code, 8),
         (k.frame_instr, instr),
         (k.frame_entry, 1),
+        // 0 where the build has no thread-local bytecode: never read then.
+        (k.frame_tlbc_index, 4),
     ]
     .iter()
     .all(|&(offset, size)| {

@@ -16,7 +16,7 @@ use super::{
     detect, layout,
     layout::Layout,
     memory::ProcessMemory,
-    MAX_INTERPRETERS,
+    FREE_THREADED_NO_GIL, MAX_INTERPRETERS,
 };
 use crate::Result;
 
@@ -218,9 +218,19 @@ impl PythonTarget {
         self.interpreter.version
     }
 
+    /// Whether it is a free-threaded (no-GIL) build.
+    pub fn free_threaded(&self) -> bool {
+        self.layout.free_threaded
+    }
+
     /// The object that defines `_PyRuntime`, as the process sees its path.
     pub fn interpreter_path(&self) -> &PathBuf {
         &self.interpreter.path
+    }
+
+    /// The interpreter found (for `bpfprof doctor --pid`).
+    pub fn interpreter(&self) -> &detect::Interpreter {
+        &self.interpreter
     }
 
     /// Address of `_PyRuntime` in the process.
@@ -290,6 +300,9 @@ impl PythonTarget {
                     );
                 }
                 Ok((gil + locked as u64, gil + last_holder as u64))
+            }
+            layout::GilLayout::FreeThreaded => {
+                Err(anyhow!("pid {}: {FREE_THREADED_NO_GIL}", self.pid).into())
             }
         }
     }

@@ -1,0 +1,41 @@
+//! The Python frames of the waits a target was in when the run took it in
+//! ([`KernelProgram::scan_waits`], which walks their native stacks): read here, as the
+//! `runtime` module is above the kernel one.
+
+use crate::{
+    kernel::{KernelProgram, ScannedWait},
+    process::target::Target,
+    runtime::cpython::{Probe, PythonFrame, PythonTarget},
+};
+
+/// Stores the Python frames of the waits `scanned` of `target`, a CPython the kernel walks.
+pub fn store_python_frames(program: &mut KernelProgram, target: &Target, scanned: &[ScannedWait]) {
+    if scanned.is_empty() {
+        return;
+    }
+    let mut interpreter = match PythonTarget::probe(target.pid) {
+        Ok(Probe::Walkable(p)) => *p,
+        _ => return,
+    };
+    let listing = match interpreter.thread_listing() {
+        Ok(l) => l,
+        Err(e) => {
+            log::info!(
+                "pid {}: its waiting threads' Python frames: {e:#}",
+                target.pid
+            );
+            return;
+        }
+    };
+    for wait in scanned {
+        let Some(&(_, tstate)) = listing.python.iter().find(|(tid, _)| *tid == wait.tid) else {
+            continue;
+        };
+        let frames = interpreter.walk_thread(tstate).unwrap_or_default();
+        let packed = frames
+            .iter()
+            .map(|f| PythonFrame::pack(f.code, f.instruction, f.identity, f.eval_entry))
+            .collect();
+        program.store_wait_stack(wait, packed);
+    }
+}

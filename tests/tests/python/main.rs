@@ -1,0 +1,16 @@
+//! End-to-end tests of the Python support: CPython's frames read from outside the interpreter,
+//! walked by the kernel program, named and shown, and the PyTorch drivers on top of them.
+//!
+//! One binary, one module per topic (`cargo test -p bpfprof-tests --test python -- walk::`).
+
+mod cpython_314;
+mod doctor;
+mod frames;
+mod free_threaded;
+mod gil;
+mod layout;
+mod pytorch;
+mod stripped;
+mod strobeclient;
+mod view;
+mod walk;

@@ -1,0 +1,247 @@
+//! Section 15 (issue 46): what bpfprof costs where it pays per process or per run. The agent's
+//! CPU and memory on hosts of 10, 150 and 500 CPython processes and of 150 native ones, and a
+//! launched run's added time on the two-thread busy workload at 99, 999 and 4999 Hz against
+//! `perf record -g`, with bpfprof's own CPU per run beside it.
+//!
+//! `BPFPROF_BENCH_COST_HOSTS=10,150` and `BPFPROF_BENCH_COST_HZ=999` narrow the section for a
+//! run by hand; `--quick` takes one round of 10 s.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::plan::{Plan, Tool, AGENT_SETTLE_SECS, BURN_ITERS};
+use super::process::{proc_cpu_secs, signal, stop_target};
+use super::stats::{median, rotate, stat};
+use super::Bench;
+
+/// The hosts the agent is measured on: how many processes, and whether they run CPython.
+const HOSTS: [(usize, bool); 4] = [(10, true), (150, true), (500, true), (150, false)];
+
+/// The launched runs' sampling rates.
+const LAUNCH_HZ: [u64; 3] = [99, 999, 4999];
+
+/// Rounds of each measurement in a full run: medians of this many, in alternating order.
+const ROUNDS: usize = 9;
+
+/// One CPython service: three threads, each waking every 50 ms for a little work.
+const PY_SERVICE: &str = "import threading, time\n\
+def work():\n\
+    while True:\n\
+        s = 0\n\
+        for i in range(2000):\n\
+            s += i * i\n\
+        time.sleep(0.05)\n\
+for _ in range(2):\n\
+    threading.Thread(target=work, daemon=True).start()\n\
+work()\n";
+
+/// A rate's launched runs: bpfprof's and perf's slowdowns, and bpfprof's own CPU (s).
+type Launched = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+/// A host's processes, killed on drop.
+struct Host(Vec<Child>);
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            stop_target(child);
+        }
+    }
+}
+
+/// The CPythons a host's services run, in turn: pyenv's 3.10-3.13 and Debian's own.
+fn pythons() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = ["3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .filter_map(|v| {
+            let dir = std::fs::read_dir("/root/.pyenv/versions").ok()?;
+            dir.flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{v}.")))
+                })
+                .map(|p| p.join("bin/python3"))
+                .filter(|p| p.exists())
+        })
+        .collect();
+    found.push(PathBuf::from("/usr/bin/python3"));
+    found
+}
+
+/// A narrowing of the section from the environment (a comma-separated list), if any.
+fn narrowed<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+}
+
+impl Bench {
+    /// Starts `n` services: CPython ones (`python`) or `bench/duty.c` ones.
+    fn start_host(&self, n: usize, python: bool) -> Result<Host> {
+        let script = self.dir.join("cost_service.py");
+        std::fs::write(&script, PY_SERVICE)?;
+        let pythons = pythons();
+        let mut host = Host(Vec::with_capacity(n));
+        for i in 0..n {
+            let mut cmd = if python {
+                let mut c = Command::new(&pythons[i % pythons.len()]);
+                c.arg(&script);
+                c
+            } else {
+                // 0.5 ms of work every 50 ms, a few frames deep.
+                let mut c = Command::new(self.dir.join("duty"));
+                c.args(["500", "50", &(4 + i % 8).to_string()]);
+                c
+            };
+            let child = cmd
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting a service")?;
+            host.0.push(child);
+        }
+        // Every interpreter started and its threads running.
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(host)
+    }
+
+    /// The agent with its defaults, started on the host as it is: its CPU over `secs` after
+    /// it settled, as a share of one core, and its RSS then (MiB).
+    fn agent_on_host(&self, secs: f64) -> Result<(f64, f64)> {
+        let mut agent = Command::new(&self.bpfprof)
+            .arg("agent")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the agent")?;
+        let pid = agent.id() as i32;
+        let measured = (|| -> Result<(f64, f64)> {
+            std::thread::sleep(Duration::from_secs_f64(AGENT_SETTLE_SECS));
+            let before = proc_cpu_secs(pid).context("the agent exited early")?;
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let after = proc_cpu_secs(pid).context("the agent exited early")?;
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let rss_kib: f64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0.0);
+            Ok((100.0 * (after - before) / secs, rss_kib / 1024.0))
+        })();
+        signal(&agent, libc::SIGINT);
+        let _ = agent.wait();
+        measured
+    }
+
+    /// Section 15: the agent on hosts of many processes, and a launched run against perf's.
+    pub(super) fn cost(&self, plan: &Plan, md: &mut String) -> Result<()> {
+        println!("==> 15. cost per process and per run");
+        let rounds = if plan.quick { 1 } else { ROUNDS };
+        let secs = if plan.quick { 10.0 } else { 30.0 };
+        let hosts: Vec<(usize, bool)> = match narrowed::<usize>("BPFPROF_BENCH_COST_HOSTS") {
+            Some(sizes) => HOSTS
+                .into_iter()
+                .filter(|(n, _)| sizes.contains(n))
+                .collect(),
+            None => HOSTS.to_vec(),
+        };
+        // Each round measures every host, in a rotated order; each host is started afresh.
+        let mut agent: BTreeMap<(usize, bool), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for round in 0..rounds {
+            let mut order = hosts.clone();
+            rotate(&mut order, round);
+            for (n, python) in order {
+                let host = self.start_host(n, python)?;
+                let (cpu, rss) = self.agent_on_host(secs)?;
+                drop(host);
+                println!(
+                    "    round {round}: {n} {} processes: agent {cpu:.2}% of a core, {rss:.1} MiB",
+                    if python { "CPython" } else { "native" }
+                );
+                let entry = agent.entry((n, python)).or_default();
+                entry.0.push(cpu);
+                entry.1.push(rss);
+            }
+        }
+
+        let hz_list = narrowed::<u64>("BPFPROF_BENCH_COST_HZ").unwrap_or(LAUNCH_HZ.to_vec());
+        let argv = self.workload("burn", &[BURN_ITERS, "2"]);
+        self.launch(None, 0, &argv, false)?; // warm-up: page cache, CPU frequency
+                                             // Per rate: slowdowns of bpfprof and perf (to the round's run alone), bpfprof's CPU.
+        let mut launched: BTreeMap<u64, Launched> = BTreeMap::new();
+        for &hz in &hz_list {
+            for round in 0..rounds {
+                let mut order = [None, Some(Tool::Bpfprof), Some(Tool::Perf)];
+                rotate(&mut order, round);
+                let mut secs_of = BTreeMap::new();
+                let mut own_cpu = None;
+                for tool in order {
+                    let secs = self.launch(tool, hz, &argv, false)?.value("secs")?;
+                    if tool == Some(Tool::Bpfprof) {
+                        let summary: serde_json::Value = serde_json::from_slice(
+                            &std::fs::read(self.dir.join("run.json"))
+                                .context("bpfprof's summary")?,
+                        )?;
+                        own_cpu = summary["cost"]["profiler_cpu_secs"].as_f64();
+                    }
+                    secs_of.insert(tool.map(|t| t.name()), secs);
+                }
+                let alone = secs_of[&None];
+                let entry = launched.entry(hz).or_default();
+                let bpfprof = secs_of[&Some(Tool::Bpfprof.name())] / alone;
+                let perf = secs_of[&Some(Tool::Perf.name())] / alone;
+                entry.0.push(bpfprof);
+                entry.1.push(perf);
+                entry.2.push(own_cpu.unwrap_or(f64::NAN));
+                println!(
+                    "    {hz} Hz round {round}: alone {alone:.3}s, bpfprof x{bpfprof:.3} \
+                     (own CPU {:.3}s), perf x{perf:.3}",
+                    own_cpu.unwrap_or(f64::NAN)
+                );
+            }
+        }
+
+        writeln!(md, "\n## 15. Cost per process and per run (issue 46)\n")?;
+        writeln!(md, "**The agent on a host of many processes.** `bpfprof agent` with its defaults (19 Hz, 10 s windows), started on a host of N services: CPython ones (pyenv 3.10-3.13 and Debian's 3.11 in turn, three threads each, each waking every 50 ms for a little work) or native ones (`bench/duty.c`: 0.5 ms of work every 50 ms). Its CPU (user + system) over {secs} s after {AGENT_SETTLE_SECS} s of start-up, as a share of one core, and its RSS then; median (min–max) of {rounds} rounds, the hosts of a round in a rotated order, each started afresh. Targets: ≤ 0.5% of a core at 150 CPython services, ≤ 1% at 500, RSS ≤ 150 MiB.\n")?;
+        writeln!(
+            md,
+            "| host | agent CPU, % of one core | agent RSS, MiB |\n|---|---|---|"
+        )?;
+        for ((n, python), (cpu, rss)) in &agent {
+            writeln!(
+                md,
+                "| {n} {} services | {} | {} |",
+                if *python { "CPython" } else { "native" },
+                stat(cpu, 2),
+                stat(rss, 1)
+            )?;
+        }
+        writeln!(md, "\n**A launched run on the busy machine.** `bench/burn.c` with two threads (one per core here), alone, under `bpfprof -F HZ -- burn` and under `perf record -e cpu-clock -g -F HZ -- burn`, in a rotated order; slowdown = time under the profiler / time alone in the same round; bpfprof's own CPU is the summary's `profiler_cpu_secs` (start-up, sampling and the end of the run). Median (min–max) of {rounds} rounds. Target: bpfprof's slowdown at most perf's.\n")?;
+        writeln!(md, "| rate | bpfprof slowdown | perf record -g slowdown | bpfprof's own CPU, s |\n|---|---|---|---|")?;
+        for (hz, (bpfprof, perf, own)) in &launched {
+            writeln!(
+                md,
+                "| {hz} Hz | {} | {} | {} |",
+                stat(bpfprof, 3),
+                stat(perf, 3),
+                stat(own, 3)
+            )?;
+            println!(
+                "    {hz} Hz: bpfprof x{:.3}, perf x{:.3}, bpfprof's CPU {:.3}s",
+                median(bpfprof),
+                median(perf),
+                median(own)
+            );
+        }
+        Ok(())
+    }
+}
