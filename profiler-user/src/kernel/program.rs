@@ -92,8 +92,10 @@ pub struct KernelProgram {
     pub(super) off_cpu_pending: HashMap<MapData, u32, OffCpuPending>,
     /// The wait scan's threads, by global tid (see [`profiler_common::WaitScan`]).
     pub(super) wait_scan: HashMap<MapData, u32, profiler_common::WaitScan>,
-    /// Whether the wait scan's program loaded and its offsets were set, once a run asked.
-    pub(super) wait_scan_setup: super::waits::WaitScanSetup,
+    /// Whether the wait scan's program loaded and its offsets were set, once a run asked
+    /// (what the first scan sets up: the program loaded, the task offsets written; spelled
+    /// out here so that `program` and `waits` do not use each other).
+    pub(super) wait_scan_setup: Option<std::result::Result<(), String>>,
     /// When each (run, pid) that records off-CPU time became a target, `CLOCK_MONOTONIC`
     /// nanoseconds: where its threads' waits found by the scan start. Taken by the scan.
     pub(super) targets_added_ns: StdHashMap<(u32, u32), u64>,
