@@ -8,11 +8,11 @@
 //! in that mapping, so the fuzzer can build any structure there, cyclic ones included.
 #![no_main]
 
-use bpfprof::python::code::CodeReader;
+use bpfprof::runtime::cpython::code::CodeReader;
 use bpfprof_fuzz::{python_image, IMAGE_BASE};
 use libfuzzer_sys::fuzz_target;
 
-/// Characters a name is cut at ([`bpfprof::python::code`] reads no more), times the UTF-8
+/// Characters a name is cut at ([`bpfprof::runtime::cpython::code`] reads no more), times the UTF-8
 /// bytes one may take.
 const MAX_NAME_BYTES: usize = 4096 * 4;
 

@@ -2,7 +2,7 @@
 //! `_PyRuntime`: every offset bpfprof then reads the target's memory at comes from it.
 #![no_main]
 
-use bpfprof::python::layout::Layout;
+use bpfprof::runtime::cpython::layout::Layout;
 use libfuzzer_sys::fuzz_target;
 
 /// The offsets a layout may hold: [`Layout::from_debug_offsets`] refuses larger ones, so that

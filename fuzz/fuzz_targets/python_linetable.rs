@@ -5,7 +5,7 @@
 //! (u32, little-endian), the rest is the table.
 #![no_main]
 
-use bpfprof::python::{
+use bpfprof::runtime::cpython::{
     code::CodeInfo,
     linetable::{line_for_offset, ranges, LineTableFormat},
 };

@@ -1,5 +1,5 @@
 //! The thread-state listing of a CPython process, as the daemon reads it from a target's
-//! memory at every refresh (`bpfprof::python::list_thread_states`): the reads go through the
+//! memory at every refresh (`bpfprof::runtime::cpython::list_thread_states`): the reads go through the
 //! real `ProcessMemory` (this process's own memory), from an image of the target's memory that
 //! the fuzzer writes.
 //!
@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use bpfprof::python::{list_thread_states, MAX_THREAD_STATES};
+use bpfprof::runtime::cpython::{list_thread_states, MAX_THREAD_STATES};
 use bpfprof_fuzz::{python_image, IMAGE_BASE};
 use libfuzzer_sys::fuzz_target;
 

@@ -184,11 +184,11 @@ const DEBUG_OFFSETS_3_13: &[u8] = include_bytes!("../corpus/python_layout/cpytho
 pub fn python_image(
     data: &[u8],
 ) -> Option<(
-    bpfprof::python::layout::Layout,
+    bpfprof::runtime::cpython::layout::Layout,
     Image,
-    bpfprof::python::memory::ProcessMemory,
+    bpfprof::runtime::cpython::memory::ProcessMemory,
 )> {
-    use bpfprof::python::layout;
+    use bpfprof::runtime::cpython::layout;
     let (&version, image) = data.split_first()?;
     let layout = match version % 4 {
         3 => {
@@ -200,7 +200,7 @@ pub fn python_image(
         }
         minor => layout::table(10 + minor).expect("3.10 to 3.12 are tabled"),
     };
-    let memory = bpfprof::python::memory::ProcessMemory::new(std::process::id());
+    let memory = bpfprof::runtime::cpython::memory::ProcessMemory::new(std::process::id());
     Some((layout, Image::map(image), memory))
 }
 

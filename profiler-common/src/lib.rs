@@ -244,9 +244,10 @@ pub struct SampleKey {
     pub user_stack: StackId,
     /// The kernel stack, or 0 when the sample was taken in user mode or none was recorded.
     pub kernel_stack: StackId,
-    /// The Python stack (frames encoded by [`PythonFrame`]), or 0 when the process is not a
-    /// CPython the kernel walks or the thread runs no Python code.
-    pub python_stack: StackId,
+    /// The stack of the process's runtime ([`RuntimeTag`]; CPython's frames encoded by
+    /// [`PythonFrame`]), or 0 when the process runs no runtime the kernel walks or the thread
+    /// runs none of its code.
+    pub runtime_stack: StackId,
     /// A [`SampleKind`] value: CPU samples, or off-CPU time in one thread state.
     pub kind: u32,
     /// Always zero; keeps the key free of padding.
@@ -652,6 +653,33 @@ pub struct ProcessMappings {
     pub len: u64,
     /// The mappings; entries from `len` on are zero.
     pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
+/// A language runtime whose frames the kernel program walks beside the native stack: the tag
+/// userspace gives the frames it names from a runtime's stacks (each runtime has its own
+/// walker, maps and frame encoding; a process runs one).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuntimeTag {
+    /// CPython 3.10 and later: [`PythonProcess`] per process, frames packed as [`PythonFrame`].
+    CPython = 1,
+}
+
+impl RuntimeTag {
+    /// The runtime's name where outputs tag frames by their runtime (trace event categories,
+    /// pprof function names without a file).
+    pub const fn name(self) -> &'static str {
+        match self {
+            RuntimeTag::CPython => "python",
+        }
+    }
+
+    /// The runtime's OpenTelemetry `profile.frame.type`.
+    pub const fn otel_frame_type(self) -> &'static str {
+        match self {
+            RuntimeTag::CPython => "cpython",
+        }
+    }
 }
 
 /// Processes whose Python frames the kernel program can walk at once.

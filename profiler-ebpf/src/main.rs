@@ -485,7 +485,7 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
         tid: target.task.pid,
         user_stack: user_stack.unwrap_or(0),
         kernel_stack: kernel_stack.unwrap_or(0),
-        python_stack,
+        runtime_stack: python_stack,
         kind: SampleKind::Cpu as u32,
         reserved: 0,
     };

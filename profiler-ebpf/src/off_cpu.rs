@@ -155,7 +155,7 @@ fn switch_out(ctx: &TracePointContext) {
             tid: target.task.pid,
             user_stack: user_stack.unwrap_or(0),
             kernel_stack: kernel_stack.unwrap_or(0),
-            python_stack,
+            runtime_stack: python_stack,
             kind: kind as u32,
             reserved: 0,
         },

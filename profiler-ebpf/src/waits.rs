@@ -135,7 +135,7 @@ fn scan(task: *mut aya_ebpf::bindings::task_struct, address: u64) {
             tid: entry.tid,
             user_stack,
             kernel_stack: kernel_stack.unwrap_or(0),
-            python_stack,
+            runtime_stack: python_stack,
             kind: kind as u32,
             reserved: 0,
         },

@@ -10,7 +10,7 @@ use std::{
     time::Instant,
 };
 
-use bpfprof::python::PythonTarget;
+use bpfprof::runtime::cpython::PythonTarget;
 use profiler_common::PythonFrame;
 
 const FUNCTIONS: usize = 10_000;

@@ -8,8 +8,8 @@
 //!   serving windows of the whole machine over HTTP);
 //! - [`recording`]: the one pipeline from a validated request to a profile, shared by every
 //!   driver (targets, run loop, ticks, collection, aggregation);
-//! - [`python`]: CPython processes (detection, layouts, thread tracking, naming, merging
-//!   Python frames into native stacks);
+//! - [`runtime`]: language runtimes behind one interface (recognising a process, what the
+//!   kernel walks it with, naming and merging its frames into native stacks): CPython first;
 //! - [`kernel`]: the kernel program, its pool, perf events, helper probes and draining its maps;
 //! - [`unwind`]: CFI tables for code without frame pointers;
 //! - [`output`]: the writers (SVG, folded, pprof, speedscope, pstats, top, summary);
@@ -27,7 +27,7 @@ pub mod agent;
 
 pub mod recording;
 
-pub mod python;
+pub mod runtime;
 
 pub mod kernel;
 pub mod unwind;

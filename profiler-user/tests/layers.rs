@@ -11,7 +11,7 @@ const LAYERS: &[&str] = &[
     "daemon",
     "agent",
     "recording",
-    "python",
+    "runtime",
     "kernel",
     "unwind",
     "output",

@@ -343,7 +343,7 @@ impl RunDriver for AgentLoop<'_, '_> {
 
     async fn tick(&mut self) -> Result<Option<RunEnd>> {
         self.recording.tick(self.pool);
-        self.recording.name_python(false);
+        self.recording.name_runtime_frames(false);
         self.agent.observe(self.recording);
         if Instant::now() >= self.next_cut {
             self.agent.cut(self.recording, self.pool)?;

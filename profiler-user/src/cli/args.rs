@@ -404,7 +404,7 @@ pub struct RunArgs {
 
     /// Python frames of a CPython target: auto or off (the daemon's default is auto).
     #[arg(long, value_enum)]
-    pub python: Option<crate::python::stacks::PythonMode>,
+    pub python: Option<crate::runtime::cpython::stacks::PythonMode>,
     /// What the profile measures: cpu or wall (CPU samples plus each thread's time off the
     /// CPU; as the recording's --mode).
     #[arg(long, value_name = "cpu|wall")]
@@ -562,8 +562,8 @@ pub struct RecordArgs {
 
     /// Python frames: auto (read from every CPython 3.10-3.13 process the kernel samples,
     /// and shown in place of the interpreter's `_PyEval_EvalFrameDefault`) or off.
-    #[arg(long, value_enum, default_value_t = crate::python::stacks::PythonMode::default())]
-    pub python: crate::python::stacks::PythonMode,
+    #[arg(long, value_enum, default_value_t = crate::runtime::cpython::stacks::PythonMode::default())]
+    pub python: crate::runtime::cpython::stacks::PythonMode,
 
     /// Keep the interpreter's own C frames between Python frames (folded away by default).
     #[arg(long)]
@@ -584,12 +584,12 @@ pub struct RecordArgs {
         long,
         value_enum,
         num_args = 0..=1,
-        default_value_t = crate::python::stacks::PythonView::Pstats,
+        default_value_t = crate::runtime::cpython::stacks::PythonView::Pstats,
         default_missing_value = "all",
         require_equals = true,
         value_name = "WHICH"
     )]
-    pub python_view: crate::python::stacks::PythonView,
+    pub python_view: crate::runtime::cpython::stacks::PythonView,
 
     /// Print nothing but errors.
     #[arg(short, long, conflicts_with = "verbose")]

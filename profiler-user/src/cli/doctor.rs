@@ -106,7 +106,7 @@ fn check(name: &'static str, status: Status, found: impl Into<String>, advice: &
 /// version, build, whether its layout passed bpfprof's checks and why not, and what a
 /// recording of it will show), so that a profile without Python frames is never a mystery.
 pub fn process(pid: u32) -> Report {
-    use crate::python::{Probe, PythonTarget};
+    use crate::runtime::cpython::{Probe, PythonTarget};
     let mut checks = Vec::new();
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
     let Ok(exe) = exe else {
@@ -209,7 +209,7 @@ pub fn process(pid: u32) -> Report {
 /// its name's `t` before), and whether its object keeps a symbol table or a debug file is
 /// installed for it (stripped code is named by function starts, the eval loop's split-off
 /// part included).
-fn python_build(pid: u32, interpreter: &crate::python::detect::Interpreter) -> Check {
+fn python_build(pid: u32, interpreter: &crate::runtime::cpython::detect::Interpreter) -> Check {
     use object::Object;
     let name = interpreter
         .path

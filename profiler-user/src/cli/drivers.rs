@@ -290,7 +290,7 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
             max_stack_length: Some(cli.max_stack_length),
             per_thread: cli.per_thread,
             line_numbers: cli.line_numbers,
-            python: crate::python::stacks::MergeOptions {
+            runtime: crate::runtime::FrameOptions {
                 keep_glue: cli.python_glue,
                 show_gil: cli.python_gil,
                 view: cli.python_view,

@@ -7,7 +7,7 @@
 //! thread states, GIL holder and frames), then, with the target running again, the native
 //! walks over the copies ([`ProcessTables::walk`]), symbols, the Python frames' names
 //! (code objects do not change) and the merge of Python frames into the native stacks at
-//! each `_PyEval_EvalFrameDefault` ([`crate::python::stacks::merge`]).
+//! each `_PyEval_EvalFrameDefault` ([`crate::runtime::cpython::stacks::merge`]).
 
 use std::{collections::HashMap, io::Write, time::Duration};
 
@@ -21,7 +21,7 @@ use crate::{
         snapshot::{self, StoppedThread},
         target::{Target, TargetSpec},
     },
-    python::{
+    runtime::cpython::{
         stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
         Probe, PythonFrame, PythonTarget,
     },
@@ -258,7 +258,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             .map(|p| format!("{}.{}", p.version().0, p.version().1))
             .or_else(|| unsupported.as_ref().map(|u| u.version())),
         gil_holder: reads.gil_holder,
-        gil: free_threaded.then(|| crate::python::FREE_THREADED_NO_GIL.to_string()),
+        gil: free_threaded.then(|| crate::runtime::cpython::FREE_THREADED_NO_GIL.to_string()),
         stopped_us: micros(snapshot.stopped),
         reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
@@ -316,12 +316,12 @@ fn dump_thread(
         }));
     }
     for f in user.into_iter().rev() {
-        if python_only && f.kind != FrameKind::Python {
+        if python_only && f.kind != crate::runtime::cpython::stacks::PYTHON_FRAME {
             continue;
         }
         frames.push(DumpFrame {
             kind: match f.kind {
-                FrameKind::Python => "python",
+                FrameKind::Runtime(tag) => tag.name(),
                 FrameKind::Kernel => "kernel",
                 FrameKind::User => "native",
             },
@@ -488,7 +488,7 @@ mod tests {
         let mut free = dump.clone();
         free.python_version = Some("3.13".into());
         free.gil_holder = None;
-        free.gil = Some(crate::python::FREE_THREADED_NO_GIL.into());
+        free.gil = Some(crate::runtime::cpython::FREE_THREADED_NO_GIL.into());
         for t in &mut free.threads {
             t.holds_gil = None;
         }

@@ -276,7 +276,7 @@ impl Recorder {
     /// `Some(end)` once the run is over (a launched command, or every target, exited).
     pub fn tick(&mut self) -> Option<RunEnd> {
         let status = self.recording.tick(&mut self.pool);
-        self.recording.name_python(false);
+        self.recording.name_runtime_frames(false);
         if self.child.is_some() {
             self.command_exited().then_some(RunEnd::Completed)
         } else {
@@ -395,7 +395,7 @@ impl<P: FnMut(Progress)> RunDriver for CliDriver<'_, P> {
     async fn tick(&mut self) -> Result<Option<RunEnd>> {
         let recorder = &mut *self.recorder;
         let status = recorder.recording.tick(&mut recorder.pool);
-        recorder.recording.name_python(false);
+        recorder.recording.name_runtime_frames(false);
         if recorder.child.is_some() {
             if recorder.command_exited() {
                 return Ok(Some(RunEnd::Completed));

@@ -22,13 +22,13 @@ use crate::{
     profile::CostScope,
     profile::RunEnd,
     protocol::{ErrorCode, Reply, RunInfo, RunRequest, RunState, TopFunction, READ_CHUNK_BYTES},
-    python::shares::NamingShares,
     recording::aggregate::pstats_view,
     recording::request::RecordingRequest,
     recording::{
         run_loop::{self, RunDriver},
         Recording,
     },
+    runtime::shares::NamingShares,
     symbolize::{Symbolizer, SymbolizerThread},
 };
 
@@ -96,7 +96,7 @@ impl RunDriver for DaemonDriver {
             let before = thread_cpu_time();
             let status = recording.tick(&mut runs.lock_pool());
             // Off the programs' lock, within the owner's share.
-            recording.name_python(false);
+            recording.name_runtime_frames(false);
             (recording, status, thread_cpu_time().saturating_sub(before))
         })
         .await;
@@ -584,8 +584,8 @@ impl Runs {
             let before = thread_cpu_time();
             // The last Python stacks are named off the programs' lock, with the extra CPU a
             // run's end gets; `collect` names what came since within the owner's share.
-            recording.queue_python(&mut runs.lock_pool());
-            recording.name_python(true);
+            recording.queue_runtime_stacks(&mut runs.lock_pool());
+            recording.name_runtime_frames(true);
             let collected = recording.collect(&mut runs.lock_pool());
             (collected, thread_cpu_time().saturating_sub(before))
         })

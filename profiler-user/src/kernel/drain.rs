@@ -23,7 +23,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     // Every stack moved out of the kernel first: each sample then shares its stack's one copy
     // (no stack is read twice, and no table of the stacks read is built beside the samples).
     program.offload_stacks();
-    // One empty stack for all: most samples have no kernel or no Python stack.
+    // One empty stack for all: most samples have no kernel or no runtime stack.
     let empty: Arc<[u64]> = Arc::from([]);
     let stack = |id: StackId| match id {
         0 => Ok(empty.clone()),
@@ -34,7 +34,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
     for (key, value) in take_shrinking(counts) {
         let user_frames = stack(key.user_stack)?;
         let kernel_frames = stack(key.kernel_stack)?;
-        let python_frames = stack(key.python_stack)?;
+        let runtime_frames = stack(key.runtime_stack)?;
         let mut times_ns = times.remove(&key).unwrap_or_default();
         times_ns.sort_unstable();
         out.push(Sample {
@@ -45,7 +45,7 @@ pub fn drain(program: &mut KernelProgram, run: u32) -> Result<Vec<Sample>> {
                 || kernel_frames.len() >= KERNEL_STACK_DEPTH,
             user_frames,
             kernel_frames,
-            python_frames,
+            runtime_frames,
             count: value.count,
             kind: SampleKind::from_u32(key.kind).unwrap_or(SampleKind::Cpu),
             off_cpu_ns: value.off_cpu_ns,

@@ -16,7 +16,7 @@ use profiler_common::{
 };
 
 use super::{
-    program::{is_permission, kernel_err, KernelProgram, PythonMaps},
+    program::{is_permission, kernel_err, KernelProgram, PythonMaps, RuntimeMaps},
     walker::{install_walker, start_walker, verify_walker, Walker, WalkerLoad, WalkerLoaded},
 };
 use crate::{
@@ -214,9 +214,11 @@ impl KernelProgram {
             build_priority,
         )
         .map_err(kernel_err)?;
-        let python = PythonMaps {
-            processes: HashMap::try_from(take("PYTHON_PROCESSES")?).map_err(kernel_err)?,
-            threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
+        let runtimes = RuntimeMaps {
+            cpython: PythonMaps {
+                processes: HashMap::try_from(take("PYTHON_PROCESSES")?).map_err(kernel_err)?,
+                threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
+            },
         };
         let mut walkers = ProgramArray::try_from(take("WALKERS")?).map_err(kernel_err)?;
         let walker = match walker_verified {
@@ -291,7 +293,7 @@ impl KernelProgram {
             stats_at_attach: None,
             stats_fd: None,
             unwind,
-            python,
+            runtimes,
         })
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! [`KernelProgram`] is one loaded object with its maps; its methods live by concern:
 //! - `load`: the object loaded and verified ([`KernelProgram::load`], [`check_privileges`]);
-//! - `walker`: the CFI and Python walker, verified beside sampling ([`WalkerLoad`]);
+//! - `walker`: the CFI and runtime (CPython) walker, verified beside sampling ([`WalkerLoad`]);
 //! - `events`: the perf events sampled on;
 //! - `targets`: the processes each run keeps samples of;
 //! - `following`: children followed, processes stopped at exec ([`ensure_tracefs`]);
@@ -37,6 +37,6 @@ pub use waits::ScannedWait;
 
 pub use following::ensure_tracefs;
 pub use load::check_privileges;
-pub use program::{KernelProgram, PythonMaps};
+pub use program::{KernelProgram, PythonMaps, RuntimeMaps};
 pub use stats::Counters;
 pub use walker::WalkerLoad;

@@ -92,8 +92,10 @@ pub struct KernelProgram {
     pub(super) off_cpu_pending: HashMap<MapData, u32, OffCpuPending>,
     /// The wait scan's threads, by global tid (see [`profiler_common::WaitScan`]).
     pub(super) wait_scan: HashMap<MapData, u32, profiler_common::WaitScan>,
-    /// Whether the wait scan's program loaded and its offsets were set, once a run asked.
-    pub(super) wait_scan_setup: super::waits::WaitScanSetup,
+    /// Whether the wait scan's program loaded and its offsets were set, once a run asked
+    /// (what the first scan sets up: the program loaded, the task offsets written; spelled
+    /// out here so that `program` and `waits` do not use each other).
+    pub(super) wait_scan_setup: Option<std::result::Result<(), String>>,
     /// When each (run, pid) that records off-CPU time became a target, `CLOCK_MONOTONIC`
     /// nanoseconds: where its threads' waits found by the scan start. Taken by the scan.
     pub(super) targets_added_ns: StdHashMap<(u32, u32), u64>,
@@ -119,11 +121,17 @@ pub struct KernelProgram {
     pub(super) stats_fd: Option<std::os::fd::OwnedFd>,
     /// The CFI unwinding maps and their resident tables (see [`crate::unwind`]).
     pub unwind: crate::unwind::UnwindMaps,
-    /// The Python walk's maps: interpreters' layouts and thread states.
-    pub python: PythonMaps,
+    /// The maps of the runtimes' walks (see `crate::runtime`).
+    pub runtimes: RuntimeMaps,
 }
 
-/// The kernel maps of the Python walk.
+/// The kernel maps of each runtime's walk: what its walker reads per process and thread.
+pub struct RuntimeMaps {
+    /// CPython's: interpreters' layouts and thread states.
+    pub cpython: PythonMaps,
+}
+
+/// The kernel maps of the CPython walk.
 pub struct PythonMaps {
     /// Layouts of the CPython processes the kernel walks, by host tgid.
     pub processes: HashMap<MapData, u32, profiler_common::PythonProcess>,

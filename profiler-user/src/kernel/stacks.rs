@@ -53,7 +53,7 @@ impl KernelProgram {
                     .filter_map(|e| e.ok())
                     .map(|(_, p)| p.key),
             )
-            .flat_map(|k| [k.user_stack, k.kernel_stack, k.python_stack])
+            .flat_map(|k| [k.user_stack, k.kernel_stack, k.runtime_stack])
             .collect();
         wanted.remove(&0);
         let before = self.offloaded_stacks.len();
@@ -218,10 +218,10 @@ impl KernelProgram {
             .collect()
     }
 
-    /// The Python stacks recorded so far, with the runs (bit mask) and the pid (in its
+    /// The runtime stacks (see `crate::runtime`) recorded so far, with the runs (bit mask) and the pid (in its
     /// namespace) of the process they belong to: what userspace must name while the process
     /// still lives. A pid alone could be another namespace's process in another run.
-    pub fn python_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
+    pub fn runtime_stack_ids(&self) -> Vec<(u64, u32, StackId)> {
         let kernel = self.samples.keys().filter_map(|k| k.ok());
         let moved = self.offloaded_samples.iter().map(|(k, _)| *k);
         // Waits still going, which a run's end counts: named while their process lives.
@@ -233,8 +233,8 @@ impl KernelProgram {
         let mut ids: Vec<(u64, u32, StackId)> = kernel
             .chain(moved)
             .chain(pending)
-            .filter(|k| k.python_stack != 0)
-            .map(|k| (k.runs, k.pid, k.python_stack))
+            .filter(|k| k.runtime_stack != 0)
+            .map(|k| (k.runs, k.pid, k.runtime_stack))
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -270,7 +270,7 @@ pub(super) fn merge_counts(counts: &mut Vec<(SampleKey, SampleValue)>) {
             k.tid,
             k.user_stack,
             k.kernel_stack,
-            k.python_stack,
+            k.runtime_stack,
             k.kind,
             k.reserved,
         )

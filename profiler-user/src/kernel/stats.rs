@@ -81,9 +81,9 @@ impl KernelProgram {
         Some((expected, taken))
     }
 
-    /// How many Python stacks the program has stored new in its stack map so far (all runs);
+    /// How many runtime stacks the program has stored new in its stack map so far (all runs);
     /// `None` where the count cannot be read.
-    pub fn python_stacks_stored(&self) -> Option<u64> {
+    pub fn runtime_stacks_stored(&self) -> Option<u64> {
         Some(
             self.counters
                 .get(&PYTHON_STACKS_STORED_INDEX, 0)

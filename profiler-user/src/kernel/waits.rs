@@ -47,9 +47,6 @@ pub struct ScannedWait {
     switches: u64,
 }
 
-/// What the first scan sets up: the program loaded, the task offsets written.
-pub(super) type WaitScanSetup = Option<std::result::Result<(), String>>;
-
 impl KernelProgram {
     /// Gives `run`'s off-CPU time the waits of `target`'s threads that are off the CPU now
     /// (call once the off-CPU program is attached and the target added, as soon as possible:

@@ -220,7 +220,7 @@ impl Dictionary {
         let frame_type = match kind {
             Some(FrameKind::Kernel) => Some("kernel"),
             Some(FrameKind::User) => Some("native"),
-            Some(FrameKind::Python) => Some("cpython"),
+            Some(FrameKind::Runtime(tag)) => Some(tag.otel_frame_type()),
             None => None,
         };
         let attribute_indices = frame_type

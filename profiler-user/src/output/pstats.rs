@@ -205,7 +205,7 @@ fn key(frame: &ProfileFrame) -> Key {
                     Some(m) if m != "[kernel]" => format!("[kernel] {m}"),
                     _ => "[kernel]".to_string(),
                 },
-                FrameKind::User | FrameKind::Python => f
+                FrameKind::User | FrameKind::Runtime(_) => f
                     .file
                     .as_deref()
                     .or(f.module.as_deref())

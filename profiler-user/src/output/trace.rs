@@ -221,7 +221,7 @@ fn category(frame: &ProfileFrame) -> &'static str {
         ProfileFrame::Code(f) => match f.kind {
             FrameKind::User => "native",
             FrameKind::Kernel => "kernel",
-            FrameKind::Python => "python",
+            FrameKind::Runtime(tag) => tag.name(),
         },
         _ => "bpfprof",
     }

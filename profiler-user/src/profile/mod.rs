@@ -117,12 +117,12 @@ impl ProfileFrame {
 
     /// The function's name, with `file:first line` appended where known: one label per
     /// function whichever of its lines was sampled (for tables that list functions).
-    /// Python frames keep their first line without `--line-numbers` (for pstats' keys); their
-    /// labels show it only where the profile has lines.
+    /// Runtime (Python) frames keep their first line without `--line-numbers` (for pstats'
+    /// keys); their labels show it only where the profile has lines.
     pub fn function_label(&self) -> String {
         match self {
             ProfileFrame::Code(frame)
-                if frame.kind == FrameKind::Python && frame.line.is_none() =>
+                if matches!(frame.kind, FrameKind::Runtime(_)) && frame.line.is_none() =>
             {
                 frame.name.to_string()
             }

@@ -1,6 +1,6 @@
 //! The unit every later stage works on: a target, its thread, its frames, how often that
 //! combination was seen and, for a run that records a timeline, when. Whatever walks stacks in the kernel (frame pointers, the CFI walker,
-//! the CPython frame walk) produces these through [`crate::kernel::drain`]; symbolization and
+//! a runtime's frame walk) produces these through [`crate::kernel::drain`]; symbolization and
 //! the writers never see how frames were found.
 
 use std::sync::Arc;
@@ -19,9 +19,10 @@ pub struct Sample {
     pub user_frames: Arc<[u64]>,
     /// Kernel instruction pointers, leaf first.
     pub kernel_frames: Arc<[u64]>,
-    /// Python frames the kernel read from the interpreter, leaf first, packed as
-    /// [`profiler_common::PythonFrame`]s; empty for other processes.
-    pub python_frames: Arc<[u64]>,
+    /// The frames the kernel read from the process's runtime (its interpreter), leaf first,
+    /// packed as that runtime packs them (CPython: [`profiler_common::PythonFrame`]s); empty
+    /// for processes without one.
+    pub runtime_frames: Arc<[u64]>,
     /// Whether the unwinder stopped at its depth limit, so outer frames are missing.
     pub truncated: bool,
     /// How many samples had exactly this run, thread and stack (for off-CPU time: how many

@@ -11,7 +11,7 @@ use crate::{
     process::maps::ProcessMaps,
     process::target::Target,
     profile::sample::{take_shrinking, Sample},
-    python::stacks::PythonView,
+    runtime::{by_tag, FrameOptions, Instance, View},
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
 };
 
@@ -20,15 +20,15 @@ use crate::{
 pub struct AggregateOptions {
     /// Keep each thread apart, under its process.
     pub per_thread: bool,
-    /// Deepest stack kept (kernel and user frames together, before inline expansion; Python
+    /// Deepest stack kept (kernel and user frames together, before inline expansion; runtime
     /// frames on their own).
     pub max_stack_length: usize,
     /// Keep source lines on frames (else frames of one function merge).
     pub line_numbers: bool,
     /// Tags put above the process frame.
     pub tags: Vec<Tag>,
-    /// How Python frames are shown (`--python-glue`, `--python-gil`).
-    pub python: crate::python::stacks::MergeOptions,
+    /// How runtime frames are shown (`--python-glue`, `--python-gil`, `--python-view`).
+    pub runtime: FrameOptions,
     /// Name each process's root frame `name (pid N)`: set by the recording for runs that can
     /// have more than one process, so that two processes of one name stay apart.
     pub pid_roots: bool,
@@ -48,9 +48,9 @@ impl AggregateOptions {
     fn shown(&self, mut frame: Frame) -> Frame {
         if !self.line_numbers {
             frame.line = None;
-            // A Python function's first line comes with its code object (no debug info to
+            // A runtime function's first line comes with its code object (no debug info to
             // read), and pstats keys functions by it, as cProfile does.
-            if frame.kind != FrameKind::Python {
+            if !matches!(frame.kind, FrameKind::Runtime(_)) {
                 frame.start_line = None;
             }
         }
@@ -65,7 +65,7 @@ impl Default for AggregateOptions {
             max_stack_length: profiler_common::DEFAULT_STACK_DEPTH,
             line_numbers: false,
             tags: Vec::new(),
-            python: Default::default(),
+            runtime: Default::default(),
             pid_roots: false,
             timeline: false,
             addresses: true,
@@ -84,25 +84,11 @@ pub struct TargetSamples<'a> {
     /// Its samples, taken: each is dropped once its stack is counted, so that the raw stacks
     /// give their memory to the profile being built rather than both being held at the end.
     pub samples: Vec<Sample>,
-    /// Names of its Python frames, when the kernel read them.
-    pub python: Option<&'a crate::python::stacks::PythonSymbols>,
+    /// Its runtime, when the kernel read its runtime's frames: their names.
+    pub runtime: Option<&'a dyn Instance>,
     /// Whether the kernel's CFI walker walked its stacks, and so counted those that ended
     /// early itself.
     pub cfi_walked: bool,
-}
-
-/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
-/// last, kept), and whether any were cut.
-fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
-    use profiler_common::PythonFrame;
-    let gil = frames.last().filter(|f| PythonFrame::is_gil_entry(**f));
-    let code = &frames[..frames.len() - usize::from(gil.is_some())];
-    if code.len() <= limit {
-        return (frames.to_vec(), false);
-    }
-    let mut out = code[..limit].to_vec();
-    out.extend(gil);
-    (out, true)
 }
 
 /// The one frame standing for the user stack of a process that exited before bpfprof could
@@ -129,7 +115,7 @@ pub fn aggregate(
     let hash_of = |key: &StackKey| rustc_hash::FxBuildHasher.hash_one(key);
     let mut truncated = 0;
     let mut ended_early = 0;
-    let mut python_unnamed = 0;
+    let mut runtime_unnamed = 0;
     // The timed samples' stacks, process pid, thread and times; indexed once stacks are sorted.
     let mut timed: Vec<(StackKey, u32, u32, Vec<u64>)> = Vec::new();
     let mut thread_names = std::collections::BTreeMap::new();
@@ -219,22 +205,25 @@ pub fn aggregate(
                     }
                 }
             }
-            // Python frames keep their leaf-most `limit` too: the kernel walks up to 512.
-            let (python_frames, python_cut) = limit_python(&sample.python_frames, limit);
+            // Runtime frames keep their leaf-most `limit` too: the kernel walks up to 512.
+            let (runtime_frames, runtime_cut) = match input.runtime.and_then(|r| by_tag(r.tag())) {
+                Some(runtime) => runtime.cut(&sample.runtime_frames, limit),
+                None => (sample.runtime_frames.to_vec(), false),
+            };
             // A process that exited before its maps were read shows one frame for all its
             // user code (below): whether the walk was cut tells nothing more about it (the
             // cut stacks are frame-pointer walks through data, 127 "frames" deep).
             let unread_user = !input.maps.is_known() && !user.is_empty();
-            if (sample.truncated || cut || python_cut) && !unread_user {
+            if (sample.truncated || cut || runtime_cut) && !unread_user {
                 truncated += sample.count;
                 frames.push(interner.intern(ProfileFrame::Truncated));
             }
             let mut addresses = vec![None; frames.len()];
-            if let Some(symbols) = input.python {
-                if crate::python::stacks::has_unnamed(&python_frames, symbols) {
-                    python_unnamed += sample.count;
+            if let Some(named) = input.runtime.map(|r| r.frames()) {
+                if named.has_unnamed(&runtime_frames) {
+                    runtime_unnamed += sample.count;
                 }
-                // Python frames go between native ones by name: merged as frames.
+                // Runtime frames go between native ones by name: merged as frames.
                 let mut user_frames: Vec<(Frame, Option<CodeAddress>)> = Vec::new();
                 if unread_user {
                     user.clear();
@@ -249,13 +238,7 @@ pub fn aggregate(
                         user_frames.push((frame.clone(), address));
                     }
                 }
-                let user_frames = crate::python::stacks::merge(
-                    user_frames,
-                    &python_frames,
-                    symbols,
-                    options.python,
-                    None,
-                );
+                let user_frames = named.merge(user_frames, &runtime_frames, options.runtime);
                 for (frame, address) in user_frames {
                     let frame = options.shown(frame);
                     frames.push(interner.intern(ProfileFrame::Code(frame)));
@@ -378,7 +361,7 @@ pub fn aggregate(
     });
     meta.losses.truncated = truncated;
     meta.losses.stack_ended_early += ended_early;
-    meta.unwound.python_unnamed += python_unnamed;
+    meta.unwound.python_unnamed += runtime_unnamed;
     let profile = Profile {
         meta,
         frames: interner.frames,
@@ -387,17 +370,17 @@ pub fn aggregate(
         process_labels: Default::default(),
         timeline,
     };
-    if options.python.view == PythonView::All {
+    if options.runtime.view == View::All {
         python_view(&profile)
     } else {
         profile
     }
 }
 
-/// The Python view of `profile`: each stack's frames below its innermost Python function
-/// that are the interpreter's own C code folded into that function
-/// ([`crate::python::stacks::python_view_keep`]), stacks that become equal merged. The one
-/// place the view is made, for every output that shows it.
+/// The runtimes' (Python) view of `profile`: each stack's frames below its innermost runtime
+/// function that are the interpreter's own C code folded into that function
+/// ([`crate::runtime::view_keep`]), stacks that become equal merged. The one place the view
+/// is made, for every output that shows it.
 pub fn python_view(profile: &Profile) -> Profile {
     let mut interner = Interner::default();
     let mut stacks: HashMap<(Vec<FrameId>, Vec<Option<CodeAddress>>), Weight> = HashMap::new();
@@ -412,7 +395,7 @@ pub fn python_view(profile: &Profile) -> Profile {
                 _ => None,
             })
             .collect();
-        let keep = crate::python::stacks::python_view_keep(&code);
+        let keep = crate::runtime::view_keep(&code);
         let mut frames = Vec::with_capacity(stack.frames.len());
         let mut addresses = Vec::with_capacity(stack.addresses.len());
         for (i, id) in stack.frames.iter().enumerate() {
@@ -453,7 +436,7 @@ pub fn python_view(profile: &Profile) -> Profile {
 /// The profile that pstats outputs show when the run left the Python view to them (the
 /// default): `None` when every output shows the same profile.
 pub fn pstats_view(profile: &Profile, options: &AggregateOptions) -> Option<Profile> {
-    (options.python.view == PythonView::Pstats).then(|| python_view(profile))
+    (options.runtime.view == View::Pstats).then(|| python_view(profile))
 }
 
 /// The mappings that addresses fall in, interned as stacks are built: one per executable
@@ -582,23 +565,5 @@ impl Interner {
         self.frames.push(frame.clone());
         self.ids.insert(frame, id);
         id
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::limit_python;
-    use profiler_common::PythonFrame;
-
-    #[test]
-    fn python_frames_keep_the_leaf_most_and_the_gil_entry() {
-        let gil = PythonFrame::GIL_HELD;
-        assert_eq!(
-            limit_python(&[1, 2, 3, gil], 3),
-            (vec![1, 2, 3, gil], false)
-        );
-        assert_eq!(limit_python(&[1, 2, 3, gil], 2), (vec![1, 2, gil], true));
-        assert_eq!(limit_python(&[1, 2, 3], 1), (vec![1], true));
-        assert_eq!(limit_python(&[], 1), (vec![], false));
     }
 }

@@ -196,13 +196,13 @@ pub(super) fn assemble_samples(
     let no_python: u64 = processes
         .iter()
         .filter_map(|(key, p)| {
-            let python = p.python.as_ref()?;
+            let runtime = p.runtime.as_ref()?;
             let samples = by_process.get(key)?;
             Some(
                 samples
                     .iter()
                     .filter(is_cpu)
-                    .filter(|s| s.python_frames.is_empty() && python.runs_no_python(s.tid))
+                    .filter(|s| s.runtime_frames.is_empty() && runtime.runs_no_runtime_code(s.tid))
                     .map(|s| s.count)
                     .sum::<u64>(),
             )
@@ -293,7 +293,7 @@ pub(super) fn assemble_samples(
                     .maps
                     .limits_hit()
                     .into_iter()
-                    .chain(p.python.as_ref().and_then(|t| t.limits_hit()))
+                    .chain(p.runtime.as_ref().and_then(|t| t.limits_hit()))
                     .collect();
                 (!said.is_empty()).then(|| {
                     format!(
@@ -309,7 +309,7 @@ pub(super) fn assemble_samples(
         unavailable: Vec::new(),
         python_unsupported: processes
             .values()
-            .filter_map(|p| p.python_refused.clone())
+            .filter_map(|p| p.runtime_refused.clone())
             .collect(),
     };
     // The samples go to aggregation, which drops each once counted.
@@ -321,7 +321,7 @@ pub(super) fn assemble_samples(
             sample_pid: p.sample_pid,
             samples: by_process.remove(key).unwrap_or_default(),
             cfi_walked: p.cfi_walked,
-            python: p.python.as_ref().map(|t| t.symbols()),
+            runtime: p.runtime.as_deref(),
         })
         .collect();
     drop(by_process);
@@ -340,7 +340,7 @@ pub(super) fn assemble_samples(
     cost.unwind_array_bytes = tables.array_bytes;
     for (codes, naming) in processes
         .values()
-        .filter_map(|p| p.python.as_ref().map(|t| t.naming_cost()))
+        .filter_map(|p| p.runtime.as_ref().map(|t| t.naming_cost()))
     {
         cost.python_code_objects += codes as u64;
         cost.python_naming_secs += naming.as_secs_f64();
@@ -471,7 +471,7 @@ mod tests {
             tid: pid,
             user_frames: user_frames.into(),
             kernel_frames: Arc::from([]),
-            python_frames: Arc::from([]),
+            runtime_frames: Arc::from([]),
             truncated: false,
             count,
             kind: SampleKind::Cpu,

@@ -11,7 +11,7 @@ use profiler_common::Counter;
 
 use super::{
     assemble::{assemble_samples, Head, TableCost, TimelineClock},
-    naming::PythonStackIds,
+    naming::RuntimeStackIds,
 };
 use crate::{
     error::{Error, Result},
@@ -40,24 +40,24 @@ impl Recording {
                 }
             }
         }
-        let mut python_ids = PythonStackIds::default();
+        let mut runtime_ids = RuntimeStackIds::default();
         for p in self.processes.values_mut() {
             if p.exited || !p.target.is_alive() {
                 continue;
             }
-            // The last Python stacks are named while the process may still live.
-            python_ids.queue(p, pool);
+            // The last runtime stacks are named while the process may still live.
+            runtime_ids.queue(p, pool);
             let _ = p.maps.refresh();
         }
         // Within what is left of the owner's share: a daemon names a run's queue before it
-        // collects, off the programs' lock (see `name_python`).
-        self.name_python(false);
-        for python in self
+        // collects, off the programs' lock (see `name_runtime_frames`).
+        self.name_runtime_frames(false);
+        for runtime in self
             .processes
             .values_mut()
-            .filter_map(|p| p.python.as_mut())
+            .filter_map(|p| p.runtime.as_mut())
         {
-            python.abandon_queued();
+            runtime.abandon_queued();
         }
         if self.owner.is_some() {
             // A process that exec'd while it was read last may have been read as the new
@@ -80,8 +80,8 @@ impl Recording {
         }
         let started = self.started;
         for p in self.processes.values_mut() {
-            if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
-                python.stop(program);
+            if let (Some(runtime), Ok(program)) = (&mut p.runtime, pool.program(p.slot)) {
+                runtime.stop(program);
             }
             if p.direct {
                 if let Ok(program) = pool.program(p.slot) {
@@ -195,7 +195,7 @@ impl Recording {
         symbolizer: &mut Symbolizer,
         options: &AggregateOptions,
     ) -> Result<Profile> {
-        let mut python_ids = PythonStackIds::default();
+        let mut runtime_ids = RuntimeStackIds::default();
         let system = self.is_system();
         let exited = self.kernel_exits();
         for (key, p) in self.processes.iter_mut() {
@@ -211,10 +211,10 @@ impl Recording {
                 }
                 continue;
             }
-            // Python stacks are named while their process may still live.
-            python_ids.queue(p, pool);
+            // Runtime stacks are named while their process may still live.
+            runtime_ids.queue(p, pool);
         }
-        self.name_python(true);
+        self.name_runtime_frames(true);
         let mut drained = Drained::default();
         for (slot, _) in &self.slots {
             let Ok(program) = pool.program(*slot) else {
@@ -327,7 +327,7 @@ impl Recording {
     }
 
     /// Forgets every process seen to exit (or known only by its samples), and what the kernel
-    /// program, the unwinder and the Python walk kept of it.
+    /// program, the unwinder and the runtime walk kept of it.
     fn drop_exited(&mut self, pool: &mut ProgramPool) {
         let gone: Vec<(u32, u32, u32)> = self
             .processes
@@ -342,8 +342,8 @@ impl Recording {
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
-            if let Some(mut python) = p.python.take() {
-                python.stop(program);
+            if let Some(mut runtime) = p.runtime.take() {
+                runtime.stop(program);
             }
             if p.target.pid != 0 {
                 if p.direct {

@@ -12,7 +12,7 @@
 //! - `process`: one process of it ([`ProcessRecording`]) and how often its maps are re-read;
 //! - `setup`: a system-wide start, a target added, the pool reached ([`PoolAccess`]);
 //! - `tick`: the tick ([`TickStatus`]), following children and execs, taking processes in;
-//! - `naming`: queueing and naming Python frames within the owner's CPU share;
+//! - `naming`: queueing and naming runtime frames within the owner's CPU share;
 //! - `collect`: samples out of the kernel, at the end ([`Collected`]) or as a window;
 //! - `assemble`: samples to a profile (losses, walks, costs), through `aggregate`;
 //! - `run_loop`: the one run loop every driver runs.
@@ -30,7 +30,6 @@ mod process;
 mod setup;
 mod state;
 mod tick;
-mod waits;
 
 pub use collect::Collected;
 pub use process::{

@@ -1,4 +1,4 @@
-//! Naming a recording's Python frames: queueing the frames of new Python stacks while their
+//! Naming a recording's runtime frames: queueing the frames of new runtime stacks while their
 //! processes live, and naming them within the owner's CPU share.
 
 use std::{collections::HashMap, time::Duration};
@@ -8,27 +8,27 @@ use profiler_common::StackId;
 use crate::{
     kernel::pool::{ProgramPool, Slot},
     kernel::KernelProgram,
-    python::stacks::PythonTracking,
     recording::process::ProcessRecording,
     recording::Recording,
+    runtime::Instance,
 };
 
-/// What [`Recording::name_python`] may take of its owner's CPU share at once: all of it (the
+/// What [`Recording::name_runtime_frames`] may take of its owner's CPU share at once: all of it (the
 /// share is what bounds it; a single-owner recording names everything queued).
 const NAMING_WANT: Duration = Duration::MAX;
 
 impl Recording {
-    /// Names the Python frames ticks queued, reading code objects from the live processes:
+    /// Names the runtime frames ticks queued, reading code objects from the live processes:
     /// call it without the programs' lock (it needs none), on a thread that answers no
     /// client. It takes what is left of the owner's CPU share of the period (`at_end`: with
-    /// the extra a run's end gets, see [`crate::python::shares`]) and names for that long, the
+    /// the extra a run's end gets, see [`crate::runtime::shares`]) and names for that long, the
     /// processes in turn; what is left waits for the next call.
-    pub fn name_python(&mut self, at_end: bool) {
+    pub fn name_runtime_frames(&mut self, at_end: bool) {
         let owner = self.owner_uid();
         let waiting = self
             .processes
             .values()
-            .filter(|p| p.python.as_ref().is_some_and(|t| t.has_queued()))
+            .filter(|p| p.runtime.as_ref().is_some_and(|t| t.has_queued()))
             .count();
         if waiting == 0 {
             return;
@@ -40,50 +40,50 @@ impl Recording {
         order.rotate_left(turn);
         self.naming_turn = self.naming_turn.wrapping_add(1);
         for p in order {
-            let Some(python) = &mut p.python else {
+            let Some(runtime) = &mut p.runtime else {
                 continue;
             };
-            if !python.has_queued() {
+            if !runtime.has_queued() {
                 continue;
             }
             if p.exited {
                 // Its code objects cannot be read any more.
-                python.abandon_queued();
+                runtime.abandon_queued();
                 continue;
             }
             if left.is_zero() {
                 break;
             }
-            left = left.saturating_sub(python.name_queued(left));
+            left = left.saturating_sub(runtime.name_queued(left));
         }
         self.naming.give_back(owner, left);
     }
 
-    /// Queues the frames of the Python stacks recorded since the last tick, to be named by
-    /// [`Self::name_python`]: a driver that names off the programs' lock calls it before
+    /// Queues the frames of the runtime stacks recorded since the last tick, to be named by
+    /// [`Self::name_runtime_frames`]: a driver that names off the programs' lock calls it before
     /// [`Self::collect`], so that the last stacks are named there.
-    pub fn queue_python(&mut self, pool: &mut ProgramPool) {
-        let mut python_ids = PythonStackIds::default();
+    pub fn queue_runtime_stacks(&mut self, pool: &mut ProgramPool) {
+        let mut runtime_ids = RuntimeStackIds::default();
         for p in self.processes.values_mut().filter(|p| !p.exited) {
-            python_ids.queue(p, pool);
+            runtime_ids.queue(p, pool);
         }
     }
 }
 
-/// The Python stacks each program recorded so far, with their runs and pids (see
-/// [`KernelProgram::python_stack_ids`]): read once per program in a pass over a recording's
+/// The runtime stacks each program recorded so far, with their runs and pids (see
+/// [`KernelProgram::runtime_stack_ids`]): read once per program in a pass over a recording's
 /// processes, and shared by the processes of the program.
 #[derive(Default)]
-pub(super) struct PythonStackIds(HashMap<u32, Vec<(u64, u32, StackId)>>);
+pub(super) struct RuntimeStackIds(HashMap<u32, Vec<(u64, u32, StackId)>>);
 
-impl PythonStackIds {
-    /// Queues the frames of the Python stacks recorded for `python` (a process of `slot`,
+impl RuntimeStackIds {
+    /// Queues the frames of the runtime stacks recorded for `runtime` (a process of `slot`,
     /// whose samples carry `sample_pid`) that it has not queued yet, to be named by
-    /// [`Recording::name_python`]; `read` reads the program's stacks the first time one of
+    /// [`Recording::name_runtime_frames`]; `read` reads the program's stacks the first time one of
     /// its processes asks.
     pub(super) fn queue_with(
         &mut self,
-        python: &mut PythonTracking,
+        runtime: &mut dyn Instance,
         program: &KernelProgram,
         slot: Slot,
         sample_pid: u32,
@@ -93,19 +93,19 @@ impl PythonStackIds {
             .0
             .entry(slot.program_id)
             .or_insert_with(|| read(program));
-        python.queue_new_stacks(program, ids, slot.run, sample_pid);
+        runtime.queue_new_stacks(program, ids, slot.run, sample_pid);
     }
 
-    /// [`Self::queue_with`] for process `p`, where it runs a CPython and its program is in
+    /// [`Self::queue_with`] for process `p`, where it runs a runtime and its program is in
     /// `pool`.
     pub(super) fn queue(&mut self, p: &mut ProcessRecording, pool: &mut ProgramPool) {
-        if let (Some(python), Ok(program)) = (&mut p.python, pool.program(p.slot)) {
+        if let (Some(runtime), Ok(program)) = (&mut p.runtime, pool.program(p.slot)) {
             self.queue_with(
-                python,
+                runtime.as_mut(),
                 program,
                 p.slot,
                 p.sample_pid,
-                KernelProgram::python_stack_ids,
+                KernelProgram::runtime_stack_ids,
             );
         }
     }

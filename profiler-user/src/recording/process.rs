@@ -9,7 +9,7 @@ use crate::{
     kernel::pool::Slot,
     process::maps::ProcessMaps,
     process::target::{ExitWatch, Target},
-    python::stacks::PythonTracking,
+    runtime::Instance,
 };
 
 /// How often target memory maps are re-read, to catch libraries loaded during the run.
@@ -73,10 +73,10 @@ pub struct ProcessRecording {
     pub direct: bool,
     /// Whether it has been seen to exit.
     pub exited: bool,
-    /// Its Python frames, when it runs a CPython the kernel walks.
-    pub python: Option<PythonTracking>,
-    /// Why its CPython's frames are not walked, when it runs one bpfprof cannot walk.
-    pub python_refused: Option<String>,
+    /// Its runtime's frames (CPython's), when it runs a runtime the kernel walks.
+    pub runtime: Option<Box<dyn Instance>>,
+    /// Why its runtime's frames are not walked, when it runs one bpfprof cannot walk.
+    pub runtime_refused: Option<String>,
     /// Until when it is refreshed on every tick (see [`YOUNG_PROCESS`]).
     pub young_until: Option<Instant>,
     /// When its maps were last re-read (see [`SYSTEM_MAPS_REFRESH`]).
@@ -132,8 +132,8 @@ impl ProcessRecording {
         } else {
             program.drop_followed(self.slot.run, self.target.pid);
         }
-        if let Some(mut python) = self.python.take() {
-            python.stop(program);
+        if let Some(mut runtime) = self.runtime.take() {
+            runtime.stop(program);
         }
         self.maps = ProcessMaps::gone(self.sample_pid);
         self.untabled = Vec::new();
@@ -170,19 +170,19 @@ impl ProcessRecording {
         if refresh {
             let _ = self.maps.refresh();
             if name_threads {
-                self.name_python_threads();
+                self.name_runtime_threads();
             }
             self.refreshed_at = Instant::now();
         }
         false
     }
 
-    /// Labels its threads by their Python `threading` names, where it is a CPython in
-    /// bpfprof's pid namespace (the names come by host tid).
-    fn name_python_threads(&mut self) {
-        if let Some(python) = &mut self.python {
+    /// Labels its threads by the names its runtime gave them (Python's `threading` names),
+    /// where it is in bpfprof's pid namespace (the names come by host tid).
+    fn name_runtime_threads(&mut self) {
+        if let Some(runtime) = &mut self.runtime {
             if self.target.pid == self.sample_pid {
-                self.maps.name_threads(python.threading_names());
+                self.maps.name_threads(runtime.thread_names());
             }
         }
     }
@@ -204,8 +204,8 @@ impl ProcessRecording {
             maps: ProcessMaps::gone(ns_pid),
             direct: false,
             exited: true,
-            python: None,
-            python_refused: None,
+            runtime: None,
+            runtime_refused: None,
             young_until: None,
             refreshed_at: Instant::now(),
             executable_kib: None,
@@ -238,7 +238,7 @@ mod tests {
             (p.target.pid, p.target.comm.as_str()),
             (0, "[exited child]")
         );
-        assert!(p.exited && !p.revoked && !p.direct && p.python.is_none());
+        assert!(p.exited && !p.revoked && !p.direct && p.runtime.is_none());
         assert!(!p.poll(true, true, false), "an exited process exits once");
     }
 

@@ -13,8 +13,8 @@ use crate::{
     error::{Error, Result},
     profile::Tag,
     protocol::{RunRequest, MAX_TAGS},
-    python::stacks::{MergeOptions, PythonMode},
     recording::aggregate::AggregateOptions,
+    runtime::{cpython::stacks::PythonMode, Enabled, FrameOptions},
     sampling::{
         validate_max_stack_length, KernelLimits, Mode, OffCpu, SamplingPlan, SamplingRequest,
     },
@@ -38,8 +38,8 @@ pub struct TagsAndStacks<'a> {
     pub per_thread: bool,
     /// Show source lines.
     pub line_numbers: bool,
-    /// How Python frames are shown.
-    pub python: MergeOptions,
+    /// How runtime frames are shown.
+    pub runtime: FrameOptions,
 }
 
 /// How a request's stacks are walked, before validation.
@@ -78,8 +78,8 @@ pub struct RecordingRequest {
     pub options: AggregateOptions,
     /// How user stacks are walked.
     pub unwind: UnwindMode,
-    /// Whether CPython targets get their Python frames read.
-    pub python: PythonMode,
+    /// The runtimes whose frames are read.
+    pub runtimes: Enabled,
     /// Most rows of a kernel program's unwind table array.
     pub table_rows_cap: u32,
     /// Which processes are recorded: named targets, or every process on the machine.
@@ -255,7 +255,7 @@ impl RecordingRequest {
                 max_stack_length,
                 line_numbers: stacks.line_numbers,
                 tags,
-                python: stacks.python,
+                runtime: stacks.runtime,
                 // The recording sets it from what it records.
                 pid_roots: false,
                 // The driver sets it from the outputs asked for.
@@ -264,7 +264,7 @@ impl RecordingRequest {
                 addresses: true,
             },
             unwind: walks.unwind,
-            python: walks.python,
+            runtimes: walks.python.runtimes(Enabled::ALL),
             table_rows_cap,
             scope: Scope::Targets,
         })
@@ -334,7 +334,7 @@ impl RecordingRequest {
                 max_stack_length: req.max_stack_length,
                 per_thread: false,
                 line_numbers: false,
-                python: Default::default(),
+                runtime: Default::default(),
             },
             Walks {
                 unwind,
@@ -479,7 +479,7 @@ mod tests {
         // one is refused with the names that work.
         assert_eq!(ok.unwind, UnwindMode::Auto);
         // Likewise the Python mode.
-        assert_eq!(ok.python, crate::python::stacks::PythonMode::Auto);
+        assert!(ok.runtimes.contains(crate::runtime::RuntimeTag::CPython));
         let off = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
@@ -490,7 +490,7 @@ mod tests {
             DEFAULT_TABLE_MIB,
         )
         .unwrap();
-        assert_eq!(off.python, crate::python::stacks::PythonMode::Off);
+        assert!(!off.runtimes.contains(crate::runtime::RuntimeTag::CPython));
         let err = RecordingRequest::from_run_request(
             &RunRequest {
                 pid: 1,
@@ -587,7 +587,7 @@ mod tests {
     fn walks_reach_the_request_whole() {
         let walks = Walks {
             unwind: UnwindMode::Cfi,
-            python: crate::python::stacks::PythonMode::Off,
+            python: crate::runtime::cpython::stacks::PythonMode::Off,
             table_mib: 32,
         };
         let validated = RecordingRequest::validate(
@@ -600,7 +600,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(validated.unwind, UnwindMode::Cfi);
-        assert_eq!(validated.python, crate::python::stacks::PythonMode::Off);
+        assert!(!validated
+            .runtimes
+            .contains(crate::runtime::RuntimeTag::CPython));
         assert_eq!(
             validated.table_rows_cap,
             crate::unwind::table_rows_cap(32).unwrap()

@@ -12,10 +12,10 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
     process::target::{ExitWatch, Target},
-    python::stacks::{PythonMode, PythonTracking},
     recording::process::ProcessRecording,
     recording::request::{Scope, SystemScope},
     recording::Recording,
+    runtime::Naming,
     sampling::KernelLimits,
 };
 
@@ -308,20 +308,16 @@ impl Recording {
                 Vec::new()
             };
             let mut refused = None;
-            let python = match self.python_mode {
-                PythonMode::Auto => PythonTracking::start(
-                    program,
-                    target.pid,
-                    &self.naming,
-                    self.owner_uid(),
-                    &mut refused,
-                ),
-                PythonMode::Off => None,
+            let naming = Naming {
+                shares: &self.naming,
+                owner: self.owner_uid(),
             };
-            if python.is_some() {
-                super::waits::store_python_frames(program, &target, &waits);
+            let mut runtime =
+                crate::runtime::attach(program, target.pid, &naming, self.runtimes, &mut refused);
+            if let Some(runtime) = &mut runtime {
+                runtime.store_wait_stacks(program, &target, &waits);
             }
-            Ok((python, refused))
+            Ok((runtime, refused))
         });
         if waited && self.processes.is_empty() {
             // The run's duration counts from its first sample, not from the program's load:
@@ -334,8 +330,8 @@ impl Recording {
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
         }
-        let (python, python_refused) = match registered {
-            Ok(python) => python,
+        let (runtime, runtime_refused) = match registered {
+            Ok(runtime) => runtime,
             Err(e) => {
                 self.release_unused(pool, slot);
                 return Err(e);
@@ -351,8 +347,8 @@ impl Recording {
                 maps,
                 direct: true,
                 exited: false,
-                python,
-                python_refused,
+                runtime,
+                runtime_refused,
                 young_until: Some(Instant::now() + YOUNG_PROCESS),
                 refreshed_at: Instant::now(),
                 executable_kib: None,
@@ -384,14 +380,19 @@ impl Recording {
                         .track_maps(pid, owner_uid, Some(p.maps.last_read()));
                     p.cfi_walked |= program.unwind.is_tracked(pid);
                     program.unwind.settle(pid, table_deadline(self.unwind));
-                    // A launched command is a CPython only once it has exec'd.
-                    if p.python.is_none() && self.python_mode == PythonMode::Auto {
-                        p.python = PythonTracking::start(
+                    // A launched command runs its runtime (is a CPython) only once it has
+                    // exec'd.
+                    if p.runtime.is_none() {
+                        let naming = Naming {
+                            shares: &self.naming,
+                            owner: owner_uid,
+                        };
+                        p.runtime = crate::runtime::attach(
                             program,
                             pid,
-                            &self.naming,
-                            owner_uid,
-                            &mut p.python_refused,
+                            &naming,
+                            self.runtimes,
+                            &mut p.runtime_refused,
                         );
                     }
                 }

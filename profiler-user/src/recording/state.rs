@@ -15,9 +15,9 @@ use crate::{
     kernel::Counters,
     process::copies::CopyBudget,
     process::target::Owner,
-    python::{shares::NamingShares, stacks::PythonMode},
     recording::process::ProcessRecording,
     recording::request::{RecordingRequest, Scope},
+    runtime::{shares::NamingShares, Enabled},
     sampling::{Sampling, SamplingRequest},
     symbolize::WarmSink,
 };
@@ -46,8 +46,8 @@ pub struct Recording {
     pub(super) max_sample_rate_at_start: u64,
     pub(super) started: Instant,
     pub(super) last_refresh: Instant,
-    /// Whether CPython processes get their Python frames read.
-    pub(super) python_mode: PythonMode,
+    /// The runtimes whose frames are read (`--python off` leaves CPython out).
+    pub(super) runtimes: Enabled,
     /// Where sampled addresses go to be symbolized during the run, if anywhere.
     pub(super) warm: Option<WarmSink>,
     /// The non-root user the run is for, whose right to profile each process is re-checked
@@ -61,26 +61,26 @@ pub struct Recording {
     /// then.
     pub(super) window_started: Instant,
     pub(super) counters_at_window: Counters,
-    /// The shares of naming Python frames this recording's owner's names are charged to.
+    /// The shares of naming runtime frames this recording's owner's names are charged to.
     pub(super) naming: Arc<NamingShares>,
-    /// The process whose queued Python frames are named first at the next naming: each
+    /// The process whose queued runtime frames are named first at the next naming: each
     /// process goes first in turn, so that one with a long queue does not starve the others.
     pub(super) naming_turn: usize,
     /// Whether the kernel writes each sample's time to its timeline ring for this recording.
     pub(super) timeline: bool,
-    /// When a run of targets next looks for new Python stacks between maps refreshes (see
-    /// [`super::tick::PYTHON_SCAN_COST_SHARE`]).
-    pub(super) next_python_scan: Instant,
-    /// Each program's count of Python stacks stored at its last look for new ones: while the
+    /// When a run of targets next looks for new runtime stacks between maps refreshes (see
+    /// [`super::tick::RUNTIME_SCAN_COST_SHARE`]).
+    pub(super) next_runtime_scan: Instant,
+    /// Each program's count of runtime stacks stored at its last look for new ones: while the
     /// count stands still there are none, and a run of targets does not look.
-    pub(super) stacks_at_python_scan: HashMap<u32, u64>,
+    pub(super) stacks_at_runtime_scan: HashMap<u32, u64>,
     /// The budget the sealed copies of its targets' files count against (the driver's: the
     /// agent's, the daemon's for the run's owner; see [`Self::set_copy_budget`]).
     pub(super) copies: CopyBudget,
 }
 
 impl Recording {
-    /// A recording that samples, follows children, walks stacks and reads Python frames as
+    /// A recording that samples, follows children, walks stacks and reads runtime frames as
     /// `request` says; nothing is attached until the first target is added.
     pub fn new(request: &RecordingRequest) -> Recording {
         Recording {
@@ -97,7 +97,7 @@ impl Recording {
             max_sample_rate_at_start: 0,
             started: Instant::now(),
             last_refresh: Instant::now(),
-            python_mode: request.python,
+            runtimes: request.runtimes,
             warm: None,
             owner: None,
             scope: request.scope.clone(),
@@ -107,8 +107,8 @@ impl Recording {
             naming: Arc::new(NamingShares::single()),
             naming_turn: 0,
             timeline: request.options.timeline,
-            next_python_scan: Instant::now(),
-            stacks_at_python_scan: HashMap::new(),
+            next_runtime_scan: Instant::now(),
+            stacks_at_runtime_scan: HashMap::new(),
             copies: CopyBudget::mib(crate::process::copies::DEFAULT_RECORD_COPY_MIB),
         }
     }
@@ -120,7 +120,7 @@ impl Recording {
         self.copies = budget;
     }
 
-    /// Charges the naming of this recording's Python frames to its owner's share of `shares`
+    /// Charges the naming of this recording's runtime frames to its owner's share of `shares`
     /// (a daemon's, shared by every run; before the first target is added).
     pub fn set_naming_shares(&mut self, shares: Arc<NamingShares>) {
         self.naming = shares;

@@ -1,6 +1,6 @@
 //! The tick ([`Recording::tick`]): what keeps a recording healthy while it samples (stacks
 //! moved out of the kernel, maps refreshed, followed children and exec'd processes handled,
-//! exits noted, new Python stacks queued, sampled addresses sent to be symbolized early).
+//! exits noted, new runtime stacks queued, sampled addresses sent to be symbolized early).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -10,7 +10,7 @@ use std::{
 use profiler_common::Counter;
 
 use super::{
-    naming::PythonStackIds,
+    naming::RuntimeStackIds,
     process::{PYTHON_THREADS_BACKSTOP, STALE_MAPS_MIN_INTERVAL, STATELESS_THREAD_RELIST},
     MAPS_REFRESH, MAX_SYSTEM_PROCESSES, SYSTEM_MAPS_REFRESH, YOUNG_PROCESS, YOUNG_REFRESH_PERIODS,
 };
@@ -18,21 +18,21 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     process::maps::ProcessMaps,
     process::target::{ExitWatch, Owner, Target},
-    python::stacks::{PythonMode, PythonTracking},
     recording::process::ProcessRecording,
     recording::Recording,
+    runtime::Naming,
     symbolize::Warm,
 };
 
 /// Kernel addresses start here (x86-64, 4- and 5-level paging alike).
 const KERNEL_ADDRESS_START: u64 = 1 << 63;
 
-/// A run of targets looks for new Python stacks to name as often as every tick, but spends at
+/// A run of targets looks for new runtime stacks to name as often as every tick, but spends at
 /// most about 1/this of its time on the look: it reads the kernel's sample map key by key (a
 /// system call each: 0.3 ms for 700 keys in a release build, 1-5 ms for 150 in a debug one;
 /// up to 16k keys between moves), so the next look waits this many times the CPU the last one
 /// took, at most until the next maps refresh.
-pub(super) const PYTHON_SCAN_COST_SHARE: u32 = 20;
+pub(super) const RUNTIME_SCAN_COST_SHARE: u32 = 20;
 
 /// A process's key in a recording's `processes`: its program, run slot and sample pid.
 pub(super) type ProcessKey = (u32, u32, u32);
@@ -56,7 +56,7 @@ impl Recording {
         }
         let mut samples = 0;
         let mut seen_programs = HashSet::new();
-        // Programs that stored Python stacks never seen before since their last look for them
+        // Programs that stored runtime stacks never seen before since their last look for them
         // (with the count now), and programs whose count cannot be read. A system-wide run
         // looks only at each refresh, whatever the count: it does not read it.
         let look_between_refreshes = !self.is_system();
@@ -69,9 +69,9 @@ impl Recording {
                 program.offload_when_due();
                 program.unwind.poll();
                 if look_between_refreshes {
-                    let stored = program.python_stacks_stored();
+                    let stored = program.runtime_stacks_stored();
                     if stored.is_none()
-                        || stored != self.stacks_at_python_scan.get(&slot.program_id).copied()
+                        || stored != self.stacks_at_runtime_scan.get(&slot.program_id).copied()
                     {
                         new_stacks.insert(slot.program_id, stored);
                     }
@@ -100,8 +100,8 @@ impl Recording {
                 }
             }
         }
-        // Python stacks recorded so far, per program, named below while their processes live.
-        let mut python_ids = PythonStackIds::default();
+        // Runtime stacks recorded so far, per program, named below while their processes live.
+        let mut runtime_ids = RuntimeStackIds::default();
         let now = Instant::now();
         let system = self.is_system();
         // The processes the kernel says exited, all in one look.
@@ -130,10 +130,10 @@ impl Recording {
         // process's state that much longer. Runs of targets look every tick: their end is
         // their targets' exit.
         let look_for_exits = !system || refresh;
-        let scan_python = refresh || (!system && now >= self.next_python_scan);
-        let mut python_scan_took = None;
+        let scan_runtime = refresh || (!system && now >= self.next_runtime_scan);
+        let mut runtime_scan_took = None;
         let started = self.started;
-        // `--per-thread` labels a Python program's threads by their `threading` names.
+        // `--per-thread` labels a program's threads by the names its runtime gave them.
         let per_thread = self.per_thread;
         for (key, p) in self.processes.iter_mut() {
             let young = p.young_until.is_some_and(|t| now < t)
@@ -176,18 +176,22 @@ impl Recording {
             }
             // A new process may map its interpreter only after its exec (libpython is loaded
             // by ld.so): it is looked for again while the process is young.
-            if young && !p.exited && p.python.is_none() && self.python_mode == PythonMode::Auto {
-                p.python = PythonTracking::start(
+            if young && !p.exited && p.runtime.is_none() {
+                let naming = Naming {
+                    shares: &self.naming,
+                    owner: owner_uid,
+                };
+                p.runtime = crate::runtime::attach(
                     program,
                     p.target.pid,
-                    &self.naming,
-                    owner_uid,
-                    &mut p.python_refused,
+                    &naming,
+                    self.runtimes,
+                    &mut p.runtime_refused,
                 );
             }
-            if let Some(python) = &mut p.python {
+            if let Some(runtime) = &mut p.runtime {
                 if p.exited {
-                    python.stop(program);
+                    runtime.stop(program);
                 } else {
                     // A system-wide run lists a CPython's threads when its samples name one
                     // not listed (see `check_samples`), and otherwise rarely; a run of
@@ -200,7 +204,7 @@ impl Recording {
                         refresh
                     };
                     if list {
-                        python.refresh_threads(program);
+                        runtime.refresh(program);
                         p.threads_listed_at = now;
                     }
                     // A code object can be read only while it lives: a function compiled,
@@ -212,32 +216,38 @@ impl Recording {
                     // A system-wide run queues at each of its half-second looks, whether or
                     // not the process's maps were read again.
                     let queue = refresh
-                        || (system && scan_python)
-                        || (scan_python && new_stacks.contains_key(&p.slot.program_id));
+                        || (system && scan_runtime)
+                        || (scan_runtime && new_stacks.contains_key(&p.slot.program_id));
                     if queue {
-                        // Named by `name_python`, off the programs' lock.
+                        // Named by `name_runtime_frames`, off the programs' lock.
                         let read = |program: &crate::kernel::KernelProgram| {
                             // CPU time, not wall time: with three busy loops on two cores a
                             // look preempted midway took 13.6 ms for 0.6 ms of CPU, and the
                             // next look, 272 ms later by its wall time, came after the end of
                             // a function that ran 150 ms and its process.
                             let (began, cpu) = (Instant::now(), crate::clock::thread_cpu_time());
-                            let ids = program.python_stack_ids();
+                            let ids = program.runtime_stack_ids();
                             let took = crate::clock::thread_cpu_time().saturating_sub(cpu);
                             log::trace!(
-                                "{} Python stacks recorded, found in {took:?} of CPU ({:?})",
+                                "{} runtime stacks recorded, found in {took:?} of CPU ({:?})",
                                 ids.len(),
                                 began.elapsed()
                             );
-                            *python_scan_took.get_or_insert(Duration::ZERO) += took;
+                            *runtime_scan_took.get_or_insert(Duration::ZERO) += took;
                             ids
                         };
-                        python_ids.queue_with(python, program, p.slot, p.sample_pid, read);
+                        runtime_ids.queue_with(
+                            runtime.as_mut(),
+                            program,
+                            p.slot,
+                            p.sample_pid,
+                            read,
+                        );
                     }
                 }
             }
             if p.exited && system {
-                // What the kernel holds for it goes at once: tables, mappings, Python state
+                // What the kernel holds for it goes at once: tables, mappings, runtime state
                 // (its maps stay, to name its samples).
                 if program.unwind.is_tracked(p.target.pid) {
                     p.note_tables(&program.unwind, started);
@@ -245,12 +255,12 @@ impl Recording {
                 }
             }
         }
-        if let Some(took) = python_scan_took {
-            self.next_python_scan = now + (took * PYTHON_SCAN_COST_SHARE).min(MAPS_REFRESH);
+        if let Some(took) = runtime_scan_took {
+            self.next_runtime_scan = now + (took * RUNTIME_SCAN_COST_SHARE).min(MAPS_REFRESH);
             // Counts read before the look: a stack stored during it is looked for again.
             for (program, stored) in new_stacks {
-                if let (Some(stored), true) = (stored, python_ids.read_for(program)) {
-                    self.stacks_at_python_scan.insert(program, stored);
+                if let (Some(stored), true) = (stored, runtime_ids.read_for(program)) {
+                    self.stacks_at_runtime_scan.insert(program, stored);
                 }
             }
         }
@@ -318,9 +328,9 @@ impl Recording {
                         stale.insert(key);
                     }
                 }
-                if let Some(python) = &p.python {
-                    let relist = k.python_stack == 0
-                        && match python.listed(k.tid) {
+                if let Some(runtime) = &p.runtime {
+                    let relist = k.runtime_stack == 0
+                        && match runtime.thread_listed(k.tid) {
                             Some(true) => false,
                             Some(false) => {
                                 now.duration_since(p.threads_listed_at) >= STATELESS_THREAD_RELIST
@@ -376,7 +386,7 @@ impl Recording {
 
     /// Handles process `pid` of `slot`, which exec'd: the kernel stopped sampling it at the exec.
     /// It is sampled again if `owner` may profile the new program, with its maps read anew
-    /// (those read since the exec may be of a program the owner may not see) and its Python
+    /// (those read since the exec may be of a program the owner may not see) and its runtime
     /// state forgotten (names read from its memory since the exec, likewise); otherwise it is
     /// revoked. A child not adopted yet is handed back to the kernel's following, and adoption
     /// checks it.
@@ -402,8 +412,8 @@ impl Recording {
             }
             return;
         };
-        if let Some(mut python) = p.python.take() {
-            python.stop(program);
+        if let Some(mut runtime) = p.runtime.take() {
+            runtime.stop(program);
         }
         let fresh = ProcessMaps::capture(pid, p.target.ns_pid, &self.copies);
         let fresh = match fresh {
@@ -500,7 +510,11 @@ impl Recording {
                 let cfi_walked = program.unwind.is_tracked(pid);
                 // A system-wide run's samples carry pids of the initial namespace.
                 let sample_pid = if system { pid } else { target.ns_pid };
-                let mut python_refused = None;
+                let mut runtime_refused = None;
+                let naming = Naming {
+                    shares: &self.naming,
+                    owner: self.owner_uid(),
+                };
                 let exit = ExitWatch::open(&target);
                 self.processes.insert(
                     (slot.program_id, slot.run, sample_pid),
@@ -511,17 +525,14 @@ impl Recording {
                         maps,
                         direct: false,
                         exited: false,
-                        python: match self.python_mode {
-                            PythonMode::Auto => PythonTracking::start(
-                                program,
-                                pid,
-                                &self.naming,
-                                self.owner_uid(),
-                                &mut python_refused,
-                            ),
-                            PythonMode::Off => None,
-                        },
-                        python_refused,
+                        runtime: crate::runtime::attach(
+                            program,
+                            pid,
+                            &naming,
+                            self.runtimes,
+                            &mut runtime_refused,
+                        ),
+                        runtime_refused,
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         refreshed_at: Instant::now(),
                         executable_kib: None,

@@ -66,15 +66,16 @@ pub struct Warm {
 /// Where a recording sends its [`Warm`] addresses (a symbolizer on another thread).
 pub type WarmSink = Box<dyn Fn(Warm) + Send + Sync>;
 
-/// Which side of the user/kernel boundary a frame is on.
+/// Which side of the user/kernel boundary a frame is on, or which runtime named it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FrameKind {
     /// User-space code.
     User,
     /// Kernel code.
     Kernel,
-    /// A Python function the kernel read from a CPython interpreter's frames.
-    Python,
+    /// A function of a language runtime, named from the frames the kernel read from its
+    /// interpreter (`crate::runtime`).
+    Runtime(profiler_common::RuntimeTag),
 }
 
 /// One resolved frame. Its strings are shared ([`Arc<str>`]): the frames of one file carry

@@ -286,7 +286,7 @@ int main(void) { for (;;) { for (int i = 0; i < 2000; i++) huge(); usleep(5000);
 fn a_fake_python_whose_thread_list_loops_is_read_once_per_state() {
     needs_root!();
     let scene = Scene::new(&[]);
-    // CPython 3.12's offsets (profiler-user/src/python/layout.rs).
+    // CPython 3.12's offsets (profiler-user/src/runtime/cpython/layout.rs).
     let source = r#"
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfprof::python::PythonTarget;
+use bpfprof::runtime::cpython::PythonTarget;
 use bpfprof_tests::*;
 
 const TIMEOUT: Duration = Duration::from_secs(120);

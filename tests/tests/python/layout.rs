@@ -16,12 +16,12 @@ use std::{
     time::Duration,
 };
 
-use bpfprof::python::FRAME_OWNED_BY_CSTACK;
-use bpfprof::python::{
+use bpfprof::runtime::cpython::FRAME_OWNED_BY_CSTACK;
+use bpfprof::runtime::cpython::{
     layout::GilLayout, PythonFrame, PythonFunction, PythonTarget, MAX_PYTHON_DEPTH,
 };
 use bpfprof::{
-    python::stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
+    runtime::cpython::stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
     symbolize::{Frame, FrameKind},
 };
 use bpfprof_tests::*;
@@ -748,7 +748,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
     let options = MergeOptions {
         keep_glue: true,
         show_gil: false,
-        view: bpfprof::python::stacks::PythonView::Off,
+        view: bpfprof::runtime::cpython::stacks::PythonView::Off,
     };
     let merged = merge(native, &packed, &symbols, options, ());
     // Leaf first again, as gdb lists frames.
@@ -756,7 +756,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         .iter()
         .rev()
         .map(|(f, _)| match f.kind {
-            FrameKind::Python => format!("py:{}", f.name),
+            FrameKind::Runtime(_) => format!("py:{}", f.name),
             _ => f.name.to_string(),
         })
         .collect();
@@ -1044,7 +1044,7 @@ fn an_unsupported_cpython_is_not_a_target() {
     // Recognised, and named with the reason: never a silent profile without Python frames.
     let pid = workload.pid();
     match PythonTarget::probe(pid).expect("probe") {
-        bpfprof::python::Probe::Unsupported(u) => {
+        bpfprof::runtime::cpython::Probe::Unsupported(u) => {
             let said = u.to_string();
             assert!(
                 said.starts_with("libpython3.9")

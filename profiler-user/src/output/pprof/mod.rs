@@ -113,8 +113,8 @@ impl Strings {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum FunctionClass {
     Code,
-    /// A Python function, named by its code object (not a native symbol).
-    Python,
+    /// A runtime's function (Python's), named by its code object (not a native symbol).
+    Runtime(profiler_common::RuntimeTag),
     Pseudo,
 }
 
@@ -126,8 +126,8 @@ enum FunctionClass {
 fn system_name(class: FunctionClass, name: &str, file: Option<&str>) -> String {
     match (class, file) {
         (FunctionClass::Code, _) => name.to_string(),
-        (FunctionClass::Python, Some(file)) => format!("{file}:{name}"),
-        (FunctionClass::Python, None) => format!("python:{name}"),
+        (FunctionClass::Runtime(_), Some(file)) => format!("{file}:{name}"),
+        (FunctionClass::Runtime(tag), None) => format!("{}:{name}", tag.name()),
         (FunctionClass::Pseudo, _) => format!("bpfprof:{name}"),
     }
 }
@@ -282,10 +282,9 @@ impl Tables {
                     }
                     files |= f.file.is_some();
                     line_numbers |= f.line.is_some();
-                    let class = if f.kind == FrameKind::Python {
-                        FunctionClass::Python
-                    } else {
-                        FunctionClass::Code
+                    let class = match f.kind {
+                        FrameKind::Runtime(tag) => FunctionClass::Runtime(tag),
+                        _ => FunctionClass::Code,
                     };
                     let id = self.function(class, &f.name, f.file.as_deref(), f.start_line);
                     (id, f.line.map_or(0, i64::from))

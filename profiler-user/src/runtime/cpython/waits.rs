@@ -1,19 +1,15 @@
 //! The Python frames of the waits a target was in when the run took it in
 //! ([`KernelProgram::scan_waits`], which walks their native stacks): read here, as the
-//! `python` module is above the kernel one.
+//! `runtime` module is above the kernel one.
 
 use crate::{
     kernel::{KernelProgram, ScannedWait},
     process::target::Target,
-    python::{Probe, PythonFrame, PythonTarget},
+    runtime::cpython::{Probe, PythonFrame, PythonTarget},
 };
 
 /// Stores the Python frames of the waits `scanned` of `target`, a CPython the kernel walks.
-pub(super) fn store_python_frames(
-    program: &mut KernelProgram,
-    target: &Target,
-    scanned: &[ScannedWait],
-) {
+pub fn store_python_frames(program: &mut KernelProgram, target: &Target, scanned: &[ScannedWait]) {
     if scanned.is_empty() {
         return;
     }

@@ -1,0 +1,255 @@
+//! Language runtimes whose frames bpfprof reads beside the native stack: one interface, one
+//! folder per runtime ([`cpython`] is the first), one list ([`RUNTIMES`]).
+//!
+//! The shape is the OpenTelemetry eBPF profiler's `interpreter/` (a loader recognises the
+//! runtime in a process, per-process data, an instance that names its frames), cut to what
+//! the recording pipeline calls:
+//! - [`Runtime`] (one static value per runtime): recognises a process and attaches to it,
+//!   handing the kernel program what its walker needs for that process ([`Runtime::attach`]);
+//!   a process that runs the runtime in a form bpfprof cannot walk gets one sentence saying
+//!   so (the "not supported: <reason>" the summary, `dump` and `top` show);
+//! - [`Instance`] (one per attached process): keeps the kernel's view of the process up to
+//!   date ([`Instance::refresh`]), queues the frames of the stacks the kernel recorded and
+//!   names them while the process lives, within its owner's share ([`shares`]), and reports
+//!   what its bounds left out and what naming cost;
+//! - [`NamedFrames`]: an instance's names, which aggregation merges into native stacks.
+//!
+//! The pipeline carries a runtime's stacks as [`crate::profile::sample::Sample::runtime_frames`]
+//! (packed as the runtime packs them) and its named frames as
+//! [`FrameKind::Runtime`] with the runtime's [`RuntimeTag`]; the kernel side has the tag and
+//! one walker per runtime. Adding a runtime: its folder here implementing these traits, its
+//! entry in [`RUNTIMES`] and a [`RuntimeTag`], its kernel walker and maps (see
+//! `docs/development.md`, "Adding a runtime").
+
+pub mod cpython;
+pub mod shares;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+pub use profiler_common::RuntimeTag;
+use profiler_common::StackId;
+
+use crate::{
+    kernel::{KernelProgram, ScannedWait},
+    process::target::Target,
+    profile::CodeAddress,
+    symbolize::{Frame, FrameKind},
+};
+
+use self::shares::{NamingShares, Owner};
+
+/// Every runtime bpfprof knows, in the order a process is offered to them (the first that
+/// attaches wins: a process runs one).
+pub static RUNTIMES: &[&dyn Runtime] = &[&cpython::CPython];
+
+/// The runtime of `tag`.
+pub fn by_tag(tag: RuntimeTag) -> Option<&'static dyn Runtime> {
+    RUNTIMES.iter().copied().find(|r| r.tag() == tag)
+}
+
+/// A language runtime bpfprof can read the frames of (a loader, in the OpenTelemetry
+/// profiler's words). Implementations are unit values listed in [`RUNTIMES`].
+pub trait Runtime: Sync {
+    /// Its tag, on its frames and in the kernel's per-process entries.
+    fn tag(&self) -> RuntimeTag;
+
+    /// Attaches to host pid `pid` when it runs this runtime in a form bpfprof can walk: gives
+    /// `program` what its walker needs for the process and returns the instance that follows
+    /// it. When the process runs the runtime in a form bpfprof cannot walk, `refused` gets
+    /// the sentence that says so (logged as a warning the first time it changes); `None`
+    /// then, and when the process does not run it.
+    fn attach(
+        &self,
+        program: &mut KernelProgram,
+        pid: u32,
+        naming: &Naming,
+        refused: &mut Option<String>,
+    ) -> Option<Box<dyn Instance>>;
+
+    /// The leaf-most `limit` frames of one of its kernel stacks (as the kernel packed it,
+    /// innermost first), and whether any were cut (`--max-stack-length`).
+    fn cut(&self, stack: &[u64], limit: usize) -> (Vec<u64>, bool);
+
+    /// Which frames of a profile stack (root first, `None` for bpfprof's own frames) its view
+    /// keeps (`--python-view`): the runtime's own machinery below and between its functions
+    /// folded into them.
+    fn view_keep(&self, frames: &[Option<&Frame>]) -> Vec<bool>;
+}
+
+/// Whose share of naming an instance's names are charged to.
+pub struct Naming<'a> {
+    /// The naming shares of the daemon (or the one recording).
+    pub shares: &'a Arc<NamingShares>,
+    /// The owner of the run.
+    pub owner: Owner,
+}
+
+/// One process a runtime attached to (its per-process data and instance).
+pub trait Instance: Send + Sync {
+    /// Its runtime's tag.
+    fn tag(&self) -> RuntimeTag;
+
+    /// Brings the kernel's view of the process up to date (its threads), on every maps
+    /// refresh.
+    fn refresh(&mut self, program: &mut KernelProgram);
+
+    /// Queues the frames of the stacks the kernel recorded for this process (run slot `run`,
+    /// `ns_pid` in its namespace; `ids` as [`KernelProgram::runtime_stack_ids`] lists them)
+    /// since the last call, to be named by [`Instance::name_queued`]: reads the kernel's maps
+    /// only (under the programs' lock), no memory of the process.
+    fn queue_new_stacks(
+        &mut self,
+        program: &KernelProgram,
+        ids: &[(u64, u32, StackId)],
+        run: u32,
+        ns_pid: u32,
+    );
+
+    /// Whether frames wait to be named.
+    fn has_queued(&self) -> bool;
+
+    /// Names queued frames, reading the live process, until this thread has spent `cpu` on it
+    /// (at least one frame when any waits); returns the CPU spent.
+    fn name_queued(&mut self, cpu: Duration) -> Duration;
+
+    /// Frames still queued will not be named (the run ended): counted as left unnamed.
+    fn abandon_queued(&mut self);
+
+    /// The names the program gave its threads, by host tid (Python's `threading` names).
+    fn thread_names(&mut self) -> HashMap<u32, String>;
+
+    /// Whether thread `ns_tid` (in the process's pid namespace) was listed with the runtime's
+    /// state (`Some(true)`), only without it (`Some(false)`), or never (`None`).
+    fn thread_listed(&self, ns_tid: u32) -> Option<bool>;
+
+    /// Whether thread `ns_tid` (in the process's pid namespace) ran none of the runtime's
+    /// code during the run, so that its samples miss no runtime frames.
+    fn runs_no_runtime_code(&self, ns_tid: u32) -> bool;
+
+    /// What the bounds on reading the process left out, in words; `None` when nothing was.
+    fn limits_hit(&self) -> Option<String>;
+
+    /// Code objects read from the process so far, and the time naming frames took.
+    fn naming_cost(&self) -> (usize, Duration);
+
+    /// The frames named so far.
+    fn frames(&self) -> &dyn NamedFrames;
+
+    /// Gives the kernel the runtime frames of the waits `scanned` of `target` (the threads
+    /// already off the CPU when the run took it in, whose native stacks the kernel walked
+    /// from their saved registers), read from userspace.
+    fn store_wait_stacks(
+        &mut self,
+        program: &mut KernelProgram,
+        target: &Target,
+        scanned: &[ScannedWait],
+    );
+
+    /// Stops following the process: what the kernel holds for it goes.
+    fn stop(&mut self, program: &mut KernelProgram);
+}
+
+/// A process's named runtime frames, as aggregation reads them.
+pub trait NamedFrames: Sync {
+    /// Whether any frame of `stack` (as the kernel packed it) has no name.
+    fn has_unnamed(&self, stack: &[u64]) -> bool;
+
+    /// Merges `stack`'s frames into a sample's native user frames (root first, each with
+    /// its address) where the runtime ran them.
+    fn merge(
+        &self,
+        native: Vec<(Frame, Option<CodeAddress>)>,
+        stack: &[u64],
+        options: FrameOptions,
+    ) -> Vec<(Frame, Option<CodeAddress>)>;
+}
+
+/// Offers host pid `pid` to each runtime `enabled` lets in, in [`RUNTIMES`]' order: the
+/// instance of the first that attaches (see [`Runtime::attach`] for `refused`).
+pub fn attach(
+    program: &mut KernelProgram,
+    pid: u32,
+    naming: &Naming,
+    enabled: Enabled,
+    refused: &mut Option<String>,
+) -> Option<Box<dyn Instance>> {
+    RUNTIMES
+        .iter()
+        .filter(|r| enabled.contains(r.tag()))
+        .find_map(|r| r.attach(program, pid, naming, refused))
+}
+
+/// Which frames of a profile stack (root first) the view of its runtime keeps: the runtime
+/// of its first runtime frame decides; a stack without runtime frames is kept whole.
+pub fn view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
+    let runtime = frames.iter().flatten().find_map(|f| match f.kind {
+        FrameKind::Runtime(tag) => by_tag(tag),
+        _ => None,
+    });
+    match runtime {
+        Some(runtime) => runtime.view_keep(frames),
+        None => vec![true; frames.len()],
+    }
+}
+
+/// Which runtimes a recording reads the frames of (`--python off` leaves CPython out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enabled(u64);
+
+impl Enabled {
+    /// Every runtime.
+    pub const ALL: Enabled = Enabled(u64::MAX);
+    /// None.
+    pub const NONE: Enabled = Enabled(0);
+
+    /// Whether `tag`'s frames are read.
+    pub fn contains(self, tag: RuntimeTag) -> bool {
+        self.0 & Self::bit(tag) != 0
+    }
+
+    /// These, with `tag` on or off.
+    pub fn with(self, tag: RuntimeTag, on: bool) -> Enabled {
+        if on {
+            Enabled(self.0 | Self::bit(tag))
+        } else {
+            Enabled(self.0 & !Self::bit(tag))
+        }
+    }
+
+    fn bit(tag: RuntimeTag) -> u64 {
+        1 << (tag as u32 % 64)
+    }
+}
+
+impl Default for Enabled {
+    fn default() -> Enabled {
+        Enabled::ALL
+    }
+}
+
+/// How runtime frames are shown (`--python-glue`, `--python-gil`, `--python-view`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FrameOptions {
+    /// Keep the interpreter's C frames between runtime frames (`--python-glue`).
+    pub keep_glue: bool,
+    /// Put the thread's runtime state at the root of each stack (CPython: `[GIL held]` or
+    /// `[GIL not held]`, `--python-gil`).
+    pub show_gil: bool,
+    /// Which outputs show the runtime's view (`--python-view`).
+    pub view: View,
+}
+
+/// Which outputs show the runtimes' view (`--python-view`): each sample attributed to its
+/// innermost runtime function, the interpreter's own C frames below it folded into it
+/// ([`Runtime::view_keep`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum View {
+    /// pstats only (snakeviz and `pstats` list Python functions); every other output keeps
+    /// the interpreter's frames.
+    #[default]
+    Pstats,
+    /// Every output.
+    All,
+    /// None: pstats too keeps the interpreter's frames.
+    Off,
+}
