@@ -187,8 +187,7 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     }
     // SAFETY: as above.
     let mut len = (unsafe { (*frames).len } as usize).min(MAX_STACK_DEPTH);
-    if len > 0 && (layout.gil_holder != 0 || layout.free_threaded != 0) && len < MAX_STACK_DEPTH
-    {
+    if len > 0 && (layout.gil_holder != 0 || layout.free_threaded != 0) && len < MAX_STACK_DEPTH {
         // Whether this thread holds the GIL: it is locked and this thread took it last; a
         // free-threaded build has none to hold.
         let marker = if layout.free_threaded != 0 {

@@ -122,7 +122,11 @@ fn scan(task: *mut aya_ebpf::bindings::task_struct, address: u64) {
     let (ip, sp, bp) = regs.map_or((0, 0, 0), |r| (r.rip, r.rsp, r.rbp));
     let kernel_stack = task_kernel_stack(task);
     // Ids no walk produces (a walk's id is a hash of its frames): one per thread and scan.
-    let user_stack = if ip != 0 { scan_id(tid as u32, since, 1) } else { 0 };
+    let user_stack = if ip != 0 {
+        scan_id(tid as u32, since, 1)
+    } else {
+        0
+    };
     let python_stack = if entry.python != 0 {
         scan_id(tid as u32, since, 2)
     } else {
