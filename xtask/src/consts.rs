@@ -41,6 +41,10 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-setuptools",
     "python3-wheel",
     "gcc",
+    // The free-threaded 3.13t built from source needs them for ctypes (its layout test reads
+    // the interpreter's own objects through it) and zlib.
+    "libffi-dev",
+    "zlib1g-dev",
     "util-linux",
     // The python_layout test re-derives CPython's struct offsets from libpython's DWARF.
     "gdb",
