@@ -45,6 +45,8 @@ pub const APT_PACKAGES: &[&str] = &[
     // the interpreter's own objects through it) and zlib.
     "libffi-dev",
     "zlib1g-dev",
+    "make",
+    "curl",
     "util-linux",
     // The python_layout test re-derives CPython's struct offsets from libpython's DWARF.
     "gdb",
