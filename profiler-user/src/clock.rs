@@ -19,6 +19,13 @@ pub fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of the kernel program's timestamps
+/// (`bpf_ktime_get_ns`) and of the timeline.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// Steps of a start-up, each logged (`-v`) with its wall time and the calling thread's CPU
 /// time: the breakdown of the time to a run's first sample.
 pub struct Steps {

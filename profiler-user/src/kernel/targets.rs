@@ -53,7 +53,7 @@ impl KernelProgram {
             // Taken before the kernel sees it as a target: a wait the scan finds then began
             // before this (see `scan_waits`).
             self.targets_added_ns
-                .insert((run, target.pid), super::waits::monotonic_ns());
+                .insert((run, target.pid), crate::clock::monotonic_ns());
         }
         // Another run may watch the same process: add this run's bit to its entry.
         let mut info = self.targets.get(&key, 0).unwrap_or_default();

@@ -258,7 +258,7 @@ impl KernelProgram {
         run: u32,
         pending: &[(u32, profiler_common::OffCpuPending)],
     ) {
-        let now = monotonic_ns();
+        let now = crate::clock::monotonic_ns();
         let min_ns = self
             .config
             .get(&(Config::OffCpuMinNs as u32), 0)
@@ -290,12 +290,6 @@ impl KernelProgram {
             super::stacks::merge_counts(&mut self.offloaded_samples);
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` now, in nanoseconds: `bpf_ktime_get_ns`'s clock.
-pub(super) fn monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// Thread `tid`'s voluntary and involuntary context switches, as `/proc` counts them (the
