@@ -2,7 +2,7 @@
 //! variables), echoed, run, probed and run as root.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -10,7 +10,14 @@ use anyhow::{ensure, Context, Result};
 
 /// The workspace root: xtask lives in `<root>/xtask`.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // `cargo xtask` (cargo run) sets CARGO_MANIFEST_DIR at run time too; prefer it, so that a
+    // binary built in another checkout (a worktree seeded from another target/) works on the
+    // checkout it is run from, not on the one it was compiled in.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest
         .parent()
         .expect("xtask's manifest dir has a parent")
         .to_path_buf()
