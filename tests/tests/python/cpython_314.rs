@@ -17,7 +17,7 @@ use bpfprof_tests::*;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The root of the sid chroot (see ../shared/PYTHON.md and `cargo xtask setup`).
-const SID: &str = "/srv/sid";
+pub(super) const SID: &str = "/srv/sid";
 /// Most the measured share may differ from the workload's own measure, or four standard errors
 /// of the sampled share where fewer samples make that wider (see [`Share`]): 3 points fixed
 /// failed a correct build at load 15, 0.816 of 1030 samples against 0.785, 2.4 standard errors.
@@ -74,7 +74,7 @@ fn sid_python(minor: u8) -> Option<String> {
 }
 
 /// A directory inside the chroot: (the host's path, the chroot's path).
-fn chroot_dir() -> (tempfile::TempDir, PathBuf) {
+pub(super) fn chroot_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::Builder::new()
         .prefix("bpfprof-test-")
         .tempdir_in(Path::new(SID).join("tmp"))
