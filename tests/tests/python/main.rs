@@ -4,6 +4,7 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test python -- walk::`).
 
 mod cpython_314;
+mod cpython_314_modes;
 mod doctor;
 mod frames;
 mod free_threaded;
