@@ -23,8 +23,11 @@ const TORCH_314: &str = "/opt/torch314/bin/python";
 /// Longest the loop may take to start training (import torch, a first step): about 10 s
 /// alone, far more on a loaded machine.
 const LOOP_READY_TIMEOUT: Duration = Duration::from_secs(180);
-/// Each `--pid` run's length, and the most one may take before it is killed.
-const RUN: &str = "8s";
+/// The `--pid` run's length and frequency (499 Hz: a loaded machine gives the trainer a
+/// fraction of a CPU, and 99 Hz then left 38 main-thread samples in 8 s, too few to judge),
+/// and the most it may take before it is killed.
+const RUN: &str = "10s";
+const FREQUENCY: &str = "499";
 const RUN_KILL: Duration = Duration::from_secs(60);
 /// The share of the main thread's CPU samples in `train_step`, the lowest a correct build
 /// measured less four standard errors (see [`Share`]): the loop does nothing else but check
@@ -53,7 +56,7 @@ const OPENMP_SHARE: f64 = 0.9;
 /// (2026-11-29), which weighs `forward` against `backward` unevenly.
 const PY_SPY_TOLERANCE: f64 = 0.03;
 /// py-spy's recording, as long as bpfprof's.
-const PY_SPY_SECONDS: &str = "8";
+const PY_SPY_SECONDS: &str = "10";
 
 /// torch in that venv, as the host sees it (its `bin/python` is a link to the chroot's
 /// `/usr/bin/python3.14`, which the host cannot follow).
@@ -131,7 +134,10 @@ fn pid_run_on_a_training_loop_on_cpython_314() {
     );
     let cpu = host.path().join("cpu.folded");
     let cpu_arg = cpu.display().to_string();
-    let run = run_bpfprof(["--pid", &pid, "-d", RUN, "-o", &cpu_arg], RUN_KILL);
+    let run = run_bpfprof(
+        ["--pid", &pid, "-F", FREQUENCY, "-d", RUN, "-o", &cpu_arg],
+        RUN_KILL,
+    );
     checks.eq("bpfprof exit", run.code(), exit::OK);
     let profile = Profile::read(&cpu);
     let main = profile.count_where(is_main_thread);
