@@ -1,8 +1,8 @@
 //! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
 //! rustfmt and clippy, bpf-linker, cargo-fuzz, the format validators, upstream pprof, Python
-//! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot, a
-//! free-threaded CPython 3.13t built from Debian's source, and the VM test's kernels); each
-//! step does nothing for what is already there.
+//! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot with PyTorch
+//! for its 3.14, a free-threaded CPython 3.13t built from Debian's source, and the VM test's
+//! kernels); each step does nothing for what is already there.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +32,7 @@ pub fn setup() -> Result<()> {
     setup_py_spy()?;
     setup_torch()?;
     setup_sid_pythons()?;
+    setup_sid_torch()?;
     setup_free_threaded_python()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
@@ -273,6 +274,91 @@ fn setup_sid_pythons() -> Result<()> {
             "{SID_ROOT}/usr/bin/{python} is still missing"
         );
     }
+    Ok(())
+}
+
+/// The venv in the sid root (its own path there) with PyTorch for sid's CPython 3.14, for
+/// `tests/tests/python/pytorch_314.rs`.
+const SID_TORCH_VENV: &str = "/opt/torch314";
+/// The host's CA bundle as the sid root sees it, for pip there: the registries are reached
+/// through a proxy only the host's bundle trusts. A name of its own, since sid's
+/// `ca-certificates` rewrites `/etc/ssl/certs/ca-certificates.crt` whenever apt installs it.
+const SID_HOST_CA: &str = "/etc/ssl/host-ca-certificates.crt";
+
+/// PyTorch's cp314 wheel from PyPI in a venv of sid's `python3.14` at [`SID_TORCH_VENV`]
+/// inside [`SID_ROOT`], skipped when torch already imports and trains a step there. As for
+/// [`setup_torch`]: PyPI's only Linux x86-64 build is the CUDA one (no CPU-only wheel), so
+/// it is torch without its dependencies, then those less [`TORCH_SKIPPED_DEPS`]; about 4.3
+/// GB and 5 minutes here (torch 70 s, the CUDA libraries 200 s).
+fn setup_sid_torch() -> Result<()> {
+    let root = Path::new(SID_ROOT);
+    let venv = Path::new(SID_TORCH_VENV);
+    let python = venv.join("bin/python");
+    println!("==> PyTorch for sid's python3.14 in {SID_ROOT}{SID_TORCH_VENV}");
+    let in_root = |program: &Path| -> Result<Command> {
+        let mut cmd = as_root("chroot")?;
+        cmd.arg(root).arg(program);
+        Ok(cmd)
+    };
+    if let Some(version) = probe(in_root(&python)?.args(["-c", TORCH_PROBE])) {
+        println!("    torch {} already installed", version.trim());
+        return Ok(());
+    }
+    let started = Instant::now();
+    std::fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"))
+        .context("copying /etc/resolv.conf into the sid root")?;
+    let venv_module = probe(in_root(Path::new("/usr/bin/dpkg-query"))?.args([
+        "-W",
+        "-f=${Status}",
+        "python3.14-venv",
+    ]))
+    .is_some_and(|status| status.trim() == "install ok installed");
+    if !venv_module {
+        run(in_root(Path::new("/usr/bin/apt-get"))?
+            .args(["install", "-y", "python3.14-venv"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    let ca = root.join(SID_HOST_CA.trim_start_matches('/'));
+    std::fs::create_dir_all(ca.parent().expect("a folder"))?;
+    std::fs::copy("/etc/ssl/certs/ca-certificates.crt", &ca)
+        .context("copying the host's CA bundle into the sid root")?;
+    if !root
+        .join(python.strip_prefix("/").expect("absolute"))
+        .is_file()
+    {
+        run(in_root(Path::new("/usr/bin/python3.14"))?
+            .args(["-m", "venv"])
+            .arg(venv))?;
+    }
+    let pip = || -> Result<Command> {
+        let mut cmd = in_root(Path::new("/usr/bin/env"))?;
+        cmd.arg(format!("SSL_CERT_FILE={SID_HOST_CA}"))
+            .arg(format!("PIP_CERT={SID_HOST_CA}"))
+            .arg("PIP_DISABLE_PIP_VERSION_CHECK=1")
+            .arg(&python)
+            .args(["-m", "pip", "install", "--progress-bar", "off"]);
+        Ok(cmd)
+    };
+    println!("    installing torch without its dependencies (about 540 MB)");
+    run(pip()?.args(["--no-deps", "torch"]))?;
+    let requires = probe(in_root(&python)?.args([
+        "-c",
+        "import importlib.metadata as m\nprint('\\n'.join(m.requires('torch') or []))",
+    ]))
+    .context("reading torch's dependencies from its metadata")?;
+    let deps = torch_dependencies(&requires);
+    println!(
+        "    installing its dependencies but {} (about 3.3 GB)",
+        TORCH_SKIPPED_DEPS.join(", ")
+    );
+    run(pip()?.args(&deps))?;
+    let version = probe(in_root(&python)?.args(["-c", TORCH_PROBE]))
+        .context("torch was installed in the sid root but does not import and run a CPU model")?;
+    println!(
+        "    torch {} installed in {}",
+        version.trim(),
+        secs(started.elapsed())
+    );
     Ok(())
 }
 

@@ -571,7 +571,7 @@ pub struct RecordArgs {
 
     /// Put `[GIL held]` or `[GIL not held]` at the root of each Python stack: whether the
     /// sampled thread held CPython's global interpreter lock (`[free-threaded: no GIL]` for a
-    /// free-threaded build, which has none).
+    /// free-threaded build running without one, as it does unless its GIL is enabled).
     #[arg(long)]
     pub python_gil: bool,
 

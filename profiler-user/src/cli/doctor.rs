@@ -124,7 +124,7 @@ pub fn process(pid: u32) -> Report {
         format!("pid {pid}: {}", exe.display()),
         "",
     ));
-    let probe = match PythonTarget::probe(pid) {
+    let mut probe = match PythonTarget::probe(pid) {
         Ok(probe) => probe,
         Err(e) => {
             checks.push(check(
@@ -174,7 +174,24 @@ pub fn process(pid: u32) -> Report {
         ),
         "",
     ));
-    checks.push(python_build(pid, &interpreter));
+    // Free-threaded or not: the layout's flag (from `_Py_DebugOffsets`), never the name.
+    let build = match &mut probe {
+        Probe::Walkable(target) => Some(match target.free_threaded_gil() {
+            Some(said) => said.to_string(),
+            None => "with the GIL".to_string(),
+        }),
+        _ if interpreter.version < (3, 13) => Some("with the GIL".to_string()),
+        // A layout refused: its `free_threaded` word, where its cookie holds.
+        _ => crate::runtime::cpython::memory::ProcessMemory::new(pid)
+            .read_vec(
+                interpreter.runtime,
+                crate::runtime::cpython::layout::DEBUG_OFFSETS_SIZE,
+            )
+            .ok()
+            .and_then(|raw| crate::runtime::cpython::layout::stated_free_threaded(&raw))
+            .map(|ft| if ft { "free-threaded" } else { "with the GIL" }.to_string()),
+    };
+    checks.push(python_build(pid, &interpreter, build));
     match &layout {
         Ok(source) => checks.push(check("python_layout", Status::Ok, *source, "")),
         Err(reason) => checks.push(check(
@@ -205,28 +222,20 @@ pub fn process(pid: u32) -> Report {
     Report { checks }
 }
 
-/// The interpreter's build: free-threaded or not (its `_Py_DebugOffsets` say so from 3.13,
-/// its name's `t` before), and whether its object keeps a symbol table or a debug file is
-/// installed for it (stripped code is named by function starts, the eval loop's split-off
-/// part included).
-fn python_build(pid: u32, interpreter: &crate::runtime::cpython::detect::Interpreter) -> Check {
+/// The interpreter's build: `build` says free-threaded or not, with its GIL's state now
+/// where it was read (from its `_Py_DebugOffsets`' flag: a renamed interpreter is judged by
+/// what it is; no build before 3.13 is free-threaded), and whether its object keeps a symbol
+/// table or a debug file is installed for it (stripped code is named by function starts, the
+/// eval loop's split-off part included).
+fn python_build(
+    pid: u32,
+    interpreter: &crate::runtime::cpython::detect::Interpreter,
+    build: Option<String>,
+) -> Check {
     use object::Object;
-    let name = interpreter
-        .path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let free_threaded = name
-        .strip_prefix("libpython")
-        .unwrap_or(&name)
-        .split(".so")
-        .next()
-        .is_some_and(|stem| stem.ends_with('t'));
-    let mut found = vec![if free_threaded {
-        "free-threaded".to_string()
-    } else {
-        "with the GIL".to_string()
-    }];
+    let mut found = vec![build.unwrap_or_else(|| {
+        "free-threaded or not: unknown (its _Py_DebugOffsets cannot be read)".to_string()
+    })];
     // The maps name a chrooted process's files as bpfprof sees them (/srv/sid/usr/bin/...),
     // a container's as the container does.
     let opened = crate::process::target_file::open_in_root(pid, &interpreter.path)

@@ -36,6 +36,8 @@ struct PythonReads {
     frames: HashMap<u32, Vec<PythonFrame>>,
     /// The host tid whose thread state holds the GIL.
     gil_holder: Option<u32>,
+    /// What a free-threaded build's GIL is now (see `PythonTarget::free_threaded_gil`).
+    gil_said: Option<&'static str>,
     /// Each Python thread: host tid and thread state.
     threads: Vec<(u32, u64)>,
     /// Why the Python threads could not be read, if they could not.
@@ -97,7 +99,8 @@ pub struct Dump {
     /// The tid holding the GIL, `null` when it is free or there is no Python (or no GIL).
     pub gil_holder: Option<u32>,
     /// `free-threaded: no GIL` for a free-threaded build (no thread holds a GIL: said, not
-    /// guessed), else `null`.
+    /// guessed), `free-threaded: GIL enabled` for one running with its GIL enabled (then
+    /// `gil_holder` and `holds_gil` as in a GIL build), else `null`.
     pub gil: Option<String>,
     /// How long the process was stopped, in microseconds (first stop to last release).
     pub stopped_us: u64,
@@ -212,7 +215,9 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         .map(|p| p.threading_names(&reads.threads))
         .unwrap_or_default();
     let has_python = python.is_some() && reads.error.is_none();
-    let free_threaded = python.as_ref().is_some_and(|p| p.free_threaded());
+    // A free-threaded build without its GIL: no thread can hold one. With it enabled at run
+    // time, it is held as in a GIL build.
+    let no_gil = reads.gil_said == Some(crate::runtime::cpython::FREE_THREADED_NO_GIL);
     let threads = snapshot
         .threads
         .values()
@@ -245,7 +250,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                 user.into_iter().map(|(f, ())| f).collect(),
                 walk.map(|(_, end)| *end),
                 py.is_some(),
-                (has_python && !free_threaded).then_some(reads.gil_holder == Some(thread.proc.tid)),
+                (has_python && !no_gil).then_some(reads.gil_holder == Some(thread.proc.tid)),
                 python_only,
             )
         })
@@ -258,7 +263,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             .map(|p| format!("{}.{}", p.version().0, p.version().1))
             .or_else(|| unsupported.as_ref().map(|u| u.version())),
         gil_holder: reads.gil_holder,
-        gil: free_threaded.then(|| crate::runtime::cpython::FREE_THREADED_NO_GIL.to_string()),
+        gil: reads.gil_said.map(str::to_string),
         stopped_us: micros(snapshot.stopped),
         reaching_stop_us: micros(snapshot.reaching_stop),
         python_read_us: micros(snapshot.reads),
@@ -279,6 +284,7 @@ fn read_python(python: &mut PythonTarget) -> PythonReads {
             return out;
         }
     };
+    out.gil_said = python.free_threaded_gil();
     // A thread state held by no live thread (3.12 before its GIL exists) holds nothing.
     let holder = python.gil_holder().ok().flatten();
     for &(tid, tstate) in &listing.python {

@@ -17,7 +17,7 @@ use bpfprof_tests::*;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The root of the sid chroot (see ../shared/PYTHON.md and `cargo xtask setup`).
-const SID: &str = "/srv/sid";
+pub(super) const SID: &str = "/srv/sid";
 /// Most the measured share may differ from the workload's own measure, or four standard errors
 /// of the sampled share where fewer samples make that wider (see [`Share`]): 3 points fixed
 /// failed a correct build at load 15, 0.816 of 1030 samples against 0.785, 2.4 standard errors.
@@ -29,7 +29,7 @@ const DEFECT: f64 = 0.5;
 /// The 3:1 workload: `leaf_hot` runs 3000 iterations on its line 4 for each 1000 of
 /// `leaf_cold`; each leaf's thread CPU time is summed and written to `argv[1]` ("hot cold",
 /// nanoseconds) every tenth of a second and at the end, for `argv[2]` seconds.
-const WORKLOAD: &str = "import sys, time
+pub(super) const WORKLOAD: &str = "import sys, time
 def leaf_hot():
     x = 0
     for i in range(3000): x += i
@@ -60,7 +60,7 @@ main(sys.argv[1], float(sys.argv[2]))
 const HOT_LINE: u32 = 4;
 
 /// sid's `python3.{minor}` as the chroot names it, when the chroot has it.
-fn sid_python(minor: u8) -> Option<String> {
+pub(super) fn sid_python(minor: u8) -> Option<String> {
     let inside = format!("/usr/bin/python3.{minor}");
     if Path::new(SID).join(&inside[1..]).exists() {
         return Some(inside);
@@ -74,7 +74,7 @@ fn sid_python(minor: u8) -> Option<String> {
 }
 
 /// A directory inside the chroot: (the host's path, the chroot's path).
-fn chroot_dir() -> (tempfile::TempDir, PathBuf) {
+pub(super) fn chroot_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::Builder::new()
         .prefix("bpfprof-test-")
         .tempdir_in(Path::new(SID).join("tmp"))
@@ -96,7 +96,7 @@ fn chroot_command(python: &str, inside: &Path, seconds: &str) -> Vec<String> {
 }
 
 /// The workload's CPU times so far (hot, cold), once it wrote them.
-fn truth(dir: &Path) -> (u64, u64) {
+pub(super) fn truth(dir: &Path) -> (u64, u64) {
     let path = dir.join("truth.txt");
     poll_until(Duration::from_secs(20), || {
         let text = std::fs::read_to_string(&path).ok()?;
@@ -106,7 +106,7 @@ fn truth(dir: &Path) -> (u64, u64) {
     .expect("the workload writes its CPU times")
 }
 
-fn share((hot0, cold0): (u64, u64), (hot1, cold1): (u64, u64)) -> f64 {
+pub(super) fn share((hot0, cold0): (u64, u64), (hot1, cold1): (u64, u64)) -> f64 {
     let (hot, cold) = ((hot1 - hot0) as f64, (cold1 - cold0) as f64);
     hot / (hot + cold)
 }

@@ -387,7 +387,7 @@ fn check_layout_against_dwarf(target: &PythonTarget, lib: &Path) {
             ));
         }
         // pyenv's builds all have a GIL (free-threaded 3.13t: tests/tests/python_ft.rs).
-        GilLayout::FreeThreaded => panic!("pyenv's CPython has a GIL"),
+        GilLayout::FreeThreaded { .. } => panic!("pyenv's CPython has a GIL"),
     }
     if minor == 11 || minor == 12 {
         checks.push((

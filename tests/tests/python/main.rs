@@ -4,12 +4,15 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test python -- walk::`).
 
 mod cpython_314;
+mod cpython_314_modes;
 mod doctor;
 mod frames;
 mod free_threaded;
+mod free_threaded_state;
 mod gil;
 mod layout;
 mod pytorch;
+mod pytorch_314;
 mod stripped;
 mod strobeclient;
 mod view;

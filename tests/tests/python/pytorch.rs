@@ -170,13 +170,13 @@ fn run_to_end(cmd: Command, timeout: Duration) -> RunResult {
 }
 
 /// A frame's function: the name before ` (file:line)`.
-fn function(frame: &str) -> &str {
+pub(super) fn function(frame: &str) -> &str {
     frame.split_once(" (").map_or(frame, |(name, _)| name)
 }
 
 /// Whether `frame` is a Python frame of a module's forward or backward (`SmallCNN.forward`,
 /// `Conv2d.forward`, `Tensor.backward`, autograd's `backward`).
-fn is_forward_or_backward(frame: &str) -> bool {
+pub(super) fn is_forward_or_backward(frame: &str) -> bool {
     let f = function(frame);
     let name = f.rsplit('.').next().unwrap_or(f);
     matches!(name, "forward" | "backward" | "_conv_forward")
@@ -184,7 +184,7 @@ fn is_forward_or_backward(frame: &str) -> bool {
 
 /// Whether `frame` is libtorch's native code (ATen, autograd, c10, oneDNN, MKL, or an
 /// unnamed address in one of its libraries).
-fn is_libtorch(frame: &str) -> bool {
+pub(super) fn is_libtorch(frame: &str) -> bool {
     [
         "at::", "torch::", "c10::", "dnnl", "mkl", "libtorch", "sgemm", "gemm",
     ]
@@ -193,13 +193,13 @@ fn is_libtorch(frame: &str) -> bool {
 }
 
 /// Whether a stack is the main thread's: it runs Python (the only Python thread here).
-fn is_main_thread(frames: &[String]) -> bool {
+pub(super) fn is_main_thread(frames: &[String]) -> bool {
     frames.iter().any(|f| function(f) == "<module>")
 }
 
 /// Whether a main-thread stack is in `train_step`, under a forward or backward with libtorch
 /// frames below it.
-fn in_step_with_libtorch(frames: &[String]) -> bool {
+pub(super) fn in_step_with_libtorch(frames: &[String]) -> bool {
     let Some(step) = frames.iter().position(|f| function(f) == "train_step") else {
         return false;
     };

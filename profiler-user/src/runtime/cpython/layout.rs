@@ -95,8 +95,20 @@ pub enum GilLayout {
         /// Offset of `last_holder` in the GIL's struct.
         last_holder: u32,
     },
-    /// A free-threaded build: no GIL (said so, never guessed at).
-    FreeThreaded,
+    /// A free-threaded build: no GIL unless it is enabled at run time (`PYTHON_GIL=1`, or an
+    /// extension module that does not declare it runs without one), which its `_gil`'s
+    /// `enabled` says (`_PyEval_IsGILEnabled`); while it is, it is taken and held as a GIL
+    /// build's. Offsets as in [`GilLayout::PerInterpreter`].
+    FreeThreaded {
+        /// Offset of the `ceval.gil` pointer in `PyInterpreterState`.
+        interp_gil: u32,
+        /// Offset of `enabled` (a C `int`, 0 while the GIL is off) in the GIL's struct.
+        enabled: u32,
+        /// Offset of `locked` in the GIL's struct.
+        locked: u32,
+        /// Offset of `last_holder` in the GIL's struct.
+        last_holder: u32,
+    },
 }
 
 /// Bits of `PyASCIIObject.state`: `interned:2, kind:3, compact:1, ascii:1, ...`, allocated
@@ -484,6 +496,21 @@ const MAX_STATED_SIZE: u64 = 1 << 24;
 const FIRSTLINENO_TO_IDENTITY: u32 = 20;
 const FIRSTLINENO_TO_LOCALSPLUSNAMES: u32 = 28;
 
+/// Whether `_Py_DebugOffsets` (`raw`, as for [`Layout::from_debug_offsets`]) says its build is
+/// free-threaded: its cookie and its `free_threaded` word (0 or 1) are all that is read, so it
+/// answers for a layout refused otherwise (`bpfprof doctor`); `None` when they do not hold.
+pub fn stated_free_threaded(raw: &[u8]) -> Option<bool> {
+    if raw.len() < DEBUG_SECTIONS || &raw[..8] != DEBUG_OFFSETS_COOKIE {
+        return None;
+    }
+    let word = u64::from_ne_bytes(raw[DEBUG_FREE_THREADED..DEBUG_SECTIONS].try_into().ok()?);
+    match word {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
 impl Layout {
     /// The layout of CPython 3.13 and later from its `_Py_DebugOffsets` (`raw`: the first
     /// [`DEBUG_OFFSETS_SIZE`] bytes of `_PyRuntime`), whose interpreter says it is version
@@ -577,22 +604,44 @@ impl Layout {
             "_Py_DebugOffsets: co_localsplusnames is not 7 ints past co_firstlineno: \
              co_version is not where bpfprof reads it"
         );
+        let gil_state = offset(f(INTERP, shape.gil + 1), 8)?;
+        let in_gil = |at, width, what| -> Result<u32> {
+            offset(at, width)?
+                .checked_sub(gil_state)
+                .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's {what} before the GIL"))
+        };
+        // The offsets of the fields of the interpreter's own `_gil` in `PyInterpreterState`;
+        // `ceval.gil` points to that struct (to the main interpreter's for interpreters that
+        // share its GIL).
+        let interp_gil = offset(f(INTERP, shape.gil), 8)?;
+        let locked = in_gil(f(INTERP, shape.gil + 3), 8, "locked")?;
+        let last_holder = in_gil(f(INTERP, shape.gil + 4), 8, "holder")?;
         let gil = if free_threaded {
-            GilLayout::FreeThreaded
-        } else {
-            let gil_state = offset(f(INTERP, shape.gil + 1), 8)?;
-            let in_gil = |at, what| -> Result<u32> {
-                offset(at, 8)?
-                    .checked_sub(gil_state)
-                    .ok_or_else(|| anyhow!("_Py_DebugOffsets: GIL's {what} before the GIL"))
+            // `enabled` is the first field of a free-threaded build's `_gil_runtime_state`
+            // (`pycore_gil.h`); 3.13t states its offset as 0 (3.13.5's
+            // `gil_runtime_state_enabled`), so 0 is read as that first field.
+            let at = f(INTERP, shape.gil + 2);
+            let enabled = if field(at.0) == 0 {
+                0
+            } else {
+                in_gil(at, 4, "enabled")?
             };
-            // The offsets of the fields of the interpreter's own `_gil` in
-            // `PyInterpreterState`; `ceval.gil` points to that struct (to the main
-            // interpreter's for interpreters that share its GIL).
+            ensure!(
+                enabled + 4 <= last_holder.min(locked),
+                "_Py_DebugOffsets: the free-threaded GIL's enabled flag is not before its \
+                 holder and locked fields"
+            );
+            GilLayout::FreeThreaded {
+                interp_gil,
+                enabled,
+                locked,
+                last_holder,
+            }
+        } else {
             GilLayout::PerInterpreter {
-                interp_gil: offset(f(INTERP, shape.gil), 8)?,
-                locked: in_gil(f(INTERP, shape.gil + 3), "locked")?,
-                last_holder: in_gil(f(INTERP, shape.gil + 4), "holder")?,
+                interp_gil,
+                locked,
+                last_holder,
             }
         };
         // Free-threaded 3.14+: where a frame says which thread-local copy of its code's
@@ -880,7 +929,17 @@ mod tests {
     fn the_layout_of_3_13t_from_its_own_offsets() {
         let l = Layout::from_debug_offsets(FT_313, (3, 13)).expect("3.13t's offsets pass");
         assert!(l.free_threaded);
-        assert_eq!(l.gil, GilLayout::FreeThreaded);
+        // Its `_gil`: `enabled` first (stated as 0 by 3.13t), then `interval`, `last_holder`
+        // and `locked`, as in `pycore_gil.h` under `Py_GIL_DISABLED`.
+        assert_eq!(
+            l.gil,
+            GilLayout::FreeThreaded {
+                interp_gil: 16,
+                enabled: 0,
+                locked: 24,
+                last_holder: 16
+            }
+        );
         let k = l.kernel;
         assert_eq!(
             (k.free_threaded, k.frame_tlbc_index, k.code_tlbc),
@@ -916,7 +975,17 @@ mod tests {
     fn free_threaded_offsets_are_read_from_the_same_struct() {
         let l = Layout::from_debug_offsets(&as_314t(), (3, 14)).expect("3.14t's offsets pass");
         assert!(l.free_threaded);
-        assert_eq!(l.gil, GilLayout::FreeThreaded);
+        assert!(matches!(l.gil, GilLayout::FreeThreaded { enabled: 0, .. }));
+        // 3.14t states where `enabled` is: read from there.
+        let mut stated = as_314t();
+        let gil_state = u64::from_ne_bytes(stated[128..136].try_into().unwrap());
+        put(&mut stated, 136, gil_state);
+        let l = Layout::from_debug_offsets(&stated, (3, 14)).expect("enabled stated");
+        assert!(matches!(l.gil, GilLayout::FreeThreaded { enabled: 0, .. }));
+        // One stated past the holder is refused.
+        put(&mut stated, 136, gil_state + 24);
+        let e = Layout::from_debug_offsets(&stated, (3, 14)).unwrap_err();
+        assert!(e.to_string().contains("enabled flag"), "{e}");
         let k = l.kernel;
         assert_eq!(k.free_threaded, 1);
         assert_eq!((k.frame_tlbc_index, k.code_tlbc), (72, 224));

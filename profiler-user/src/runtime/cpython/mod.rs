@@ -53,6 +53,10 @@ pub const MAX_FRAMES_VISITED: usize = 2 * MAX_PYTHON_DEPTH;
 
 /// What bpfprof says of a free-threaded build's GIL (`--python-gil`, `dump`): it has none.
 pub const FREE_THREADED_NO_GIL: &str = "free-threaded: no GIL";
+/// What bpfprof says of a free-threaded build running with its GIL enabled (`PYTHON_GIL=1`,
+/// or an extension module that needs it): its stacks then say who holds it, as a GIL
+/// build's do.
+pub const FREE_THREADED_GIL_ENABLED: &str = "free-threaded: GIL enabled";
 
 /// CPython as a [`crate::runtime::Runtime`]: recognised by its `_PyRuntime` ([`detect`]),
 /// followed by [`stacks::PythonTracking`], its frames merged at each

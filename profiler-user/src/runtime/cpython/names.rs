@@ -8,6 +8,10 @@
 //! instance's attributes live in a dict (3.10, or once materialized) or in a values array
 //! whose keys its type shares (3.11+: found by looking in the heap type for the keys object
 //! that holds `_name`). Every read is bounded; a name that cannot be read is left out.
+//!
+//! Object fields are placed after the layout's object header: a free-threaded build's is 32
+//! bytes (`ob_tid`, the local and shared reference counts, `ob_type` at 24), not 16, which
+//! moves every field of a dict and of a type object by 16 bytes.
 
 use std::collections::HashMap;
 
@@ -18,14 +22,12 @@ use anyhow::Result;
 
 /// Most entries of a dict read (a module's globals, `_active`, an instance's attributes).
 const MAX_DICT_ENTRIES: u64 = 1 << 14;
-/// `offsetof(PyTypeObject, tp_basicsize)` (the same in 3.10-3.13).
-const TYPE_BASICSIZE: u64 = 32;
-/// `offsetof(PyTypeObject, tp_dictoffset)` (the same in 3.10-3.13).
+/// `offsetof(PyTypeObject, tp_dictoffset)` of 3.10 (the only version that reads it).
 const TYPE_DICTOFFSET: u64 = 288;
 /// Where the heap type's fields after `PyTypeObject` are searched for its shared keys
-/// (`ht_cached_keys`): its offset differs between versions, and the keys object found must
-/// hold the attribute asked for.
-const HEAP_TYPE_SEARCH: std::ops::Range<u64> = 400..1200;
+/// (`ht_cached_keys`): its offset differs between versions and builds (16 bytes later in a
+/// free-threaded one), and the keys object found must hold the attribute asked for.
+const HEAP_TYPE_SEARCH: std::ops::Range<u64> = 400..1216;
 /// `PyDictKeysObject.dk_kind` of a split table (3.11+): keys shared by a type's instances.
 const DICT_KEYS_SPLIT: u8 = 2;
 
@@ -114,10 +116,21 @@ impl NameReader<'_> {
             .collect())
     }
 
-    /// The entries of the dict object at `dict`.
+    /// `sizeof(PyObject)`: `ob_type` is its last field in every build.
+    fn header(&self) -> u64 {
+        u64::from(self.layout.object_type) + 8
+    }
+
+    /// `offsetof(PyTypeObject, tp_basicsize)`: the word after `tp_name`.
+    fn type_basicsize(&self) -> u64 {
+        u64::from(self.layout.type_name) + 8
+    }
+
+    /// The entries of the dict object at `dict` (`ma_used` and the version or watcher tag
+    /// after the header, then `ma_keys` and `ma_values`).
     fn dict_entries(&self, dict: u64) -> Result<Vec<Entry>> {
-        let keys = self.memory.read_u64(dict + 32)?;
-        let values = self.memory.read_u64(dict + 40)?;
+        let keys = self.memory.read_u64(dict + self.header() + 16)?;
+        let values = self.memory.read_u64(dict + self.header() + 24)?;
         self.keys_entries(keys, values)
     }
 
@@ -132,7 +145,7 @@ impl NameReader<'_> {
     /// The attribute `name` of the object at `obj`, from its instance dict or its values.
     fn attribute(&self, obj: u64, name: &str) -> Result<u64> {
         let m = self.memory;
-        let ty = m.read_u64(obj + 8)?;
+        let ty = m.read_u64(obj + u64::from(self.layout.object_type))?;
         let (dict, values) = match self.minor {
             10 => {
                 let offset = m.read_u64(ty + TYPE_DICTOFFSET)? as i64;
@@ -154,7 +167,7 @@ impl NameReader<'_> {
             }
             _ => {
                 let dict = m.read_u64(obj.wrapping_sub(24))?;
-                (dict, obj + m.read_u64(ty + TYPE_BASICSIZE)?)
+                (dict, obj + m.read_u64(ty + self.type_basicsize())?)
             }
         };
         if dict != 0 {

@@ -191,7 +191,9 @@ impl PythonTracking {
     /// Gives the kernel the thread states of threads started since the last call, and
     /// forgets those that ended.
     pub fn refresh_threads(&mut self, program: &mut KernelProgram) {
-        if self.layout.gil_holder == 0 {
+        // A free-threaded build's GIL may be enabled or dropped while it runs (importing an
+        // extension module that needs it enables it): looked at again at every refresh.
+        if self.layout.gil_holder == 0 || self.target.free_threaded() {
             let layout = self.target.kernel_layout_with_gil();
             if layout != self.layout
                 && program

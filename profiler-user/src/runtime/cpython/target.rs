@@ -16,7 +16,7 @@ use super::{
     detect, layout,
     layout::Layout,
     memory::ProcessMemory,
-    FREE_THREADED_NO_GIL, MAX_INTERPRETERS,
+    FREE_THREADED_GIL_ENABLED, FREE_THREADED_NO_GIL, MAX_INTERPRETERS,
 };
 use crate::Result;
 
@@ -250,19 +250,82 @@ impl PythonTarget {
 
     /// [`Self::kernel_layout`] with the addresses of the main interpreter's GIL state, once
     /// the interpreter has made its GIL (3.12+ allocate it at start-up: a process caught
-    /// before that has none yet, so call this again later).
+    /// before that has none yet, so call this again later). A free-threaded build whose GIL
+    /// is enabled now ([`Self::gil_enabled`]) is given its GIL's addresses and walked as a GIL
+    /// build's (its stacks say who holds it), not marked as having none.
     pub fn kernel_layout_with_gil(&mut self) -> PythonProcess {
         let mut k = self.layout.kernel;
         if let Ok((locked, last_holder)) = self.gil_addresses() {
             k.gil_locked = locked;
             k.gil_holder = last_holder;
+            k.free_threaded = 0;
         }
         k
     }
 
+    /// The main interpreter's GIL struct (`*PyInterpreterState.ceval.gil`), 3.12 and later.
+    fn main_gil(&mut self, interp_gil: u32) -> Result<u64> {
+        let runtime = self.interpreter.runtime;
+        let main = self
+            .memory
+            .read_u64(runtime.wrapping_add(self.layout.runtime_interpreters_head as u64))
+            .context("read _PyRuntime.interpreters.head")?;
+        // The main interpreter is the list's last (interpreters are pushed at its head).
+        let mut interp = main;
+        let mut seen = HashSet::new();
+        while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
+            let next = self
+                .memory
+                .read_u64(interp.wrapping_add(self.layout.interp_next as u64))?;
+            if next == 0 {
+                break;
+            }
+            interp = next;
+        }
+        let gil = self
+            .memory
+            .read_u64(interp.wrapping_add(interp_gil as u64))?;
+        if gil == 0 {
+            return Err(anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into());
+        }
+        Ok(gil)
+    }
+
+    /// Whether the main interpreter runs with a GIL now: always for a GIL build; for a
+    /// free-threaded one, whether its GIL's `enabled` is set (what `sys._is_gil_enabled()`
+    /// reads), as `PYTHON_GIL=1` sets it at start-up and importing an extension module that
+    /// does not declare it can run without one sets it later.
+    pub fn gil_enabled(&mut self) -> Result<bool> {
+        match self.layout.gil {
+            layout::GilLayout::FreeThreaded {
+                interp_gil,
+                enabled,
+                ..
+            } => {
+                let gil = self.main_gil(interp_gil)?;
+                Ok(self.memory.read_i32(gil.wrapping_add(enabled as u64))? != 0)
+            }
+            _ => Ok(true),
+        }
+    }
+
+    /// What bpfprof says of a free-threaded build's GIL now (`dump`): that it has none, or
+    /// that it was enabled at run time; `None` for a GIL build.
+    pub fn free_threaded_gil(&mut self) -> Option<&'static str> {
+        if !self.layout.free_threaded {
+            return None;
+        }
+        Some(if self.gil_enabled().unwrap_or(false) {
+            FREE_THREADED_GIL_ENABLED
+        } else {
+            FREE_THREADED_NO_GIL
+        })
+    }
+
     /// Addresses of the main interpreter's GIL fields in the process: its `locked` flag (a C
     /// `int`, non-zero while held) and `last_holder` (the `PyThreadState` that took it last),
-    /// for telling the GIL holder from waiters.
+    /// for telling the GIL holder from waiters. A free-threaded build has them only while its
+    /// GIL is enabled.
     pub fn gil_addresses(&mut self) -> Result<(u64, u64)> {
         let runtime = self.interpreter.runtime;
         match self.layout.gil {
@@ -275,34 +338,20 @@ impl PythonTarget {
                 locked,
                 last_holder,
             } => {
-                let main = self
-                    .memory
-                    .read_u64(runtime.wrapping_add(self.layout.runtime_interpreters_head as u64))
-                    .context("read _PyRuntime.interpreters.head")?;
-                // The main interpreter is the list's last (interpreters are pushed at its head).
-                let mut interp = main;
-                let mut seen = HashSet::new();
-                while interp != 0 && seen.insert(interp) && seen.len() <= MAX_INTERPRETERS {
-                    let next = self
-                        .memory
-                        .read_u64(interp.wrapping_add(self.layout.interp_next as u64))?;
-                    if next == 0 {
-                        break;
-                    }
-                    interp = next;
-                }
-                let gil = self
-                    .memory
-                    .read_u64(interp.wrapping_add(interp_gil as u64))?;
-                if gil == 0 {
-                    return Err(
-                        anyhow!("pid {}: the main interpreter has no GIL yet", self.pid).into(),
-                    );
-                }
+                let gil = self.main_gil(interp_gil)?;
                 Ok((gil + locked as u64, gil + last_holder as u64))
             }
-            layout::GilLayout::FreeThreaded => {
-                Err(anyhow!("pid {}: {FREE_THREADED_NO_GIL}", self.pid).into())
+            layout::GilLayout::FreeThreaded {
+                interp_gil,
+                enabled,
+                locked,
+                last_holder,
+            } => {
+                let gil = self.main_gil(interp_gil)?;
+                if self.memory.read_i32(gil.wrapping_add(enabled as u64))? == 0 {
+                    return Err(anyhow!("pid {}: {FREE_THREADED_NO_GIL}", self.pid).into());
+                }
+                Ok((gil + locked as u64, gil + last_holder as u64))
             }
         }
     }
