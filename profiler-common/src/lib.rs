@@ -546,6 +546,10 @@ pub enum CfaRule {
     /// rbp. Its CFI is `DW_CFA_def_cfa_expression (DW_OP_breg6 -offset; DW_OP_deref)` with
     /// `DW_CFA_expression: rbp (DW_OP_breg6 0)`.
     RbpDeref = 6,
+    /// A HotSpot interpreter frame (JIT code rows userspace writes for a JVM's code cache):
+    /// CFA = rbp + 16, the caller's rbp saved at rbp, its stack pointer the sender sp the
+    /// frame saved below rbp, and the frame's `Method*` recorded ([`HotspotProcess`]).
+    HotspotInterpreter = 7,
 }
 
 /// Offsets in the x86-64 `ucontext_t` the kernel pushes for a signal handler, from rsp at the
@@ -663,6 +667,9 @@ pub struct ProcessMappings {
 pub enum RuntimeTag {
     /// CPython 3.10 and later: [`PythonProcess`] per process, frames packed as [`PythonFrame`].
     CPython = 1,
+    /// HotSpot (OpenJDK's JVM): [`HotspotProcess`] per process, frames packed as the CFI
+    /// walk records them in its code cache ([`HOTSPOT_INTERPRETED`]).
+    Hotspot = 2,
 }
 
 impl RuntimeTag {
@@ -671,6 +678,7 @@ impl RuntimeTag {
     pub const fn name(self) -> &'static str {
         match self {
             RuntimeTag::CPython => "python",
+            RuntimeTag::Hotspot => "java",
         }
     }
 
@@ -678,6 +686,7 @@ impl RuntimeTag {
     pub const fn otel_frame_type(self) -> &'static str {
         match self {
             RuntimeTag::CPython => "cpython",
+            RuntimeTag::Hotspot => "jvm",
         }
     }
 }
@@ -942,6 +951,7 @@ mod pod {
     unsafe impl aya::Pod for super::TimelineRecord {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::HotspotProcess {}
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::PythonProcess {}
 }
@@ -1048,3 +1058,26 @@ mod tests {
         assert_eq!(PythonFrame::identity_of(901 << 32), 73);
     }
 }
+
+/// A JVM whose code cache the CFI walk records frames in, by host tgid: every frame whose pc
+/// lies in `[code_start, code_end)` is recorded in the sample's runtime stack (innermost
+/// first), as its pc, or for an interpreter frame ([`CfaRule::HotspotInterpreter`]) as the
+/// `Method*` it saved, tagged [`HOTSPOT_INTERPRETED`]. The offsets come from the JVM's own
+/// `VMStructs` (`frame::interpreter_frame_*_offset`), in bytes from rbp.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HotspotProcess {
+    /// First address of the code cache.
+    pub code_start: u64,
+    /// One past its last address.
+    pub code_end: u64,
+    /// Where an interpreter frame keeps its `Method*`, from rbp.
+    pub method_at: i64,
+    /// Where it keeps its caller's stack pointer (the sender sp), from rbp.
+    pub sender_sp_at: i64,
+}
+
+/// JVMs the kernel program records code cache frames of at once.
+pub const MAX_HOTSPOT_PROCESSES: u32 = 1024;
+/// Set on a HotSpot runtime frame that holds an interpreter frame's `Method*` rather than a pc.
+pub const HOTSPOT_INTERPRETED: u64 = 1 << 63;
