@@ -37,10 +37,14 @@ pub struct Layout {
     space_high: u64,
     block_size: u64,
     block_length: u64,
+    /// Bytes of `HeapBlock::Header::_length` (8 to JDK 22, 4 since).
+    block_length_width: usize,
     block_used: u64,
     blob_name: u64,
     blob_frame_size: u64,
     blob_frame_complete: u64,
+    /// Bytes of `_frame_complete_offset` (4 to JDK 22, 2 since).
+    blob_frame_complete_width: usize,
     /// JDK 17: `_code_begin` and `_code_end` pointers; JDK 23+: offsets from the blob.
     blob_code: CodeBounds,
     nmethod_method: u64,
@@ -53,6 +57,47 @@ pub struct Layout {
     pub sender_sp_at: i64,
     /// Where methods keep their names.
     pub names: super::names::NameLayout,
+    /// Where compiled methods keep their inlining (`None`: this JVM's is not read).
+    pub inlining: Option<InlineLayout>,
+}
+
+/// Where a compiled method keeps which methods it inlined at each pc: its `PcDesc`s (pc
+/// offset, scope offset), the scopes they point to in its scopes data (a compressed stream:
+/// caller scope, method index, bci, ...), and the metadata table the method indexes are into.
+/// Offsets of the tables are from the nmethod's start.
+#[derive(Clone, Debug)]
+pub struct InlineLayout {
+    /// `nmethod::_metadata_offset`.
+    pub metadata_offset: u64,
+    /// `nmethod::_scopes_pcs_offset`.
+    pub scopes_pcs_offset: u64,
+    /// `nmethod::_dependencies_offset` (where the `PcDesc`s end).
+    pub dependencies_offset: u64,
+    /// `_scopes_data_begin`, a pointer.
+    pub scopes_data_begin: u64,
+    /// `sizeof(PcDesc)`.
+    pub pc_desc_size: u64,
+    /// `PcDesc::_pc_offset`.
+    pub pc_desc_pc: u64,
+    /// `PcDesc::_scope_decode_offset`.
+    pub pc_desc_scope: u64,
+}
+
+impl InlineLayout {
+    fn new(vm: &VmStructs) -> anyhow::Result<InlineLayout> {
+        Ok(InlineLayout {
+            metadata_offset: vm.offset("nmethod", "_metadata_offset")?,
+            scopes_pcs_offset: vm.offset("nmethod", "_scopes_pcs_offset")?,
+            dependencies_offset: vm.offset("nmethod", "_dependencies_offset")?,
+            scopes_data_begin: vm.offset_of_any(&[
+                ("CompiledMethod", "_scopes_data_begin"),
+                ("nmethod", "_scopes_data_begin"),
+            ])?,
+            pc_desc_size: vm.size("PcDesc")?,
+            pc_desc_pc: vm.offset("PcDesc", "_pc_offset")?,
+            pc_desc_scope: vm.offset("PcDesc", "_scope_decode_offset")?,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -100,10 +145,12 @@ impl Layout {
             space_high: vm.offset("VirtualSpace", "_high")?,
             block_size: vm.size("HeapBlock")?,
             block_length: vm.offset("HeapBlock::Header", "_length")?,
+            block_length_width: vm.width("HeapBlock::Header", "_length"),
             block_used: vm.offset("HeapBlock::Header", "_used")?,
             blob_name: vm.offset("CodeBlob", "_name")?,
             blob_frame_size: vm.offset("CodeBlob", "_frame_size")?,
             blob_frame_complete: vm.offset("CodeBlob", "_frame_complete_offset")?,
+            blob_frame_complete_width: vm.width("CodeBlob", "_frame_complete_offset"),
             blob_code,
             nmethod_method: vm
                 .offset_of_any(&[("CompiledMethod", "_method"), ("nmethod", "_method")])?,
@@ -113,6 +160,9 @@ impl Layout {
             method_at: 8 * (last_sp as i64 - 1),
             sender_sp_at: 8 * sender_sp as i64,
             names: super::names::NameLayout::new(vm)?,
+            inlining: InlineLayout::new(vm)
+                .map_err(|e| log::debug!("no inlining: {e:#}"))
+                .ok(),
         })
     }
 }
@@ -142,6 +192,8 @@ pub enum BlobKind {
 /// One code blob.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Blob {
+    /// Where it starts (its header).
+    pub header: u64,
     /// Its first instruction.
     pub code_begin: u64,
     /// One past its last.
@@ -365,7 +417,16 @@ fn walk_heap(
                 .map(|b| i32::from_le_bytes(b.try_into().expect("4")))
                 .unwrap_or(0)
         };
-        let segments = word(layout.block_length);
+        // A field narrower than 8 bytes is read at its width (little-endian, sign-extended
+        // where signed: only the frame-complete offset is).
+        let sized = |off: u64, width: usize| -> u64 {
+            let mut bytes = [0u8; 8];
+            if let Some(b) = block.get(off as usize..off as usize + width) {
+                bytes[..width].copy_from_slice(b);
+            }
+            u64::from_le_bytes(bytes)
+        };
+        let segments = sized(layout.block_length, layout.block_length_width.min(8));
         if segments == 0 || segments > (high - at) >> log2 {
             // The end of the used part (free space past the last block), or a lie.
             return Ok(());
@@ -398,6 +459,7 @@ fn walk_heap(
                     BlobKind::Stub(name)
                 };
                 scan.blobs.push(Blob {
+                    header: blob_at,
                     code_begin,
                     code_end,
                     frame_bytes: if (0..1 << 13).contains(&frame_size) {
@@ -405,8 +467,11 @@ fn walk_heap(
                     } else {
                         0
                     },
-                    frame_complete: int(b + layout.blob_frame_complete)
-                        .min((code_end - code_begin) as i32),
+                    frame_complete: match layout.blob_frame_complete_width {
+                        2 => sized(b + layout.blob_frame_complete, 2) as u16 as i16 as i32,
+                        _ => int(b + layout.blob_frame_complete),
+                    }
+                    .min((code_end - code_begin) as i32),
                     kind,
                 });
             }
@@ -414,4 +479,96 @@ fn walk_heap(
         at += segments << log2;
     }
     Ok(())
+}
+
+/// Deepest inlining read: C2 inlines at most `MaxInlineLevel` (15) deep.
+const MAX_INLINE_DEPTH: usize = 64;
+/// `PcDesc`s of one compiled method read at most.
+const MAX_PC_DESCS: u64 = 1 << 16;
+
+/// The methods running at `pc` of compiled method `blob` (its `Method*`s, the innermost
+/// first), from its debug information: the scope of the first `PcDesc` at or after `pc` (a
+/// return address has its own; another pc takes the next safepoint's, as HotSpot's
+/// approximate lookup does), then each scope's caller. `None` when it has none to read.
+pub fn inlined_methods(
+    memory: &ProcessMemory,
+    inline: &InlineLayout,
+    blob: &Blob,
+    pc: u64,
+) -> anyhow::Result<Option<Vec<u64>>> {
+    let header = blob.header;
+    let offset = |field: u64| -> anyhow::Result<u64> {
+        let o = memory.read_i32(header + field)?;
+        u64::try_from(o).map_err(|_| anyhow!("negative table offset {o}"))
+    };
+    let descs_begin = header + offset(inline.scopes_pcs_offset)?;
+    let descs_end = header + offset(inline.dependencies_offset)?;
+    let metadata = header + offset(inline.metadata_offset)?;
+    let scopes = memory.read_u64(header + inline.scopes_data_begin)?;
+    let size = inline.pc_desc_size;
+    if descs_end < descs_begin || size == 0 || (descs_end - descs_begin) / size > MAX_PC_DESCS {
+        return Err(anyhow!("implausible PcDesc table"));
+    }
+    let descs = memory.read_vec(descs_begin, (descs_end - descs_begin) as usize)?;
+    let relative = pc.wrapping_sub(blob.code_begin);
+    let field = |d: &[u8], at: u64| {
+        d.get(at as usize..at as usize + 4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("4")))
+    };
+    let scope = descs
+        .chunks_exact(size as usize)
+        .filter_map(|d| {
+            Some((
+                field(d, inline.pc_desc_pc)?,
+                field(d, inline.pc_desc_scope)?,
+            ))
+        })
+        .filter(|&(pc_offset, _)| pc_offset >= 0 && pc_offset as u64 >= relative)
+        .min_by_key(|&(pc_offset, _)| pc_offset)
+        .map(|(_, scope)| scope);
+    let Some(mut scope) = scope.filter(|s| *s > 0) else {
+        return Ok(None);
+    };
+    let mut methods = Vec::new();
+    while scope > 0 && methods.len() < MAX_INLINE_DEPTH {
+        // Three compressed ints (at most 5 bytes each): the caller's scope, the method's
+        // index in the metadata table, the bci.
+        let bytes = memory.read_vec(scopes + scope as u64, 15)?;
+        let mut at = 0;
+        let sender = read_compressed_int(&bytes, &mut at).ok_or_else(|| anyhow!("scope"))?;
+        let index = read_compressed_int(&bytes, &mut at).ok_or_else(|| anyhow!("scope"))?;
+        if index == 0 || index > 1 << 20 {
+            return Err(anyhow!("metadata index {index}"));
+        }
+        methods.push(memory.read_u64(metadata + 8 * (index as u64 - 1))?);
+        if sender as i64 >= scope as i64 {
+            // Callers' scopes are written before their callees'.
+            break;
+        }
+        scope = sender as i32;
+    }
+    Ok(Some(methods))
+}
+
+/// One int of HotSpot's `CompressedReadStream` (JDK 17: bytes below 192 end a number; up to
+/// five bytes, each after the first worth 64 times the one before).
+fn read_compressed_int(bytes: &[u8], at: &mut usize) -> Option<u32> {
+    const L: u32 = 192;
+    let first = *bytes.get(*at)? as u32;
+    *at += 1;
+    if first < L {
+        return Some(first);
+    }
+    let mut sum = first;
+    let mut shift = 6;
+    for i in 1..5 {
+        let b = *bytes.get(*at)? as u32;
+        *at += 1;
+        sum = sum.wrapping_add(b << shift);
+        if b < L || i == 4 {
+            return Some(sum);
+        }
+        shift += 6;
+    }
+    Some(sum)
 }

@@ -63,8 +63,19 @@ pub struct JavaFrames {
 
 #[derive(Clone)]
 struct JavaName {
-    frame: Frame,
+    /// The frames one value stands for, outermost first: a compiled method's inlined
+    /// callees follow it.
+    frames: Vec<Frame>,
     named: bool,
+}
+
+impl JavaName {
+    fn one(frame: Frame, named: bool) -> JavaName {
+        JavaName {
+            frames: vec![frame],
+            named,
+        }
+    }
 }
 
 impl JvmTracking {
@@ -158,10 +169,7 @@ impl JvmTracking {
             self.unnamed_reused += 1;
             self.frames.names.insert(
                 pc,
-                JavaName {
-                    frame: java_frame(REUSED.into(), "[java]"),
-                    named: false,
-                },
+                JavaName::one(java_frame(REUSED.into(), "[java]"), false),
             );
         }
         Ok(())
@@ -190,10 +198,7 @@ impl JvmTracking {
         if value & HOTSPOT_INTERPRETED != 0 {
             let method = value & !HOTSPOT_INTERPRETED;
             return match self.method_name(method) {
-                Some(name) => JavaName {
-                    frame: java_frame(name, "[java interpreted]"),
-                    named: true,
-                },
+                Some(name) => JavaName::one(java_frame(name, "[java interpreted]"), true),
                 None => self.unknown("[unknown Java method]"),
             };
         }
@@ -224,28 +229,42 @@ impl JvmTracking {
                     (_, false) => "[java compiled C1]",
                     (_, true) => "[java compiled C1 OSR]",
                 };
+                let mut frames = vec![java_frame(name, kind)];
+                // The methods it inlined at this pc, each its own frame above it.
+                let inlined = self.layout.inlining.as_ref().and_then(|inline| {
+                    codecache::inlined_methods(&self.memory, inline, &blob, value)
+                        .map_err(|e| log::debug!("pid {}: scopes at {value:#x}: {e:#}", self.pid))
+                        .ok()
+                        .flatten()
+                });
+                // Innermost first; the last is the compiled method itself.
+                if let Some(methods) = inlined.filter(|m| m.last() == Some(&method)) {
+                    for &inner in methods.iter().rev().skip(1) {
+                        let name = self
+                            .method_name(inner)
+                            .unwrap_or_else(|| "[unknown Java method]".into());
+                        let mut frame = java_frame(name, "[java inlined]");
+                        frame.inlined = true;
+                        frames.push(frame);
+                    }
+                }
                 JavaName {
-                    frame: java_frame(name, kind),
+                    frames,
                     named: true,
                 }
             }
-            BlobKind::Interpreter => JavaName {
-                frame: java_frame("[interpreter]".into(), "[java stub]"),
-                named: true,
-            },
-            BlobKind::Stub(name) => JavaName {
-                frame: java_frame(format!("[{name}]"), "[java stub]"),
-                named: true,
-            },
+            BlobKind::Interpreter => {
+                JavaName::one(java_frame("[interpreter]".into(), "[java stub]"), true)
+            }
+            BlobKind::Stub(name) => {
+                JavaName::one(java_frame(format!("[{name}]"), "[java stub]"), true)
+            }
         }
     }
 
     fn unknown(&mut self, what: &str) -> JavaName {
         self.unnamed_unknown += 1;
-        JavaName {
-            frame: java_frame(what.into(), "[java]"),
-            named: false,
-        }
+        JavaName::one(java_frame(what.into(), "[java]"), false)
     }
 
     fn method_name(&mut self, method: u64) -> Option<String> {
@@ -431,23 +450,26 @@ impl NamedFrames for JavaFrames {
 
     fn merge(
         &self,
-        mut native: Vec<(Frame, Option<CodeAddress>)>,
+        native: Vec<(Frame, Option<CodeAddress>)>,
         stack: &[u64],
         _options: FrameOptions,
     ) -> Vec<(Frame, Option<CodeAddress>)> {
         // The kernel recorded one value per frame it walked in the code cache, innermost
         // first: they pair with the anonymous frames of the native stack from its leaf.
         let mut values = stack.iter();
-        for (frame, _) in native.iter_mut().rev() {
-            if !is_code_cache_frame(frame) {
-                continue;
-            }
-            let Some(value) = values.next() else { break };
-            if let Some(name) = self.names.get(value) {
-                *frame = name.frame.clone();
+        let mut merged = Vec::with_capacity(native.len() + stack.len());
+        for (frame, address) in native.into_iter().rev() {
+            let name = is_code_cache_frame(&frame)
+                .then(|| values.next())
+                .flatten()
+                .and_then(|v| self.names.get(v));
+            match name {
+                Some(name) => merged.extend(name.frames.iter().rev().map(|f| (f.clone(), address))),
+                None => merged.push((frame, address)),
             }
         }
-        native
+        merged.reverse();
+        merged
     }
 }
 

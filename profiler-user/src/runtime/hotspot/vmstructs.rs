@@ -29,7 +29,8 @@ pub struct Libjvm {
 }
 
 /// The symbols read: the tables and their layout.
-const SYMBOLS: [&str; 17] = [
+const SYMBOLS: [&str; 18] = [
+    "gHotSpotVMStructEntryTypeStringOffset",
     "gHotSpotVMStructs",
     "gHotSpotVMStructEntryArrayStride",
     "gHotSpotVMStructEntryTypeNameOffset",
@@ -114,6 +115,8 @@ pub enum Field {
 #[derive(Debug, Default)]
 pub struct VmStructs {
     fields: HashMap<(String, String), Field>,
+    /// Each field's C type, as the table names it.
+    types: HashMap<(String, String), String>,
     sizes: HashMap<String, u64>,
     ints: HashMap<String, i32>,
 }
@@ -138,6 +141,7 @@ impl VmStructs {
         };
         let mut vm = VmStructs::default();
         let stride = bounded_stride(word("gHotSpotVMStructEntryArrayStride")?)?;
+        let type_string_at = word("gHotSpotVMStructEntryTypeStringOffset")?;
         let (type_at, field_at, static_at, offset_at, address_at) = (
             word("gHotSpotVMStructEntryTypeNameOffset")?,
             word("gHotSpotVMStructEntryFieldNameOffset")?,
@@ -153,6 +157,9 @@ impl VmStructs {
                 break;
             };
             if let Some(field) = string(u64_at(field_at)?)? {
+                let type_string = string(u64_at(type_string_at)?)?.unwrap_or_default();
+                vm.types
+                    .insert((type_name.clone(), field.clone()), type_string);
                 let is_static = read_u32(&entry, static_at)? != 0;
                 let value = if is_static {
                     Field::Static(u64_at(address_at)?)
@@ -235,6 +242,23 @@ impl VmStructs {
             Some(&s) if s < 1 << 16 => Ok(s),
             Some(s) => Err(anyhow!("VMStructs: sizeof({type_name}) = {s}")),
             None => Err(anyhow!("VMStructs has no type {type_name}")),
+        }
+    }
+
+    /// The width in bytes of integer member `field` of `type_name`, from its C type: JDK 25
+    /// narrowed some (`HeapBlock::Header::_length` to `uint32_t`,
+    /// `CodeBlob::_frame_complete_offset` to `int16_t`).
+    pub fn width(&self, type_name: &str, field: &str) -> usize {
+        let t = self
+            .types
+            .get(&(type_name.to_string(), field.to_string()))
+            .map(String::as_str)
+            .unwrap_or("");
+        match t {
+            "bool" | "u1" | "char" | "signed char" | "volatile signed char" | "jbyte" => 1,
+            "u2" | "short" | "jshort" | "int16_t" | "uint16_t" => 2,
+            "int" | "jint" | "juint" | "u4" | "int32_t" | "uint32_t" | "uint" | "CompLevel" => 4,
+            _ => 8,
         }
     }
 
