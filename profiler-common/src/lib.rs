@@ -39,6 +39,7 @@ mod pod {
     unsafe impl aya::Pod for super::TimelineRecord {}
     unsafe impl aya::Pod for super::StackFrames {}
     unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::HotspotProcess {}
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::PythonProcess {}
 }

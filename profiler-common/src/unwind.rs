@@ -108,6 +108,11 @@ pub enum CfaRule {
     /// rbp. Its CFI is `DW_CFA_def_cfa_expression (DW_OP_breg6 -offset; DW_OP_deref)` with
     /// `DW_CFA_expression: rbp (DW_OP_breg6 0)`.
     RbpDeref = 6,
+    /// A HotSpot interpreter frame (JIT code rows userspace writes for a JVM's code cache):
+    /// CFA = rbp + 16, the caller's rbp saved at rbp, its stack pointer the sender sp the
+    /// frame saved below rbp, and the frame's `Method*` recorded
+    /// ([`HotspotProcess`](crate::HotspotProcess)).
+    HotspotInterpreter = 7,
 }
 
 /// Offsets in the x86-64 `ucontext_t` the kernel pushes for a signal handler, from rsp at the

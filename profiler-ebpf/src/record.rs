@@ -69,7 +69,12 @@ pub(crate) fn record<const WALK: bool>(
         tid: target.task.pid,
         user_stack: user_stack.unwrap_or(0),
         kernel_stack: kernel_stack.unwrap_or(0),
-        runtime_stack: python_stack,
+        // A process runs one runtime: a JVM's frames when it has no Python stack.
+        runtime_stack: if python_stack != 0 || !WALK {
+            python_stack
+        } else {
+            unwind::take_hotspot_stack()
+        },
         kind: SampleKind::Cpu as u32,
         reserved: 0,
     };

@@ -28,7 +28,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    follows_call, CfaRule, Counter, ProcessMappings, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
+    follows_call, CfaRule, Counter, HotspotProcess, ProcessMappings, HOTSPOT_INTERPRETED,
+    MAX_HOTSPOT_PROCESSES, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
     MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, RETURN_ADDRESS_OFFSET,
     SIGNAL_FRAME_RBP, SIGNAL_FRAME_RIP, SIGNAL_FRAME_RSP, STACK_SCANS, STACK_SCAN_WORDS,
     UNWIND_MAPPING_SEARCH_STEPS, UNWIND_TABLE_SEARCH_STEPS,
@@ -44,6 +45,11 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, 
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// The JVMs whose code cache frames the walk records ([`HotspotProcess`]), by host tgid.
+#[map]
+static HOTSPOT_PROCESSES: HashMap<u32, HotspotProcess> =
+    HashMap::with_max_entries(MAX_HOTSPOT_PROCESSES, 0);
 
 /// Each CPU's walk state. In a map value rather than on the stack: the verifier tracks the
 /// stack's constants (a count of scans left, flags, frame counts) and checks the frame loop's
@@ -97,7 +103,20 @@ struct Walk {
     /// and saved registers lie just above the current one, and one read of the window costs
     /// about what one read of a word does (a helper call each).
     window: [u64; STACK_WINDOW_WORDS],
+    /// The process's JVM code cache (zero when it runs none): frames in it are recorded in
+    /// `java` too, for userspace to name.
+    hotspot: HotspotProcess,
+    /// Entries of `java` written.
+    java_len: u32,
+    /// The stack id of the last walk's JVM frames (0: none), taken by [`take_hotspot_stack`].
+    java_id: u64,
+    /// The walk's code cache frames, innermost first: each pc, or for an interpreter frame
+    /// its `Method*` tagged [`HOTSPOT_INTERPRETED`].
+    java: [u64; MAX_STACK_DEPTH],
 }
+
+// The JVM frames' indexes are masked with `MAX_STACK_DEPTH - 1`.
+const _: () = assert!(MAX_STACK_DEPTH.is_power_of_two());
 
 /// Words of stack [`Walk::window`] copies at once: 512 bytes, 32 frames of a small
 /// recursive function. A power of two, since indexes into it are masked.
@@ -155,6 +174,12 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     walk.mapping = mapping;
     walk.window_at = 0;
     walk.window_len = 0;
+    // SAFETY: the value is copied out at once.
+    walk.hotspot = unsafe { HOTSPOT_PROCESSES.get(tgid) }
+        .copied()
+        .unwrap_or_default();
+    walk.java_len = 0;
+    walk.java_id = 0;
     // bpf_loop's context must point into the stack: a slot holding the walk's address. That
     // the address escapes also tells the compiler the callbacks change the walk.
     let mut slot: *mut Walk = walk;
@@ -188,6 +213,38 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     if len == 0 {
         return NOT_UNWOUND;
     }
+    let id = match crate::store_frames(len, Counter::UserStackMapFull) {
+        Ok(id) => id,
+        Err(counter) => {
+            crate::count(run, counter);
+            0
+        }
+    };
+    if walk.java_len > 0 {
+        walk.java_id = store_hotspot_frames(walk, frames, run);
+    }
+    id
+}
+
+/// Stores the walk's JVM frames as a stack (through the scratch slot, whose user frames are
+/// stored already) and returns its id, 0 when the map was full.
+#[inline(always)]
+fn store_hotspot_frames(walk: &Walk, frames: &mut profiler_common::StackFrames, run: u32) -> u64 {
+    let len = (walk.java_len as usize).min(MAX_STACK_DEPTH);
+    // One helper call copies the whole array: a loop over `len` costs the verifier a path
+    // per length.
+    // SAFETY: both are this CPU's map values, of the same size.
+    let copied = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            frames.ips.as_mut_ptr().cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            walk.java.as_ptr().cast(),
+        )
+    };
+    if copied != 0 {
+        return 0;
+    }
+    frames.len = len as u64;
     match crate::store_frames(len, Counter::UserStackMapFull) {
         Ok(id) => id,
         Err(counter) => {
@@ -195,6 +252,20 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
             0
         }
     }
+}
+
+/// The stack id of the JVM frames of the last CFI walk on this CPU (0 when it had none),
+/// cleared: the sample's runtime stack for a JVM.
+#[inline(always)]
+pub fn take_hotspot_stack() -> u64 {
+    let Some(walk) = WALKS.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
+    let walk = unsafe { &mut *walk };
+    let id = walk.java_id;
+    walk.java_id = 0;
+    id
 }
 
 /// Adds `n` to `run`'s `counter`.
@@ -256,6 +327,13 @@ extern "C" fn step(index: u64, walk: *mut core::ffi::c_void) -> i64 {
     }
     frames.ips[i] = walk.ip;
     walk.len = i as u32 + 1;
+    if walk.hotspot.code_start <= walk.ip && walk.ip < walk.hotspot.code_end {
+        let j = walk.java_len as usize;
+        if j < MAX_STACK_DEPTH {
+            walk.java[j & (MAX_STACK_DEPTH - 1)] = walk.ip;
+            walk.java_len = j as u32 + 1;
+        }
+    }
     let exact = i == 0 || walk.exact_ip != 0;
     walk.exact_ip = 0;
     match unwind_frame(walk, exact) {
@@ -290,6 +368,9 @@ fn unwind_frame(walk: &mut Walk, innermost: bool) -> WalkEnd {
     let (cfa, ra_at, rbp_at) = match row {
         Some(row) if row.cfa_rule() == CfaRule::EndOfStack as u8 => return WalkEnd::Complete,
         Some(row) if row.cfa_rule() == CfaRule::SignalFrame as u8 => return signal_frame(walk),
+        Some(row) if row.cfa_rule() == CfaRule::HotspotInterpreter as u8 => {
+            return hotspot_interpreter_frame(walk)
+        }
         Some(row) if row.cfa_rule() == CfaRule::RbpDeref as u8 => {
             // A realigned frame: the CFA was saved below the frame pointer, and the caller's
             // rbp at it.
@@ -530,6 +611,49 @@ fn return_address_with_cfi(tgid: u32, word: u64) -> Option<(UnwindMapping, Unwin
         return None;
     }
     Some((mapping, row))
+}
+
+/// How far above an interpreter frame's rbp its sender sp may lie: the caller's outgoing
+/// arguments, never more than a Java method's 255 argument slots and some alignment.
+const SENDER_SP_REACH: u64 = 4096;
+
+/// Unwinds a HotSpot interpreter frame by its frame pointer: rbp holds the caller's rbp, the
+/// return address above it; the caller's stack pointer is the sender sp the frame saved (a
+/// compiled caller's frame starts there, above the arguments an adapter may have pushed), and
+/// the frame's `Method*` replaces its pc among the recorded JVM frames.
+#[inline(always)]
+fn hotspot_interpreter_frame(walk: &mut Walk) -> WalkEnd {
+    let bp = walk.bp;
+    if bp < walk.sp {
+        return WalkEnd::Early;
+    }
+    // The lowest slot first, so that one window holds the rest.
+    let method = read_stack(walk, bp.wrapping_add(walk.hotspot.method_at as u64));
+    let sender_sp = read_stack(walk, bp.wrapping_add(walk.hotspot.sender_sp_at as u64));
+    let next_bp = read_stack(walk, bp);
+    let ra = read_stack(walk, bp.wrapping_add(8));
+    let (Some(next_bp), Some(ra)) = (next_bp, ra) else {
+        return WalkEnd::Early;
+    };
+    let j = walk.java_len as usize;
+    if j > 0 {
+        if let Some(method) = method {
+            // Masked: the verifier does not carry the length's bound through `j - 1`.
+            walk.java[(j - 1) & (MAX_STACK_DEPTH - 1)] = method | HOTSPOT_INTERPRETED;
+        }
+    }
+    if ra == 0 {
+        return WalkEnd::Complete;
+    }
+    let cfa = bp.wrapping_add(16);
+    let sp = match sender_sp {
+        Some(s) if s >= cfa && s - cfa <= SENDER_SP_REACH => s,
+        _ => cfa,
+    };
+    walk.ip = ra;
+    walk.sp = sp;
+    walk.bp = next_bp;
+    WalkEnd::Running
 }
 
 /// Unwinds a signal trampoline: the interrupted frame's registers are in the ucontext at rsp.

@@ -66,6 +66,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "chromium",
     // The `bpfprof top` test drives the live view in a detached 80x24 terminal.
     "tmux",
+    // The HotSpot tests compile and run a Java program on Debian's JDK 17.
+    "openjdk-17-jdk-headless",
     // The export tests make a private CA and a server certificate for a TLS receiver.
     "openssl",
 ];

@@ -36,8 +36,9 @@ static PROGRAM_OBJECT: &[u8] =
 /// kernel's `htab_map_alloc` -> `clear_page_erms`). The maps the kernel program inserts into
 /// from its perf event (a timer here, an NMI with a PMU) or tracepoints stay preallocated:
 /// an insertion that must allocate may fail there (for 1 KiB stacks it did, in bursts).
-const UNPREALLOCATED_MAPS: [&str; 4] = [
+const UNPREALLOCATED_MAPS: [&str; 5] = [
     "UNWIND_PROCESSES",
+    "HOTSPOT_PROCESSES",
     "PYTHON_THREADS",
     "PYTHON_PROCESSES",
     "TARGETS",
@@ -219,6 +220,7 @@ impl KernelProgram {
                 processes: HashMap::try_from(take("PYTHON_PROCESSES")?).map_err(kernel_err)?,
                 threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
             },
+            hotspot: HashMap::try_from(take("HOTSPOT_PROCESSES")?).map_err(kernel_err)?,
         };
         let mut walkers = ProgramArray::try_from(take("WALKERS")?).map_err(kernel_err)?;
         let walker = match walker_verified {

@@ -129,6 +129,8 @@ pub struct KernelProgram {
 pub struct RuntimeMaps {
     /// CPython's: interpreters' layouts and thread states.
     pub cpython: PythonMaps,
+    /// HotSpot's: each JVM's code cache and interpreter frame layout, by host tgid.
+    pub hotspot: HashMap<MapData, u32, profiler_common::HotspotProcess>,
 }
 
 /// The kernel maps of the CPython walk.

@@ -22,6 +22,7 @@
 //! `docs/development.md`, "Adding a runtime").
 
 pub mod cpython;
+pub mod hotspot;
 pub mod shares;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -40,7 +41,7 @@ use self::shares::{NamingShares, Owner};
 
 /// Every runtime bpfprof knows, in the order a process is offered to them (the first that
 /// attaches wins: a process runs one).
-pub static RUNTIMES: &[&dyn Runtime] = &[&cpython::CPython];
+pub static RUNTIMES: &[&dyn Runtime] = &[&cpython::CPython, &hotspot::Hotspot];
 
 /// The runtime of `tag`.
 pub fn by_tag(tag: RuntimeTag) -> Option<&'static dyn Runtime> {

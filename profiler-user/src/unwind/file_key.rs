@@ -39,6 +39,14 @@ pub enum FileKey {
     /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
     /// anonymous executable memory with no CFI: one table serves every arena.
     PythonTrampolines,
+    /// The code a JIT of process `pid` generated (a JVM's code cache), in one generation of
+    /// its table: the runtime writes a new one when its code changes.
+    Jit {
+        /// The process, by host pid.
+        pid: u32,
+        /// Which of its tables.
+        generation: u64,
+    },
 }
 
 impl FileKey {

@@ -43,6 +43,9 @@ impl UnwindMaps {
         for map in executable {
             let (start, end) = map.address;
             let mapping = match &map.pathname {
+                MMapPath::Anonymous if self.jit_mapping(pid, start, end).is_some() => {
+                    Ok(self.jit_mapping(pid, start, end).expect("checked"))
+                }
                 MMapPath::Anonymous if is_python_trampoline_arena(pid, start) => {
                     self.python_trampolines();
                     Ok(TrackedMapping {

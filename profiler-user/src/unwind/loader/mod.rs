@@ -8,6 +8,7 @@
 //! built, installed, decided); in `rows` the room in the kernel's row array (allocation and
 //! eviction).
 
+mod jit;
 mod mappings;
 mod rows;
 mod tables;
@@ -202,6 +203,8 @@ pub struct UnwindMaps {
     from_cache: usize,
     /// Tables evicted so far to make room for sampled ones (the array's cap hit).
     evictions: u64,
+    /// The JIT code tables runtimes gave ([`UnwindMaps::set_jit_table`]), by host pid.
+    jit: jit::JitTables,
 }
 
 impl UnwindMaps {
@@ -234,6 +237,7 @@ impl UnwindMaps {
             built: (0, 0, Duration::ZERO),
             from_cache: 0,
             evictions: 0,
+            jit: Default::default(),
         })
     }
 
@@ -360,6 +364,7 @@ impl UnwindMaps {
         if self.tracked.remove(&pid).is_some() {
             let _ = self.processes.remove(&pid);
         }
+        self.forget_jit_table(pid);
     }
 
     /// Tables evicted so far to make room for sampled ones.

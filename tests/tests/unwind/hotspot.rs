@@ -1,0 +1,135 @@
+//! Java frames of a running HotSpot JVM (Debian's OpenJDK 17), attached with `--pid` and no
+//! flag in the JVM: walked through its interpreter and JIT code down to the thread's entry,
+//! named `Class.method`, methods the JIT inlined included, and the time split as the program
+//! splits it.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use bpfprof_tests::{ci, needs_root, output_ok, profile_pid, tempdir, Profile, Share, Workload};
+
+/// Debian's JDK 17 (`openjdk-17-jdk-headless`, which `cargo xtask setup` installs).
+const JDK17: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+/// `hotA` does three times `hotB`'s work: its share of their samples.
+const HOT_A_SHARE: f64 = 0.75;
+/// Allowed distance from that share (or four standard errors where fewer samples make that
+/// wider).
+const SHARE_TOLERANCE: f64 = 0.03;
+/// Share of the samples in Java code whose stack must reach the thread's entry (a walk that
+/// starts in a compiled method's prologue or epilogue, where its frame is half built, may end
+/// early: a few per thousand were).
+const ENTRY_SHARE: f64 = 0.98;
+
+/// The program: `main` calls `level1 -> level2 -> level3`, which calls `hotA` (work of 3n)
+/// and `hotB` (work of n). `work` is longer than the 325 bytes of bytecode C2 inlines, so the
+/// leaf is a compiled method of its own, called from compiled code that inlined the rest.
+fn program() -> String {
+    let step = "x = x * 31 + i; x ^= (x >>> 7); x += (x << 3);\n";
+    format!(
+        "public class Hot {{
+    static volatile long sink;
+    static long work(long n) {{
+        long x = 0;
+        for (long i = 0; i < n; i++) {{
+{}        }}
+        return x;
+    }}
+    static void hotA() {{ sink += work(3 * 2000); }}
+    static void hotB() {{ sink += work(2000); }}
+    static void level3() {{ hotA(); hotB(); }}
+    static void level2() {{ level3(); }}
+    static void level1() {{ level2(); }}
+    public static void main(String[] args) {{
+        long end = System.nanoTime() + Long.parseLong(args[0]) * 1_000_000_000L;
+        while (System.nanoTime() < end) {{ level1(); }}
+    }}
+}}
+",
+        step.repeat(16)
+    )
+}
+
+/// The JDK at `home`, or `None` (outside CI only) when it is not installed.
+fn jdk(home: &str) -> Option<&Path> {
+    let home = Path::new(home);
+    if home.join("bin/javac").exists() {
+        return Some(home);
+    }
+    assert!(!ci(), "{} missing: run `cargo xtask setup`", home.display());
+    eprintln!("skipping: {} is not installed", home.display());
+    None
+}
+
+/// Compiles the program with `home`'s javac into `dir`.
+fn compile(home: &Path, dir: &Path) {
+    std::fs::write(dir.join("Hot.java"), program()).unwrap();
+    output_ok(
+        Command::new(home.join("bin/javac"))
+            .arg("-d")
+            .arg(dir)
+            .arg(dir.join("Hot.java")),
+        "javac",
+    );
+}
+
+/// The samples whose stack holds a Java frame of the program.
+fn java_samples(profile: &Profile) -> u64 {
+    profile.count_where(|frames| frames.iter().any(|f| f.starts_with("Hot.")))
+}
+
+fn check_profile(profile: &Profile) {
+    let a = profile.count_containing("Hot.hotA");
+    let b = profile.count_containing("Hot.hotB");
+    let shapes = profile.shapes(8, |_| true);
+    Share::new(a, a + b)
+        .near(HOT_A_SHARE, SHARE_TOLERANCE, 0.5)
+        .unwrap_or_else(|e| panic!("hotA's share of hotA and hotB: {e}\n{shapes}"));
+    // Each level named, in its caller, down to the thread's entry.
+    let whole = profile.count_where(|frames| {
+        let at = |name: &str| frames.iter().position(|f| f == name);
+        let order = [
+            at("JavaMain"),
+            at("Hot.main"),
+            at("Hot.level1"),
+            at("Hot.level2"),
+            at("Hot.level3"),
+        ];
+        let leaf = at("Hot.hotA").or(at("Hot.hotB"));
+        order.iter().all(Option::is_some)
+            && order.windows(2).all(|w| w[0] < w[1])
+            && leaf.is_some_and(|l| l > order[4].unwrap())
+            && frames.iter().any(|f| f == "Hot.work")
+    });
+    let java = java_samples(profile);
+    Share::new(whole, java)
+        .at_least(ENTRY_SHARE, 0.5)
+        .unwrap_or_else(|e| {
+            panic!("samples in Java code with the whole path from JavaMain: {e}\n{shapes}")
+        });
+    // Java code the walk met but could not name is shown as anonymous memory.
+    let anonymous = profile.count_where(|frames| frames.iter().any(|f| f.starts_with("[anon]")));
+    assert!(
+        (anonymous as f64) < 0.02 * profile.total() as f64,
+        "{anonymous} of {} samples kept unnamed JIT frames\n{shapes}",
+        profile.total()
+    );
+}
+
+#[test]
+fn java17_frames_are_walked_and_named_in_a_running_jvm() {
+    needs_root!();
+    let Some(home) = jdk(JDK17) else {
+        return;
+    };
+    let dir = tempdir();
+    compile(home, dir.path());
+    let mut java = Command::new(home.join("bin/java"));
+    java.arg("-cp").arg(dir.path()).args(["Hot", "60"]);
+    let jvm = Workload::spawn_command(java);
+    // Long enough for the JIT to settle: code compiled since the last refresh of the code
+    // cache's rows (every 500 ms) is walked by the fallbacks until its rows are written, and
+    // during warm-up some stacks lost their callers there.
+    std::thread::sleep(Duration::from_secs(8));
+    let profile = profile_pid(jvm.pid(), "8s", &["-F", "499"], dir.path());
+    check_profile(&profile);
+}
