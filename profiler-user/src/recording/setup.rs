@@ -311,9 +311,16 @@ impl Recording {
             let naming = Naming {
                 shares: &self.naming,
                 owner: self.owner_uid(),
+                objects: &self.objects,
             };
-            let mut runtime =
-                crate::runtime::attach(program, target.pid, &naming, self.runtimes, &mut refused);
+            let mut runtime = crate::runtime::attach(
+                program,
+                target.pid,
+                &naming,
+                self.runtimes,
+                &mut refused,
+                &[],
+            );
             if let Some(runtime) = &mut runtime {
                 runtime.store_wait_stacks(program, &target, &waits);
             }
@@ -386,13 +393,17 @@ impl Recording {
                         let naming = Naming {
                             shares: &self.naming,
                             owner: owner_uid,
+                            objects: &self.objects,
                         };
+                        // Its maps are read here (not those read before its exec, where the
+                        // re-read above failed).
                         p.runtime = crate::runtime::attach(
                             program,
                             pid,
                             &naming,
                             self.runtimes,
                             &mut p.runtime_refused,
+                            &[],
                         );
                     }
                 }

@@ -63,6 +63,8 @@ pub struct Recording {
     pub(super) counters_at_window: Counters,
     /// The shares of naming runtime frames this recording's owner's names are charged to.
     pub(super) naming: Arc<NamingShares>,
+    /// What the runtimes found in the objects of the processes taken in so far.
+    pub(super) objects: crate::runtime::ObjectMemo,
     /// The process whose queued runtime frames are named first at the next naming: each
     /// process goes first in turn, so that one with a long queue does not starve the others.
     pub(super) naming_turn: usize,
@@ -105,6 +107,7 @@ impl Recording {
             window_started: Instant::now(),
             counters_at_window: Counters::default(),
             naming: Arc::new(NamingShares::single()),
+            objects: Default::default(),
             naming_turn: 0,
             timeline: request.options.timeline,
             next_runtime_scan: Instant::now(),

@@ -136,8 +136,15 @@ impl Recording {
         // `--per-thread` labels a program's threads by the names its runtime gave them.
         let per_thread = self.per_thread;
         for (key, p) in self.processes.iter_mut() {
+            // A young process of a system-wide run is re-read only when its executable memory
+            // changed since the last look (one read of /proc/PID/status, where a re-read of
+            // its maps reads its maps, status, executable, and each thread's stat): most
+            // processes such a run takes in (a build's compilers) map nothing after it took
+            // them in, and re-reading each every few ticks of its youth was most of the
+            // agent's maps reads on a machine running builds.
             let young = p.young_until.is_some_and(|t| now < t)
-                && now.duration_since(p.refreshed_at) >= young_every;
+                && now.duration_since(p.refreshed_at) >= young_every
+                && (!system || (!p.exited && p.mapped_new_code()));
             let due = if system {
                 now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
                     || (stale_maps.contains(key)
@@ -180,13 +187,17 @@ impl Recording {
                 let naming = Naming {
                     shares: &self.naming,
                     owner: owner_uid,
+                    objects: &self.objects,
                 };
+                // Its maps as read at this tick's refresh (young means refreshed): a process
+                // that maps no interpreter is not read again.
                 p.runtime = crate::runtime::attach(
                     program,
                     p.target.pid,
                     &naming,
                     self.runtimes,
                     &mut p.runtime_refused,
+                    p.maps.last_read(),
                 );
             }
             if let Some(runtime) = &mut p.runtime {
@@ -514,8 +525,26 @@ impl Recording {
                 let naming = Naming {
                     shares: &self.naming,
                     owner: self.owner_uid(),
+                    objects: &self.objects,
                 };
                 let exit = ExitWatch::open(&target);
+                // Noted now, so that code mapped from here on is seen at its youth's next
+                // look (see `tick`).
+                let executable_kib = if system {
+                    target.executable_kib()
+                } else {
+                    None
+                };
+                // Its maps as just read: most processes a system-wide run takes in
+                // (compilers, shells) map no interpreter, and are not read again for it.
+                let runtime = crate::runtime::attach(
+                    program,
+                    pid,
+                    &naming,
+                    self.runtimes,
+                    &mut runtime_refused,
+                    maps.last_read(),
+                );
                 self.processes.insert(
                     (slot.program_id, slot.run, sample_pid),
                     ProcessRecording {
@@ -525,17 +554,11 @@ impl Recording {
                         maps,
                         direct: false,
                         exited: false,
-                        runtime: crate::runtime::attach(
-                            program,
-                            pid,
-                            &naming,
-                            self.runtimes,
-                            &mut runtime_refused,
-                        ),
+                        runtime,
                         runtime_refused,
                         young_until: Some(Instant::now() + YOUNG_PROCESS),
                         refreshed_at: Instant::now(),
-                        executable_kib: None,
+                        executable_kib,
                         untabled: Vec::new(),
                         tabled_late: Vec::new(),
                         cfi_walked,

@@ -58,13 +58,17 @@ pub trait Runtime: Sync {
     /// `program` what its walker needs for the process and returns the instance that follows
     /// it. When the process runs the runtime in a form bpfprof cannot walk, `refused` gets
     /// the sentence that says so (logged as a warning the first time it changes); `None`
-    /// then, and when the process does not run it.
+    /// then, and when the process does not run it. `mapped` is the process's executable
+    /// mappings as the caller just read them (empty when it has none): a runtime known by
+    /// the object it maps looks there first, and reads nothing more of a process that maps
+    /// none of its objects.
     fn attach(
         &self,
         program: &mut KernelProgram,
         pid: u32,
         naming: &Naming,
         refused: &mut Option<String>,
+        mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn Instance>>;
 
     /// The leaf-most `limit` frames of one of its kernel stacks (as the kernel packed it,
@@ -83,6 +87,18 @@ pub struct Naming<'a> {
     pub shares: &'a Arc<NamingShares>,
     /// The owner of the run.
     pub owner: Owner,
+    /// What the runtimes found in the objects of processes taken in before.
+    pub objects: &'a ObjectMemo,
+}
+
+/// What runtimes found in object files, kept by each file's identity for the next process
+/// that maps it (a recording's, for its life): a host runs many processes of a few
+/// interpreters, and each process's search of its interpreter's symbols cost as much as the
+/// first's.
+#[derive(Default)]
+pub struct ObjectMemo {
+    /// CPython's `_PyRuntime` search ([`cpython::detect::DetectMemo`]).
+    pub cpython: cpython::detect::DetectMemo,
 }
 
 /// One process a runtime attached to (its per-process data and instance).
@@ -166,18 +182,19 @@ pub trait NamedFrames: Sync {
 }
 
 /// Offers host pid `pid` to each runtime `enabled` lets in, in [`RUNTIMES`]' order: the
-/// instance of the first that attaches (see [`Runtime::attach`] for `refused`).
+/// instance of the first that attaches (see [`Runtime::attach`] for `refused` and `mapped`).
 pub fn attach(
     program: &mut KernelProgram,
     pid: u32,
     naming: &Naming,
     enabled: Enabled,
     refused: &mut Option<String>,
+    mapped: &[procfs::process::MemoryMap],
 ) -> Option<Box<dyn Instance>> {
     RUNTIMES
         .iter()
         .filter(|r| enabled.contains(r.tag()))
-        .find_map(|r| r.attach(program, pid, naming, refused))
+        .find_map(|r| r.attach(program, pid, naming, refused, mapped))
 }
 
 /// Which frames of a profile stack (root first) the view of its runtime keeps: the runtime

@@ -1,14 +1,18 @@
 //! Finds a process's CPython: the mapped object that defines `_PyRuntime` (a `libpython3.X.so`
 //! or a statically linked `python3.X`), where that symbol is in the process, and the version.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    sync::Mutex,
+};
 
 use anyhow::{anyhow, Context};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use procfs::process::MMapPath;
 
 use super::memory::ProcessMemory;
-use crate::{Error, Result};
+use crate::{process::maps::FileId, Error, Result};
 
 /// The interpreter found in a process.
 #[derive(Clone, Debug)]
@@ -32,9 +36,83 @@ type Mapping = (u64, u64, u64);
 /// Each mapped file's device and inode (as the maps name them), and its mappings.
 type FileMappings = BTreeMap<PathBuf, ((u64, u64), Vec<Mapping>)>;
 
+/// Most objects a [`DetectMemo`] keeps: past it, it starts again empty (a machine runs a
+/// handful of interpreters; builds start thousands of other objects, which never get here).
+const MEMO_OBJECTS: usize = 256;
+
+/// What an object named like CPython defines, by the object's identity ([`FileId`]: device,
+/// inode, size, modification time and owner, from `fstat` of the open file), so that the
+/// hundredth process of one interpreter is not searched for `_PyRuntime` again: on a host of
+/// 150 CPython services, searching each one's symbol tables was a tenth of the agent's CPU
+/// while it took them in. A file changed in place is another identity, and searched anew.
+#[derive(Default)]
+pub struct DetectMemo(Mutex<HashMap<FileId, Option<Symbols>>>);
+
+/// The link-time addresses [`runtime_of`] looks for in an object, and its loadable
+/// segments' (page-aligned file offset, page-aligned address), from which a process's
+/// mappings give the load bias.
+#[derive(Clone, Debug)]
+pub struct Symbols {
+    runtime: u64,
+    py_version: Option<u64>,
+    segments: Vec<(u64, u64)>,
+}
+
+impl DetectMemo {
+    fn get(&self, id: &FileId) -> Option<Option<Symbols>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn put(&self, id: FileId, symbols: Option<Symbols>) {
+        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.len() >= MEMO_OBJECTS {
+            memo.clear();
+        }
+        memo.insert(id, symbols);
+    }
+
+    /// How many objects it holds (for tests).
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a mapped object's file name is one CPython's build gives (`libpython3.X.so*`,
+/// `python3.X`): only those are opened.
+fn named_like_python(path: &std::path::Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("libpython") || n.starts_with("python"))
+}
+
 /// Finds the CPython of process `pid`, of any version (whether bpfprof can walk it is the
-/// layout's question); `Ok(Err(reason))` when it runs none.
-pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotPython>> {
+/// layout's question); `Ok(Err(reason))` when it runs none. `mapped` is the process's
+/// executable mappings as its caller just read them (empty when it has none): when none is
+/// named like CPython the process runs none (its interpreter's code is mapped executable),
+/// and its maps are not read again. Objects already searched are found in `memo`.
+pub fn find(
+    pid: u32,
+    memory: &ProcessMemory,
+    mapped: &[procfs::process::MemoryMap],
+    memo: &DetectMemo,
+) -> Result<Result<Interpreter, NotPython>> {
+    if !mapped.is_empty()
+        && !mapped.iter().any(|m| match &m.pathname {
+            MMapPath::Path(path) => named_like_python(path),
+            _ => false,
+        })
+    {
+        return Ok(Err("no libpython or python binary mapped".into()));
+    }
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(Error::NoSuchProcess(format!("pid {pid} does not exist")));
     }
@@ -54,14 +132,14 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
                 .into())
         }
     };
-    let named_like_python = |line: &&str| {
+    let line_like_python = |line: &&str| {
         line.rsplit('/')
             .next()
             .is_some_and(|name| name.starts_with("libpython") || name.starts_with("python"))
     };
     let wanted: String = text
         .lines()
-        .filter(named_like_python)
+        .filter(line_like_python)
         .flat_map(|l| [l, "\n"])
         .collect();
     let maps =
@@ -82,18 +160,14 @@ pub fn find(pid: u32, memory: &ProcessMemory) -> Result<Result<Interpreter, NotP
     // names CPython's build gives them); anything else mapped is left alone.
     let candidates: Vec<_> = files
         .iter()
-        .filter(|(path, _)| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libpython") || n.starts_with("python"))
-        })
+        .filter(|(path, _)| named_like_python(path))
         .collect();
     if candidates.is_empty() {
         return Ok(Err("no libpython or python binary mapped".into()));
     }
     let mut reasons = Vec::new();
     for (path, (dev_ino, mappings)) in candidates {
-        match runtime_of(pid, path, *dev_ino, mappings)? {
+        match runtime_of(pid, path, *dev_ino, mappings, memo)? {
             Some((runtime, py_version)) => {
                 let hex = match py_version {
                     // `Py_Version` is `PY_VERSION_HEX`: 0xMMmmPPRS.
@@ -144,16 +218,40 @@ fn version_from_name(path: &std::path::Path) -> Option<(u8, u8)> {
 /// interpreter's `PATH (deleted)` may be a FIFO), so the mapped object itself is opened through
 /// `/proc/PID/map_files` (as [`crate::process::target_file::open_mapped`] does: never blocking, a
 /// regular file only) and read by `pread` (a file truncated meanwhile cannot SIGBUS the
-/// daemon).
+/// daemon). What the object defines is kept in `memo` by the open file's identity.
 fn runtime_of(
     pid: u32,
     path: &std::path::Path,
     dev_ino: (u64, u64),
     mappings: &[Mapping],
+    memo: &DetectMemo,
 ) -> Result<Option<(u64, Option<u64>)>> {
     let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
-    let (file, _) = crate::process::target_file::open_mapped(pid, (start, end), path, dev_ino)
+    let (file, stat) = crate::process::target_file::open_mapped(pid, (start, end), path, dev_ino)
         .with_context(|| format!("open {} of pid {pid}", path.display()))?;
+    let id = FileId::of(&stat);
+    let symbols = match memo.get(&id) {
+        Some(symbols) => symbols,
+        None => {
+            let symbols = symbols_of(file, path)?;
+            memo.put(id, symbols.clone());
+            symbols
+        }
+    };
+    let Some(symbols) = symbols else {
+        return Ok(None);
+    };
+    let bias = load_bias(&symbols.segments, mappings)
+        .ok_or_else(|| anyhow!("{}: no mapping matches a loadable segment", path.display()))?;
+    Ok(Some((
+        symbols.runtime.wrapping_add(bias),
+        symbols.py_version.map(|a| a.wrapping_add(bias)),
+    )))
+}
+
+/// What object `file` (mapped at `path`) defines of [`Symbols`]; `None` when it does not
+/// define `_PyRuntime`.
+fn symbols_of(file: std::fs::File, path: &std::path::Path) -> Result<Option<Symbols>> {
     let reader = crate::process::target_file::ElfReader::new(file);
     let elf = object::File::parse(&reader)
         .map_err(|e| reader.explain(e.into()))
@@ -168,26 +266,27 @@ fn runtime_of(
     let Some(runtime) = symbol("_PyRuntime") else {
         return Ok(None);
     };
-    let bias = load_bias(&elf, mappings)
-        .ok_or_else(|| anyhow!("{}: no mapping matches a loadable segment", path.display()))?;
-    Ok(Some((
-        runtime.wrapping_add(bias),
-        symbol("Py_Version").map(|a| a.wrapping_add(bias)),
-    )))
+    const PAGE: u64 = 4096;
+    let segments = elf
+        .segments()
+        .map(|segment| {
+            let (file_offset, _) = segment.file_range();
+            (file_offset & !(PAGE - 1), segment.address() & !(PAGE - 1))
+        })
+        .collect();
+    Ok(Some(Symbols {
+        runtime,
+        py_version: symbol("Py_Version"),
+        segments,
+    }))
 }
 
 /// The difference between the object's runtime and link-time addresses, from a mapping whose
-/// file offset is a loadable segment's (page-aligned) start.
-fn load_bias<'data, R: object::ReadRef<'data>>(
-    elf: &object::File<'data, R>,
-    mappings: &[Mapping],
-) -> Option<u64> {
-    const PAGE: u64 = 4096;
-    for segment in elf.segments() {
-        let (file_offset, _) = segment.file_range();
-        let aligned_offset = file_offset & !(PAGE - 1);
+/// file offset is a loadable segment's (page-aligned) start (`segments` as [`Symbols`] keeps
+/// them).
+fn load_bias(segments: &[(u64, u64)], mappings: &[Mapping]) -> Option<u64> {
+    for &(aligned_offset, aligned_vaddr) in segments {
         if let Some(&(start, _, _)) = mappings.iter().find(|m| m.2 == aligned_offset) {
-            let aligned_vaddr = segment.address() & !(PAGE - 1);
             return Some(start.wrapping_sub(aligned_vaddr));
         }
     }
@@ -196,8 +295,72 @@ fn load_bias<'data, R: object::ReadRef<'data>>(
 
 #[cfg(test)]
 mod tests {
-    use super::version_from_name;
+    use super::{find, version_from_name, DetectMemo};
+    use crate::runtime::cpython::memory::ProcessMemory;
     use std::path::Path;
+
+    /// A sleeping Debian python3.11, once its interpreter is mapped.
+    fn sleeping_python() -> Option<std::process::Child> {
+        let python = "/usr/bin/python3.11";
+        if !Path::new(python).exists() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{python} is needed under CI"
+            );
+            eprintln!("skipping: {python} not installed");
+            return None;
+        }
+        let child = std::process::Command::new(python)
+            .args(["-c", "import time; time.sleep(60)"])
+            .spawn()
+            .expect("start python");
+        let maps = format!("/proc/{}/maps", child.id());
+        for _ in 0..500 {
+            if std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("python3.11")) {
+                return Some(child);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("python3.11 never mapped its interpreter");
+    }
+
+    /// The second process of one interpreter is found from the memo the first filled, at
+    /// its own address (its own load bias), the same as without the memo; a process whose
+    /// mappings name no interpreter is not read.
+    #[test]
+    fn a_second_process_of_an_interpreter_is_found_from_the_memo() {
+        let (Some(mut a), Some(mut b)) = (sleeping_python(), sleeping_python()) else {
+            return;
+        };
+        let memo = DetectMemo::default();
+        let found = |pid: u32, memo: &DetectMemo| {
+            find(pid, &ProcessMemory::new(pid), &[], memo)
+                .expect("readable")
+                .expect("a CPython")
+        };
+        let first = found(a.id(), &memo);
+        assert_eq!(memo.len(), 1, "the interpreter's object is kept");
+        let from_memo = found(b.id(), &memo);
+        assert_eq!(memo.len(), 1, "and found there for the second process");
+        let fresh = found(b.id(), &DetectMemo::default());
+        assert_eq!(
+            (from_memo.runtime, from_memo.version, from_memo.version_hex),
+            (fresh.runtime, fresh.version, fresh.version_hex)
+        );
+        assert_eq!(first.version, (3, 11));
+        let _ = (a.kill(), b.kill(), a.wait(), b.wait());
+
+        // This test binary maps no interpreter: its mappings say so, and nothing is read.
+        let own: Vec<_> = procfs::process::Process::myself()
+            .and_then(|p| p.maps())
+            .expect("own maps")
+            .into_iter()
+            .filter(|m| m.perms.contains(procfs::process::MMPermissions::EXECUTE))
+            .collect();
+        let me = std::process::id();
+        let said = find(me, &ProcessMemory::new(me), &own, &memo).expect("readable");
+        assert!(said.is_err(), "{said:?}");
+    }
 
     #[test]
     fn versions_from_names() {

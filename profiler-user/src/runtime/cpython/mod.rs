@@ -74,9 +74,17 @@ impl crate::runtime::Runtime for CPython {
         pid: u32,
         naming: &crate::runtime::Naming,
         refused: &mut Option<String>,
+        mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn crate::runtime::Instance>> {
-        let tracking =
-            stacks::PythonTracking::start(program, pid, naming.shares, naming.owner, refused)?;
+        let tracking = stacks::PythonTracking::start(
+            program,
+            pid,
+            naming.shares,
+            naming.owner,
+            refused,
+            mapped,
+            &naming.objects.cpython,
+        )?;
         Some(Box::new(tracking))
     }
 

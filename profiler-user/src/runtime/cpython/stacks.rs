@@ -130,8 +130,10 @@ impl PythonTracking {
         shares: &Arc<NamingShares>,
         owner: Owner,
         refused: &mut Option<String>,
+        mapped: &[procfs::process::MemoryMap],
+        memo: &super::detect::DetectMemo,
     ) -> Option<PythonTracking> {
-        let target = match PythonTarget::probe(pid) {
+        let target = match PythonTarget::probe_with(pid, mapped, memo) {
             Ok(Probe::Walkable(t)) => *t,
             Ok(Probe::Unsupported(unsupported)) => {
                 let said = unsupported.to_string();

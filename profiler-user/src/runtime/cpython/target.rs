@@ -137,8 +137,18 @@ impl PythonTarget {
     /// walked with: from 3.13 on its own `_Py_DebugOffsets`, checked, before 3.13 bpfprof's
     /// table of its version.
     pub fn probe(pid: u32) -> Result<Probe> {
+        PythonTarget::probe_with(pid, &[], &detect::DetectMemo::default())
+    }
+
+    /// [`Self::probe`] with the process's executable mappings as just read (`mapped`, empty
+    /// when not read) and the objects already searched (`memo`): see [`detect::find`].
+    pub fn probe_with(
+        pid: u32,
+        mapped: &[procfs::process::MemoryMap],
+        memo: &detect::DetectMemo,
+    ) -> Result<Probe> {
         let memory = ProcessMemory::new(pid);
-        let interpreter = match detect::find(pid, &memory)? {
+        let interpreter = match detect::find(pid, &memory, mapped, memo)? {
             Ok(found) => found,
             Err(reason) => return Ok(Probe::NotPython(reason)),
         };
