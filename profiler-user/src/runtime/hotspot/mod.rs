@@ -37,7 +37,17 @@ impl crate::runtime::Runtime for Hotspot {
         pid: u32,
         _naming: &crate::runtime::Naming,
         refused: &mut Option<String>,
+        mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn crate::runtime::Instance>> {
+        // The executable mappings just read (empty when the caller has none): a process that
+        // maps no libjvm is no JVM, and its maps need not be read again to say so.
+        let maps_libjvm = |m: &procfs::process::MemoryMap| {
+            matches!(&m.pathname, procfs::process::MMapPath::Path(p)
+                if p.file_name().is_some_and(|n| n == "libjvm.so"))
+        };
+        if !mapped.is_empty() && !mapped.iter().any(maps_libjvm) {
+            return None;
+        }
         let tracking = frames::JvmTracking::start(program, pid, refused)?;
         Some(Box::new(tracking))
     }
