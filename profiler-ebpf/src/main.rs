@@ -64,6 +64,7 @@ mod off_cpu;
 mod python;
 mod timeline;
 mod unwind;
+mod v8;
 mod waits;
 
 const EEXIST: i32 = 17;
@@ -475,7 +476,11 @@ fn record<const WALK: bool>(ctx: &PerfEventContext, target: &CurrentTarget, walk
     };
     let kernel_stack = store_stack(ctx, 0);
     let python_stack = if WALK {
-        python::bpfprof_python_stack(stats_run)
+        match python::bpfprof_python_stack(stats_run) {
+            // A process runs one runtime: V8's frames, recorded by the CFI walk, otherwise.
+            0 => v8::store(stats_run),
+            id => id,
+        }
     } else {
         0
     };
