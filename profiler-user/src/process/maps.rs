@@ -4,7 +4,6 @@
 
 use std::{
     collections::HashMap,
-    fs::File,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -13,139 +12,17 @@ use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 
 use crate::{
     error::{Error, Result},
-    process::{copies::CopyBudget, target_file::Stable},
+    process::copies::CopyBudget,
 };
 
-/// A file's identity as the daemon verified it when it opened the file (`fstat` of the open
-/// descriptor): device and inode, and the size, modification time and owner, so that a file
-/// overwritten in place (same inode) is another file to every cache keyed by it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileId {
-    /// Device number (`st_dev`).
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time in nanoseconds since the epoch.
-    pub mtime_ns: i128,
-    /// Owner's user id.
-    pub uid: u32,
-}
+mod file;
+mod layout;
+mod perf_map;
 
-impl FileId {
-    /// The identity of an open file from its `fstat`.
-    pub fn of(stat: &rustix::fs::Stat) -> FileId {
-        FileId {
-            dev: stat.st_dev,
-            ino: stat.st_ino,
-            size: u64::try_from(stat.st_size).unwrap_or(0),
-            mtime_ns: i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec),
-            uid: stat.st_uid,
-        }
-    }
-}
-
-/// A file mapped into a target, kept open so it can be read after the target is gone.
-#[derive(Debug)]
-pub struct MappedFile {
-    /// The path as the target sees it (inside its mount namespace).
-    pub path: PathBuf,
-    /// The file's identity.
-    pub id: FileId,
-    /// Open handle (opened as [`crate::process::target_file::open_mapped`] does).
-    pub file: File,
-    /// What `fstat` said of it when opened.
-    stat: rustix::fs::Stat,
-    /// The GNU build id, read on first use.
-    build_id: std::sync::OnceLock<Option<String>>,
-    /// A descriptor that readers may `mmap`, made on first use (see
-    /// [`crate::process::target_file::stable`]): `Some(None)` when none could be made; left
-    /// `None` while the copy budget refuses it (a later use tries again).
-    stable: std::sync::Mutex<Option<Option<Arc<Stable>>>>,
-    /// Why it could not be read (the copy budget refused it, or it is too large to copy),
-    /// while that holds: the run's summary names it `Unavailable` with this reason.
-    unavailable: std::sync::Mutex<Option<String>>,
-    /// The budget a copy of it counts against.
-    budget: CopyBudget,
-}
-
-impl MappedFile {
-    /// A path through which this process can open (and `mmap`, as blazesym does) the file,
-    /// whatever the target's namespaces; `None` when the file is one its user could truncate
-    /// and too large to copy, or its copy would pass the budget (see
-    /// [`crate::process::target_file::stable`]).
-    pub fn open_path(&self) -> Option<PathBuf> {
-        self.stable().map(|(path, _)| path)
-    }
-
-    /// Why the file could not be read for symbolization, if it could not (its frames are
-    /// then named `module+0xOFFSET`).
-    pub fn unavailable(&self) -> Option<String> {
-        self.unavailable
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// [`Self::open_path`], with what keeps the descriptor behind it open (and its copy
-    /// counted): whoever keeps using the path (blazesym's cache) holds it as long.
-    pub fn stable(&self) -> Option<(PathBuf, Arc<Stable>)> {
-        use std::os::fd::AsRawFd;
-        let mut state = self.stable.lock().unwrap_or_else(|p| p.into_inner());
-        if state.is_none() {
-            let unavailable =
-                match crate::process::target_file::stable(&self.file, &self.stat, &self.budget) {
-                    Ok(stable) => {
-                        *state = Some(Some(Arc::new(stable)));
-                        None
-                    }
-                    Err(Some(why)) if why.starts_with(crate::process::copies::EXHAUSTED) => {
-                        log::warn!("{} is not symbolized: {why}", self.path.display());
-                        Some(why)
-                    }
-                    // Said once already (by this process or another mapping the object): tried
-                    // again at the next use, when copies may have gone.
-                    Err(None) => Some(format!(
-                        "{} ({} MiB of {} MiB held by copies of other objects)",
-                        crate::process::copies::EXHAUSTED,
-                        self.budget.used() >> 20,
-                        self.budget.limit() >> 20
-                    )),
-                    Err(Some(why)) => {
-                        log::warn!("{} is not symbolized: {why}", self.path.display());
-                        *state = Some(None);
-                        Some(why)
-                    }
-                };
-            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = unavailable;
-        }
-        let stable = state.as_ref()?.as_ref()?;
-        let path = PathBuf::from(format!("/proc/self/fd/{}", stable.file().as_raw_fd()));
-        Some((path, Arc::clone(stable)))
-    }
-
-    /// The file's GNU build id in hex, if it has one (pprof mappings carry it so that
-    /// symbols can be found again later); read by `pread`, not mapped.
-    pub fn build_id(&self) -> Option<&str> {
-        self.build_id
-            .get_or_init(|| {
-                let reader =
-                    crate::process::target_file::ElfReader::new(self.file.try_clone().ok()?);
-                let id = crate::process::target_file::gnu_build_id(&reader)?;
-                Some(id.iter().map(|b| format!("{b:02x}")).collect())
-            })
-            .as_deref()
-    }
-
-    /// The file's name without directories, as shown in `module+0xOFFSET` frames.
-    pub fn module_name(&self) -> String {
-        self.path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| self.path.to_string_lossy().into_owned())
-    }
-}
+use file::open_mapped;
+pub use file::{FileId, MappedFile};
+use layout::{bounded, find, retire, same_layout, uncover, Backing, Mapping};
+pub use perf_map::{parse_perf_map, JitSymbol};
 
 /// The name `/proc/PID/maps` gives the vDSO's mapping, kept as its module name.
 pub const VDSO: &str = "[vdso]";
@@ -168,107 +45,6 @@ pub const MAX_RETIRED_MAPPINGS: usize = 16384;
 /// free tops, see the daemon's `MMAP_THRESHOLD`). Real processes map a few hundred, whose
 /// refreshes do not pay for the trim.
 pub const TRIM_AFTER_MAPPINGS: usize = 4096;
-
-/// One executable mapping, or what is left of it where newer layouts cover the rest.
-#[derive(Clone, Debug)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    /// File offset of `base`.
-    offset: u64,
-    /// The mapping's first address as the process mapped it (`start` moves up when a newer
-    /// mapping covers its beginning): offsets into it are counted from here.
-    base: u64,
-    backing: Backing,
-    /// Once retired, the layout change that retired it, for dropping the oldest first.
-    seen: u64,
-}
-
-impl Mapping {
-    fn contains(&self, addr: u64) -> bool {
-        self.start <= addr && addr < self.end
-    }
-}
-
-/// The mapping of sorted, non-overlapping `mappings` that holds `addr`, by binary search.
-fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
-    let at = mappings.partition_point(|m| m.start <= addr);
-    mappings
-        .get(at.checked_sub(1)?)
-        .filter(|m| m.contains(addr))
-}
-
-/// Puts `retired`, mappings the process no longer has, into `kept` (both sorted and
-/// non-overlapping): where they overlap what `kept` holds, they win, being newer.
-fn retire(kept: &mut Vec<Mapping>, retired: Vec<Mapping>) {
-    if retired.is_empty() {
-        return;
-    }
-    let mut out = Vec::with_capacity(kept.len() + retired.len());
-    let mut old: std::collections::VecDeque<Mapping> = std::mem::take(kept).into();
-    for new in retired {
-        while let Some(o) = old.pop_front() {
-            if o.start >= new.end {
-                old.push_front(o);
-                break;
-            }
-            // What of the older mapping lies outside the newer one stays.
-            if o.start < new.start {
-                out.push(Mapping {
-                    end: o.end.min(new.start),
-                    ..o.clone()
-                });
-            }
-            if o.end > new.end {
-                // It goes on past the newer mapping: the rest is compared with the next one.
-                old.push_front(Mapping {
-                    start: new.end,
-                    ..o
-                });
-                break;
-            }
-        }
-        out.push(new);
-    }
-    out.extend(old);
-    *kept = out;
-}
-
-/// Removes from `kept` (sorted, non-overlapping) every part that `current` (sorted,
-/// non-overlapping) covers: lookups find those addresses in `current` first, and when the
-/// process changes them, `current`'s mappings are retired over them anyway.
-fn uncover(kept: &mut Vec<Mapping>, current: &[Mapping]) {
-    let mut out = Vec::with_capacity(kept.len());
-    let mut holes = current.iter().peekable();
-    for m in kept.drain(..) {
-        let mut piece = Some(m);
-        while let Some(p) = piece.take() {
-            while holes.next_if(|h| h.end <= p.start).is_some() {}
-            match holes.peek() {
-                Some(h) if h.start < p.end => {
-                    if p.start < h.start {
-                        out.push(Mapping {
-                            end: h.start,
-                            ..p.clone()
-                        });
-                    }
-                    if p.end > h.end {
-                        piece = Some(Mapping { start: h.end, ..p });
-                    }
-                }
-                _ => out.push(p),
-            }
-        }
-    }
-    *kept = out;
-}
-
-#[derive(Clone, Debug)]
-enum Backing {
-    File(Arc<MappedFile>),
-    /// Anonymous or special memory (`[vdso]`, `[anon]`, a deleted file that could not be opened).
-    Named(String),
-}
 
 /// An executable mapping of a process: its address range, file offset and file.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -339,17 +115,6 @@ pub struct ProcessMaps {
     vdso: Option<crate::process::vdso::VdsoSymbols>,
     /// The budget the copies of its files count against (its driver's).
     budget: CopyBudget,
-}
-
-/// A symbol a JIT compiler announced in its perf map.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JitSymbol {
-    /// First address.
-    pub start: u64,
-    /// One past the last address.
-    pub end: u64,
-    /// The name, as the JIT wrote it.
-    pub name: String,
 }
 
 impl ProcessMaps {
@@ -715,102 +480,6 @@ impl ProcessMaps {
             None => Location::Unmapped,
         }
     }
-}
-
-/// At most [`MAX_TRACKED_MAPPINGS`] of a process's executable mappings (in address order),
-/// and how many were left out: each object's (file's or name's) first mappings are kept
-/// before any object's later ones, so that a process mapping one thing thousands of times
-/// still has its executable and libraries named.
-fn bounded(maps: Vec<MemoryMap>) -> (Vec<MemoryMap>, usize) {
-    if maps.len() <= MAX_TRACKED_MAPPINGS {
-        return (maps, 0);
-    }
-    // Ranks, addresses and indices only, then the kept maps in place: 60,000 mappings cost
-    // 1.4 MB more here, where moving the parsed maps into a ranked copy cost 8.6 MB.
-    let mut seen: HashMap<(u64, (i32, i32), String), u32> = HashMap::new();
-    let mut ranked: Vec<(u32, u64, u32)> = maps
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let name = match &m.pathname {
-                MMapPath::Path(_) => String::new(),
-                other => format!("{other:?}"),
-            };
-            let n = seen.entry((m.inode, m.dev, name)).or_default();
-            *n += 1;
-            (*n, m.address.0, i as u32)
-        })
-        .collect();
-    let left_out = ranked.len() - MAX_TRACKED_MAPPINGS;
-    ranked.sort_unstable();
-    let mut keep = vec![false; maps.len()];
-    for &(_, _, i) in &ranked[..MAX_TRACKED_MAPPINGS] {
-        keep[i as usize] = true;
-    }
-    drop(ranked);
-    // In place, so in address order still, as /proc lists them.
-    let mut kept = maps;
-    let mut at = 0;
-    kept.retain(|_| {
-        at += 1;
-        keep[at - 1]
-    });
-    (kept, left_out)
-}
-
-/// Parses the perf map format JITs write (`START SIZE NAME`, hex numbers, one symbol a line;
-/// see linux `tools/perf/Documentation/jit-interface.txt`). Malformed lines are skipped.
-/// Public so that the `perf_map` fuzz target runs the very parser the daemon does.
-pub fn parse_perf_map(text: &str) -> Vec<JitSymbol> {
-    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    let mut symbols: Vec<JitSymbol> = text
-        .lines()
-        .filter_map(|line| {
-            let mut parts = line.trim().splitn(3, ' ');
-            let start = hex(parts.next()?)?;
-            let size = hex(parts.next()?)?;
-            let name = parts.next()?.trim();
-            // A range past the end of the address space is malformed too (saturating it left
-            // an empty symbol behind, found by the `perf_map` fuzz target).
-            let end = start.checked_add(size)?;
-            (!name.is_empty() && size > 0).then(|| JitSymbol {
-                start,
-                end,
-                name: name.to_string(),
-            })
-        })
-        .collect();
-    symbols.sort_by_key(|s| s.start);
-    symbols
-}
-
-fn same_layout(a: &[Mapping], b: &[Mapping]) -> bool {
-    let same_backing = |x: &Backing, y: &Backing| match (x, y) {
-        (Backing::File(x), Backing::File(y)) => x.id == y.id,
-        (Backing::Named(x), Backing::Named(y)) => x == y,
-        _ => false,
-    };
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.start == y.start
-                && x.end == y.end
-                && x.offset == y.offset
-                && same_backing(&x.backing, &y.backing)
-        })
-}
-
-/// Opens a mapped file as [`crate::process::target_file::open_mapped`] does (through `map_files`,
-/// else its path in the target's root if that is still the mapped file).
-fn open_mapped(
-    pid: u32,
-    start: u64,
-    end: u64,
-    path: &Path,
-    dev_ino: (u64, u64),
-) -> Option<(File, rustix::fs::Stat)> {
-    crate::process::target_file::open_mapped(pid, (start, end), path, dev_ino)
-        .map_err(|e| log::debug!("cannot open {} of pid {pid}: {e}", path.display()))
-        .ok()
 }
 
 #[cfg(test)]
