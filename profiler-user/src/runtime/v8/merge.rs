@@ -27,19 +27,23 @@ pub fn frames(stack: &[u64]) -> impl Iterator<Item = V8Frame> + '_ {
         .map(|w| V8Frame::unpack([w[0], w[1], w[2], w[3]]))
 }
 
-/// How V8 ran a frame, as far as the frame tells: interpreted (Ignition) when its bytecode
-/// offset slot held a Smi, compiled (Sparkplug, Maglev or TurboFan code) otherwise.
-pub fn tier(frame: &V8Frame) -> &'static str {
+/// How V8 ran a frame, as far as the frame and the code it was in tell: interpreted
+/// (Ignition) when its bytecode offset slot held a Smi; else compiled (Sparkplug, Maglev or
+/// TurboFan code, which V8 puts in anonymous memory) or a builtin (V8's own code in the
+/// object, such as `Array.prototype.forEach`), by the mapping of the native frame it replaces.
+pub fn tier(frame: &V8Frame, native: &Frame) -> &'static str {
     if frame.bytecode_offset.is_some() {
         "interpreted"
-    } else {
+    } else if native.name.starts_with("[anon]") || native.module.as_deref() == Some("[anon]") {
         "compiled"
+    } else {
+        "builtin"
     }
 }
 
-fn js_frame(frame: &V8Frame, function: Option<&JsFunction>) -> Frame {
+fn js_frame(frame: &V8Frame, native: &Frame, function: Option<&JsFunction>) -> Frame {
     // The tier goes in the module: names and labels stay the function's whatever V8 runs.
-    let module = Some(format!("[v8 {}]", tier(frame)).into());
+    let module = Some(format!("[v8 {}]", tier(frame, native)).into());
     match function {
         Some(f) => Frame {
             name: f.name.as_str().into(),
@@ -96,7 +100,8 @@ pub fn merge<A: Clone>(
     let mut replaced: HashMap<usize, Frame> = HashMap::new();
     for frame in frames(stack) {
         if let Some(&at) = called.get(frame.native_index as usize) {
-            replaced.insert(at, js_frame(&frame, symbols.0.get(&frame.shared)));
+            let js = js_frame(&frame, &native[at].0, symbols.0.get(&frame.shared));
+            replaced.insert(at, js);
         }
     }
     let out: Vec<(Frame, A)> = native
@@ -179,6 +184,14 @@ mod tests {
         );
         assert_eq!(merged[3].0.module.as_deref(), Some("[v8 interpreted]"));
         assert_eq!(merged[4].0.module.as_deref(), Some("[v8 compiled]"));
+        // A JavaScript frame in V8's own code (a builtin function) is no interpreted one.
+        let builtin = merge(
+            vec![native("Builtins_ArrayForEach")],
+            &packed(0, 0x11, None),
+            &symbols,
+            false,
+        );
+        assert_eq!(builtin[0].0.module.as_deref(), Some("[v8 builtin]"));
         let kept = merge(stack_native, &stack, &symbols, true);
         assert_eq!(kept.len(), 6);
         assert_eq!(&*kept[4].0.name, "Builtins_CallFunction");
