@@ -14,6 +14,7 @@ mod samples;
 mod targets;
 mod timeline;
 mod unwind;
+mod v8;
 mod waits;
 
 pub use counters::*;
@@ -24,6 +25,7 @@ pub use samples::*;
 pub use targets::*;
 pub use timeline::*;
 pub use unwind::*;
+pub use v8::*;
 pub use waits::*;
 
 #[cfg(feature = "user")]
@@ -42,4 +44,5 @@ mod pod {
     unsafe impl aya::Pod for super::HotspotProcess {}
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::PythonProcess {}
+    unsafe impl aya::Pod for super::V8Process {}
 }

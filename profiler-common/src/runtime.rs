@@ -11,6 +11,9 @@ pub enum RuntimeTag {
     /// HotSpot (OpenJDK's JVM): [`HotspotProcess`] per process, frames packed as the CFI
     /// walk records them in its code cache ([`HOTSPOT_INTERPRETED`]).
     Hotspot = 2,
+    /// V8 in Node.js: [`V8Process`](crate::V8Process) per process, frames packed as
+    /// [`V8Frame`](crate::V8Frame).
+    V8 = 3,
 }
 
 impl RuntimeTag {
@@ -20,6 +23,7 @@ impl RuntimeTag {
         match self {
             RuntimeTag::CPython => "python",
             RuntimeTag::Hotspot => "java",
+            RuntimeTag::V8 => "js",
         }
     }
 
@@ -28,6 +32,7 @@ impl RuntimeTag {
         match self {
             RuntimeTag::CPython => "cpython",
             RuntimeTag::Hotspot => "jvm",
+            RuntimeTag::V8 => "v8js",
         }
     }
 }

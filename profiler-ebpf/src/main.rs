@@ -56,6 +56,7 @@ mod stacks;
 mod targets;
 mod timeline;
 mod unwind;
+mod v8;
 mod waits;
 
 // The modules' crate-wide items, reachable as `crate::name` from every module.

@@ -59,7 +59,11 @@ pub(crate) fn record<const WALK: bool>(
     };
     let kernel_stack = store_stack(ctx, 0);
     let python_stack = if WALK {
-        python::bpfprof_python_stack(stats_run)
+        match python::bpfprof_python_stack(stats_run) {
+            // A process runs one runtime: V8's frames, recorded by the CFI walk, otherwise.
+            0 => crate::v8::store(stats_run),
+            id => id,
+        }
     } else {
         0
     };

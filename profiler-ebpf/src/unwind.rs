@@ -28,11 +28,11 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    follows_call, CfaRule, Counter, HotspotProcess, ProcessMappings, HOTSPOT_INTERPRETED,
-    MAX_HOTSPOT_PROCESSES, UnwindMapping, UnwindRow, MAX_STACK_DEPTH,
-    MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, RETURN_ADDRESS_OFFSET,
-    SIGNAL_FRAME_RBP, SIGNAL_FRAME_RIP, SIGNAL_FRAME_RSP, STACK_SCANS, STACK_SCAN_WORDS,
-    UNWIND_MAPPING_SEARCH_STEPS, UNWIND_TABLE_SEARCH_STEPS,
+    follows_call, CfaRule, Counter, HotspotProcess, ProcessMappings, UnwindMapping, UnwindRow,
+    V8Process, HOTSPOT_INTERPRETED, MAX_HOTSPOT_PROCESSES, MAX_STACK_DEPTH, MAX_UNWIND_MAPPINGS,
+    MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, RETURN_ADDRESS_OFFSET, SIGNAL_FRAME_RBP,
+    SIGNAL_FRAME_RIP, SIGNAL_FRAME_RSP, STACK_SCANS, STACK_SCAN_WORDS, UNWIND_MAPPING_SEARCH_STEPS,
+    UNWIND_TABLE_SEARCH_STEPS,
 };
 
 /// Every loaded table's rows, end to end; a table is a range of this array. Mmapable, so
@@ -92,6 +92,9 @@ struct Walk {
     scanned: u32,
     /// Non-zero once the current scan found the frame's return address.
     scan_found: u32,
+    /// Non-zero when the process's V8 JavaScript frames are recorded (with `v8`'s constants).
+    v8_on: u32,
+    v8: V8Process,
     /// The mapping of the previous frame: most callers sit in the same object as their
     /// callee, and this skips the process lookup and the mapping bisection for them.
     mapping: UnwindMapping,
@@ -180,6 +183,13 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
         .unwrap_or_default();
     walk.java_len = 0;
     walk.java_id = 0;
+    match crate::v8::start(tgid) {
+        Some(v8) => {
+            walk.v8_on = 1;
+            walk.v8 = v8;
+        }
+        None => walk.v8_on = 0,
+    }
     // bpf_loop's context must point into the stack: a slot holding the walk's address. That
     // the address escapes also tells the compiler the callbacks change the walk.
     let mut slot: *mut Walk = walk;
@@ -472,6 +482,11 @@ fn no_cfi_frame(walk: &mut Walk) -> WalkEnd {
     }
     // A frame pointer equal to sp is a frame that just set it up.
     if bp >= walk.sp {
+        if walk.v8_on != 0 {
+            // V8's generated code has no CFI and keeps frame pointers: its JavaScript frames
+            // are told apart here (`walk.len - 1` is this frame's index).
+            crate::v8::record_frame(&walk.v8, walk.len.wrapping_sub(1), walk.ip, bp);
+        }
         // SAFETY: user memory read through the checked helper.
         let read = unsafe {
             (

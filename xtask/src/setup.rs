@@ -34,6 +34,7 @@ pub fn setup() -> Result<()> {
     setup_sid_pythons()?;
     setup_sid_torch()?;
     setup_free_threaded_python()?;
+    crate::setup_node::setup_node()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())

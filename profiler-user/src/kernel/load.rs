@@ -16,7 +16,7 @@ use profiler_common::{
 };
 
 use super::{
-    program::{is_permission, kernel_err, KernelProgram, PythonMaps, RuntimeMaps},
+    program::{is_permission, kernel_err, KernelProgram, PythonMaps, RuntimeMaps, V8Maps},
     walker::{install_walker, start_walker, verify_walker, Walker, WalkerLoad, WalkerLoaded},
 };
 use crate::{
@@ -36,11 +36,12 @@ static PROGRAM_OBJECT: &[u8] =
 /// kernel's `htab_map_alloc` -> `clear_page_erms`). The maps the kernel program inserts into
 /// from its perf event (a timer here, an NMI with a PMU) or tracepoints stay preallocated:
 /// an insertion that must allocate may fail there (for 1 KiB stacks it did, in bursts).
-const UNPREALLOCATED_MAPS: [&str; 5] = [
+const UNPREALLOCATED_MAPS: [&str; 6] = [
     "UNWIND_PROCESSES",
     "HOTSPOT_PROCESSES",
     "PYTHON_THREADS",
     "PYTHON_PROCESSES",
+    "V8_PROCESSES",
     "TARGETS",
 ];
 
@@ -221,6 +222,9 @@ impl KernelProgram {
                 threads: HashMap::try_from(take("PYTHON_THREADS")?).map_err(kernel_err)?,
             },
             hotspot: HashMap::try_from(take("HOTSPOT_PROCESSES")?).map_err(kernel_err)?,
+            v8: V8Maps {
+                processes: HashMap::try_from(take("V8_PROCESSES")?).map_err(kernel_err)?,
+            },
         };
         let mut walkers = ProgramArray::try_from(take("WALKERS")?).map_err(kernel_err)?;
         let walker = match walker_verified {

@@ -37,6 +37,6 @@ pub use waits::ScannedWait;
 
 pub use following::ensure_tracefs;
 pub use load::check_privileges;
-pub use program::{KernelProgram, PythonMaps, RuntimeMaps};
+pub use program::{KernelProgram, PythonMaps, RuntimeMaps, V8Maps};
 pub use stats::Counters;
 pub use walker::WalkerLoad;

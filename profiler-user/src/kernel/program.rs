@@ -131,6 +131,14 @@ pub struct RuntimeMaps {
     pub cpython: PythonMaps,
     /// HotSpot's: each JVM's code cache and interpreter frame layout, by host tgid.
     pub hotspot: HashMap<MapData, u32, profiler_common::HotspotProcess>,
+    /// V8's: each Node.js process's constants.
+    pub v8: V8Maps,
+}
+
+/// The kernel maps of V8's frames (recorded by the CFI walk).
+pub struct V8Maps {
+    /// The V8 constants of the processes whose JavaScript frames are recorded, by host tgid.
+    pub processes: HashMap<MapData, u32, profiler_common::V8Process>,
 }
 
 /// The kernel maps of the CPython walk.

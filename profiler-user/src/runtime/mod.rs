@@ -24,6 +24,7 @@
 pub mod cpython;
 pub mod hotspot;
 pub mod shares;
+pub mod v8;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -41,7 +42,7 @@ use self::shares::{NamingShares, Owner};
 
 /// Every runtime bpfprof knows, in the order a process is offered to them (the first that
 /// attaches wins: a process runs one).
-pub static RUNTIMES: &[&dyn Runtime] = &[&cpython::CPython, &hotspot::Hotspot];
+pub static RUNTIMES: &[&dyn Runtime] = &[&cpython::CPython, &hotspot::Hotspot, &v8::V8];
 
 /// The runtime of `tag`.
 pub fn by_tag(tag: RuntimeTag) -> Option<&'static dyn Runtime> {

@@ -5,6 +5,7 @@
 
 mod cfi;
 mod hotspot;
+mod node;
 mod plt;
 mod signals;
 mod stacks;
