@@ -238,7 +238,14 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                         .collect()
                 })
                 .unwrap_or_default();
-            let user = merge(native, &packed, &symbols, MergeOptions::default(), ());
+            let user = merge(
+                native,
+                &packed,
+                &symbols,
+                &Default::default(),
+                MergeOptions::default(),
+                (),
+            );
             dump_thread(
                 thread,
                 python_names.get(&thread.proc.tid).cloned(),

@@ -20,6 +20,7 @@
 //! - [`merge`]: named frames merged into native stacks at each `_PyEval_EvalFrameDefault`,
 //!   and the Python view.
 
+pub mod asyncio;
 pub mod code;
 pub mod detect;
 mod frames;
@@ -69,10 +70,17 @@ impl crate::runtime::Runtime for CPython {
         program: &mut crate::kernel::KernelProgram,
         pid: u32,
         naming: &crate::runtime::Naming,
+        enabled: crate::runtime::Enabled,
         refused: &mut Option<String>,
     ) -> Option<Box<dyn crate::runtime::Instance>> {
-        let tracking =
-            stacks::PythonTracking::start(program, pid, naming.shares, naming.owner, refused)?;
+        let tracking = stacks::PythonTracking::start(
+            program,
+            pid,
+            naming.shares,
+            naming.owner,
+            enabled.async_depth(),
+            refused,
+        )?;
         Some(Box::new(tracking))
     }
 
