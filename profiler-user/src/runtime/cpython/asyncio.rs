@@ -490,6 +490,160 @@ impl TaskReader<'_> {
     }
 }
 
+/// One event loop's tasks, as `bpfprof dump` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LoopTasks {
+    /// The host tid of the thread that runs the loop.
+    pub tid: u32,
+    /// The loop's address (0: the thread runs none now; its tasks are listed still).
+    pub running_loop: u64,
+    /// The task the thread runs now (0: none).
+    pub running_task: u64,
+    /// Its tasks, in its list's order.
+    pub tasks: Vec<DumpTask>,
+    /// Whether the list was cut (longer than [`MAX_TASKS_LISTED`], or it looped).
+    pub cut: bool,
+}
+
+/// One task in a dump.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DumpTask {
+    /// Its address (`python -m asyncio ps`'s task id).
+    pub id: u64,
+    /// Its name.
+    pub name: String,
+    /// Its coroutine's function (qualified name), where it could be read.
+    pub coroutine: Option<String>,
+    /// The tasks awaiting it (ids).
+    pub awaited_by: Vec<u64>,
+}
+
+impl super::PythonTarget {
+    /// The tasks of each of `threads` (host tid, thread state) that has any, for `dump`:
+    /// `Ok(None)` before 3.14 or while the process has not imported asyncio.
+    pub fn asyncio_tasks(&mut self, threads: &[(u32, u64)]) -> Result<Option<Vec<LoopTasks>>> {
+        let (_, minor) = self.version();
+        if minor < FIRST_ASYNC_MINOR {
+            return Ok(None);
+        }
+        let Some(asyncio) = find_layout(self.pid, &self.memory, self.interpreter.runtime, minor)?
+        else {
+            return Ok(None);
+        };
+        let mut loops = Vec::new();
+        for &(tid, tstate) in threads {
+            let reader = TaskReader {
+                memory: &self.memory,
+                layout: &self.layout,
+                asyncio: &asyncio,
+            };
+            let (running_loop, addresses, cut) = reader.thread_tasks(tstate)?;
+            let running_task = reader
+                .memory
+                .read_u64(tstate.wrapping_add(asyncio.tstate_running_task as u64))?;
+            let infos: Vec<TaskInfo> = addresses
+                .iter()
+                .filter_map(|&t| reader.task(t).ok())
+                .collect();
+            if infos.is_empty() && running_loop == 0 {
+                continue;
+            }
+            let tasks = infos
+                .into_iter()
+                .map(|t| DumpTask {
+                    id: t.address,
+                    coroutine: (t.coro_code != 0)
+                        .then(|| self.code_name(t.coro_code))
+                        .flatten(),
+                    name: t.name,
+                    awaited_by: t.awaited_by,
+                })
+                .collect();
+            loops.push(LoopTasks {
+                tid,
+                running_loop,
+                running_task,
+                tasks,
+                cut,
+            });
+        }
+        Ok(Some(loops))
+    }
+}
+
+/// The task tree of `tasks` as `python -m asyncio pstree` draws it: each task under each task
+/// awaiting it, roots (awaited by none) first; a task met again on its own branch (a cycle)
+/// is marked and not followed.
+pub fn render_tree(tasks: &[DumpTask]) -> Vec<String> {
+    let by_id: HashMap<u64, &DumpTask> = tasks.iter().map(|t| (t.id, t)).collect();
+    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    for t in tasks {
+        for parent in t.awaited_by.iter().filter(|p| by_id.contains_key(p)) {
+            children.entry(*parent).or_default().push(t.id);
+        }
+    }
+    let mut lines = Vec::new();
+    fn walk(
+        id: u64,
+        prefix: &str,
+        last: bool,
+        by_id: &HashMap<u64, &DumpTask>,
+        children: &HashMap<u64, Vec<u64>>,
+        path: &mut Vec<u64>,
+        lines: &mut Vec<String>,
+    ) {
+        let t = by_id[&id];
+        let branch = if last { "└── " } else { "├── " };
+        let coroutine = t.coroutine.as_deref().unwrap_or("?");
+        let looped = path.contains(&id);
+        lines.push(format!(
+            "{prefix}{branch}(T) {} {coroutine}{}",
+            t.name,
+            if looped {
+                " [awaits itself: a cycle]"
+            } else {
+                ""
+            }
+        ));
+        // A tree deeper than any real one ends too.
+        if looped || path.len() >= MAX_TASKS_LISTED.min(1024) {
+            return;
+        }
+        path.push(id);
+        let next = format!("{prefix}{}", if last { "    " } else { "│   " });
+        let kids = children.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+        for (i, kid) in kids.iter().enumerate() {
+            walk(
+                *kid,
+                &next,
+                i + 1 == kids.len(),
+                by_id,
+                children,
+                path,
+                lines,
+            );
+        }
+        path.pop();
+    }
+    let roots: Vec<u64> = tasks
+        .iter()
+        .filter(|t| !t.awaited_by.iter().any(|p| by_id.contains_key(p)))
+        .map(|t| t.id)
+        .collect();
+    for (i, root) in roots.iter().enumerate() {
+        walk(
+            *root,
+            "",
+            i + 1 == roots.len(),
+            &by_id,
+            &children,
+            &mut Vec::new(),
+            &mut lines,
+        );
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,5 +725,141 @@ mod tests {
             shared.frame_name(),
             "[task fetch-3] (awaited by 2, shown under the first)"
         );
+    }
+
+    #[test]
+    fn the_tree_puts_each_task_under_its_waiters_and_ends_cycles() {
+        let task = |id, name: &str, awaited_by: Vec<u64>| DumpTask {
+            id,
+            name: name.into(),
+            coroutine: Some("work".into()),
+            awaited_by,
+        };
+        let tasks = [
+            task(1, "main", vec![]),
+            task(2, "fetch-1", vec![1]),
+            task(3, "fetch-3", vec![1]),
+            task(4, "deep", vec![3]),
+            // A cycle not reachable from a root is not drawn; one below a root ends.
+            task(5, "a", vec![6]),
+            task(6, "b", vec![5]),
+        ];
+        let lines = render_tree(&tasks);
+        assert_eq!(
+            lines,
+            [
+                "└── (T) main work",
+                "    ├── (T) fetch-1 work",
+                "    └── (T) fetch-3 work",
+                "        └── (T) deep work",
+            ]
+        );
+        let looped = [task(1, "main", vec![]), task(2, "x", vec![1, 2])];
+        let lines = render_tree(&looped);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[2].ends_with("a cycle]"), "{lines:?}");
+    }
+
+    /// Fake tasks in this process's own memory, read through the same reader: links that
+    /// loop, that point anywhere, and chains past the depth bound end, bounded.
+    mod hostile {
+        use super::super::*;
+
+        const OFFSETS: AsyncioLayout = AsyncioLayout {
+            task_size: 64,
+            task_name: 16,
+            task_awaited_by: 24,
+            task_is_task: 32,
+            task_awaited_by_is_set: 33,
+            task_coro: 40,
+            task_node: 48,
+            tstate_running_loop: 0,
+            tstate_running_task: 8,
+            tstate_tasks_head: 16,
+            gen_iframe: 16,
+            set_used: 16,
+            set_table: 24,
+            set_mask: 32,
+            long_tag: 16,
+            long_digits: 24,
+            type_flags: 32,
+        };
+
+        /// An `int` type, a name (the `int` 7) and `n` tasks, each awaited by `parent(i)`.
+        struct Fakes {
+            _ty: Box<[u64; 8]>,
+            _name: Box<[u64; 4]>,
+            tasks: Vec<Box<[u64; 8]>>,
+        }
+
+        fn fakes(n: usize, parent: impl Fn(usize, &[u64]) -> u64) -> Fakes {
+            let mut ty = Box::new([0u64; 8]);
+            ty[4] = TPFLAGS_LONG;
+            let mut name = Box::new([0u64; 4]);
+            name[1] = ty.as_ptr() as u64;
+            name[2] = 1 << 3;
+            name[3] = 7;
+            let mut tasks: Vec<Box<[u64; 8]>> = (0..n).map(|_| Box::new([0u64; 8])).collect();
+            let addresses: Vec<u64> = tasks.iter().map(|t| t.as_ptr() as u64).collect();
+            for (i, t) in tasks.iter_mut().enumerate() {
+                t[2] = name.as_ptr() as u64;
+                t[3] = parent(i, &addresses);
+                // is_task 1, awaited_by_is_set 0.
+                t[4] = 1;
+            }
+            Fakes {
+                _ty: ty,
+                _name: name,
+                tasks,
+            }
+        }
+
+        fn read(f: &Fakes, depth: usize) -> Result<TaskChain> {
+            let memory = ProcessMemory::new(std::process::id());
+            let layout = crate::runtime::cpython::layout::table(12).expect("3.12");
+            let reader = TaskReader {
+                memory: &memory,
+                layout: &layout,
+                asyncio: &OFFSETS,
+            };
+            reader.chain(f.tasks[0].as_ptr() as u64, depth, &mut HashMap::new())
+        }
+
+        #[test]
+        fn a_loop_of_waiters_ends_and_is_counted() {
+            // 0 awaited by 1, 1 by 2, 2 by 0.
+            let f = fakes(3, |i, a| a[(i + 1) % 3]);
+            let chain = read(&f, 64).expect("read");
+            assert!(chain.cycle && !chain.cut);
+            assert_eq!(chain.tasks.len(), 3);
+            assert!(chain.tasks.iter().all(|t| t.name == "Task-7"));
+        }
+
+        #[test]
+        fn a_chain_past_the_depth_bound_is_cut() {
+            let f = fakes(100, |i, a| a.get(i + 1).copied().unwrap_or(0));
+            let chain = read(&f, 64).expect("read");
+            assert!(chain.cut && !chain.cycle);
+            assert_eq!(chain.tasks.len(), 64);
+        }
+
+        #[test]
+        fn wild_pointers_end_the_chain_or_its_read() {
+            // A waiter at an unmapped address is no task: the chain is the task alone.
+            let f = fakes(1, |_, _| 0x10);
+            let chain = read(&f, 64).expect("read");
+            assert_eq!(chain.tasks.len(), 1);
+            assert_eq!(chain.tasks[0].awaiters, 0);
+            // A sampled task that is not readable is an error, not a chain.
+            let memory = ProcessMemory::new(std::process::id());
+            let layout = crate::runtime::cpython::layout::table(12).expect("3.12");
+            let reader = TaskReader {
+                memory: &memory,
+                layout: &layout,
+                asyncio: &OFFSETS,
+            };
+            assert!(reader.chain(0x1000, 64, &mut HashMap::new()).is_err());
+            assert!(reader.chain(0x1003, 64, &mut HashMap::new()).is_err());
+        }
     }
 }
