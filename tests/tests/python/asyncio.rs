@@ -24,7 +24,7 @@ const SID: &str = "/srv/sid";
 const TOLERANCE: f64 = 0.03;
 
 /// The workload: `main` gathers `fetch-1` (3000 units a step), `fetch-2` (1000) and
-/// `fetch-3`, which gathers `deep` (1500) and an unnamed task (500, counted as `inner`); each
+/// `fetch-3`, which gathers `deep` (1500) and an unnamed task (1000, counted as `inner`); each
 /// step's CPU is summed per name and written to `argv[1]` (`name=ns ...`) every tenth of a
 /// second; `argv[3]` gets each task's awaiters as `asyncio.capture_call_graph` sees them
 /// (`name: awaiter,awaiter`), once the tasks run. Runs `argv[2]` seconds.
@@ -66,7 +66,7 @@ async def work(name, units, end, truth, graph):
 
 async def fetch3(end, truth, graph):
     deep = asyncio.create_task(work("deep", 1500, end, truth, graph), name="deep")
-    await asyncio.gather(deep, work("inner", 500, end, truth, graph))
+    await asyncio.gather(deep, work("inner", 1000, end, truth, graph))
 
 async def main(truth, seconds, graph):
     asyncio.current_task().set_name("main")
@@ -204,7 +204,7 @@ fn task_chains_and_shares_on_314_and_315() {
         let out = dir.path().join("run.folded");
         let summary = dir.path().join("run.json");
         let pid = target.pid().to_string();
-        let args = ["-F", "999", "-d", "4s", "--pid", &pid, "-o"];
+        let args = ["-F", "999", "-d", "8s", "--pid", &pid, "-o"];
         let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         args.push(out.display().to_string());
         args.push("--summary-json".into());
@@ -240,7 +240,9 @@ fn task_chains_and_shares_on_314_and_315() {
             }
         }
         eprintln!("{label}: {work} samples of the tasks' work, {placed} under a known chain; counts {counts:?}; cpu {cpu:?}; strays {strays:?}");
-        checks.check(work >= 300, || {
+        // A loaded machine gives the workload little CPU: [`Share`] judges the shares at the
+        // samples taken, and says when they are too few to judge.
+        checks.check(work >= 100, || {
             format!(
                 "{label}: {work} samples of burn: too few\n{}",
                 profile.top(8)
