@@ -575,11 +575,14 @@ mod tests {
             "4026531836:42",
             "--sample-tags",
             "a,b",
+            "--async-stack-max-len",
+            "32",
         ])
         .unwrap();
         match cli.command {
             Command::Run(r) => {
                 assert!(r.run_async);
+                assert_eq!(r.async_stack_max_len, Some(32));
                 assert_eq!(r.sample_tags, ["a", "b"]);
                 assert_eq!(r.pid, "4026531836:42");
             }
@@ -603,6 +606,7 @@ mod tests {
             duration_ms: None,
             pid: "1".into(),
             sample_tags: vec![],
+            async_stack_max_len: None,
             socket: SocketArgs { socket: None },
         };
         let e = run(&args, &mut Vec::new()).unwrap_err();

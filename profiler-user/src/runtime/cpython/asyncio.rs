@@ -789,7 +789,8 @@ mod tests {
         struct Fakes {
             _ty: Box<[u64; 8]>,
             _name: Box<[u64; 4]>,
-            tasks: Vec<Box<[u64; 8]>>,
+            /// Never grown once filled: its elements keep their addresses.
+            tasks: Vec<[u64; 8]>,
         }
 
         fn fakes(n: usize, parent: impl Fn(usize, &[u64]) -> u64) -> Fakes {
@@ -799,7 +800,7 @@ mod tests {
             name[1] = ty.as_ptr() as u64;
             name[2] = 1 << 3;
             name[3] = 7;
-            let mut tasks: Vec<Box<[u64; 8]>> = (0..n).map(|_| Box::new([0u64; 8])).collect();
+            let mut tasks = vec![[0u64; 8]; n];
             let addresses: Vec<u64> = tasks.iter().map(|t| t.as_ptr() as u64).collect();
             for (i, t) in tasks.iter_mut().enumerate() {
                 t[2] = name.as_ptr() as u64;
