@@ -169,6 +169,7 @@ impl ProfileOptions {
             follow_children: self.follow_children,
             unwind: self.unwind.clone(),
             python: self.python.clone(),
+            python_async: None,
             mode: self.mode.clone(),
             off_cpu: false,
             off_cpu_min_ns: None,

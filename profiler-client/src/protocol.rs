@@ -138,6 +138,10 @@ pub struct RunRequest {
     /// Python frames of CPython targets: `auto` or `off` (as `--python`); `None` is `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
+    /// Most asyncio tasks shown above a sampled task (CPython 3.14+, as `--max-async-depth`);
+    /// 0: no async stacks (`--python-async off`); `None`: the default, 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_async: Option<u32>,
     /// What the profile measures: `cpu` or `wall` (as `--mode`); `None` is `cpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,

@@ -112,6 +112,13 @@ pub struct PythonProcess {
     /// Non-zero for a free-threaded (no-GIL) build: the kernel appends
     /// [`PythonFrame::NO_GIL`] to its stacks where a GIL build's get a GIL entry.
     pub free_threaded: u32,
+    /// Offset in the thread state of `asyncio_running_task` (CPython 3.14+: the asyncio task
+    /// the thread runs, or NULL), or 0: the kernel records no task. Where set, a stack whose
+    /// thread runs a task ends with [`PythonFrame::task_entry`] and the task's address.
+    pub tstate_running_task: u32,
+    /// Offset in a task of its coroutine pointer, whose identity bits the task entry keeps
+    /// (a task freed and another put at its address has another coroutine).
+    pub task_coro: u32,
 }
 
 /// One Python frame as the kernel records it in a Python stack: the code object's address,
@@ -218,6 +225,26 @@ impl PythonFrame {
     /// has no GIL to hold.
     pub const NO_GIL: u64 = 3 << Self::CODE_BITS;
 
+    /// The entry the kernel appends, after the GIL entry, to the Python stack of a thread
+    /// that runs an asyncio task, with the task coroutine's identity bits
+    /// ([`PythonFrame::identity_of`] its address); the task's address follows it, last.
+    #[inline(always)]
+    pub const fn task_entry(identity: u8) -> u64 {
+        (4 << Self::CODE_BITS) | (((identity & Self::IDENTITY_MASK) as u64) << Self::IDENTITY_SHIFT)
+    }
+
+    /// The identity bits of a task entry, or `None` for any other entry.
+    #[inline(always)]
+    pub const fn task_entry_identity(packed: u64) -> Option<u8> {
+        let low =
+            packed & !(((Self::IDENTITY_MASK as u64) << Self::IDENTITY_SHIFT) | Self::ENTRY_BIT);
+        if low == 4 << Self::CODE_BITS {
+            Some((packed >> Self::IDENTITY_SHIFT) as u8 & Self::IDENTITY_MASK)
+        } else {
+            None
+        }
+    }
+
     /// Whether a packed entry is one of the kernel's GIL entries (outermost), not a frame.
     #[inline(always)]
     pub const fn is_gil_entry(packed: u64) -> bool {
@@ -250,6 +277,24 @@ impl PythonFrame {
 #[cfg(test)]
 mod tests {
     use super::PythonFrame;
+
+    #[test]
+    fn task_entries_are_no_frame_and_no_gil_entry() {
+        for identity in 0..=PythonFrame::IDENTITY_MASK {
+            let entry = PythonFrame::task_entry(identity);
+            assert_eq!(PythonFrame::task_entry_identity(entry), Some(identity));
+            assert!(!PythonFrame::is_gil_entry(entry));
+            // Code address 0: never a recorded frame.
+            assert_eq!(PythonFrame::unpack(entry).code, 0);
+        }
+        for other in [
+            PythonFrame::GIL_HELD,
+            PythonFrame::NO_GIL,
+            PythonFrame::pack(0x7f00_1234_5670, 4, 3, false),
+        ] {
+            assert_eq!(PythonFrame::task_entry_identity(other), None);
+        }
+    }
 
     #[test]
     fn python_frames_round_trip_and_saturate() {

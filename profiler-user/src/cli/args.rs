@@ -405,6 +405,10 @@ pub struct RunArgs {
     /// Python frames of a CPython target: auto or off (the daemon's default is auto).
     #[arg(long, value_enum)]
     pub python: Option<crate::runtime::cpython::stacks::PythonMode>,
+    /// Most asyncio tasks shown above a sampled task (CPython 3.14+; the daemon's default is
+    /// 64); 0 leaves async stacks out.
+    #[arg(long)]
+    pub max_async_depth: Option<u32>,
     /// What the profile measures: cpu or wall (CPU samples plus each thread's time off the
     /// CPU; as the recording's --mode).
     #[arg(long, value_name = "cpu|wall")]
@@ -574,6 +578,20 @@ pub struct RecordArgs {
     /// free-threaded build running without one, as it does unless its GIL is enabled).
     #[arg(long)]
     pub python_gil: bool,
+
+    /// asyncio task stacks (CPython 3.14+): a sample taken while a task runs shows the tasks
+    /// that await it, outermost first, as `[task NAME] COROUTINE` frames in place of the
+    /// event loop's frames (as `python -m asyncio pstree` draws them); auto (the default) or
+    /// off. Costs two reads of the process's memory per Python sample in the kernel; earlier
+    /// versions say in the summary that they need 3.14.
+    #[arg(long, value_enum, default_value_t = crate::runtime::cpython::stacks::PythonMode::default())]
+    pub python_async: crate::runtime::cpython::stacks::PythonMode,
+
+    /// Most tasks shown above a sampled task's own frames (`--python-async`); a longer chain
+    /// of awaiting tasks is cut at its outer end, and the summary counts the cuts.
+    #[arg(long, default_value_t = crate::runtime::cpython::asyncio::DEFAULT_MAX_ASYNC_DEPTH as u32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_async_depth: u32,
 
     /// The Python view: each sample attributed to its innermost Python function, the
     /// interpreter's own C frames below it (eval loop, pymalloc, the C runtime it calls)

@@ -55,6 +55,7 @@ pub fn client_command(command: Command) -> Result<i32, Error> {
                 follow_children: args.follow_children,
                 unwind: args.unwind.map(|m| m.name().to_string()),
                 python: args.python.map(|m| m.name().to_string()),
+                python_async: args.max_async_depth,
                 mode: args.mode.clone(),
                 off_cpu: args.off_cpu,
                 off_cpu_min_ns: args

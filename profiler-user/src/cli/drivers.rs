@@ -300,6 +300,8 @@ pub async fn record(cli: RecordArgs) -> Result<i32, Error> {
             unwind: cli.unwind,
             python: cli.python,
             table_mib: cli.unwind_table_mib,
+            python_async: (cli.python_async == crate::runtime::cpython::stacks::PythonMode::Auto)
+                .then_some(cli.max_async_depth),
         },
     )?
     .with_scope(if cli.all {

@@ -22,6 +22,7 @@ use crate::{
         target::{Target, TargetSpec},
     },
     runtime::cpython::{
+        asyncio::{render_tree, LoopTasks},
         stacks::{merge, symbol_key, MergeOptions, PythonSymbols},
         Probe, PythonFrame, PythonTarget,
     },
@@ -113,6 +114,12 @@ pub struct Dump {
     pub python_error: Option<String>,
     /// Every thread, by tid.
     pub threads: Vec<DumpThread>,
+    /// The asyncio tasks of each thread that has an event loop or tasks (CPython 3.14+):
+    /// names, coroutines and who awaits each, as `python -m asyncio ps` lists them; `null`
+    /// before 3.14 or without asyncio.
+    pub asyncio: Option<Vec<LoopTasks>>,
+    /// Why the asyncio tasks could not be read, when they could not.
+    pub asyncio_error: Option<String>,
 }
 
 /// Runs `bpfprof dump`.
@@ -214,6 +221,12 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         .as_mut()
         .map(|p| p.threading_names(&reads.threads))
         .unwrap_or_default();
+    // The task tree, read with the target running (as `python -m asyncio pstree` reads it).
+    let (asyncio, asyncio_error) = match python.as_mut().map(|p| p.asyncio_tasks(&reads.threads)) {
+        Some(Ok(loops)) => (loops, None),
+        Some(Err(e)) => (None, Some(format!("{e:#}"))),
+        None => (None, None),
+    };
     let has_python = python.is_some() && reads.error.is_none();
     // A free-threaded build without its GIL: no thread can hold one. With it enabled at run
     // time, it is held as in a GIL build.
@@ -243,7 +256,14 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                         .collect()
                 })
                 .unwrap_or_default();
-            let user = merge(native, &packed, &symbols, MergeOptions::default(), ());
+            let user = merge(
+                native,
+                &packed,
+                &symbols,
+                &Default::default(),
+                MergeOptions::default(),
+                (),
+            );
             dump_thread(
                 thread,
                 python_names.get(&thread.proc.tid).cloned(),
@@ -271,6 +291,8 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             .error
             .or_else(|| unsupported.as_ref().map(|u| u.to_string())),
         threads,
+        asyncio,
+        asyncio_error,
     })
 }
 
@@ -427,6 +449,28 @@ pub fn render_text(dump: &Dump) -> String {
             let _ = writeln!(s, "    [the native stack could not be unwound further]");
         }
     }
+    for l in dump.asyncio.iter().flatten() {
+        let _ = writeln!(s);
+        let running = l
+            .tasks
+            .iter()
+            .find(|t| t.id == l.running_task && t.id != 0)
+            .map(|t| format!(", running {}", escape(&t.name)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "asyncio tasks of thread {} ({} tasks{running}){}:",
+            l.tid,
+            l.tasks.len(),
+            if l.cut { ", list cut" } else { "" }
+        );
+        for line in render_tree(&l.tasks) {
+            let _ = writeln!(s, "{}", escape(&line));
+        }
+    }
+    if let Some(e) = &dump.asyncio_error {
+        let _ = writeln!(s, "asyncio tasks not read: {}", escape(e));
+    }
     s
 }
 
@@ -466,6 +510,8 @@ mod tests {
             reaching_stop_us: 1000,
             python_read_us: 50,
             python_error: None,
+            asyncio: None,
+            asyncio_error: None,
             threads: vec![
                 thread(
                     7,

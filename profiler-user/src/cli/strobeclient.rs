@@ -118,6 +118,10 @@ struct RunArgs {
     /// Tags stored with every sample, comma-separated.
     #[arg(long, value_delimiter = ',')]
     sample_tags: Vec<String>,
+    /// Most asyncio tasks shown above a sampled task (CPython 3.14+; strobelight's
+    /// `async_stack_max_len`, which PyTorch's profilers set); 0 leaves async stacks out.
+    #[arg(long)]
+    async_stack_max_len: Option<u32>,
     #[command(flatten)]
     socket: SocketArgs,
 }
@@ -223,6 +227,7 @@ fn run(args: &RunArgs, err: &mut impl Write) -> Result<i32, Error> {
         max_stack_length: env.max_stack_length,
         follow_children: env.follow_children,
         unwind: env.unwind,
+        python_async: args.async_stack_max_len,
         ..RunRequest::default()
     };
     let mut client = connect(&args.socket)?;
@@ -570,11 +575,14 @@ mod tests {
             "4026531836:42",
             "--sample-tags",
             "a,b",
+            "--async-stack-max-len",
+            "32",
         ])
         .unwrap();
         match cli.command {
             Command::Run(r) => {
                 assert!(r.run_async);
+                assert_eq!(r.async_stack_max_len, Some(32));
                 assert_eq!(r.sample_tags, ["a", "b"]);
                 assert_eq!(r.pid, "4026531836:42");
             }
@@ -598,6 +606,7 @@ mod tests {
             duration_ms: None,
             pid: "1".into(),
             sample_tags: vec![],
+            async_stack_max_len: None,
             socket: SocketArgs { socket: None },
         };
         let e = run(&args, &mut Vec::new()).unwrap_err();

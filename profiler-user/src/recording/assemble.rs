@@ -310,6 +310,12 @@ pub(super) fn assemble_samples(
         python_unsupported: processes
             .values()
             .filter_map(|p| p.runtime_refused.clone())
+            .chain(
+                processes
+                    .values()
+                    .filter_map(|p| p.runtime.as_ref())
+                    .flat_map(|r| r.notes()),
+            )
             .collect(),
     };
     // The samples go to aggregation, which drops each once counted.

@@ -51,6 +51,9 @@ pub struct Walks {
     pub python: PythonMode,
     /// The cap on a kernel program's unwind row array, in MiB (`--unwind-table-mib`).
     pub table_mib: u32,
+    /// Most asyncio tasks read above a sampled task (`--max-async-depth`); `None`: async
+    /// stacks off (`--python-async off`).
+    pub python_async: Option<u32>,
 }
 
 impl Default for Walks {
@@ -59,6 +62,7 @@ impl Default for Walks {
             unwind: UnwindMode::default(),
             python: PythonMode::default(),
             table_mib: crate::unwind::DEFAULT_TABLE_MIB,
+            python_async: Some(crate::runtime::cpython::asyncio::DEFAULT_MAX_ASYNC_DEPTH as u32),
         }
     }
 }
@@ -264,7 +268,10 @@ impl RecordingRequest {
                 addresses: true,
             },
             unwind: walks.unwind,
-            runtimes: walks.python.runtimes(Enabled::ALL),
+            runtimes: walks
+                .python
+                .runtimes(Enabled::ALL)
+                .with_async(walks.python_async),
             table_rows_cap,
             scope: Scope::Targets,
         })
@@ -340,6 +347,11 @@ impl RecordingRequest {
                 unwind,
                 python,
                 table_mib,
+                python_async: match req.python_async {
+                    Some(0) => None,
+                    Some(depth) => Some(depth.min(4096)),
+                    None => Walks::default().python_async,
+                },
             },
         )
     }
@@ -589,6 +601,7 @@ mod tests {
             unwind: UnwindMode::Cfi,
             python: crate::runtime::cpython::stacks::PythonMode::Off,
             table_mib: 32,
+            python_async: Some(7),
         };
         let validated = RecordingRequest::validate(
             SamplingRequest::default(),
@@ -603,6 +616,7 @@ mod tests {
         assert!(!validated
             .runtimes
             .contains(crate::runtime::RuntimeTag::CPython));
+        assert_eq!(validated.runtimes.async_depth(), Some(7));
         assert_eq!(
             validated.table_rows_cap,
             crate::unwind::table_rows_cap(32).unwrap()

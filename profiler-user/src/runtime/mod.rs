@@ -68,6 +68,7 @@ pub trait Runtime: Sync {
         program: &mut KernelProgram,
         pid: u32,
         naming: &Naming,
+        enabled: Enabled,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn Instance>>;
@@ -106,6 +107,12 @@ pub struct ObjectMemo {
 pub trait Instance: Send + Sync {
     /// Its runtime's tag.
     fn tag(&self) -> RuntimeTag;
+
+    /// What the run's summary says of the process beyond its frames (CPython before 3.14
+    /// running asyncio: that async stacks need 3.14); empty when nothing.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// Brings the kernel's view of the process up to date (its threads), on every maps
     /// refresh.
@@ -195,7 +202,7 @@ pub fn attach(
     RUNTIMES
         .iter()
         .filter(|r| enabled.contains(r.tag()))
-        .find_map(|r| r.attach(program, pid, naming, refused, mapped))
+        .find_map(|r| r.attach(program, pid, naming, enabled, refused, mapped))
 }
 
 /// Which frames of a profile stack (root first) the view of its runtime keeps: the runtime
@@ -211,28 +218,54 @@ pub fn view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     }
 }
 
-/// Which runtimes a recording reads the frames of (`--python off` leaves CPython out).
+/// Which runtimes a recording reads the frames of (`--python off` leaves CPython out), and
+/// whether it reads the asyncio tasks awaiting each sampled task (`--python-async`, at most
+/// `--max-async-depth` of them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Enabled(u64);
+pub struct Enabled {
+    runtimes: u64,
+    /// Tasks read above a sampled task at most; 0: no task is recorded.
+    async_depth: u32,
+}
 
 impl Enabled {
-    /// Every runtime.
-    pub const ALL: Enabled = Enabled(u64::MAX);
+    /// Every runtime, with async stacks to [`cpython::asyncio::DEFAULT_MAX_ASYNC_DEPTH`].
+    pub const ALL: Enabled = Enabled {
+        runtimes: u64::MAX,
+        async_depth: cpython::asyncio::DEFAULT_MAX_ASYNC_DEPTH as u32,
+    };
     /// None.
-    pub const NONE: Enabled = Enabled(0);
+    pub const NONE: Enabled = Enabled {
+        runtimes: 0,
+        async_depth: 0,
+    };
 
     /// Whether `tag`'s frames are read.
     pub fn contains(self, tag: RuntimeTag) -> bool {
-        self.0 & Self::bit(tag) != 0
+        self.runtimes & Self::bit(tag) != 0
     }
 
     /// These, with `tag` on or off.
     pub fn with(self, tag: RuntimeTag, on: bool) -> Enabled {
-        if on {
-            Enabled(self.0 | Self::bit(tag))
+        let runtimes = if on {
+            self.runtimes | Self::bit(tag)
         } else {
-            Enabled(self.0 & !Self::bit(tag))
+            self.runtimes & !Self::bit(tag)
+        };
+        Enabled { runtimes, ..self }
+    }
+
+    /// These, with async stacks of at most `depth` tasks, or none.
+    pub fn with_async(self, depth: Option<u32>) -> Enabled {
+        Enabled {
+            async_depth: depth.unwrap_or(0),
+            ..self
         }
+    }
+
+    /// Tasks read above a sampled task at most; `None` when async stacks are off.
+    pub fn async_depth(self) -> Option<usize> {
+        (self.async_depth > 0).then_some(self.async_depth as usize)
     }
 
     fn bit(tag: RuntimeTag) -> u64 {

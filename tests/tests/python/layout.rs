@@ -750,7 +750,7 @@ fn check_against_native_stacks(checked: &mut Checked, pid: u32, debug_info: bool
         show_gil: false,
         view: bpfprof::runtime::cpython::stacks::PythonView::Off,
     };
-    let merged = merge(native, &packed, &symbols, options, ());
+    let merged = merge(native, &packed, &symbols, &Default::default(), options, ());
     // Leaf first again, as gdb lists frames.
     let names: Vec<String> = merged
         .iter()

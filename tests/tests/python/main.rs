@@ -3,6 +3,7 @@
 //!
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test python -- walk::`).
 
+mod asyncio;
 mod cpython_314;
 mod cpython_314_modes;
 mod doctor;

@@ -380,6 +380,7 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
     // The label names of perf's own pprof converter (perf_data_converter).
     let tid_key = t.strings.id("tid");
     let thread_comm_key = t.strings.id("thread_comm");
+    let task_key = t.strings.id("task");
 
     let mut samples = Vec::with_capacity(profile.stacks.len());
     for stack in &profile.stacks {
@@ -459,6 +460,14 @@ fn build(profile: &Profile, now: SystemTime) -> proto::Profile {
             label.push(proto::Label {
                 key: comm_key,
                 str: t.strings.id(comm),
+                ..Default::default()
+            });
+        }
+        if let Some(task) = task_of(profile, &stack.frames) {
+            // The asyncio task the sample ran in (CPython 3.14+): `-tagfocus=task=fetch-3`.
+            label.push(proto::Label {
+                key: task_key,
+                str: t.strings.id(task),
                 ..Default::default()
             });
         }
@@ -574,3 +583,19 @@ fn comments(profile: &Profile, measure: &Measure) -> Vec<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// The name of the asyncio task a stack (frame ids, root first) ran in: its innermost
+/// `[task NAME] COROUTINE` frame's NAME (the frames CPython 3.14+'s async stacks put in place
+/// of the event loop's).
+fn task_of<'a>(profile: &'a Profile, frames: &[usize]) -> Option<&'a str> {
+    frames
+        .iter()
+        .rev()
+        .find_map(|&id| match &profile.frames[id] {
+            ProfileFrame::Code(f) if matches!(f.kind, crate::symbolize::FrameKind::Runtime(_)) => {
+                let rest = f.name.strip_prefix("[task ")?;
+                rest.rsplit_once(']').map(|(name, _)| name)
+            }
+            _ => None,
+        })
+}

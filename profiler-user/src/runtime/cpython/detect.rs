@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{anyhow, Context};
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use procfs::process::MMapPath;
 
 use super::memory::ProcessMemory;
@@ -200,6 +200,55 @@ pub fn find(
     Ok(Err(reasons.join("; ")))
 }
 
+/// The runtime address of ELF section `section` in the first object mapped by process `pid`
+/// whose file name `wanted` accepts and that has that section (CPython 3.14's
+/// `.AsyncioDebug`, in the `_asyncio` extension or, where it is built in, the interpreter):
+/// `None` when no such object is mapped. Only the maps lines of accepted names are parsed,
+/// and the objects are opened as [`find`] opens them.
+pub fn section_address(
+    pid: u32,
+    wanted: &dyn Fn(&str) -> bool,
+    section: &str,
+) -> Result<Option<u64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("read /proc/{pid}/maps"))?;
+    let named = |line: &&str| line.rsplit('/').next().is_some_and(wanted);
+    let lines: String = text.lines().filter(named).flat_map(|l| [l, "\n"]).collect();
+    let maps =
+        <procfs::process::MemoryMaps as procfs::FromBufRead>::from_buf_read(lines.as_bytes())
+            .with_context(|| format!("parse /proc/{pid}/maps"))?;
+    let mut files: FileMappings = BTreeMap::new();
+    for m in maps {
+        if let MMapPath::Path(path) = m.pathname {
+            let dev_ino = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
+            files
+                .entry(path)
+                .or_insert_with(|| (dev_ino, Vec::new()))
+                .1
+                .push((m.address.0, m.address.1, m.offset));
+        }
+    }
+    for (path, (dev_ino, mappings)) in &files {
+        let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
+        let Ok((file, _)) =
+            crate::process::target_file::open_mapped(pid, (start, end), path, *dev_ino)
+        else {
+            continue;
+        };
+        let reader = crate::process::target_file::ElfReader::new(file);
+        let Ok(elf) = object::File::parse(&reader) else {
+            continue;
+        };
+        let Some(address) = elf.section_by_name(section).map(|s| s.address()) else {
+            continue;
+        };
+        if let Some(bias) = load_bias(&aligned_segments(&elf), mappings) {
+            return Ok(Some(address.wrapping_add(bias)));
+        }
+    }
+    Ok(None)
+}
+
 /// `(major, minor)` from a name such as `libpython3.10.so.1.0` or `python3.10`.
 fn version_from_name(path: &std::path::Path) -> Option<(u8, u8)> {
     let name = path.file_name()?.to_str()?;
@@ -266,19 +315,25 @@ fn symbols_of(file: std::fs::File, path: &std::path::Path) -> Result<Option<Symb
     let Some(runtime) = symbol("_PyRuntime") else {
         return Ok(None);
     };
+    Ok(Some(Symbols {
+        runtime,
+        py_version: symbol("Py_Version"),
+        segments: aligned_segments(&elf),
+    }))
+}
+
+/// Each loadable segment's (page-aligned file offset, page-aligned address): what
+/// [`load_bias`] matches against a process's mappings.
+fn aligned_segments<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+) -> Vec<(u64, u64)> {
     const PAGE: u64 = 4096;
-    let segments = elf
-        .segments()
+    elf.segments()
         .map(|segment| {
             let (file_offset, _) = segment.file_range();
             (file_offset & !(PAGE - 1), segment.address() & !(PAGE - 1))
         })
-        .collect();
-    Ok(Some(Symbols {
-        runtime,
-        py_version: symbol("Py_Version"),
-        segments,
-    }))
+        .collect()
 }
 
 /// The difference between the object's runtime and link-time addresses, from a mapping whose

@@ -219,6 +219,12 @@ impl PythonTarget {
         self.function(frame.code, frame.instruction, Some(frame.identity))
     }
 
+    /// The function name of the code object at `code` (an asyncio task's coroutine), read
+    /// once and cached with the frames' code objects.
+    pub fn code_name(&mut self, code: u64) -> Option<String> {
+        self.function(code, 0, None).ok().map(|f| f.name)
+    }
+
     /// [`PythonReader::resolve`] the code object at `code`, instruction `instruction`, checked
     /// against the kernel's identity bits where given.
     fn function(

@@ -171,6 +171,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 frame_tlbc_index: 0,
                 code_tlbc: 0,
                 free_threaded: 0,
+                // Set when the process's `_asyncio` is found (3.14+).
+                tstate_running_task: 0,
+                task_coro: 0,
             },
             runtime_interpreters_head: 32,
             interp_next: 0,
@@ -220,6 +223,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 frame_tlbc_index: 0,
                 code_tlbc: 0,
                 free_threaded: 0,
+                // Set when the process's `_asyncio` is found (3.14+).
+                tstate_running_task: 0,
+                task_coro: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -271,6 +277,9 @@ pub fn table(minor: u8) -> Option<Layout> {
                 frame_tlbc_index: 0,
                 code_tlbc: 0,
                 free_threaded: 0,
+                // Set when the process's `_asyncio` is found (3.14+).
+                tstate_running_task: 0,
+                task_coro: 0,
             },
             runtime_interpreters_head: 40,
             interp_next: 0,
@@ -684,6 +693,9 @@ impl Layout {
                 frame_tlbc_index,
                 code_tlbc,
                 free_threaded: free_threaded as u32,
+                // Set when the process's `_asyncio` is found (3.14+).
+                tstate_running_task: 0,
+                task_coro: 0,
             },
             runtime_interpreters_head: offset(f(RUNTIME, 2), 8)?,
             interp_next: offset(f(INTERP, 2), 8)?,

@@ -34,21 +34,62 @@ pub fn symbol_key(packed: u64) -> u64 {
     PythonFrame::without_eval_entry(packed)
 }
 
-/// Whether a packed stack entry is the kernel's GIL entry (outermost), not a frame.
-pub(super) fn is_gil_marker(packed: u64) -> bool {
-    PythonFrame::is_gil_entry(packed)
+/// The asyncio task a sample's thread ran (CPython 3.14+): its address and its coroutine's
+/// identity bits, as the kernel recorded them.
+pub type TaskKey = (u64, u8);
+
+/// The chains of tasks awaiting each sampled task, by [`TaskKey`].
+pub type TaskChains = HashMap<TaskKey, super::asyncio::TaskChain>;
+
+/// What the kernel appends to a Python stack after its frames: the GIL entry, then the task
+/// entry and the task's address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trailer {
+    /// The GIL entry.
+    pub gil: Option<u64>,
+    /// The task the thread ran.
+    pub task: Option<TaskKey>,
 }
 
-/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL entry
-/// last, kept), and whether any were cut.
-pub fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
-    let gil = frames.last().filter(|f| PythonFrame::is_gil_entry(**f));
-    let code = &frames[..frames.len() - usize::from(gil.is_some())];
+impl Trailer {
+    /// The entries as the kernel packs them.
+    fn entries(self) -> impl Iterator<Item = u64> {
+        self.gil.into_iter().chain(
+            self.task
+                .into_iter()
+                .flat_map(|(task, identity)| [PythonFrame::task_entry(identity), task]),
+        )
+    }
+}
+
+/// A kernel Python stack's frames (innermost first) and what follows them.
+pub fn split_stack(stack: &[u64]) -> (&[u64], Trailer) {
+    let mut trailer = Trailer::default();
+    let mut frames = stack;
+    if let [rest @ .., marker, task] = frames {
+        if let Some(identity) = PythonFrame::task_entry_identity(*marker) {
+            trailer.task = Some((*task, identity));
+            frames = rest;
+        }
+    }
+    if let Some((&last, rest)) = frames.split_last() {
+        if PythonFrame::is_gil_entry(last) {
+            trailer.gil = Some(last);
+            frames = rest;
+        }
+    }
+    (frames, trailer)
+}
+
+/// The leaf-most `limit` frames of a kernel Python stack (innermost first, the GIL and task
+/// entries last, kept), and whether any were cut.
+pub fn limit_python(stack: &[u64], limit: usize) -> (Vec<u64>, bool) {
+    let (code, trailer) = split_stack(stack);
     if code.len() <= limit {
-        return (frames.to_vec(), false);
+        return (stack.to_vec(), false);
     }
     let mut out = code[..limit].to_vec();
-    out.extend(gil);
+    out.extend(trailer.entries());
     (out, true)
 }
 
@@ -56,10 +97,76 @@ pub fn limit_python(frames: &[u64], limit: usize) -> (Vec<u64>, bool) {
 /// was never read (freed, or its process exited, before naming reached it), so it shows as
 /// `[unknown Python code]`.
 pub fn has_unnamed(python: &[u64], symbols: &PythonSymbols) -> bool {
-    python
+    split_stack(python)
+        .0
         .iter()
-        .any(|&p| !is_gil_marker(p) && !symbols.contains_key(&symbol_key(p)))
+        .any(|&p| !symbols.contains_key(&symbol_key(p)))
 }
+
+/// A process's named Python frames and the task chains of its sampled asyncio tasks.
+#[derive(Debug, Default)]
+pub struct PythonNames {
+    /// Frames named so far.
+    pub symbols: PythonSymbols,
+    /// Task chains read so far.
+    pub tasks: TaskChains,
+}
+
+/// Puts `chain`'s tasks (outermost first) in place of the frames below the sampled task's
+/// own coroutine frames in `out` (root first; its Python frames are `python`'s, innermost
+/// first): from the first Python frame up to the outermost frame of the task's coroutine,
+/// the event loop's frames (`run`, `run_forever`, `_run_once`, `Handle._run` and the C
+/// frames between them) go. Where the stack holds no frame of that coroutine (cut at
+/// `--max-stack-length`, or a coroutine not written in Python), the tasks go at the root of
+/// its Python frames and nothing is taken out.
+fn put_tasks<A: Clone>(
+    mut out: Vec<(Frame, A)>,
+    python: &[u64],
+    chain: &super::asyncio::TaskChain,
+    python_address: &A,
+) -> Vec<(Frame, A)> {
+    let positions: Vec<usize> = out
+        .iter()
+        .enumerate()
+        .filter(|(_, (f, _))| f.kind == PYTHON_FRAME)
+        .map(|(i, _)| i)
+        .collect();
+    if positions.len() != python.len() || positions.is_empty() || chain.tasks.is_empty() {
+        return out;
+    }
+    let coroutine = (chain.coro_code != 0)
+        .then(|| {
+            python
+                .iter()
+                .rposition(|&p| PythonFrame::unpack(p).code == chain.coro_code)
+        })
+        .flatten();
+    let first = positions[0];
+    let end = match coroutine {
+        Some(k) => positions[python.len() - 1 - k],
+        None => first,
+    };
+    let tasks = chain.tasks.iter().map(|t| {
+        (
+            Frame::named(t.frame_name(), None, PYTHON_FRAME),
+            python_address.clone(),
+        )
+    });
+    out.splice(first..end, tasks);
+    out
+}
+
+/// The name of the task a profile stack (root first) ran in: its innermost task frame's,
+/// without the coroutine (the pprof label `task`).
+pub fn task_of<'a>(frames: impl DoubleEndedIterator<Item = &'a Frame>) -> Option<&'a str> {
+    frames.rev().find_map(|f| {
+        let name = f.name.strip_prefix(TASK_FRAME_PREFIX)?;
+        (f.kind == PYTHON_FRAME).then(|| name.split_once(']').map_or(name, |(n, _)| n))
+    })
+}
+
+/// How a task's frame starts: `[task NAME] COROUTINE`.
+pub const TASK_FRAME_PREFIX: &str = "[task ";
 
 /// A Python function as a profile frame.
 fn python_frame(function: Option<&PythonFunction>) -> Frame {
@@ -187,9 +294,9 @@ fn is_perf_trampoline(frame: &Frame) -> bool {
                 && frame.module.as_deref() == Some(crate::symbolize::JIT_MODULE)))
 }
 
-impl crate::runtime::NamedFrames for PythonSymbols {
+impl crate::runtime::NamedFrames for PythonNames {
     fn has_unnamed(&self, stack: &[u64]) -> bool {
-        has_unnamed(stack, self)
+        has_unnamed(stack, &self.symbols)
     }
 
     fn merge(
@@ -198,7 +305,7 @@ impl crate::runtime::NamedFrames for PythonSymbols {
         stack: &[u64],
         options: MergeOptions,
     ) -> Vec<(Frame, Option<crate::profile::CodeAddress>)> {
-        merge(native, stack, self, options, None)
+        merge(native, stack, &self.symbols, &self.tasks, options, None)
     }
 }
 
@@ -220,20 +327,25 @@ fn is_eval_frame(frame: &Frame) -> bool {
 /// native stack that ended early) go at the root. Unless `keep_glue`, the interpreter's own C
 /// frames between two Python frames are dropped: they say how CPython called a function, not
 /// what the program did; so are perf-trampoline frames, which repeat the Python frames.
+///
+/// Where the kernel recorded the asyncio task the thread ran and `tasks` has the chain of
+/// tasks awaiting it, the chain replaces the event loop's frames below the task's own
+/// frames ([`put_tasks`]).
 pub fn merge<A: Clone>(
     native: Vec<(Frame, A)>,
     python: &[u64],
     symbols: &PythonSymbols,
+    tasks: &TaskChains,
     options: MergeOptions,
     python_address: A,
 ) -> Vec<(Frame, A)> {
-    // The kernel's GIL entry, outermost, is not a frame.
-    let (python, gil) = match python.split_last() {
-        Some((&last, rest)) if PythonFrame::is_gil_entry(last) => (rest, Some(last)),
-        _ => (python, None),
-    };
+    // The kernel's GIL and task entries, outermost, are not frames.
+    let (python, trailer) = split_stack(python);
     let mut out = merge_frames(native, python, symbols, options.keep_glue, &python_address);
-    if let (true, Some(marker)) = (options.show_gil, gil) {
+    if let Some(chain) = trailer.task.and_then(|key| tasks.get(&key)) {
+        out = put_tasks(out, python, chain, &python_address);
+    }
+    if let (true, Some(marker)) = (options.show_gil, trailer.gil) {
         out.insert(0, (gil_frame(marker), python_address));
     }
     out
@@ -356,7 +468,14 @@ mod tests {
                 .map(|(f, _)| f.name.to_string())
                 .collect::<Vec<_>>()
         };
-        let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
+        let merged = merge(
+            stack.clone(),
+            &python,
+            &symbols,
+            &TaskChains::new(),
+            MergeOptions::default(),
+            0,
+        );
         assert_eq!(
             names(&merged),
             [
@@ -376,7 +495,7 @@ mod tests {
             show_gil: false,
             view: PythonView::Off,
         };
-        let kept = merge(stack, &python, &symbols, glue, 0);
+        let kept = merge(stack, &python, &symbols, &TaskChains::new(), glue, 0);
         assert_eq!(
             names(&kept),
             [
@@ -434,7 +553,14 @@ mod tests {
                 .map(|(f, _)| f.name.to_string())
                 .collect::<Vec<_>>()
         };
-        let merged = merge(stack.clone(), &python, &symbols, MergeOptions::default(), 0);
+        let merged = merge(
+            stack.clone(),
+            &python,
+            &symbols,
+            &TaskChains::new(),
+            MergeOptions::default(),
+            0,
+        );
         assert_eq!(names(&merged), ["Py_RunMain", "<module>", "leaf", "burn"]);
         // Glue kept: every frame, trampolines too.
         let glue = MergeOptions {
@@ -442,13 +568,14 @@ mod tests {
             show_gil: false,
             view: PythonView::Off,
         };
-        let kept = merge(stack, &python, &symbols, glue, 0);
+        let kept = merge(stack, &python, &symbols, &TaskChains::new(), glue, 0);
         assert_eq!(kept.len(), 8);
         // A `py::` frame that is no perf-map frame (a C function so named) stays.
         let own = merge(
             vec![native("py::mine", "/x/ext.so")],
             &python,
             &symbols,
+            &TaskChains::new(),
             MergeOptions::default(),
             0,
         );
@@ -464,6 +591,7 @@ mod tests {
             vec![native("burn", "/x/ext.so")],
             &python,
             &symbols,
+            &TaskChains::new(),
             MergeOptions::default(),
             0,
         );
@@ -474,6 +602,7 @@ mod tests {
             Vec::new(),
             &[PythonFrame::pack(0x20, 0, 5, true)],
             &symbols,
+            &TaskChains::new(),
             MergeOptions::default(),
             0,
         );
@@ -554,10 +683,17 @@ mod tests {
                 show_gil,
                 view: PythonView::Off,
             };
-            merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
-                .into_iter()
-                .map(|(f, _)| f.name.to_string())
-                .collect::<Vec<_>>()
+            merge(
+                vec![native("main", "/x/a")],
+                &python,
+                &symbols,
+                &TaskChains::new(),
+                options,
+                0,
+            )
+            .into_iter()
+            .map(|(f, _)| f.name.to_string())
+            .collect::<Vec<_>>()
         };
         assert_eq!(names(false), ["[unknown Python code]", "main"]);
         assert_eq!(names(true), ["[GIL held]", "[unknown Python code]", "main"]);
@@ -568,10 +704,17 @@ mod tests {
             show_gil: true,
             view: PythonView::Off,
         };
-        let named: Vec<_> = merge(vec![native("main", "/x/a")], &python, &symbols, options, 0)
-            .into_iter()
-            .map(|(f, _)| f.name.to_string())
-            .collect();
+        let named: Vec<_> = merge(
+            vec![native("main", "/x/a")],
+            &python,
+            &symbols,
+            &TaskChains::new(),
+            options,
+            0,
+        )
+        .into_iter()
+        .map(|(f, _)| f.name.to_string())
+        .collect();
         assert_eq!(
             named,
             ["[free-threaded: no GIL]", "[unknown Python code]", "main"]

@@ -20,6 +20,7 @@
 //! - [`merge`]: named frames merged into native stacks at each `_PyEval_EvalFrameDefault`,
 //!   and the Python view.
 
+pub mod asyncio;
 pub mod code;
 pub mod detect;
 mod frames;
@@ -73,6 +74,7 @@ impl crate::runtime::Runtime for CPython {
         program: &mut crate::kernel::KernelProgram,
         pid: u32,
         naming: &crate::runtime::Naming,
+        enabled: crate::runtime::Enabled,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn crate::runtime::Instance>> {
@@ -81,6 +83,7 @@ impl crate::runtime::Runtime for CPython {
             pid,
             naming.shares,
             naming.owner,
+            enabled.async_depth(),
             refused,
             mapped,
             &naming.objects.cpython,

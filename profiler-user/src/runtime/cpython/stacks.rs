@@ -20,10 +20,11 @@ use std::{
 
 use profiler_common::{PythonFrame, StackId};
 
-use super::merge::is_gil_marker;
+use super::asyncio::{AsyncioLayout, TaskInfo, TaskReader};
 pub use super::merge::{
-    has_unnamed, limit_python, merge, python_view_keep, symbol_key, MergeOptions, PythonSymbols,
-    PythonView, EVAL_FUNCTION, PYTHON_FRAME,
+    has_unnamed, limit_python, merge, python_view_keep, split_stack, symbol_key, task_of,
+    MergeOptions, PythonNames, PythonSymbols, PythonView, TaskChains, TaskKey, EVAL_FUNCTION,
+    PYTHON_FRAME,
 };
 use crate::{
     kernel::KernelProgram,
@@ -37,6 +38,10 @@ use crate::{
 /// new code objects, named past its owner's CPU share, would otherwise queue without bound
 /// (8 bytes and a set entry each). Frames past it stay unnamed, and the summary says so.
 const MAX_QUEUED_FRAMES: usize = 1 << 18;
+/// Sampled tasks of one process waiting for their chains at most (as frames, above).
+const MAX_QUEUED_TASKS: usize = 1 << 16;
+/// A sampled task's chain is read again on a later new stack once it is this old.
+const CHAIN_REREAD: Duration = Duration::from_secs(1);
 
 /// Whether Python frames are read from CPython processes (`--python`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -105,8 +110,23 @@ pub struct PythonTracking {
     owner: Owner,
     /// Bytes charged to the owner's share so far, given back when this is dropped.
     charged: u64,
-    /// Frames named so far.
-    symbols: PythonSymbols,
+    /// Frames named so far, and the task chains read so far.
+    names: PythonNames,
+    /// Async stacks: at most this many tasks read above a sampled task; `None`: off.
+    async_depth: Option<usize>,
+    /// Where the process's `_asyncio` keeps what the task reader reads, once found.
+    asyncio: Option<AsyncioLayout>,
+    /// What the summary says of asyncio in this process (before 3.14; offsets refused).
+    asyncio_note: Option<String>,
+    /// Sampled tasks waiting for their chain to be read, and when each chain was read.
+    tasks_queued: VecDeque<TaskKey>,
+    task_keys_queued: HashSet<TaskKey>,
+    chains_read_at: HashMap<TaskKey, std::time::Instant>,
+    /// Chains cut at the depth bound, chains that looped, sampled tasks that could not be
+    /// read (ended, or another task at their address, before bpfprof read them).
+    chains_cut: u64,
+    chain_cycles: u64,
+    tasks_unread: u64,
     /// Frames whose code object could not be read (freed, or the process is gone).
     unnamed: u64,
     /// Frames left unnamed because the owner's runs keep
@@ -129,6 +149,7 @@ impl PythonTracking {
         pid: u32,
         shares: &Arc<NamingShares>,
         owner: Owner,
+        async_depth: Option<usize>,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
         memo: &super::detect::DetectMemo,
@@ -180,7 +201,16 @@ impl PythonTracking {
             shares: Arc::clone(shares),
             owner,
             charged: 0,
-            symbols: PythonSymbols::new(),
+            names: PythonNames::default(),
+            async_depth,
+            asyncio: None,
+            asyncio_note: None,
+            tasks_queued: VecDeque::new(),
+            task_keys_queued: HashSet::new(),
+            chains_read_at: HashMap::new(),
+            chains_cut: 0,
+            chain_cycles: 0,
+            tasks_unread: 0,
             unnamed: 0,
             over_budget: 0,
             over_time: 0,
@@ -195,8 +225,11 @@ impl PythonTracking {
     pub fn refresh_threads(&mut self, program: &mut KernelProgram) {
         // A free-threaded build's GIL may be enabled or dropped while it runs (importing an
         // extension module that needs it enables it): looked at again at every refresh.
-        if self.layout.gil_holder == 0 || self.target.free_threaded() {
+        self.find_asyncio();
+        let with_task = self.asyncio.is_some() && self.layout.tstate_running_task == 0;
+        if self.layout.gil_holder == 0 || self.target.free_threaded() || with_task {
             let layout = self.target.kernel_layout_with_gil();
+            let layout = self.with_async(layout);
             if layout != self.layout
                 && program
                     .runtimes
@@ -254,10 +287,14 @@ impl PythonTracking {
             let Ok(frames) = program.stack(*id) else {
                 continue;
             };
-            // The GIL entry is a marker, not code to read.
-            for &packed in frames.iter().filter(|&&p| !is_gil_marker(p)) {
+            // The GIL and task entries are markers, not code to read.
+            let (code, trailer) = split_stack(&frames);
+            if let Some(task) = trailer.task {
+                self.queue_task(task);
+            }
+            for &packed in code {
                 let key = symbol_key(packed);
-                if self.symbols.contains_key(&key) || self.queued_keys.contains(&key) {
+                if self.names.symbols.contains_key(&key) || self.queued_keys.contains(&key) {
                     continue;
                 }
                 if self.queued.len() >= MAX_QUEUED_FRAMES {
@@ -297,7 +334,7 @@ impl PythonTracking {
         let spent = || crate::clock::thread_cpu_time().saturating_sub(cpu_before);
         while let Some(key) = self.queued.pop_front() {
             self.queued_keys.remove(&key);
-            if self.symbols.contains_key(&key) {
+            if self.names.symbols.contains_key(&key) {
                 continue;
             }
             if !self.shares.has_room(self.owner) {
@@ -314,7 +351,7 @@ impl PythonTracking {
                             as u64;
                     self.shares.charge(self.owner, kept);
                     self.charged += kept;
-                    self.symbols.insert(key, function);
+                    self.names.symbols.insert(key, function);
                 }
                 Err(e) => {
                     self.unnamed += 1;
@@ -325,8 +362,144 @@ impl PythonTracking {
                 break;
             }
         }
+        // Task chains after frames, in what is left of the same CPU: a chain is a few reads.
+        let mut parents = HashMap::new();
+        let mut read = 0;
+        while read == 0 || spent() < cpu {
+            let Some(key) = self.tasks_queued.pop_front() else {
+                break;
+            };
+            read += 1;
+            self.task_keys_queued.remove(&key);
+            if !self.shares.has_room(self.owner) {
+                self.over_budget += 1;
+                continue;
+            }
+            self.read_chain(key, &mut parents);
+        }
         self.naming += started.elapsed();
         spent()
+    }
+
+    /// Queues sampled task `key` to have its chain read: once, and again on a later stack
+    /// once its chain is older than [`CHAIN_REREAD`] (a task's waiters change as it runs).
+    fn queue_task(&mut self, key: TaskKey) {
+        if self.asyncio.is_none() || self.task_keys_queued.contains(&key) {
+            return;
+        }
+        if self
+            .chains_read_at
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < CHAIN_REREAD)
+        {
+            return;
+        }
+        if self.tasks_queued.len() >= MAX_QUEUED_TASKS {
+            self.queue_full += 1;
+            return;
+        }
+        self.task_keys_queued.insert(key);
+        self.tasks_queued.push_back(key);
+    }
+
+    /// Reads the chain of tasks awaiting sampled task `key` (`parents`: tasks read in this
+    /// naming round, by address) and keeps it, its coroutines named.
+    fn read_chain(&mut self, key: TaskKey, parents: &mut HashMap<u64, TaskInfo>) {
+        let (Some(asyncio), Some(depth)) = (self.asyncio, self.async_depth) else {
+            return;
+        };
+        let (task, identity) = key;
+        let reader = TaskReader {
+            memory: &self.target.memory,
+            layout: &self.target.layout,
+            asyncio: &asyncio,
+        };
+        // The task at the address must be the one sampled: its coroutine has the bits the
+        // kernel recorded (else it ended and another took its memory).
+        let same = reader
+            .memory
+            .read_u64(task.wrapping_add(asyncio.task_coro as u64))
+            .is_ok_and(|coro| {
+                identity == profiler_common::PythonFrame::UNKNOWN_IDENTITY
+                    || profiler_common::PythonFrame::identity_of(coro) == identity
+            });
+        let before = self.target.memory.bytes_read();
+        let chain = if same {
+            reader.chain(task, depth, parents)
+        } else {
+            Err(anyhow::anyhow!("task {task:#x} ended before it was read"))
+        };
+        self.target.naming_bytes += self.target.memory.bytes_read().saturating_sub(before);
+        let mut chain = match chain {
+            Ok(chain) => chain,
+            Err(e) => {
+                self.tasks_unread += 1;
+                log::debug!("pid {}: asyncio task: {e:#}", self.target.pid());
+                return;
+            }
+        };
+        for t in &mut chain.tasks {
+            if t.coro_code != 0 {
+                t.coroutine = self.target.code_name(t.coro_code);
+            }
+        }
+        self.chains_cut += u64::from(chain.cut);
+        self.chain_cycles += u64::from(chain.cycle);
+        let kept = chain
+            .tasks
+            .iter()
+            .map(|t| t.name.len() + t.coroutine.as_ref().map_or(0, String::len) + 64)
+            .sum::<usize>() as u64;
+        self.shares.charge(self.owner, kept);
+        self.charged += kept;
+        self.chains_read_at.insert(key, std::time::Instant::now());
+        self.names.tasks.insert(key, chain);
+    }
+
+    /// Looks for the process's asyncio debug offsets (3.14+) while they are not found, and,
+    /// before 3.14, for its `_asyncio` extension, to say that async stacks need 3.14.
+    fn find_asyncio(&mut self) {
+        if self.async_depth.is_none() || self.asyncio.is_some() || self.asyncio_note.is_some() {
+            log::trace!("pid {}: asyncio not looked for", self.target.pid());
+            return;
+        }
+        let pid = self.target.pid();
+        let (_, minor) = self.target.version();
+        if minor < super::asyncio::FIRST_ASYNC_MINOR {
+            if super::asyncio::maps_asyncio_extension(pid) {
+                self.asyncio_note = Some(super::asyncio::NEEDS_314.to_string());
+            }
+            return;
+        }
+        match super::asyncio::find_layout(
+            pid,
+            &self.target.memory,
+            self.target.runtime_address(),
+            minor,
+        ) {
+            Ok(Some(layout)) => {
+                log::info!("pid {pid}: asyncio tasks recorded with its Python samples");
+                self.asyncio = Some(layout);
+            }
+            Ok(None) => log::debug!("pid {pid}: no asyncio debug offsets mapped yet"),
+            Err(e) => {
+                log::warn!("pid {pid}: asyncio debug offsets refused: {e:#}");
+                self.asyncio_note = Some(format!(
+                    "asyncio task stacks off: its asyncio debug offsets were refused: {e:#}"
+                ));
+            }
+        }
+    }
+
+    /// `layout` with the running task recorded where async stacks are on and found.
+    fn with_async(
+        &self,
+        mut layout: profiler_common::PythonProcess,
+    ) -> profiler_common::PythonProcess {
+        if let (Some(asyncio), Some(_)) = (self.asyncio, self.async_depth) {
+            (layout.tstate_running_task, layout.task_coro) = asyncio.kernel_fields();
+        }
+        layout
     }
 
     /// Frames still queued: they will not be named (the run ended); counted in the summary.
@@ -334,6 +507,9 @@ impl PythonTracking {
         self.over_time += self.queued.len() as u64;
         self.queued.clear();
         self.queued_keys.clear();
+        self.tasks_unread += self.tasks_queued.len() as u64;
+        self.tasks_queued.clear();
+        self.task_keys_queued.clear();
     }
 
     /// What the bounds on reading this process's memory left out, in words; `None` when
@@ -378,7 +554,48 @@ impl PythonTracking {
                 self.over_time + self.queue_full
             ));
         }
+        if self.chains_cut > 0 {
+            parts.push(format!(
+                "{} of its asyncio task chains were longer than --max-async-depth ({} tasks): \
+                 cut at their outer end",
+                self.chains_cut,
+                self.async_depth.unwrap_or(0)
+            ));
+        }
+        if self.chain_cycles > 0 {
+            parts.push(format!(
+                "{} of its asyncio task chains looped back on themselves (each task is shown \
+                 once)",
+                self.chain_cycles
+            ));
+        }
+        if self.tasks_unread > 0 {
+            parts.push(format!(
+                "{} of its sampled asyncio tasks could not be read (ended before bpfprof read \
+                 them): their samples show the event loop's frames",
+                self.tasks_unread
+            ));
+        }
         (!parts.is_empty()).then(|| parts.join("; "))
+    }
+
+    /// What the summary says of asyncio in this process, beyond its limits.
+    pub fn notes(&self) -> Vec<String> {
+        self.asyncio_note
+            .iter()
+            .map(|note| {
+                let (major, minor) = self.target.version();
+                format!(
+                    "pid {} (CPython {major}.{minor}): {note}",
+                    self.target.pid()
+                )
+            })
+            .collect()
+    }
+
+    /// The asyncio layout found in the process, if any (3.14+, async stacks on).
+    pub fn asyncio(&self) -> Option<&AsyncioLayout> {
+        self.asyncio.as_ref()
     }
 
     /// Code objects read from the process so far, and the time naming frames took.
@@ -400,7 +617,7 @@ impl PythonTracking {
 
     /// The frames named so far.
     pub fn symbols(&self) -> &PythonSymbols {
-        &self.symbols
+        &self.names.symbols
     }
 
     /// Whether thread `ns_tid` (in the process's pid namespace) was listed with a thread
@@ -472,7 +689,11 @@ impl crate::runtime::Instance for PythonTracking {
     }
 
     fn frames(&self) -> &dyn crate::runtime::NamedFrames {
-        &self.symbols
+        &self.names
+    }
+
+    fn notes(&self) -> Vec<String> {
+        PythonTracking::notes(self)
     }
 
     fn store_wait_stacks(

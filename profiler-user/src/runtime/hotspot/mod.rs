@@ -36,6 +36,7 @@ impl crate::runtime::Runtime for Hotspot {
         program: &mut crate::kernel::KernelProgram,
         pid: u32,
         _naming: &crate::runtime::Naming,
+        _enabled: crate::runtime::Enabled,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn crate::runtime::Instance>> {

@@ -37,6 +37,7 @@ impl crate::runtime::Runtime for V8 {
         program: &mut crate::kernel::KernelProgram,
         pid: u32,
         naming: &crate::runtime::Naming,
+        _enabled: crate::runtime::Enabled,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
     ) -> Option<Box<dyn crate::runtime::Instance>> {
