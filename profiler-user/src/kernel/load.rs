@@ -282,6 +282,7 @@ impl KernelProgram {
             wait_scan,
             wait_scan_setup: None,
             targets_added_ns: StdHashMap::new(),
+            waits_counted_at_end: StdHashMap::new(),
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),

@@ -108,6 +108,11 @@ impl Recording {
         {
             std::thread::sleep(Duration::from_millis(2));
         }
+        // The run's window starts as the off-CPU program is attached: it records every
+        // switch-out of the machine from then on (the scan program's setup, after the attach,
+        // takes up to a second on a loaded machine).
+        let since_ns = crate::clock::monotonic_ns();
+        let started = Instant::now();
         if off_cpu {
             pool.with_pool(|pool| pool.program(slot).and_then(|p| p.attach_off_cpu()))?;
         }
@@ -116,12 +121,47 @@ impl Recording {
             .checked_sub(MAPS_REFRESH)
             .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
-            self.started = Instant::now();
+            self.started = if off_cpu { started } else { Instant::now() };
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
             self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
         });
+        if off_cpu {
+            // The waits the scan finds count from the window's start, as a switch-out's since
+            // then would (the scan takes a while on a busy host).
+            pool.with_pool(|pool| self.take_in_waiting(pool, slot, &scope, since_ns));
+        }
         Ok(())
+    }
+
+    /// A system-wide run's waits that began before it ([`KernelProgram::scan_machine_waits`]):
+    /// every process of `scope` with a thread off the CPU now is taken in now, with the
+    /// stacks its threads wait in; one blocked throughout would never be sampled, so never
+    /// taken in, and its wall or off-CPU time would be missing.
+    ///
+    /// [`KernelProgram::scan_machine_waits`]: crate::kernel::KernelProgram::scan_machine_waits
+    fn take_in_waiting(
+        &mut self,
+        pool: &mut ProgramPool,
+        slot: Slot,
+        scope: &SystemScope,
+        since_ns: u64,
+    ) {
+        let pids = scope_pids(scope);
+        let Ok(program) = pool.program(slot) else {
+            return;
+        };
+        let waits = program.scan_machine_waits(slot.run, &pids, since_ns);
+        for (pid, mut waits) in waits {
+            self.adopt(program, slot, pid, true);
+            let key = (slot.program_id, slot.run, pid);
+            if let Some(p) = self.processes.get_mut(&key) {
+                if let Some(runtime) = &mut p.runtime {
+                    runtime.read_wait_stacks(&p.target, &mut waits);
+                }
+            }
+            program.keep_waits(waits);
+        }
     }
 
     /// Captures what symbolization needs and starts keeping the samples of `target`.
@@ -302,7 +342,7 @@ impl Recording {
             // not from their next switch-out (a thread blocked throughout would not show).
             // Right after the owner's check: a thread that wakes before the scan loses the
             // part of its wait until then.
-            let waits = if self.request.off_cpu.is_some() {
+            let mut waits = if self.request.off_cpu.is_some() {
                 program.scan_waits(slot.run, &target)
             } else {
                 Vec::new()
@@ -315,8 +355,9 @@ impl Recording {
             let mut runtime =
                 crate::runtime::attach(program, target.pid, &naming, self.runtimes, &mut refused);
             if let Some(runtime) = &mut runtime {
-                runtime.store_wait_stacks(program, &target, &waits);
+                runtime.read_wait_stacks(&target, &mut waits);
             }
+            program.keep_waits(waits);
             Ok((runtime, refused))
         });
         if waited && self.processes.is_empty() {
@@ -410,4 +451,51 @@ fn table_deadline(mode: crate::unwind::UnwindMode) -> Instant {
             crate::unwind::UnwindMode::Cfi => crate::unwind::CFI_TABLE_WAIT,
             _ => crate::unwind::TABLE_WAIT,
         }
+}
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// The processes a system-wide run of `scope` records now, by global pid (bpfprof's own left
+/// out): those of its cgroup and the cgroups below it, else every process of the machine,
+/// kernel threads only where the scope keeps them. One look at each process's `stat`.
+fn scope_pids(scope: &SystemScope) -> Vec<u32> {
+    let own = std::process::id();
+    let candidates: Vec<u32> = match &scope.cgroup {
+        Some(cgroup) => {
+            let mut pids = Vec::new();
+            let mut dirs = vec![cgroup.clone()];
+            while let Some(dir) = dirs.pop() {
+                if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+                }
+                if let Ok(entries) = std::fs::read_dir(&dir) {
+                    dirs.extend(
+                        entries
+                            .filter_map(|e| e.ok())
+                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                            .map(|e| e.path()),
+                    );
+                }
+            }
+            pids
+        }
+        None => procfs::process::all_processes()
+            .map(|all| {
+                all.filter_map(|p| p.ok())
+                    .map(|p| p.pid as u32)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    candidates
+        .into_iter()
+        .filter(|&pid| pid != own)
+        .filter(|&pid| {
+            scope.kernel_threads
+                || procfs::process::Process::new(pid as i32)
+                    .and_then(|p| p.stat())
+                    .is_ok_and(|stat| stat.flags & PF_KTHREAD == 0)
+        })
+        .collect()
 }
