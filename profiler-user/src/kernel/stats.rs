@@ -103,6 +103,7 @@ impl KernelProgram {
                 .map_err(kernel_err)?;
         }
         self.waits_counted_at_end.remove(&run);
+        self.clear_stopped(run);
         Ok(())
     }
 

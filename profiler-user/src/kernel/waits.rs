@@ -95,7 +95,9 @@ impl KernelProgram {
     /// where the process runs Python and hand them to [`Self::keep_waits`]. Best effort: a
     /// scan that cannot run is logged and the run goes on without those waits.
     pub fn scan_waits(&mut self, run: u32, target: &Target) -> Vec<ScannedWait> {
-        if !self.scans_waits(run) {
+        // A launched command before its exec waits in bpfprof's own code, which is no wait of
+        // its program.
+        if !self.scans_waits(run) || self.awaits_exec(target.pid) {
             return Vec::new();
         }
         let started = Instant::now();
@@ -259,7 +261,11 @@ impl KernelProgram {
         }
         let waiting = self.scan_listed(listed)?;
         let entries: Vec<(u32, WaitScan)> = waiting.into_iter().map(|(_, t, e)| (t, e)).collect();
-        Ok(walk_waits(target.pid, &entries, Some(&mut TableCache::new())))
+        Ok(walk_waits(
+            target.pid,
+            &entries,
+            Some(&mut TableCache::new()),
+        ))
     }
 
     /// Runs the scan over the threads `listed`, [`MAX_WAIT_SCAN`] at a time; returns those it

@@ -109,19 +109,24 @@ impl Recording {
             std::thread::sleep(Duration::from_millis(2));
         }
         // The run's window starts as the off-CPU program is attached: it records every
-        // switch-out of the machine from then on (the scan program's setup, after the attach,
-        // takes up to a second on a loaded machine).
-        let since_ns = crate::clock::monotonic_ns();
-        let started = Instant::now();
+        // switch-out of the machine from then on.
+        let mut attached = None;
         if off_cpu {
-            pool.with_pool(|pool| pool.program(slot).and_then(|p| p.attach_off_cpu()))?;
+            attached = pool.with_pool(|pool| {
+                pool.program(slot).and_then(|p| {
+                    p.attach_off_cpu()?;
+                    Ok(p.off_cpu_attached())
+                })
+            })?;
         }
+        let (since_ns, started) =
+            attached.unwrap_or_else(|| (crate::clock::monotonic_ns(), Instant::now()));
         // The processes running now are taken in at the first tick, not half a second later.
         self.last_refresh = Instant::now()
             .checked_sub(MAPS_REFRESH)
             .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
-            self.started = if off_cpu { started } else { Instant::now() };
+            self.started = started;
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
             self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
@@ -132,6 +137,28 @@ impl Recording {
             pool.with_pool(|pool| self.take_in_waiting(pool, slot, &scope, since_ns));
         }
         Ok(())
+    }
+
+    /// Says that the target `pid` about to be added is a launched command that has not
+    /// exec'd yet: the kernel records it only from its exec (until then it runs bpfprof's own
+    /// code). [`Self::exec_seen`] once it has exec'd.
+    pub fn expect_exec(&mut self, pid: u32) {
+        self.launched = Some(pid);
+    }
+
+    /// The launched command has exec'd (or failed to): the kernel's wait for it ends.
+    pub fn exec_seen(&mut self, pool: &mut impl PoolAccess) {
+        if self.launched.take().is_none() {
+            return;
+        }
+        let slots: Vec<Slot> = self.slots.iter().map(|(s, _)| *s).collect();
+        pool.with_pool(|pool| {
+            for slot in slots {
+                if let Ok(program) = pool.program(slot) {
+                    program.end_await_exec();
+                }
+            }
+        });
     }
 
     /// A system-wide run's waits that began before it ([`KernelProgram::scan_machine_waits`]):
@@ -152,7 +179,15 @@ impl Recording {
             return;
         };
         let waits = program.scan_machine_waits(slot.run, &pids, since_ns);
+        let started = Instant::now();
+        let mut left = 0;
         for (pid, mut waits) in waits {
+            if started.elapsed() >= MACHINE_WAIT_ADOPT_BUDGET {
+                // Counted all the same; named as a process the run did not take in, unless
+                // it runs later (its sample takes it in then).
+                left += 1;
+                continue;
+            }
             self.adopt(program, slot, pid, true);
             let key = (slot.program_id, slot.run, pid);
             if let Some(p) = self.processes.get_mut(&key) {
@@ -161,6 +196,13 @@ impl Recording {
                 }
             }
             program.keep_waits(waits);
+        }
+        if left > 0 {
+            log::info!(
+                "{left} processes waiting at the start not taken in (at most {} s of it): \
+                 their waits are counted, under their pids",
+                MACHINE_WAIT_ADOPT_BUDGET.as_secs()
+            );
         }
     }
 
@@ -320,6 +362,9 @@ impl Recording {
             if self.request.off_cpu.is_some() {
                 program.attach_off_cpu()?;
             }
+            if self.launched == Some(target.pid) {
+                program.await_exec(target.pid)?;
+            }
             program.add_target(slot.run, &target, self.follow_children)?;
             sampled_from = Some(Instant::now());
             if let Some(owner) = owner {
@@ -453,6 +498,11 @@ fn table_deadline(mode: crate::unwind::UnwindMode) -> Instant {
         }
 }
 
+/// The most time a system-wide run's start spends taking in the processes found waiting
+/// (their maps read, unwind tables queued, interpreters looked for): a busy host has
+/// thousands, and the run's duration is running meanwhile.
+const MACHINE_WAIT_ADOPT_BUDGET: Duration = Duration::from_secs(2);
+
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
@@ -481,11 +531,7 @@ fn scope_pids(scope: &SystemScope) -> Vec<u32> {
             pids
         }
         None => procfs::process::all_processes()
-            .map(|all| {
-                all.filter_map(|p| p.ok())
-                    .map(|p| p.pid as u32)
-                    .collect()
-            })
+            .map(|all| all.filter_map(|p| p.ok()).map(|p| p.pid as u32).collect())
             .unwrap_or_default(),
     };
     candidates

@@ -164,7 +164,9 @@ impl ProcessTables {
                     );
                     (built, path.display().to_string().into())
                 }
-                procfs::process::MMapPath::Vdso => (out.vdso_table(pid, start, end), "[vdso]".into()),
+                procfs::process::MMapPath::Vdso => {
+                    (out.vdso_table(pid, start, end), "[vdso]".into())
+                }
                 _ => continue,
             };
             match built {
@@ -288,7 +290,12 @@ impl ProcessTables {
         let mut frames = Vec::new();
         loop {
             if frames.len() >= MAX_WALK_FRAMES {
-                return (frames, StackEnd::DepthLimit { frames: MAX_WALK_FRAMES });
+                return (
+                    frames,
+                    StackEnd::DepthLimit {
+                        frames: MAX_WALK_FRAMES,
+                    },
+                );
             }
             frames.push(ip);
             // A return address points after the call; the call belongs to the caller's row.
