@@ -36,6 +36,17 @@ fn all_shows_a_process_blocked_throughout_with_each_threads_wall_time() {
     assert!(built.success(), "cc failed");
     let target = Workload::spawn_command(Command::new(&bin));
     std::thread::sleep(Duration::from_secs(1));
+    // Its threads' names by tid, read now: a process taken in past the start's budget on a
+    // loaded machine has its threads labelled by tid alone.
+    let names: BTreeMap<String, String> = std::fs::read_dir(format!("/proc/{}/task", target.pid()))
+        .expect("its threads")
+        .filter_map(|e| {
+            let tid = e.ok()?.file_name().to_string_lossy().into_owned();
+            let comm =
+                std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid())).ok()?;
+            Some((tid, comm.trim().to_string()))
+        })
+        .collect();
     let folded = dir.path().join("all.folded");
     let trace = dir.path().join("all.trace.json");
     let hz = HZ.to_string();
@@ -69,18 +80,18 @@ fn all_shows_a_process_blocked_throughout_with_each_threads_wall_time() {
         let Some(thread) = frames.get(1) else {
             continue;
         };
-        let name = thread.split(" (tid ").next().unwrap_or(thread).to_string();
-        *totals.entry(name).or_insert(0.0) += *ns as f64 / 1e9;
+        *totals.entry(thread_name(thread, &names)).or_insert(0.0) += *ns as f64 / 1e9;
     }
     eprintln!(
         "pid {pid}: per-thread totals {totals:?}, run window {:.3} s",
         end - start
     );
     let time_in = |thread: &str, frames: &[&str]| -> f64 {
-        let prefix = format!("{thread} (tid ");
         profile.count_where(|stack| {
             root_pid(&stack[0]) == Some(pid)
-                && stack.get(1).is_some_and(|t| t.starts_with(&prefix))
+                && stack
+                    .get(1)
+                    .is_some_and(|t| thread_name(t, &names) == thread)
                 && frames
                     .iter()
                     .all(|f| stack.iter().any(|s| s.trim_end_matches("_[k]") == *f))
@@ -116,4 +127,15 @@ fn all_shows_a_process_blocked_throughout_with_each_threads_wall_time() {
     });
     drop(target);
     checks.finish();
+}
+
+/// The name of the thread a profile's thread frame (`NAME (tid N)`, or `tid N`) stands for,
+/// by its tid in `names`.
+fn thread_name(frame: &str, names: &BTreeMap<String, String>) -> String {
+    let tid = frame
+        .rsplit("tid ")
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches(')');
+    names.get(tid).cloned().unwrap_or_else(|| frame.to_string())
 }

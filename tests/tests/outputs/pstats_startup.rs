@@ -2,7 +2,7 @@
 //! cProfile user sorts it, leads with the program's own functions (`<module>`, `main`,
 //! `middle`, `leaf`), as `python -m cProfile` on the same script does, not with the
 //! interpreter's start-up frames (`_start`, `Py_BytesMain`, `pymain_run_file` ... about ten
-//! of them, on every sample). Needs root.
+//! of them, on every sample of the script). Needs root.
 
 use std::{process::Command, time::Duration};
 
@@ -116,9 +116,13 @@ fn pstats_leads_with_the_programs_own_functions_as_cprofile_does() {
             )
         },
     );
+    // The interpreter's start-up ranks below the program's functions: what remains of it is
+    // the samples before the script ran (its initialisation, with no Python frame), which
+    // cProfile does not see at all.
     for name in START_UP {
-        checks.check(!code.iter().any(|(_, n)| n == name), || {
-            format!("the interpreter's start-up frame {name} is an entry")
+        let at = code.iter().position(|(_, n)| n == name);
+        checks.check(at.is_none_or(|at| at >= 4), || {
+            format!("the interpreter's start-up frame {name} ranks {at:?}, above the program's functions")
         });
     }
     checks.finish();
