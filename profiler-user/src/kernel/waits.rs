@@ -319,6 +319,14 @@ impl KernelProgram {
         Ok(())
     }
 
+    /// Sets the scan up ahead of the off-CPU program's attach (see [`Self::set_up_wait_scan`]),
+    /// logging why it cannot be.
+    pub fn prepare_wait_scan(&mut self) {
+        if let Err(e) = self.set_up_wait_scan() {
+            log::warn!("the waits that began before a run will be missing: {e:#}");
+        }
+    }
+
     /// Loads the scan program and writes the task offsets it reads, the first time (0.1-0.6 s:
     /// the kernel's BTF is read twice): called when the off-CPU program is attached, so that
     /// the scans after it start at once.

@@ -89,9 +89,16 @@ impl Recording {
             crate::unwind::UnwindMode::Fp => 1,
             _ => crate::unwind::table_rows_for(None, self.table_rows_cap),
         };
+        let off_cpu = self.request.off_cpu.is_some();
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            // With off-CPU time, the machine is recorded from the off-CPU program's attach
+            // on (below): its on-CPU samples from before it (the walkers' verification,
+            // seconds on a loaded machine) would fall before the run's window.
             self.arm_slot(pool, slot, |p| {
+                if off_cpu {
+                    return Ok(());
+                }
                 p.record_system(slot.run, scope.kernel_threads, cgroup)
             })?;
             self.sampling = Some(sampling);
@@ -101,7 +108,6 @@ impl Recording {
         // The walker verifies meanwhile (outside the pool, as for a target): stacks of the
         // first 0.1 s use frame pointers and are counted.
         // Off-CPU time waits for its program (verified after the walker) to be attached.
-        let off_cpu = self.request.off_cpu.is_some();
         let deadline = Instant::now() + crate::unwind::TABLE_WAIT;
         while (off_cpu || Instant::now() < deadline)
             && pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending()))
@@ -114,6 +120,10 @@ impl Recording {
         if off_cpu {
             attached = pool.with_pool(|pool| {
                 pool.program(slot).and_then(|p| {
+                    // The scan's setup first (its own second or two), then the machine's
+                    // samples and switches from one moment on.
+                    p.prepare_wait_scan();
+                    p.record_system(slot.run, scope.kernel_threads, cgroup)?;
                     p.attach_off_cpu()?;
                     Ok(p.off_cpu_attached())
                 })
