@@ -107,9 +107,18 @@ pub enum Config {
     TaskNvcswOffset = 14,
     /// Byte offset of `task_struct.nivcsw`.
     TaskNivcswOffset = 15,
+    /// Runs (bit `r` for slot `r`) past their deadline: no sample and no new wait is recorded
+    /// for them (a wait already begun still ends), whatever their targets' entries say. Set
+    /// by a run's deadline thread, which holds no lock the run's ticks hold, so that a run
+    /// ends on time even while a tick takes seconds; cleared when a new run takes the slot.
+    StoppedRuns = 16,
+    /// Global tgid of a launched command that has not exec'd yet (0: none): its samples and
+    /// waits are bpfprof's own code before the exec (`Command::do_exec;execve`), not the
+    /// command's, and are not recorded. The exec tracepoint clears it as the command execs.
+    AwaitingExec = 17,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 18;
 }

@@ -117,6 +117,14 @@ tracepoint_program! {
 
 #[inline(always)]
 pub(crate) fn stop_at_exec(_ctx: &TracePointContext) {
+    let awaiting = config(Config::AwaitingExec);
+    if awaiting != 0 && awaiting == bpf_get_current_pid_tgid() >> 32 {
+        // The launched command runs its own program from here on: sampled from now.
+        if let Some(entry) = crate::CONFIG.get_ptr_mut(Config::AwaitingExec as u32) {
+            // SAFETY: a valid entry of the array; only this program and userspace write it.
+            unsafe { *entry = 0 };
+        }
+    }
     let stopping = config(Config::StopAtExec);
     if stopping == 0 {
         return;
@@ -209,12 +217,27 @@ pub(crate) struct CurrentTarget {
 #[inline(always)]
 pub(crate) fn current_target() -> Option<CurrentTarget> {
     let system = config(Config::SystemRuns);
-    if system != 0 {
+    let mut target = if system != 0 {
         // A program with a system-wide run has no other run.
-        return system_target(system);
+        system_target(system)?
+    } else {
+        let awaiting = config(Config::AwaitingExec);
+        if awaiting != 0 && awaiting == bpf_get_current_pid_tgid() >> 32 {
+            // A launched command before its exec runs bpfprof's own code.
+            return None;
+        }
+        let (ns, task) = current_ns_task()?;
+        lookup(&ns, task)?
+    };
+    let stopped = config(Config::StoppedRuns);
+    if stopped != 0 {
+        target.runs &= !stopped;
+        target.follow &= !stopped;
+        if target.runs == 0 {
+            return None;
+        }
     }
-    let (ns, task) = current_ns_task()?;
-    lookup(&ns, task)
+    Some(target)
 }
 
 /// The current task for the system-wide `runs`, unless it is left out: the idle task,

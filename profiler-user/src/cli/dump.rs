@@ -27,7 +27,7 @@ use crate::{
         Probe, PythonFrame, PythonTarget,
     },
     symbolize::{lookup_addresses, Frame, FrameKind, Symbolizer},
-    unwind::walk::{ProcessTables, WalkEnd},
+    unwind::walk::{ProcessTables, StackEnd, WalkEnd},
 };
 
 /// The Python side of a dump, read while the threads were stopped.
@@ -84,6 +84,9 @@ pub struct DumpThread {
     pub stopped_us: u64,
     /// How its native walk ended: `complete`, `early` or `cut`.
     pub unwind: Option<WalkEnd>,
+    /// Why its native walk ended, in detail (`reason`: `entry`, `no_object`, `no_unwind_row`,
+    /// `read_failed`, `not_above` or `depth_limit`, with the address and object concerned).
+    pub unwind_end: Option<StackEnd>,
     /// Its frames, innermost first: kernel, then user (native and Python merged).
     pub frames: Vec<DumpFrame>,
 }
@@ -183,7 +186,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
     let (snapshot, reads) =
         snapshot::stop_and_copy(pid, || python.as_mut().map(read_python).unwrap_or_default())?;
     // The target runs again: unwind, name and merge from the copies.
-    let mut walks: HashMap<u32, (Vec<u64>, WalkEnd)> = HashMap::new();
+    let mut walks: HashMap<u32, (Vec<u64>, StackEnd)> = HashMap::new();
     for (tid, thread) in &snapshot.threads {
         if let Some(regs) = thread.registers {
             let read = |addr: u64| {
@@ -192,7 +195,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                     Some(u64::from_le_bytes(live.try_into().ok()?))
                 })
             };
-            walks.insert(*tid, tables.walk(regs, read));
+            walks.insert(*tid, tables.walk_explained(regs, read));
         }
     }
     let mut symbolizer = Symbolizer::new();
@@ -268,7 +271,7 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
                 thread,
                 python_names.get(&thread.proc.tid).cloned(),
                 user.into_iter().map(|(f, ())| f).collect(),
-                walk.map(|(_, end)| *end),
+                walk.map(|(_, end)| end.clone()),
                 py.is_some(),
                 (has_python && !no_gil).then_some(reads.gil_holder == Some(thread.proc.tid)),
                 python_only,
@@ -325,7 +328,7 @@ fn dump_thread(
     thread: &StoppedThread,
     python_name: Option<String>,
     user: Vec<Frame>,
-    unwind: Option<WalkEnd>,
+    unwind_end: Option<StackEnd>,
     python: bool,
     holds_gil: Option<bool>,
     python_only: bool,
@@ -369,7 +372,8 @@ fn dump_thread(
         python,
         holds_gil,
         stopped_us: micros(thread.stopped),
-        unwind,
+        unwind: unwind_end.as_ref().map(StackEnd::outcome),
+        unwind_end,
         frames,
     }
 }
@@ -445,8 +449,8 @@ pub fn render_text(dump: &Dump) -> String {
             };
             let _ = writeln!(s, "    {} ({})", escape(&f.name), escape(&place));
         }
-        if t.unwind == Some(WalkEnd::Early) {
-            let _ = writeln!(s, "    [the native stack could not be unwound further]");
+        if let Some(end) = &t.unwind_end {
+            let _ = writeln!(s, "    [stack ends: {}]", escape(&end.describe()));
         }
     }
     for l in dump.asyncio.iter().flatten() {
@@ -498,6 +502,7 @@ mod tests {
             holds_gil: Some(gil),
             stopped_us: 100,
             unwind: Some(WalkEnd::Complete),
+            unwind_end: Some(StackEnd::Entry),
             frames,
         };
         let dump = Dump {

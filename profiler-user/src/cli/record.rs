@@ -170,6 +170,8 @@ impl Recorder {
                 return Err(cannot_run(e));
             }
         };
+        // Recorded from its exec: until then it runs bpfprof's own code.
+        recorder.recording.expect_exec(pid);
         let registered = Target::from_pid(pid)
             .and_then(|target| recorder.recording.add_target(&mut recorder.pool, target));
         if registered.is_ok() {
@@ -196,6 +198,7 @@ impl Recorder {
         };
         recorder.child = Some(child);
         wait_for_exec(pid);
+        recorder.recording.exec_seen(&mut recorder.pool);
         recorder.recording.refresh_maps(&mut recorder.pool, pid);
         recorder.log_start();
         Ok(recorder)
@@ -247,7 +250,10 @@ impl Recorder {
         // machine, or at a rate whose samples (on every CPU, bpfprof's own included) slow
         // bpfprof down, ticks took seconds and a 1 s run sampled for 12 s, all of which the
         // end of the run then had to drain and name.
-        let guard = DeadlineGuard::spawn(deadline, self.recording.event_stoppers(&mut self.pool));
+        let stoppers = self.recording.event_stoppers(&mut self.pool);
+        let guard = run_loop::DeadlineGuard::spawn(deadline, move || {
+            stoppers.iter().for_each(EventStopper::stop)
+        });
         let mut driver = CliDriver {
             sigterm: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
             sigint: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
@@ -334,48 +340,6 @@ impl Recorder {
             }
         }
         Ok((collected, self.outcome))
-    }
-}
-
-/// A thread that disables the run's sampling events at its deadline, unless the run ended
-/// before.
-struct DeadlineGuard {
-    cancel: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<bool>>,
-}
-
-impl DeadlineGuard {
-    fn spawn(deadline: Instant, stoppers: Vec<EventStopper>) -> DeadlineGuard {
-        let (cancel, cancelled) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("bpfprof-deadline".into())
-            .spawn(move || {
-                let wait = deadline.saturating_duration_since(Instant::now());
-                match cancelled.recv_timeout(wait) {
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        stoppers.iter().for_each(EventStopper::stop);
-                        log::debug!("deadline: sampling stopped");
-                        true
-                    }
-                    // The run ended first.
-                    _ => false,
-                }
-            })
-            // Without the thread the run loop still ends at the deadline, a tick late at most.
-            .map_err(|e| log::warn!("no deadline thread: {e}"))
-            .ok();
-        DeadlineGuard {
-            cancel: Some(cancel),
-            thread,
-        }
-    }
-
-    /// Ends the guard; whether it stopped sampling at the deadline.
-    fn finish(mut self) -> bool {
-        self.cancel.take();
-        self.thread
-            .take()
-            .is_some_and(|t| t.join().unwrap_or(false))
     }
 }
 

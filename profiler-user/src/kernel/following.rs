@@ -65,16 +65,8 @@ impl KernelProgram {
         if run >= MAX_RUNS {
             return Err(Error::Kernel(anyhow!("run slot {run} out of range")));
         }
-        if stop && self.exec_tracepoint.is_none() {
-            let tracefs = ensure_tracefs()?;
-            let tp = AttachedTracepoint::attach(
-                &tracefs,
-                "sched",
-                "sched_process_exec",
-                self.exec_fd.as_fd().as_raw_fd(),
-            )
-            .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_process_exec")))?;
-            self.exec_tracepoint = Some(tp);
+        if stop {
+            self.attach_exec()?;
         }
         if stop {
             self.stop_at_exec_runs |= 1 << run;
@@ -89,6 +81,48 @@ impl KernelProgram {
             self.take_execed(run);
         }
         Ok(())
+    }
+
+    /// Attaches the exec tracepoint, the first time.
+    fn attach_exec(&mut self) -> Result<()> {
+        if self.exec_tracepoint.is_none() {
+            let tracefs = ensure_tracefs()?;
+            let tp = AttachedTracepoint::attach(
+                &tracefs,
+                "sched",
+                "sched_process_exec",
+                self.exec_fd.as_fd().as_raw_fd(),
+            )
+            .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_process_exec")))?;
+            self.exec_tracepoint = Some(tp);
+        }
+        Ok(())
+    }
+
+    /// Makes the kernel record nothing of the launched command `pid` (a global pid) until it
+    /// execs: until then it runs bpfprof's own code (`Command::do_exec;execve`, some 20 ms of
+    /// samples), which is no part of the command's profile. Call before it is added as a
+    /// target; the exec tracepoint (attached here) ends the wait as the command execs.
+    pub fn await_exec(&mut self, pid: u32) -> Result<()> {
+        self.attach_exec()?;
+        self.config
+            .set(Config::AwaitingExec as u32, u64::from(pid), 0)
+            .map_err(kernel_err)?;
+        self.awaiting_exec = Some(pid);
+        Ok(())
+    }
+
+    /// Whether the kernel waits for `pid`'s exec before recording it.
+    pub(super) fn awaits_exec(&self, pid: u32) -> bool {
+        self.awaiting_exec == Some(pid)
+    }
+
+    /// Ends the wait of [`Self::await_exec`] (the command exec'd, which the kernel has seen,
+    /// or did not and exits).
+    pub fn end_await_exec(&mut self) {
+        if self.awaiting_exec.take().is_some() {
+            let _ = self.config.set(Config::AwaitingExec as u32, 0, 0);
+        }
     }
 
     /// Global pids of the processes that exec'd while `run` sampled them (and stop-at-exec

@@ -2,11 +2,11 @@
 //! created, the sampling and tracepoint programs verified ([`KernelProgram::load`]), with the
 //! privileges checked first and each step of the start timed ([`crate::clock::Steps`]).
 
-use std::{collections::HashMap as StdHashMap, ops::DerefMut};
+use std::{collections::HashMap as StdHashMap, ops::DerefMut, os::fd::AsFd};
 
 use anyhow::{anyhow, Context};
 use aya::{
-    maps::{Array, HashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray},
     programs::{PerfEvent, Program, ProgramError, ProgramFd, TracePoint},
     EbpfError, EbpfLoader,
 };
@@ -198,7 +198,22 @@ impl KernelProgram {
         let counters = PerCpuArray::try_from(take("COUNTERS")?).map_err(kernel_err)?;
         let followed = HashMap::try_from(take("FOLLOWED")?).map_err(kernel_err)?;
         let execed = HashMap::try_from(take("EXECED")?).map_err(kernel_err)?;
-        let config = Array::try_from(take("CONFIG")?).map_err(kernel_err)?;
+        let config_map = take("CONFIG")?;
+        // A second handle on the same array for the runs' deadline threads, which write
+        // `Config::StoppedRuns` without the program (see `RunStopper`).
+        let stopped_runs = match &config_map {
+            aya::maps::Map::Array(data) => data
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| kernel_err(anyhow!(e)))
+                .and_then(|fd| MapData::from_fd(fd).map_err(kernel_err))
+                .and_then(|data| {
+                    Array::try_from(aya::maps::Map::Array(data)).map_err(kernel_err)
+                })?,
+            _ => return Err(kernel_err(anyhow!("CONFIG is not an array"))),
+        };
+        let config = Array::try_from(config_map).map_err(kernel_err)?;
         let new_processes =
             aya::maps::RingBuf::try_from(take("NEW_PROCESSES")?).map_err(kernel_err)?;
         let system_seen = HashMap::try_from(take("SYSTEM_SEEN")?).map_err(kernel_err)?;
@@ -288,6 +303,10 @@ impl KernelProgram {
             wait_scan,
             wait_scan_setup: None,
             targets_added_ns: StdHashMap::new(),
+            waits_counted_at_end: StdHashMap::new(),
+            off_cpu_attached: None,
+            stopped_runs: std::sync::Arc::new(std::sync::Mutex::new(stopped_runs)),
+            awaiting_exec: None,
             stacks,
             offloaded_stacks: StdHashMap::new(),
             fresh_frames: std::collections::HashSet::new(),

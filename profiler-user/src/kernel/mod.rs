@@ -39,4 +39,5 @@ pub use following::ensure_tracefs;
 pub use load::check_privileges;
 pub use program::{KernelProgram, PythonMaps, RuntimeMaps, V8Maps};
 pub use stats::Counters;
+pub use targets::RunStopper;
 pub use walker::WalkerLoad;

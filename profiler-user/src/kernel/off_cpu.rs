@@ -85,15 +85,26 @@ impl KernelProgram {
             )));
         };
         let tracefs = ensure_tracefs()?;
-        let tp =
-            AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd.as_fd().as_raw_fd())
-                .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
-        self.off_cpu_tracepoint = Some(tp);
-        self.off_cpu_stats_at_attach = self.program_run_stats(self.off_cpu_program_id);
+        let fd = fd.as_fd().as_raw_fd();
+        // Before the attach (its setup takes up to a second or two on a loaded machine): a
+        // system-wide run scans as soon as it is attached, and a thread that wakes between
+        // the attach and the scan loses the part of its wait until then.
         if let Err(e) = self.set_up_wait_scan() {
             log::warn!("the waits that began before a run will be missing: {e:#}");
         }
+        let attached = (crate::clock::monotonic_ns(), std::time::Instant::now());
+        let tp = AttachedTracepoint::attach(&tracefs, "sched", "sched_switch", fd)
+            .map_err(|e| kernel_err(anyhow!(e).context("attaching to sched:sched_switch")))?;
+        self.off_cpu_tracepoint = Some(tp);
+        self.off_cpu_attached = Some(attached);
+        self.off_cpu_stats_at_attach = self.program_run_stats(self.off_cpu_program_id);
         Ok(())
+    }
+
+    /// When the off-CPU program was attached (`CLOCK_MONOTONIC` nanoseconds, and as an
+    /// instant): from then on it sees every switch-out of the machine.
+    pub fn off_cpu_attached(&self) -> Option<(u64, std::time::Instant)> {
+        self.off_cpu_tracepoint.as_ref().and(self.off_cpu_attached)
     }
 
     /// Stops recording off-CPU time for `run` (a no-op for a run that did not): the waits

@@ -99,6 +99,16 @@ pub struct KernelProgram {
     /// When each (run, pid) that records off-CPU time became a target, `CLOCK_MONOTONIC`
     /// nanoseconds: where its threads' waits found by the scan start. Taken by the scan.
     pub(super) targets_added_ns: StdHashMap<(u32, u32), u64>,
+    /// Per run, the waits still going at its end that userspace counted (added to the run's
+    /// `Counter::OffCpuIntervals`).
+    pub(super) waits_counted_at_end: StdHashMap<u32, u64>,
+    /// When the off-CPU program was last attached (`CLOCK_MONOTONIC` ns, and the instant).
+    pub(super) off_cpu_attached: Option<(u64, std::time::Instant)>,
+    /// The configuration array again, for `Config::StoppedRuns`: shared with the runs'
+    /// [`super::RunStopper`]s, each write of the entry under the lock.
+    pub(super) stopped_runs: std::sync::Arc<std::sync::Mutex<Array<MapData, u64>>>,
+    /// The launched command the kernel records nothing of until it execs (global pid).
+    pub(super) awaiting_exec: Option<u32>,
     /// The program-wide sample count when sample counts were last moved.
     pub(super) samples_at_last_move: u64,
     /// The samples recorded (all runs) when stacks last moved (see [`Self::offload_when_due`]).

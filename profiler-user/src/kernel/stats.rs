@@ -102,6 +102,8 @@ impl KernelProgram {
                 .set(counter.index(run), zeros, 0)
                 .map_err(kernel_err)?;
         }
+        self.waits_counted_at_end.remove(&run);
+        self.clear_stopped(run);
         Ok(())
     }
 
@@ -115,6 +117,9 @@ impl KernelProgram {
                 .map_err(kernel_err)?;
             out.0[counter as usize] = values.iter().sum();
         }
+        // The waits still going at the run's end, counted by userspace.
+        out.0[Counter::OffCpuIntervals as usize] +=
+            self.waits_counted_at_end.get(&run).copied().unwrap_or(0);
         Ok(out)
     }
 }

@@ -1,8 +1,11 @@
 //! Which processes a run keeps samples of: targets added, removed, suspended and resumed in
 //! the kernel's target map, with their pid namespaces' slots.
 
+use std::sync::{Arc, Mutex};
+
 use anyhow::anyhow;
-use profiler_common::{PidNamespace, TargetKey, MAX_PID_NAMESPACES, MAX_RUNS};
+use aya::maps::{Array, MapData};
+use profiler_common::{Config, PidNamespace, TargetKey, MAX_PID_NAMESPACES, MAX_RUNS};
 
 use super::program::{kernel_err, KernelProgram};
 use crate::{
@@ -113,6 +116,53 @@ impl KernelProgram {
             info.follow &= !(1 << run);
             let _ = self.targets.insert(key, info, 0);
         }
+    }
+}
+
+/// Stops one run's sampling at once, from any thread, without the program (whose owner may be
+/// in the middle of a long tick, holding it): the run's bit goes into `Config::StoppedRuns`,
+/// and the kernel records no sample and no new wait for it from then on. Other runs of the
+/// program go on (a daemon's runs share programs, so their events cannot be switched off).
+pub struct RunStopper {
+    config: Arc<Mutex<Array<MapData, u64>>>,
+    run: u32,
+}
+
+impl RunStopper {
+    /// Stops the run's sampling.
+    pub fn stop(&self) {
+        let mut config = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        set_stopped(&mut config, self.run, true);
+    }
+}
+
+/// Sets or clears `run`'s bit in `Config::StoppedRuns` (the caller holds the lock).
+fn set_stopped(config: &mut Array<MapData, u64>, run: u32, stopped: bool) {
+    let index = Config::StoppedRuns as u32;
+    let runs = config.get(&index, 0).unwrap_or(0);
+    let runs = if stopped {
+        runs | 1 << run
+    } else {
+        runs & !(1 << run)
+    };
+    if let Err(e) = config.set(index, runs, 0) {
+        log::warn!("run {run}: cannot mark it stopped in the kernel: {e}");
+    }
+}
+
+impl KernelProgram {
+    /// A stopper for `run` (see [`RunStopper`]).
+    pub fn run_stopper(&self, run: u32) -> RunStopper {
+        RunStopper {
+            config: self.stopped_runs.clone(),
+            run,
+        }
+    }
+
+    /// Lets `run` record again: a new run takes its slot.
+    pub(super) fn clear_stopped(&mut self, run: u32) {
+        let mut config = self.stopped_runs.lock().unwrap_or_else(|p| p.into_inner());
+        set_stopped(&mut config, run, false);
     }
 }
 

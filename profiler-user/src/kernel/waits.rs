@@ -7,11 +7,21 @@
 //! The scan (`iter/task`) reads each listed thread's state, kernel stack and saved user
 //! registers and makes its pending entry in the kernel, where its switch-in finds it as any
 //! other; userspace then walks the user stack from those registers over the process's memory
-//! (the thread is blocked, so its stack holds still) with the walker `bpfprof dump` uses, and
-//! stores it under the id the entry holds. Python frames are walked by the caller (the
-//! `python` module is above this one) and stored with [`KernelProgram::store_wait_stack`].
+//! (the thread is blocked, so its stack holds still) with the walker `bpfprof dump` uses.
+//! Python frames are read by the caller (the `runtime` module is above this one), and both
+//! are stored under the ids the entry holds by [`KernelProgram::keep_waits`].
+//!
+//! A run of targets scans each target as it is added. A system-wide run scans the machine
+//! once at its start ([`KernelProgram::scan_machine_waits`]); the processes it finds later are
+//! found by their samples, whose waits the switch-out program has seen whole, as it sees a
+//! followed child's from its fork.
 
-use std::{io::Read, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    io::Read,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{anyhow, Context};
 use aya::programs::{Iter, ProgramError};
@@ -26,44 +36,77 @@ use crate::{
         snapshot::{read_memory, thread_ids, Registers, StackCopy},
         target::Target,
     },
-    unwind::walk::ProcessTables,
+    unwind::walk::{ProcessTables, TableCache},
 };
 
 /// Bytes of a waiting thread's stack copied at once from its stack pointer up (further reads
 /// go to the process one word at a time).
 const STACK_COPY_BYTES: usize = 64 * 1024;
 
-/// A thread the scan found waiting whose Python frames the caller is to store.
-#[derive(Clone, Copy, Debug)]
+/// The most processes whose waiting threads' user stacks a system-wide run's start walks
+/// ([`KernelProgram::scan_machine_waits`]): each walk reads the process's executable objects'
+/// unwind tables (each file once for all of them), so a host with thousands of blocked
+/// processes would hold the run's start for seconds. The waits of the others are counted all
+/// the same, on their kernel stacks.
+pub const MAX_MACHINE_WAIT_WALKS: usize = 512;
+
+/// The most time a system-wide run's start spends walking waiting threads' user stacks (the
+/// same trade as [`MAX_MACHINE_WAIT_WALKS`], for slow objects and a loaded machine).
+pub const MACHINE_WAIT_WALK_BUDGET: Duration = Duration::from_secs(2);
+
+/// A thread the scan found waiting: its stacks, read from userspace, are stored by
+/// [`KernelProgram::keep_waits`] unless it ran since.
+#[derive(Clone, Debug)]
 pub struct ScannedWait {
     /// Its process id in bpfprof's pid namespace.
     pub pid: u32,
     /// Its thread id in bpfprof's pid namespace.
     pub tid: u32,
-    /// The id its Python stack goes under.
-    pub python_stack: StackId,
     /// Its context switches when scanned: a thread that ran since is no longer where it
     /// waited, and its frames read now are not stored.
     switches: u64,
+    /// The id its user stack goes under (0: no user registers).
+    user_stack: StackId,
+    /// Its native user frames, innermost first, once walked.
+    user_frames: Option<Vec<u64>>,
+    /// The id its Python stack goes under.
+    python_stack: StackId,
+    /// Its Python frames (packed, innermost first), once read.
+    python_frames: Option<Vec<u64>>,
 }
+
+impl ScannedWait {
+    /// Gives it the Python frames (packed, innermost first) read for it.
+    pub fn set_python_frames(&mut self, frames: Vec<u64>) {
+        if !frames.is_empty() && self.python_stack != 0 {
+            self.python_frames = Some(frames);
+        }
+    }
+}
+
+/// One thread listed for a scan: global tgid and tid, and its entry.
+type Listed = (u32, u32, WaitScan);
 
 impl KernelProgram {
     /// Gives `run`'s off-CPU time the waits of `target`'s threads that are off the CPU now
     /// (call once the off-CPU program is attached and the target added, as soon as possible:
     /// a thread that wakes before the scan loses the part of its wait until then); returns
-    /// them, for the caller to store their Python frames where the process runs Python (the
-    /// ids are given to every wait: one left without frames has no Python stack). Best
-    /// effort: a scan that cannot run is logged and the run goes on without those waits.
+    /// them with their native user stacks walked, for the caller to add the Python frames
+    /// where the process runs Python and hand them to [`Self::keep_waits`]. Best effort: a
+    /// scan that cannot run is logged and the run goes on without those waits.
     pub fn scan_waits(&mut self, run: u32, target: &Target) -> Vec<ScannedWait> {
-        if self.off_cpu_runs & (1 << run) == 0 || self.off_cpu_tracepoint.is_none() {
+        // A launched command before its exec waits in bpfprof's own code, which is no wait of
+        // its program.
+        if !self.scans_waits(run) || self.awaits_exec(target.pid) {
             return Vec::new();
         }
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         match self.scan_target(run, target) {
-            Ok((waiting, scanned)) => {
+            Ok(scanned) => {
                 log::info!(
-                    "pid {}: {waiting} threads waiting at the start, read in {} ms",
+                    "pid {}: {} threads waiting at the start, read in {} ms",
                     target.pid,
+                    scanned.len(),
                     started.elapsed().as_millis()
                 );
                 scanned
@@ -78,22 +121,120 @@ impl KernelProgram {
         }
     }
 
-    /// Stores the Python `frames` (packed, innermost first) of a scanned wait, unless the
-    /// thread ran since it was scanned.
-    pub fn store_wait_stack(&mut self, wait: &ScannedWait, frames: Vec<u64>) {
-        if frames.is_empty() || switch_count(wait.pid, wait.tid) != Some(wait.switches) {
-            return;
-        }
-        self.offloaded_stacks
-            .insert(wait.python_stack, Arc::from(frames));
+    /// Whether `run` records off-CPU time, whose waits a scan gives.
+    fn scans_waits(&self, run: u32) -> bool {
+        self.off_cpu_runs & (1 << run) != 0 && self.off_cpu_tracepoint.is_some()
     }
 
-    fn scan_target(
+    /// The scan of a system-wide run's start: the threads of `pids` (global ids; every process
+    /// of the run's scope but bpfprof's) off the CPU now get their waits from `since_ns`, as
+    /// [`Self::scan_waits`] gives a target's. One pass of the scan program per
+    /// [`MAX_WAIT_SCAN`] threads; the user stacks of at most [`MAX_MACHINE_WAIT_WALKS`]
+    /// processes are walked, within [`MACHINE_WAIT_WALK_BUDGET`] (each object's table built
+    /// once for all). Returns the waits by process, for the caller to take those processes
+    /// in (a process blocked throughout is never sampled, so nothing else would) and hand the
+    /// waits to [`Self::keep_waits`].
+    pub fn scan_machine_waits(
         &mut self,
         run: u32,
-        target: &Target,
-    ) -> anyhow::Result<(usize, Vec<ScannedWait>)> {
-        self.set_up_wait_scan()?;
+        pids: &[u32],
+        since_ns: u64,
+    ) -> BTreeMap<u32, Vec<ScannedWait>> {
+        if !self.scans_waits(run) {
+            return BTreeMap::new();
+        }
+        let started = Instant::now();
+        let mut listed = Vec::new();
+        for &pid in pids {
+            let Ok(tids) = thread_ids(pid) else { continue };
+            listed.extend(tids.into_iter().map(|tid| {
+                let entry = WaitScan {
+                    runs: 1 << run,
+                    pid,
+                    tid,
+                    python: 1,
+                    since_ns,
+                    ..Default::default()
+                };
+                (pid, tid, entry)
+            }));
+        }
+        let threads = listed.len();
+        let waiting = match self.scan_listed(listed) {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                log::warn!("the waits that began before the run are missing: {e:#}");
+                return BTreeMap::new();
+            }
+        };
+        let mut by_pid: BTreeMap<u32, Vec<(u32, WaitScan)>> = BTreeMap::new();
+        for (pid, tid, entry) in waiting {
+            by_pid.entry(pid).or_default().push((tid, entry));
+        }
+        let scanned_in = started.elapsed();
+        let mut cache = TableCache::new();
+        let (mut walked, mut unwalked) = (0, 0);
+        let out = by_pid
+            .into_iter()
+            .map(|(pid, entries)| {
+                let walk = walked < MAX_MACHINE_WAIT_WALKS
+                    && started.elapsed() < scanned_in + MACHINE_WAIT_WALK_BUDGET;
+                if walk {
+                    walked += 1;
+                } else {
+                    unwalked += 1;
+                }
+                let tables = walk.then_some(&mut cache);
+                (pid, walk_waits(pid, &entries, tables))
+            })
+            .collect::<BTreeMap<_, _>>();
+        let waits: usize = out.values().map(Vec::len).sum();
+        log::info!(
+            "{waits} threads of {} processes waiting at the start (of {threads} threads), read \
+             in {} ms",
+            out.len(),
+            started.elapsed().as_millis()
+        );
+        if unwalked > 0 {
+            log::info!(
+                "the user stacks of {unwalked} waiting processes were not read (at most \
+                 {MAX_MACHINE_WAIT_WALKS} within {} s): their waits show their kernel stacks",
+                MACHINE_WAIT_WALK_BUDGET.as_secs()
+            );
+        }
+        out
+    }
+
+    /// Stores the stacks read for the scanned waits `waits` (their native user frames, and
+    /// the Python ones where given), unless their thread ran since it was scanned: one look
+    /// at each thread's switch count, after every read.
+    pub fn keep_waits(&mut self, waits: Vec<ScannedWait>) {
+        for wait in waits {
+            if wait.user_frames.is_none() && wait.python_frames.is_none() {
+                continue;
+            }
+            if switch_count(wait.pid, wait.tid) != Some(wait.switches) {
+                log::debug!(
+                    "tid {} ran while its wait's stacks were read: left without them",
+                    wait.tid
+                );
+                continue;
+            }
+            if let Some(frames) = wait.user_frames {
+                self.unwind.note_sampled(frames.iter().copied());
+                self.fresh_frames
+                    .extend(crate::symbolize::lookup_addresses(&frames));
+                self.offloaded_stacks
+                    .insert(wait.user_stack, Arc::from(frames));
+            }
+            if let Some(frames) = wait.python_frames {
+                self.offloaded_stacks
+                    .insert(wait.python_stack, Arc::from(frames));
+            }
+        }
+    }
+
+    fn scan_target(&mut self, run: u32, target: &Target) -> anyhow::Result<Vec<ScannedWait>> {
         let tids = thread_ids(target.pid).map_err(|e| anyhow!("{e}"))?;
         let since_ns = self
             .targets_added_ns
@@ -101,7 +242,7 @@ impl KernelProgram {
             .unwrap_or_default();
         let same_ns = target.pid == target.ns_pid;
         let mut listed = Vec::new();
-        for tid in tids.into_iter().take(MAX_WAIT_SCAN as usize) {
+        for tid in tids {
             let ns_tid = if same_ns {
                 Some(tid)
             } else {
@@ -116,76 +257,46 @@ impl KernelProgram {
                 since_ns,
                 ..Default::default()
             };
-            self.wait_scan
-                .insert(tid, entry, 0)
-                .context("listing a thread")?;
-            listed.push(tid);
+            listed.push((target.pid, tid, entry));
         }
-        let read = self.run_wait_scan();
-        let mut found = Vec::new();
-        for &tid in &listed {
-            if let Ok(entry) = self.wait_scan.get(&tid, 0) {
-                found.push((tid, entry));
-            }
-            let _ = self.wait_scan.remove(&tid);
-        }
-        read?;
-        let waiting: Vec<(u32, WaitScan)> = found
-            .into_iter()
-            .filter(|(_, e)| e.outcome == WAIT_SCAN_PENDING)
-            .collect();
-        if waiting.iter().any(|(_, e)| e.user_stack != 0) {
-            match ProcessTables::build(target.pid) {
-                Ok(tables) => {
-                    for (tid, entry) in &waiting {
-                        self.store_user_walk(&tables, target.pid, *tid, entry);
-                    }
-                }
-                Err(e) => log::info!("pid {}: no tables to walk its waits: {e:#}", target.pid),
-            }
-        }
-        let scanned = waiting
-            .iter()
-            .filter(|(_, e)| e.python_stack != 0)
-            .map(|(tid, e)| ScannedWait {
-                pid: target.pid,
-                tid: *tid,
-                python_stack: e.python_stack,
-                switches: e.switches,
-            })
-            .collect();
-        Ok((waiting.len(), scanned))
+        let waiting = self.scan_listed(listed)?;
+        let entries: Vec<(u32, WaitScan)> = waiting.into_iter().map(|(_, t, e)| (t, e)).collect();
+        Ok(walk_waits(
+            target.pid,
+            &entries,
+            Some(&mut TableCache::new()),
+        ))
     }
 
-    /// Walks the user stack of a thread the scan found waiting and stores it under the id its
-    /// pending entry holds, unless the thread ran meanwhile.
-    fn store_user_walk(&mut self, tables: &ProcessTables, pid: u32, tid: u32, entry: &WaitScan) {
-        let copy = StackCopy {
-            start: entry.sp,
-            bytes: read_memory(pid, entry.sp, STACK_COPY_BYTES),
-        };
-        let read = |addr: u64| {
-            copy.read_u64(addr).or_else(|| {
-                let live = read_memory(pid, addr, 8);
-                Some(u64::from_le_bytes(live.try_into().ok()?))
-            })
-        };
-        let regs = Registers {
-            ip: entry.ip,
-            sp: entry.sp,
-            bp: entry.bp,
-        };
-        let (frames, end) = tables.walk(regs, read);
-        if switch_count(pid, tid) != Some(entry.switches) {
-            log::debug!("tid {tid} ran while its wait's stack was read: left without it");
-            return;
+    /// Runs the scan over the threads `listed`, [`MAX_WAIT_SCAN`] at a time; returns those it
+    /// found waiting (their pending entries made).
+    fn scan_listed(&mut self, listed: Vec<Listed>) -> anyhow::Result<Vec<Listed>> {
+        self.set_up_wait_scan()?;
+        let mut waiting = Vec::new();
+        for batch in listed.chunks(MAX_WAIT_SCAN as usize) {
+            let mut inserted = Vec::new();
+            let mut listing = Ok(());
+            for &(_, tid, entry) in batch {
+                if let Err(e) = self.wait_scan.insert(tid, entry, 0) {
+                    listing = Err(anyhow!(e).context("listing a thread"));
+                    break;
+                }
+                inserted.push(tid);
+            }
+            let read = listing.and_then(|()| self.run_wait_scan());
+            for &(pid, tid, _) in batch {
+                if let Ok(entry) = self.wait_scan.get(&tid, 0) {
+                    if entry.outcome == WAIT_SCAN_PENDING {
+                        waiting.push((pid, tid, entry));
+                    }
+                }
+            }
+            for tid in inserted {
+                let _ = self.wait_scan.remove(&tid);
+            }
+            read?;
         }
-        log::debug!("tid {tid}: waits in {} user frames ({end:?})", frames.len());
-        self.unwind.note_sampled(frames.iter().copied());
-        self.fresh_frames
-            .extend(crate::symbolize::lookup_addresses(&frames));
-        self.offloaded_stacks
-            .insert(entry.user_stack, Arc::from(frames));
+        Ok(waiting)
     }
 
     /// Runs the scan program over every task once.
@@ -206,6 +317,14 @@ impl KernelProgram {
         file.read_to_end(&mut out)
             .context("running the wait scan")?;
         Ok(())
+    }
+
+    /// Sets the scan up ahead of the off-CPU program's attach (see [`Self::set_up_wait_scan`]),
+    /// logging why it cannot be.
+    pub fn prepare_wait_scan(&mut self) {
+        if let Err(e) = self.set_up_wait_scan() {
+            log::warn!("the waits that began before a run will be missing: {e:#}");
+        }
     }
 
     /// Loads the scan program and writes the task offsets it reads, the first time (0.1-0.6 s:
@@ -285,11 +404,73 @@ impl KernelProgram {
             ));
             counted += 1;
         }
+        // Counted as the intervals the kernel finished are (`Counter::OffCpuIntervals`).
+        *self.waits_counted_at_end.entry(run).or_default() += counted;
         if counted > 0 {
             log::debug!("{counted} waits still going at the end counted up to it");
             super::stacks::merge_counts(&mut self.offloaded_samples);
         }
     }
+}
+
+/// The scanned waits of the threads `entries` (global tid, scan entry) of process `pid`,
+/// their native user stacks walked from the registers the scan read when `tables` is given
+/// (the cache of object tables to build them with).
+fn walk_waits(
+    pid: u32,
+    entries: &[(u32, WaitScan)],
+    tables: Option<&mut TableCache>,
+) -> Vec<ScannedWait> {
+    let built = tables
+        .filter(|_| entries.iter().any(|(_, e)| e.user_stack != 0))
+        .and_then(|cache| match ProcessTables::build_with(pid, cache) {
+            Ok(tables) => Some(tables),
+            Err(e) => {
+                log::info!("pid {pid}: no tables to walk its waits: {e:#}");
+                None
+            }
+        });
+    entries
+        .iter()
+        .map(|(tid, entry)| {
+            let user_frames = built
+                .as_ref()
+                .filter(|_| entry.user_stack != 0)
+                .map(|tables| walk_user(tables, pid, *tid, entry));
+            ScannedWait {
+                pid,
+                tid: *tid,
+                switches: entry.switches,
+                user_stack: entry.user_stack,
+                user_frames,
+                python_stack: entry.python_stack,
+                python_frames: None,
+            }
+        })
+        .collect()
+}
+
+/// Walks the user stack of a thread the scan found waiting, from the registers it read (the
+/// thread is blocked, so its stack holds still).
+fn walk_user(tables: &ProcessTables, pid: u32, tid: u32, entry: &WaitScan) -> Vec<u64> {
+    let copy = StackCopy {
+        start: entry.sp,
+        bytes: read_memory(pid, entry.sp, STACK_COPY_BYTES),
+    };
+    let read = |addr: u64| {
+        copy.read_u64(addr).or_else(|| {
+            let live = read_memory(pid, addr, 8);
+            Some(u64::from_le_bytes(live.try_into().ok()?))
+        })
+    };
+    let regs = Registers {
+        ip: entry.ip,
+        sp: entry.sp,
+        bp: entry.bp,
+    };
+    let (frames, end) = tables.walk(regs, read);
+    log::debug!("tid {tid}: waits in {} user frames ({end:?})", frames.len());
+    frames
 }
 
 /// Thread `tid`'s voluntary and involuntary context switches, as `/proc` counts them (the

@@ -106,6 +106,10 @@ impl Recording {
                 }
             }
         }
+        // The run's span ends as sampling stops, before the samples are drained (a
+        // system-wide run's drain takes a good part of a second): the waits still going are
+        // counted up to this moment too (`end_off_cpu`, just below).
+        let timeline_clock = self.timeline.then(|| TimelineClock::ending(self.started));
         let multi_process = self.is_multi_process();
         let mut drained = Drained::default();
         let mut bpf_run = None;
@@ -134,7 +138,6 @@ impl Recording {
         if let Some(e) = error {
             return Err(e);
         }
-        let timeline_clock = self.timeline.then(|| TimelineClock::ending(self.started));
         Ok(Collected {
             head: Head {
                 sampling: self.sampling,

@@ -54,6 +54,51 @@ pub async fn run<D: RunDriver>(
     }
 }
 
+/// A thread that stops a run's sampling at its deadline, unless the run ended before: the run
+/// loop sees the deadline only between ticks, and a tick can take seconds (a loaded machine,
+/// or a rate whose samples, on every CPU, bpfprof's own included, slow bpfprof down), all of
+/// which would be sampled, drained and named.
+pub struct DeadlineGuard {
+    cancel: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl DeadlineGuard {
+    /// Runs `stop` at `deadline` on a thread of its own, unless [`Self::finish`] comes first.
+    pub fn spawn(deadline: std::time::Instant, stop: impl FnOnce() + Send + 'static) -> Self {
+        let (cancel, cancelled) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("bpfprof-deadline".into())
+            .spawn(move || {
+                let wait = deadline.saturating_duration_since(std::time::Instant::now());
+                match cancelled.recv_timeout(wait) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        stop();
+                        log::debug!("deadline: sampling stopped");
+                        true
+                    }
+                    // The run ended first.
+                    _ => false,
+                }
+            })
+            // Without the thread the run loop still ends at the deadline, a tick late at most.
+            .map_err(|e| log::warn!("no deadline thread: {e}"))
+            .ok();
+        DeadlineGuard {
+            cancel: Some(cancel),
+            thread,
+        }
+    }
+
+    /// Ends the guard; whether it stopped sampling at the deadline.
+    pub fn finish(mut self) -> bool {
+        self.cancel.take();
+        self.thread
+            .take()
+            .is_some_and(|t| t.join().unwrap_or(false))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

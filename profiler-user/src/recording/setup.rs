@@ -89,9 +89,16 @@ impl Recording {
             crate::unwind::UnwindMode::Fp => 1,
             _ => crate::unwind::table_rows_for(None, self.table_rows_cap),
         };
+        let off_cpu = self.request.off_cpu.is_some();
         let slot = pool.with_pool(|pool| -> Result<_> {
             let (slot, sampling) = pool.acquire_system(&self.request, self.unwind, table_rows)?;
+            // With off-CPU time, the machine is recorded from the off-CPU program's attach
+            // on (below): its on-CPU samples from before it (the walkers' verification,
+            // seconds on a loaded machine) would fall before the run's window.
             self.arm_slot(pool, slot, |p| {
+                if off_cpu {
+                    return Ok(());
+                }
                 p.record_system(slot.run, scope.kernel_threads, cgroup)
             })?;
             self.sampling = Some(sampling);
@@ -101,27 +108,112 @@ impl Recording {
         // The walker verifies meanwhile (outside the pool, as for a target): stacks of the
         // first 0.1 s use frame pointers and are counted.
         // Off-CPU time waits for its program (verified after the walker) to be attached.
-        let off_cpu = self.request.off_cpu.is_some();
         let deadline = Instant::now() + crate::unwind::TABLE_WAIT;
         while (off_cpu || Instant::now() < deadline)
             && pool.with_pool(|pool| pool.program(slot).is_ok_and(|p| p.walker_pending()))
         {
             std::thread::sleep(Duration::from_millis(2));
         }
+        // The run's window starts as the off-CPU program is attached: it records every
+        // switch-out of the machine from then on.
+        let mut attached = None;
         if off_cpu {
-            pool.with_pool(|pool| pool.program(slot).and_then(|p| p.attach_off_cpu()))?;
+            attached = pool.with_pool(|pool| {
+                pool.program(slot).and_then(|p| {
+                    // The scan's setup first (its own second or two), then the machine's
+                    // samples and switches from one moment on.
+                    p.prepare_wait_scan();
+                    p.record_system(slot.run, scope.kernel_threads, cgroup)?;
+                    p.attach_off_cpu()?;
+                    Ok(p.off_cpu_attached())
+                })
+            })?;
         }
+        let (since_ns, started) =
+            attached.unwrap_or_else(|| (crate::clock::monotonic_ns(), Instant::now()));
         // The processes running now are taken in at the first tick, not half a second later.
         self.last_refresh = Instant::now()
             .checked_sub(MAPS_REFRESH)
             .unwrap_or_else(Instant::now);
         pool.with_pool(|pool| {
-            self.started = Instant::now();
+            self.started = started;
             self.window_started = self.started;
             self.delivery_at_start = pool.program(slot).ok().and_then(|p| p.delivery());
             self.max_sample_rate_at_start = KernelLimits::read().max_sample_rate;
         });
+        if off_cpu {
+            // The waits the scan finds count from the window's start, as a switch-out's since
+            // then would (the scan takes a while on a busy host).
+            pool.with_pool(|pool| self.take_in_waiting(pool, slot, &scope, since_ns));
+        }
         Ok(())
+    }
+
+    /// Says that the target `pid` about to be added is a launched command that has not
+    /// exec'd yet: the kernel records it only from its exec (until then it runs bpfprof's own
+    /// code). [`Self::exec_seen`] once it has exec'd.
+    pub fn expect_exec(&mut self, pid: u32) {
+        self.launched = Some(pid);
+    }
+
+    /// The launched command has exec'd (or failed to): the kernel's wait for it ends.
+    pub fn exec_seen(&mut self, pool: &mut impl PoolAccess) {
+        if self.launched.take().is_none() {
+            return;
+        }
+        let slots: Vec<Slot> = self.slots.iter().map(|(s, _)| *s).collect();
+        pool.with_pool(|pool| {
+            for slot in slots {
+                if let Ok(program) = pool.program(slot) {
+                    program.end_await_exec();
+                }
+            }
+        });
+    }
+
+    /// A system-wide run's waits that began before it ([`KernelProgram::scan_machine_waits`]):
+    /// every process of `scope` with a thread off the CPU now is taken in now, with the
+    /// stacks its threads wait in; one blocked throughout would never be sampled, so never
+    /// taken in, and its wall or off-CPU time would be missing.
+    ///
+    /// [`KernelProgram::scan_machine_waits`]: crate::kernel::KernelProgram::scan_machine_waits
+    fn take_in_waiting(
+        &mut self,
+        pool: &mut ProgramPool,
+        slot: Slot,
+        scope: &SystemScope,
+        since_ns: u64,
+    ) {
+        let pids = scope_pids(scope);
+        let Ok(program) = pool.program(slot) else {
+            return;
+        };
+        let waits = program.scan_machine_waits(slot.run, &pids, since_ns);
+        let started = Instant::now();
+        let mut left = 0;
+        for (pid, mut waits) in waits {
+            if started.elapsed() >= MACHINE_WAIT_ADOPT_BUDGET {
+                // Counted all the same; named as a process the run did not take in, unless
+                // it runs later (its sample takes it in then).
+                left += 1;
+                continue;
+            }
+            self.adopt(program, slot, pid, true);
+            let key = (slot.program_id, slot.run, pid);
+            if let Some(p) = self.processes.get_mut(&key) {
+                if let Some(runtime) = &mut p.runtime {
+                    runtime.read_wait_stacks(&p.target, &mut waits);
+                }
+            }
+            program.keep_waits(waits);
+        }
+        if left > 0 {
+            log::info!(
+                "{left} processes waiting at the start not taken in (at most {} s of it): \
+                 their waits are counted, under their pids",
+                MACHINE_WAIT_ADOPT_BUDGET.as_secs()
+            );
+        }
     }
 
     /// Captures what symbolization needs and starts keeping the samples of `target`.
@@ -280,6 +372,9 @@ impl Recording {
             if self.request.off_cpu.is_some() {
                 program.attach_off_cpu()?;
             }
+            if self.launched == Some(target.pid) {
+                program.await_exec(target.pid)?;
+            }
             program.add_target(slot.run, &target, self.follow_children)?;
             sampled_from = Some(Instant::now());
             if let Some(owner) = owner {
@@ -302,7 +397,7 @@ impl Recording {
             // not from their next switch-out (a thread blocked throughout would not show).
             // Right after the owner's check: a thread that wakes before the scan loses the
             // part of its wait until then.
-            let waits = if self.request.off_cpu.is_some() {
+            let mut waits = if self.request.off_cpu.is_some() {
                 program.scan_waits(slot.run, &target)
             } else {
                 Vec::new()
@@ -322,8 +417,9 @@ impl Recording {
                 &[],
             );
             if let Some(runtime) = &mut runtime {
-                runtime.store_wait_stacks(program, &target, &waits);
+                runtime.read_wait_stacks(&target, &mut waits);
             }
+            program.keep_waits(waits);
             Ok((runtime, refused))
         });
         if waited && self.processes.is_empty() {
@@ -421,4 +517,52 @@ fn table_deadline(mode: crate::unwind::UnwindMode) -> Instant {
             crate::unwind::UnwindMode::Cfi => crate::unwind::CFI_TABLE_WAIT,
             _ => crate::unwind::TABLE_WAIT,
         }
+}
+
+/// The most time a system-wide run's start spends taking in the processes found waiting
+/// (their maps read, unwind tables queued, interpreters looked for): a busy host has
+/// thousands, and the run's duration is running meanwhile.
+const MACHINE_WAIT_ADOPT_BUDGET: Duration = Duration::from_secs(2);
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// The processes a system-wide run of `scope` records now, by global pid (bpfprof's own left
+/// out): those of its cgroup and the cgroups below it, else every process of the machine,
+/// kernel threads only where the scope keeps them. One look at each process's `stat`.
+fn scope_pids(scope: &SystemScope) -> Vec<u32> {
+    let own = std::process::id();
+    let candidates: Vec<u32> = match &scope.cgroup {
+        Some(cgroup) => {
+            let mut pids = Vec::new();
+            let mut dirs = vec![cgroup.clone()];
+            while let Some(dir) = dirs.pop() {
+                if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+                }
+                if let Ok(entries) = std::fs::read_dir(&dir) {
+                    dirs.extend(
+                        entries
+                            .filter_map(|e| e.ok())
+                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                            .map(|e| e.path()),
+                    );
+                }
+            }
+            pids
+        }
+        None => procfs::process::all_processes()
+            .map(|all| all.filter_map(|p| p.ok()).map(|p| p.pid as u32).collect())
+            .unwrap_or_default(),
+    };
+    candidates
+        .into_iter()
+        .filter(|&pid| pid != own)
+        .filter(|&pid| {
+            scope.kernel_threads
+                || procfs::process::Process::new(pid as i32)
+                    .and_then(|p| p.stat())
+                    .is_ok_and(|stat| stat.flags & PF_KTHREAD == 0)
+        })
+        .collect()
 }

@@ -33,6 +33,9 @@ pub struct Recording {
     pub(super) table_rows_cap: u32,
     pub(super) sampling: Option<Sampling>,
     pub(super) follow_children: bool,
+    /// A launched command not yet exec'd (its pid), which the kernel is to record only from
+    /// its exec ([`Recording::expect_exec`]).
+    pub(super) launched: Option<u32>,
     /// One run slot per pid namespace of the targets: a sample names its process by its pid in
     /// its namespace, so processes of two namespaces never share a slot.
     pub(super) slots: Vec<(Slot, PidNamespace)>,
@@ -92,6 +95,7 @@ impl Recording {
             table_rows_cap: request.table_rows_cap,
             sampling: None,
             follow_children: request.follow_children,
+            launched: None,
             slots: Vec::new(),
             processes: BTreeMap::new(),
             ignored: HashSet::new(),
@@ -168,6 +172,15 @@ impl Recording {
             .iter()
             .filter(|(slot, _)| ids.insert(slot.program_id))
             .filter_map(|(slot, _)| pool.program(*slot).ok()?.event_stopper())
+            .collect()
+    }
+
+    /// Stoppers of this recording's runs alone (other runs of their programs go on), for a
+    /// deadline kept while a tick holds the pool (see [`crate::kernel::RunStopper`]).
+    pub fn run_stoppers(&self, pool: &mut ProgramPool) -> Vec<crate::kernel::RunStopper> {
+        self.slots
+            .iter()
+            .filter_map(|(slot, _)| Some(pool.program(*slot).ok()?.run_stopper(slot.run)))
             .collect()
     }
 

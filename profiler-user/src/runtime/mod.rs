@@ -160,15 +160,10 @@ pub trait Instance: Send + Sync {
     /// The frames named so far.
     fn frames(&self) -> &dyn NamedFrames;
 
-    /// Gives the kernel the runtime frames of the waits `scanned` of `target` (the threads
-    /// already off the CPU when the run took it in, whose native stacks the kernel walked
-    /// from their saved registers), read from userspace.
-    fn store_wait_stacks(
-        &mut self,
-        program: &mut KernelProgram,
-        target: &Target,
-        scanned: &[ScannedWait],
-    );
+    /// Reads the runtime frames of the waits `scanned` of `target` (the threads already off
+    /// the CPU when the run took it in, whose native stacks were walked from their saved
+    /// registers) into them, for [`KernelProgram::keep_waits`].
+    fn read_wait_stacks(&mut self, target: &Target, scanned: &mut [ScannedWait]);
 
     /// Stops following the process: what the kernel holds for it goes.
     fn stop(&mut self, program: &mut KernelProgram);

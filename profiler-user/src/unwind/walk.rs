@@ -4,7 +4,7 @@
 //! signal frames, realigned frames, the outermost frame's undefined return address), and the
 //! frame pointer where no CFI covers a pc.
 
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
 use anyhow::Context;
 use profiler_common::{
@@ -33,6 +33,81 @@ pub enum WalkEnd {
     Cut,
 }
 
+/// Why a walk ended, in detail: what `bpfprof dump` says under each stack, so that a stack
+/// cut short says where and why (and a whole one that it is whole).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum StackEnd {
+    /// At the thread's entry: the outermost frame (its CFI marks the end of the stack, as
+    /// `_start`'s and a thread start's do, or its return address or frame pointer is 0).
+    Entry,
+    /// At a pc in no object the process maps executable from a file (anonymous memory, such
+    /// as JIT code, or a return address that is wrong).
+    NoObject {
+        /// The pc, `0x...`.
+        address: String,
+    },
+    /// At a pc of `object` that its unwind table has no row for (or the object has no table),
+    /// where the frame pointer led to no code either.
+    NoUnwindRow {
+        /// The pc, `0x...`.
+        address: String,
+        /// The object's path (or `[vdso]`).
+        object: String,
+    },
+    /// A read of the thread's stack (or of a signal frame) that failed.
+    ReadFailed {
+        /// The address read, `0x...`.
+        address: String,
+    },
+    /// The caller's frame would not lie above this one: a frame-pointer loop, or a stack
+    /// that is not what the unwind row says.
+    NotAbove {
+        /// The pc of the frame whose caller was not above it, `0x...`.
+        address: String,
+    },
+    /// At the most frames a walk records ([`MAX_WALK_FRAMES`]).
+    DepthLimit {
+        /// The frames walked.
+        frames: usize,
+    },
+}
+
+impl StackEnd {
+    /// The coarse outcome, as `dump --json`'s `unwind` gives it.
+    pub fn outcome(&self) -> WalkEnd {
+        match self {
+            StackEnd::Entry => WalkEnd::Complete,
+            StackEnd::DepthLimit { .. } => WalkEnd::Cut,
+            _ => WalkEnd::Early,
+        }
+    }
+
+    /// In words, for the text output.
+    pub fn describe(&self) -> String {
+        match self {
+            StackEnd::Entry => "reached the thread's entry".into(),
+            StackEnd::NoObject { address } => {
+                format!("{address} is in no mapped file (anonymous memory: JIT code, or a bad return address)")
+            }
+            StackEnd::NoUnwindRow { address, object } => {
+                format!("no unwind row for {address} in {object}, and no frame pointer to follow")
+            }
+            StackEnd::ReadFailed { address } => {
+                format!("reading the stack at {address} failed")
+            }
+            StackEnd::NotAbove { address } => format!(
+                "the caller of {address} is not above it on the stack (a frame-pointer loop, or a bad unwind row)"
+            ),
+            StackEnd::DepthLimit { frames } => format!("the depth limit ({frames} frames)"),
+        }
+    }
+}
+
+fn hex(address: u64) -> String {
+    format!("{address:#x}")
+}
+
 /// One executable mapping and the table of its object.
 struct Mapped {
     start: u64,
@@ -40,13 +115,19 @@ struct Mapped {
     bias: u64,
     /// Index in [`ProcessTables::tables`]; `None` for an object whose table could not be built.
     table: Option<usize>,
+    /// Its object's path (or `[vdso]`), for a walk that ends in it.
+    object: Arc<str>,
 }
+
+/// The tables of the objects already built, by file: several processes' walks (a
+/// system-wide run's start) build each shared library's table once.
+pub type TableCache = HashMap<FileKey, Option<Arc<UnwindTable>>>;
 
 /// The unwind tables of every object a process maps executable, by address.
 #[derive(Default)]
 pub struct ProcessTables {
     mappings: Vec<Mapped>,
-    tables: Vec<UnwindTable>,
+    tables: Vec<Arc<UnwindTable>>,
     /// Objects whose table could not be built, with why (for the caller's log).
     pub failed: Vec<String>,
 }
@@ -55,6 +136,12 @@ impl ProcessTables {
     /// Builds the tables of every object process `pid` maps executable (each file once),
     /// the vDSO included.
     pub fn build(pid: u32) -> anyhow::Result<ProcessTables> {
+        Self::build_with(pid, &mut TableCache::new())
+    }
+
+    /// [`Self::build`], taking the tables of files already in `cache` from it and adding the
+    /// others.
+    pub fn build_with(pid: u32, cache: &mut TableCache) -> anyhow::Result<ProcessTables> {
         let maps = procfs::process::Process::new(pid as i32)
             .and_then(|p| p.maps())
             .with_context(|| format!("reading /proc/{pid}/maps"))?;
@@ -65,12 +152,21 @@ impl ProcessTables {
                 continue;
             }
             let (start, end) = map.address;
-            let built = match &map.pathname {
+            let (built, object): (_, Arc<str>) = match &map.pathname {
                 procfs::process::MMapPath::Path(path) => {
                     let dev_ino = (libc::makedev(map.dev.0 as u32, map.dev.1 as u32), map.inode);
-                    out.file_table(pid, (start, end), map.offset, (path, dev_ino), &mut by_file)
+                    let built = out.file_table(
+                        pid,
+                        (start, end),
+                        map.offset,
+                        (path, dev_ino),
+                        (&mut by_file, cache),
+                    );
+                    (built, path.display().to_string().into())
                 }
-                procfs::process::MMapPath::Vdso => out.vdso_table(pid, start, end),
+                procfs::process::MMapPath::Vdso => {
+                    (out.vdso_table(pid, start, end), "[vdso]".into())
+                }
                 _ => continue,
             };
             match built {
@@ -79,6 +175,7 @@ impl ProcessTables {
                     end,
                     bias,
                     table,
+                    object,
                 }),
                 Err(e) => out.failed.push(format!("{:?}: {e:#}", map.pathname)),
             }
@@ -94,7 +191,7 @@ impl ProcessTables {
         (start, end): (u64, u64),
         offset: u64,
         (path, dev_ino): (&Path, (u64, u64)),
-        by_file: &mut HashMap<FileKey, Option<usize>>,
+        (by_file, cache): (&mut HashMap<FileKey, Option<usize>>, &mut TableCache),
     ) -> anyhow::Result<(u64, Option<usize>)> {
         // Through map_files, else (a user other than root is refused map_files: EPERM) the
         // path in the target's own root, if it is still the mapped device and inode.
@@ -110,16 +207,24 @@ impl ProcessTables {
         if let Some(&table) = by_file.get(&key) {
             return Ok((bias, table));
         }
-        let table = match UnwindTable::from_elf(&reader).map_err(|e| reader.explain(e)) {
-            Ok((table, _)) => {
-                self.tables.push(table);
-                Some(self.tables.len() - 1)
-            }
-            Err(e) => {
-                self.failed.push(format!("{}: {e:#}", path.display()));
-                None
+        let built = match cache.get(&key) {
+            Some(built) => built.clone(),
+            None => {
+                let built = match UnwindTable::from_elf(&reader).map_err(|e| reader.explain(e)) {
+                    Ok((table, _)) => Some(Arc::new(table)),
+                    Err(e) => {
+                        self.failed.push(format!("{}: {e:#}", path.display()));
+                        None
+                    }
+                };
+                cache.insert(key.clone(), built.clone());
+                built
             }
         };
+        let table = built.map(|table| {
+            self.tables.push(table);
+            self.tables.len() - 1
+        });
         by_file.insert(key, table);
         Ok((bias, table))
     }
@@ -134,7 +239,7 @@ impl ProcessTables {
         let image = crate::process::vdso::read_image(pid, start, end)?;
         let bias = load_bias(image.as_slice(), start, 0)?;
         let (table, _) = UnwindTable::from_elf(image.as_slice())?;
-        self.tables.push(table);
+        self.tables.push(Arc::new(table));
         Ok((bias, Some(self.tables.len() - 1)))
     }
 
@@ -159,21 +264,48 @@ impl ProcessTables {
     /// it was stopped, then the live process): the instruction pointers, innermost first
     /// (every one but the first a return address), and why the walk ended.
     pub fn walk(&self, regs: Registers, read: impl Fn(u64) -> Option<u64>) -> (Vec<u64>, WalkEnd) {
+        let (frames, end) = self.walk_explained(regs, read);
+        (frames, end.outcome())
+    }
+
+    /// [`Self::walk`], saying in detail why the walk ended.
+    pub fn walk_explained(
+        &self,
+        regs: Registers,
+        read: impl Fn(u64) -> Option<u64>,
+    ) -> (Vec<u64>, StackEnd) {
         let (mut ip, mut sp, mut bp) = (regs.ip, regs.sp, regs.bp);
+        // The first failed read's address, for the end that names it.
+        let failed = std::cell::Cell::new(0u64);
+        let read = |addr: u64| {
+            let value = read(addr);
+            if value.is_none() {
+                failed.set(addr);
+            }
+            value
+        };
+        let read_failed = || StackEnd::ReadFailed {
+            address: hex(failed.get()),
+        };
         let mut frames = Vec::new();
         loop {
             if frames.len() >= MAX_WALK_FRAMES {
-                return (frames, WalkEnd::Cut);
+                return (
+                    frames,
+                    StackEnd::DepthLimit {
+                        frames: MAX_WALK_FRAMES,
+                    },
+                );
             }
             frames.push(ip);
             // A return address points after the call; the call belongs to the caller's row.
             let pc = if frames.len() == 1 { ip } else { ip - 1 };
-            if self.mapping(pc).is_none() {
-                return (frames, WalkEnd::Early);
-            }
+            let Some(mapped) = self.mapping(pc) else {
+                return (frames, StackEnd::NoObject { address: hex(pc) });
+            };
             let (cfa, rbp_at) = match self.row(pc) {
                 Some(row) if row.cfa_rule() == CfaRule::EndOfStack as u8 => {
-                    return (frames, WalkEnd::Complete)
+                    return (frames, StackEnd::Entry)
                 }
                 Some(row) if row.cfa_rule() == CfaRule::SignalFrame as u8 => {
                     // The interrupted frame's registers, saved in the ucontext at rsp.
@@ -183,7 +315,7 @@ impl ProcessTables {
                         read(sp.wrapping_add(SIGNAL_FRAME_RBP)),
                     );
                     let (Some(i), Some(s), Some(b)) = saved else {
-                        return (frames, WalkEnd::Early);
+                        return (frames, read_failed());
                     };
                     // The interrupted pc is exact: look it up as an innermost frame by
                     // adding the byte the next round takes off.
@@ -192,7 +324,7 @@ impl ProcessTables {
                 }
                 Some(row) if row.cfa_rule() == CfaRule::RbpDeref as u8 => {
                     let Some(cfa) = read(bp.wrapping_sub(row.cfa_offset as u64)) else {
-                        return (frames, WalkEnd::Early);
+                        return (frames, read_failed());
                     };
                     (cfa, Some(bp))
                 }
@@ -219,16 +351,26 @@ impl ProcessTables {
                 None => {
                     // No CFI: the frame pointer, when it leads above the frame into code.
                     if bp == 0 {
-                        return (frames, WalkEnd::Complete);
+                        return (frames, StackEnd::Entry);
+                    }
+                    if bp < sp {
+                        return (frames, StackEnd::NotAbove { address: hex(pc) });
                     }
                     let (Some(ra), Some(next_bp)) = (read(bp.wrapping_add(8)), read(bp)) else {
-                        return (frames, WalkEnd::Early);
+                        return (frames, read_failed());
                     };
-                    if bp < sp || ra != 0 && self.mapping(ra - 1).is_none() {
-                        return (frames, WalkEnd::Early);
+                    if ra != 0 && self.mapping(ra - 1).is_none() {
+                        // The frame pointer leads nowhere: this code keeps none.
+                        return (
+                            frames,
+                            StackEnd::NoUnwindRow {
+                                address: hex(pc),
+                                object: mapped.object.to_string(),
+                            },
+                        );
                     }
                     if ra == 0 {
-                        return (frames, WalkEnd::Complete);
+                        return (frames, StackEnd::Entry);
                     }
                     (ip, sp, bp) = (ra, bp.wrapping_add(16), next_bp);
                     continue;
@@ -236,19 +378,19 @@ impl ProcessTables {
             };
             // The stack grows down: a caller's frame lies above.
             if cfa <= sp {
-                return (frames, WalkEnd::Early);
+                return (frames, StackEnd::NotAbove { address: hex(pc) });
             }
             let Some(ra) = read(cfa.wrapping_add(RETURN_ADDRESS_OFFSET as u64)) else {
-                return (frames, WalkEnd::Early);
+                return (frames, read_failed());
             };
             if let Some(at) = rbp_at {
                 match read(at) {
                     Some(saved) => bp = saved,
-                    None => return (frames, WalkEnd::Early),
+                    None => return (frames, read_failed()),
                 }
             }
             if ra == 0 {
-                return (frames, WalkEnd::Complete);
+                return (frames, StackEnd::Entry);
             }
             (ip, sp) = (ra, cfa);
         }

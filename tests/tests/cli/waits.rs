@@ -44,7 +44,7 @@ time.sleep(100)
 /// (blocked throughout), `sleeper` sleeps 1000 s (blocked throughout), `ticker` sleeps a
 /// second at a time (its waits straddle the run's start and end), `mixer` computes 100 ms and
 /// sleeps 150 ms in turn.
-const C_WAITS: &str = r#"
+pub(crate) const C_WAITS: &str = r#"
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <time.h>
@@ -82,7 +82,7 @@ int main(void) {
 "#;
 
 /// The run's start and end (Unix time, seconds) from the trace's markers.
-fn run_window(trace: &Path) -> (f64, f64) {
+pub(crate) fn run_window(trace: &Path) -> (f64, f64) {
     let text = std::fs::read_to_string(trace).expect("read the trace");
     let doc: serde_json::Value = serde_json::from_str(&text).expect("parse the trace");
     let events = doc

@@ -4,6 +4,7 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test daemon -- runs::`).
 //! Attacks on the daemon by other users are in the `hostile` binary.
 
+mod deadline;
 mod pipeline;
 mod runs;
 mod stall;

@@ -4,7 +4,9 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test outputs -- formats::`).
 
 mod dump;
+mod dump_ends;
 mod formats;
+mod pstats_startup;
 mod timeline;
 mod top;
 

@@ -32,6 +32,12 @@ impl Runs {
             .duration
             .unwrap_or(self.limits.max_duration);
         let deadline = recording.started() + duration;
+        // The run's sampling stops at its deadline even while a tick holds the pool (at a
+        // high rate one took seconds); its program's other runs go on.
+        let stoppers = recording.run_stoppers(&mut self.lock_pool());
+        let guard = run_loop::DeadlineGuard::spawn(deadline, move || {
+            stoppers.iter().for_each(crate::kernel::RunStopper::stop)
+        });
         let mut driver = DaemonDriver {
             runs: self.clone(),
             id,
@@ -41,6 +47,8 @@ impl Runs {
         };
         let ended = run_loop::run(&mut driver, deadline).await;
         let ended_at = std::time::SystemTime::now();
+        // Joined off the reactor: the thread has stopped sampling, or will not now.
+        let _ = tokio::task::spawn_blocking(move || guard.finish()).await;
         cpu = driver.cpu;
         let (mut recording, end) = match (driver.recording.take(), ended) {
             (Some(recording), Ok(end)) => (recording, end),

@@ -244,8 +244,12 @@ fn module_name_starts_with(frame: &Frame, prefixes: &[&str]) -> bool {
 /// pymalloc, ...), the C runtime it calls and the kernel work they do are folded into that
 /// function, up to the first frame of other native code (an extension: numpy, zlib,
 /// libtorch), which stays with everything below it; between Python functions the
-/// interpreter's frames go as they do without `--python-glue`. A stack without Python
-/// frames is kept whole.
+/// interpreter's frames go as they do without `--python-glue`. Above the outermost Python
+/// function, the interpreter's start-up (`_start`, `Py_BytesMain` ... `PyEval_EvalCode`, or
+/// a thread's `start_thread` ... `thread_run`) goes too, as cProfile shows none of it: its
+/// cumulative view leads with the program's own functions, not with ten frames that every
+/// sample shares (an embedding program's own frames stay). A stack without Python frames is
+/// kept whole.
 pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     let is_python = |f: &Option<&Frame>| {
         f.is_some_and(|f| {
@@ -262,6 +266,11 @@ pub fn python_view_keep(frames: &[Option<&Frame>]) -> Vec<bool> {
     ) else {
         return keep;
     };
+    for (i, frame) in frames.iter().enumerate().take(first) {
+        if let Some(frame) = frame {
+            keep[i] = !(is_interpreter(frame) || is_c_runtime(frame));
+        }
+    }
     for (i, frame) in frames.iter().enumerate().take(last).skip(first + 1) {
         if let Some(frame) = frame {
             keep[i] = !(is_interpreter(frame) || is_perf_trampoline(frame));
@@ -611,7 +620,8 @@ mod tests {
 
     /// Below the innermost Python function the interpreter's frames, the C runtime they call
     /// and the kernel work they do fold into it; an extension's frames stay with what is
-    /// below them; native callers at the root stay.
+    /// below them; above the outermost one the interpreter's start-up goes, as in cProfile's
+    /// view, and an embedding program's own callers stay.
     #[test]
     fn the_python_view_folds_the_interpreter_below_the_innermost_python_function() {
         let py = |name: &str| Frame::named(name, Some("/app/work.py".into()), PYTHON_FRAME);
@@ -638,10 +648,22 @@ mod tests {
             c("malloc", "/lib/x86_64-linux-gnu/libc.so.6"),
             kernel.clone(),
         ];
-        assert_eq!(
-            keep(&alloc),
-            ["main", "Py_RunMain", "<module>", "alloc_hot"]
-        );
+        assert_eq!(keep(&alloc), ["<module>", "alloc_hot"]);
+        let thread = [
+            c("__clone3", "/lib/x86_64-linux-gnu/libc.so.6"),
+            c("start_thread", "/lib/x86_64-linux-gnu/libc.so.6"),
+            c("thread_run", PY),
+            py("Thread._bootstrap"),
+            py("worker"),
+        ];
+        assert_eq!(keep(&thread), ["Thread._bootstrap", "worker"]);
+        let embedded = [
+            c("main", "/opt/app/bin/server"),
+            c("run_script", "/opt/app/bin/server"),
+            c("PyRun_SimpleString", PY),
+            py("<module>"),
+        ];
+        assert_eq!(keep(&embedded), ["main", "run_script", "<module>"]);
         let zlib = [
             py("<module>"),
             py("compress_leaf"),

@@ -696,13 +696,12 @@ impl crate::runtime::Instance for PythonTracking {
         PythonTracking::notes(self)
     }
 
-    fn store_wait_stacks(
+    fn read_wait_stacks(
         &mut self,
-        program: &mut KernelProgram,
         target: &crate::process::target::Target,
-        scanned: &[crate::kernel::ScannedWait],
+        scanned: &mut [crate::kernel::ScannedWait],
     ) {
-        super::waits::store_python_frames(program, target, scanned);
+        super::waits::read_python_frames(target, scanned);
     }
 
     fn stop(&mut self, program: &mut KernelProgram) {

@@ -1,15 +1,16 @@
 //! The Python frames of the waits a target was in when the run took it in
-//! ([`KernelProgram::scan_waits`], which walks their native stacks): read here, as the
-//! `runtime` module is above the kernel one.
+//! ([`crate::kernel::KernelProgram::scan_waits`], which walks their native stacks): read
+//! here, as the `runtime` module is above the kernel one.
 
 use crate::{
-    kernel::{KernelProgram, ScannedWait},
+    kernel::ScannedWait,
     process::target::Target,
     runtime::cpython::{Probe, PythonFrame, PythonTarget},
 };
 
-/// Stores the Python frames of the waits `scanned` of `target`, a CPython the kernel walks.
-pub fn store_python_frames(program: &mut KernelProgram, target: &Target, scanned: &[ScannedWait]) {
+/// Reads the Python frames of the waits `scanned` of `target`, a CPython the kernel walks,
+/// into them.
+pub fn read_python_frames(target: &Target, scanned: &mut [ScannedWait]) {
     if scanned.is_empty() {
         return;
     }
@@ -36,6 +37,6 @@ pub fn store_python_frames(program: &mut KernelProgram, target: &Target, scanned
             .iter()
             .map(|f| PythonFrame::pack(f.code, f.instruction, f.identity, f.eval_entry))
             .collect();
-        program.store_wait_stack(wait, packed);
+        wait.set_python_frames(packed);
     }
 }

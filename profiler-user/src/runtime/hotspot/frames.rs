@@ -418,11 +418,10 @@ impl crate::runtime::Instance for JvmTracking {
         &self.frames
     }
 
-    fn store_wait_stacks(
+    fn read_wait_stacks(
         &mut self,
-        _program: &mut KernelProgram,
         _target: &crate::process::target::Target,
-        _scanned: &[crate::kernel::ScannedWait],
+        _scanned: &mut [crate::kernel::ScannedWait],
     ) {
     }
 

@@ -226,11 +226,10 @@ impl crate::runtime::Instance for V8Tracking {
         &self.symbols
     }
 
-    fn store_wait_stacks(
+    fn read_wait_stacks(
         &mut self,
-        _program: &mut KernelProgram,
         _target: &crate::process::target::Target,
-        _scanned: &[crate::kernel::ScannedWait],
+        _scanned: &mut [crate::kernel::ScannedWait],
     ) {
         // Threads already waiting when the run began keep their native stacks only.
     }
