@@ -365,7 +365,7 @@ mod tests {
             eprintln!("skipping: {python} not installed");
             return None;
         }
-        let child = std::process::Command::new(python)
+        let mut child = std::process::Command::new(python)
             .args(["-c", "import time; time.sleep(60)"])
             .spawn()
             .expect("start python");
@@ -376,6 +376,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let _ = (child.kill(), child.wait());
         panic!("python3.11 never mapped its interpreter");
     }
 
@@ -384,7 +385,11 @@ mod tests {
     /// mappings name no interpreter is not read.
     #[test]
     fn a_second_process_of_an_interpreter_is_found_from_the_memo() {
-        let (Some(mut a), Some(mut b)) = (sleeping_python(), sleeping_python()) else {
+        let Some(mut a) = sleeping_python() else {
+            return;
+        };
+        let Some(mut b) = sleeping_python() else {
+            let _ = (a.kill(), a.wait());
             return;
         };
         let memo = DetectMemo::default();

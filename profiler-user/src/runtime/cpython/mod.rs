@@ -81,12 +81,10 @@ impl crate::runtime::Runtime for CPython {
         let tracking = stacks::PythonTracking::start(
             program,
             pid,
-            naming.shares,
-            naming.owner,
+            naming,
             enabled.async_depth(),
             refused,
             mapped,
-            &naming.objects.cpython,
         )?;
         Some(Box::new(tracking))
     }

@@ -141,20 +141,20 @@ pub struct PythonTracking {
 
 impl PythonTracking {
     /// Starts walking the Python frames of `pid` (host pid) when it runs a supported CPython.
-    /// Its names are charged to `owner`'s share of `shares`. When it runs a CPython bpfprof
+    /// Its names are charged to the owner's share of `naming`'s shares; its interpreter is
+    /// looked up in `naming`'s objects first. When it runs a CPython bpfprof
     /// cannot walk, `refused` gets the sentence that says so (see [`crate::runtime::cpython::Unsupported`]), logged as
     /// a warning the first time.
     pub fn start(
         program: &mut KernelProgram,
         pid: u32,
-        shares: &Arc<NamingShares>,
-        owner: Owner,
+        naming: &crate::runtime::Naming,
         async_depth: Option<usize>,
         refused: &mut Option<String>,
         mapped: &[procfs::process::MemoryMap],
-        memo: &super::detect::DetectMemo,
     ) -> Option<PythonTracking> {
-        let target = match PythonTarget::probe_with(pid, mapped, memo) {
+        let (shares, owner) = (naming.shares, naming.owner);
+        let target = match PythonTarget::probe_with(pid, mapped, &naming.objects.cpython) {
             Ok(Probe::Walkable(t)) => *t,
             Ok(Probe::Unsupported(unsupported)) => {
                 let said = unsupported.to_string();
