@@ -1,0 +1,157 @@
+//! `dump`'s view of the event loops: every task, what it awaits, drawn as a tree.
+
+use super::*;
+
+/// One event loop's tasks, as `bpfprof dump` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LoopTasks {
+    /// The host tid of the thread that runs the loop.
+    pub tid: u32,
+    /// The loop's address (0: the thread runs none now; its tasks are listed still).
+    pub running_loop: u64,
+    /// The task the thread runs now (0: none).
+    pub running_task: u64,
+    /// Its tasks, in its list's order.
+    pub tasks: Vec<DumpTask>,
+    /// Whether the list was cut (longer than [`MAX_TASKS_LISTED`], or it looped).
+    pub cut: bool,
+}
+
+/// One task in a dump.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DumpTask {
+    /// Its address (`python -m asyncio ps`'s task id).
+    pub id: u64,
+    /// Its name.
+    pub name: String,
+    /// Its coroutine's function (qualified name), where it could be read.
+    pub coroutine: Option<String>,
+    /// The tasks awaiting it (ids).
+    pub awaited_by: Vec<u64>,
+}
+
+impl super::super::PythonTarget {
+    /// The tasks of each of `threads` (host tid, thread state) that has any, for `dump`:
+    /// `Ok(None)` before 3.14 or while the process has not imported asyncio.
+    pub fn asyncio_tasks(&mut self, threads: &[(u32, u64)]) -> Result<Option<Vec<LoopTasks>>> {
+        let (_, minor) = self.version();
+        if minor < FIRST_ASYNC_MINOR {
+            return Ok(None);
+        }
+        let Some(asyncio) = find_layout(self.pid, &self.memory, self.interpreter.runtime, minor)?
+        else {
+            return Ok(None);
+        };
+        let mut loops = Vec::new();
+        for &(tid, tstate) in threads {
+            let reader = TaskReader {
+                memory: &self.memory,
+                layout: &self.layout,
+                asyncio: &asyncio,
+            };
+            let (running_loop, addresses, cut) = reader.thread_tasks(tstate)?;
+            let running_task = reader
+                .memory
+                .read_u64(tstate.wrapping_add(asyncio.tstate_running_task as u64))?;
+            let infos: Vec<TaskInfo> = addresses
+                .iter()
+                .filter_map(|&t| reader.task(t).ok())
+                .collect();
+            if infos.is_empty() && running_loop == 0 {
+                continue;
+            }
+            let tasks = infos
+                .into_iter()
+                .map(|t| DumpTask {
+                    id: t.address,
+                    coroutine: (t.coro_code != 0)
+                        .then(|| self.code_name(t.coro_code))
+                        .flatten(),
+                    name: t.name,
+                    awaited_by: t.awaited_by,
+                })
+                .collect();
+            loops.push(LoopTasks {
+                tid,
+                running_loop,
+                running_task,
+                tasks,
+                cut,
+            });
+        }
+        Ok(Some(loops))
+    }
+}
+
+/// The task tree of `tasks` as `python -m asyncio pstree` draws it: each task under each task
+/// awaiting it, roots (awaited by none) first; a task met again on its own branch (a cycle)
+/// is marked and not followed.
+pub fn render_tree(tasks: &[DumpTask]) -> Vec<String> {
+    let by_id: HashMap<u64, &DumpTask> = tasks.iter().map(|t| (t.id, t)).collect();
+    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+    for t in tasks {
+        for parent in t.awaited_by.iter().filter(|p| by_id.contains_key(p)) {
+            children.entry(*parent).or_default().push(t.id);
+        }
+    }
+    let mut lines = Vec::new();
+    fn walk(
+        id: u64,
+        prefix: &str,
+        last: bool,
+        by_id: &HashMap<u64, &DumpTask>,
+        children: &HashMap<u64, Vec<u64>>,
+        path: &mut Vec<u64>,
+        lines: &mut Vec<String>,
+    ) {
+        let t = by_id[&id];
+        let branch = if last { "└── " } else { "├── " };
+        let coroutine = t.coroutine.as_deref().unwrap_or("?");
+        let looped = path.contains(&id);
+        lines.push(format!(
+            "{prefix}{branch}(T) {} {coroutine}{}",
+            t.name,
+            if looped {
+                " [awaits itself: a cycle]"
+            } else {
+                ""
+            }
+        ));
+        // A tree deeper than any real one ends too.
+        if looped || path.len() >= MAX_TASKS_LISTED.min(1024) {
+            return;
+        }
+        path.push(id);
+        let next = format!("{prefix}{}", if last { "    " } else { "│   " });
+        let kids = children.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+        for (i, kid) in kids.iter().enumerate() {
+            walk(
+                *kid,
+                &next,
+                i + 1 == kids.len(),
+                by_id,
+                children,
+                path,
+                lines,
+            );
+        }
+        path.pop();
+    }
+    let roots: Vec<u64> = tasks
+        .iter()
+        .filter(|t| !t.awaited_by.iter().any(|p| by_id.contains_key(p)))
+        .map(|t| t.id)
+        .collect();
+    for (i, root) in roots.iter().enumerate() {
+        walk(
+            *root,
+            "",
+            i + 1 == roots.len(),
+            &by_id,
+            &children,
+            &mut Vec::new(),
+            &mut lines,
+        );
+    }
+    lines
+}
