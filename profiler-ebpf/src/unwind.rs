@@ -35,6 +35,11 @@ use profiler_common::{
     UNWIND_TABLE_SEARCH_STEPS,
 };
 
+mod hotspot;
+
+pub use hotspot::take_hotspot_stack;
+use hotspot::{hotspot_interpreter_frame, store_hotspot_frames, HOTSPOT_PROCESSES};
+
 /// Every loaded table's rows, end to end; a table is a range of this array. Mmapable, so
 /// userspace writes a table with one copy instead of a syscall per row.
 #[map]
@@ -45,11 +50,6 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, 
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
-
-/// The JVMs whose code cache frames the walk records ([`HotspotProcess`]), by host tgid.
-#[map]
-static HOTSPOT_PROCESSES: HashMap<u32, HotspotProcess> =
-    HashMap::with_max_entries(MAX_HOTSPOT_PROCESSES, 0);
 
 /// Each CPU's walk state. In a map value rather than on the stack: the verifier tracks the
 /// stack's constants (a count of scans left, flags, frame counts) and checks the frame loop's
@@ -233,48 +233,6 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     if walk.java_len > 0 {
         walk.java_id = store_hotspot_frames(walk, frames, run);
     }
-    id
-}
-
-/// Stores the walk's JVM frames as a stack (through the scratch slot, whose user frames are
-/// stored already) and returns its id, 0 when the map was full.
-#[inline(always)]
-fn store_hotspot_frames(walk: &Walk, frames: &mut profiler_common::StackFrames, run: u32) -> u64 {
-    let len = (walk.java_len as usize).min(MAX_STACK_DEPTH);
-    // One helper call copies the whole array: a loop over `len` costs the verifier a path
-    // per length.
-    // SAFETY: both are this CPU's map values, of the same size.
-    let copied = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-            frames.ips.as_mut_ptr().cast(),
-            (MAX_STACK_DEPTH * 8) as u32,
-            walk.java.as_ptr().cast(),
-        )
-    };
-    if copied != 0 {
-        return 0;
-    }
-    frames.len = len as u64;
-    match crate::store_frames(len, Counter::UserStackMapFull) {
-        Ok(id) => id,
-        Err(counter) => {
-            crate::count(run, counter);
-            0
-        }
-    }
-}
-
-/// The stack id of the JVM frames of the last CFI walk on this CPU (0 when it had none),
-/// cleared: the sample's runtime stack for a JVM.
-#[inline(always)]
-pub fn take_hotspot_stack() -> u64 {
-    let Some(walk) = WALKS.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
-    let walk = unsafe { &mut *walk };
-    let id = walk.java_id;
-    walk.java_id = 0;
     id
 }
 
@@ -626,49 +584,6 @@ fn return_address_with_cfi(tgid: u32, word: u64) -> Option<(UnwindMapping, Unwin
         return None;
     }
     Some((mapping, row))
-}
-
-/// How far above an interpreter frame's rbp its sender sp may lie: the caller's outgoing
-/// arguments, never more than a Java method's 255 argument slots and some alignment.
-const SENDER_SP_REACH: u64 = 4096;
-
-/// Unwinds a HotSpot interpreter frame by its frame pointer: rbp holds the caller's rbp, the
-/// return address above it; the caller's stack pointer is the sender sp the frame saved (a
-/// compiled caller's frame starts there, above the arguments an adapter may have pushed), and
-/// the frame's `Method*` replaces its pc among the recorded JVM frames.
-#[inline(always)]
-fn hotspot_interpreter_frame(walk: &mut Walk) -> WalkEnd {
-    let bp = walk.bp;
-    if bp < walk.sp {
-        return WalkEnd::Early;
-    }
-    // The lowest slot first, so that one window holds the rest.
-    let method = read_stack(walk, bp.wrapping_add(walk.hotspot.method_at as u64));
-    let sender_sp = read_stack(walk, bp.wrapping_add(walk.hotspot.sender_sp_at as u64));
-    let next_bp = read_stack(walk, bp);
-    let ra = read_stack(walk, bp.wrapping_add(8));
-    let (Some(next_bp), Some(ra)) = (next_bp, ra) else {
-        return WalkEnd::Early;
-    };
-    let j = walk.java_len as usize;
-    if j > 0 {
-        if let Some(method) = method {
-            // Masked: the verifier does not carry the length's bound through `j - 1`.
-            walk.java[(j - 1) & (MAX_STACK_DEPTH - 1)] = method | HOTSPOT_INTERPRETED;
-        }
-    }
-    if ra == 0 {
-        return WalkEnd::Complete;
-    }
-    let cfa = bp.wrapping_add(16);
-    let sp = match sender_sp {
-        Some(s) if s >= cfa && s - cfa <= SENDER_SP_REACH => s,
-        _ => cfa,
-    };
-    walk.ip = ra;
-    walk.sp = sp;
-    walk.bp = next_bp;
-    WalkEnd::Running
 }
 
 /// Unwinds a signal trampoline: the interrupted frame's registers are in the ucontext at rsp.

@@ -140,16 +140,25 @@ pub trait Instance: Send + Sync {
     /// Frames still queued will not be named (the run ended): counted as left unnamed.
     fn abandon_queued(&mut self);
 
-    /// The names the program gave its threads, by host tid (Python's `threading` names).
-    fn thread_names(&mut self) -> HashMap<u32, String>;
+    /// The names the program gave its threads, by host tid (Python's `threading` names); none
+    /// where the runtime keeps no names bpfprof reads.
+    fn thread_names(&mut self) -> HashMap<u32, String> {
+        HashMap::new()
+    }
 
     /// Whether thread `ns_tid` (in the process's pid namespace) was listed with the runtime's
-    /// state (`Some(true)`), only without it (`Some(false)`), or never (`None`).
-    fn thread_listed(&self, ns_tid: u32) -> Option<bool>;
+    /// state (`Some(true)`), only without it (`Some(false)`), or never (`None`, also where the
+    /// runtime lists no threads).
+    fn thread_listed(&self, _ns_tid: u32) -> Option<bool> {
+        None
+    }
 
     /// Whether thread `ns_tid` (in the process's pid namespace) ran none of the runtime's
-    /// code during the run, so that its samples miss no runtime frames.
-    fn runs_no_runtime_code(&self, ns_tid: u32) -> bool;
+    /// code during the run, so that its samples miss no runtime frames (never known where the
+    /// runtime lists no threads).
+    fn runs_no_runtime_code(&self, _ns_tid: u32) -> bool {
+        false
+    }
 
     /// What the bounds on reading the process left out, in words; `None` when nothing was.
     fn limits_hit(&self) -> Option<String>;
@@ -162,8 +171,9 @@ pub trait Instance: Send + Sync {
 
     /// Reads the runtime frames of the waits `scanned` of `target` (the threads already off
     /// the CPU when the run took it in, whose native stacks were walked from their saved
-    /// registers) into them, for [`KernelProgram::keep_waits`].
-    fn read_wait_stacks(&mut self, target: &Target, scanned: &mut [ScannedWait]);
+    /// registers) into them, for [`KernelProgram::keep_waits`]; by default they keep their
+    /// native stacks only.
+    fn read_wait_stacks(&mut self, _target: &Target, _scanned: &mut [ScannedWait]) {}
 
     /// Stops following the process: what the kernel holds for it goes.
     fn stop(&mut self, program: &mut KernelProgram);

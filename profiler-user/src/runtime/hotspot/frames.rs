@@ -366,18 +366,6 @@ impl crate::runtime::Instance for JvmTracking {
         self.queued_set.clear();
     }
 
-    fn thread_names(&mut self) -> HashMap<u32, String> {
-        HashMap::new()
-    }
-
-    fn thread_listed(&self, _ns_tid: u32) -> Option<bool> {
-        None
-    }
-
-    fn runs_no_runtime_code(&self, _ns_tid: u32) -> bool {
-        false
-    }
-
     fn limits_hit(&self) -> Option<String> {
         let mut parts = Vec::new();
         if self.unnamed_reused > 0 {
@@ -416,13 +404,6 @@ impl crate::runtime::Instance for JvmTracking {
 
     fn frames(&self) -> &dyn NamedFrames {
         &self.frames
-    }
-
-    fn read_wait_stacks(
-        &mut self,
-        _target: &crate::process::target::Target,
-        _scanned: &mut [crate::kernel::ScannedWait],
-    ) {
     }
 
     fn stop(&mut self, program: &mut KernelProgram) {

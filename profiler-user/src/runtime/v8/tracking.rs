@@ -3,7 +3,7 @@
 //! (within the owner's naming share), and what could not be named said in the summary.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashSet, VecDeque},
     sync::Arc,
     time::Duration,
 };
@@ -179,18 +179,6 @@ impl crate::runtime::Instance for V8Tracking {
         self.queued_keys.clear();
     }
 
-    fn thread_names(&mut self) -> HashMap<u32, String> {
-        HashMap::new()
-    }
-
-    fn thread_listed(&self, _ns_tid: u32) -> Option<bool> {
-        None
-    }
-
-    fn runs_no_runtime_code(&self, _ns_tid: u32) -> bool {
-        false
-    }
-
     fn limits_hit(&self) -> Option<String> {
         let mut parts = Vec::new();
         if self.unnamed > 0 {
@@ -224,14 +212,6 @@ impl crate::runtime::Instance for V8Tracking {
 
     fn frames(&self) -> &dyn crate::runtime::NamedFrames {
         &self.symbols
-    }
-
-    fn read_wait_stacks(
-        &mut self,
-        _target: &crate::process::target::Target,
-        _scanned: &mut [crate::kernel::ScannedWait],
-    ) {
-        // Threads already waiting when the run began keep their native stacks only.
     }
 
     fn stop(&mut self, program: &mut KernelProgram) {
