@@ -177,19 +177,19 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     walk.mapping = mapping;
     walk.window_at = 0;
     walk.window_len = 0;
-    // SAFETY: the value is copied out at once.
-    walk.hotspot = unsafe { HOTSPOT_PROCESSES.get(tgid) }
-        .copied()
-        .unwrap_or_default();
+    match HOTSPOT_PROCESSES.get_ptr(tgid) {
+        // Straight from the map value into the walk's, not through the stack (see
+        // `crate::v8::start`).
+        // SAFETY: a valid entry of the map, copied into this CPU's walk.
+        Some(jvm) => unsafe { core::ptr::copy_nonoverlapping(jvm, &mut walk.hotspot, 1) },
+        None => {
+            walk.hotspot.code_start = 0;
+            walk.hotspot.code_end = 0;
+        }
+    }
     walk.java_len = 0;
     walk.java_id = 0;
-    match crate::v8::start(tgid) {
-        Some(v8) => {
-            walk.v8_on = 1;
-            walk.v8 = v8;
-        }
-        None => walk.v8_on = 0,
-    }
+    walk.v8_on = u32::from(crate::v8::start(tgid, &mut walk.v8));
     // bpf_loop's context must point into the stack: a slot holding the walk's address. That
     // the address escapes also tells the compiler the callbacks change the walk.
     let mut slot: *mut Walk = walk;

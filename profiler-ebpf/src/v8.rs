@@ -31,16 +31,26 @@ static V8_FRAMES: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0)
 
 const SLOT_WORDS: usize = (V8_FRAME_SLOT_BYTES / 8) as usize;
 
+/// Each CPU's copy of the words below a frame pointer that [`record_frame`] reads.
+#[map]
+static V8_SLOTS: PerCpuArray<[u64; SLOT_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
 /// The constants of process `tgid` when its JavaScript frames are recorded; starts its frame
 /// list.
 #[inline(always)]
-pub fn start(tgid: u32) -> Option<V8Process> {
-    // SAFETY: the value is copied out at once.
-    let v8 = *unsafe { V8_PROCESSES.get(tgid) }?;
-    let frames = V8_FRAMES.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot; perf_event programs do not nest on a CPU.
-    unsafe { (*frames).len = 0 };
-    Some(v8)
+pub fn start(tgid: u32, into: &mut V8Process) -> bool {
+    let (Some(v8), Some(frames)) = (V8_PROCESSES.get_ptr(tgid), V8_FRAMES.get_ptr_mut(0)) else {
+        return false;
+    };
+    // Copied from the map value straight into the walk's (a map value too): a copy through a
+    // local put the struct on the walker's stack, whose frames together must stay within the
+    // 512 bytes older kernels (6.1, 6.12) allow for a call chain with its bpf_loop callbacks.
+    // SAFETY: a valid entry of the map, and this CPU's slots; programs do not nest on a CPU.
+    unsafe {
+        core::ptr::copy_nonoverlapping(v8, into, 1);
+        (*frames).len = 0;
+    }
+    true
 }
 
 /// Records frame `index` of the native walk (instruction pointer `ip`, frame pointer `fp`)
@@ -53,12 +63,24 @@ pub fn record_frame(v8: &V8Process, index: u32, ip: u64, fp: u64) {
     if !(fits(marker) && fits(function) && fits(bytecode)) || fp < V8_FRAME_SLOT_BYTES as u64 {
         return;
     }
-    // SAFETY: user memory read through the checked helper.
-    let Ok(slots) = (unsafe {
-        bpf_probe_read_user((fp - V8_FRAME_SLOT_BYTES as u64) as *const [u64; SLOT_WORDS])
-    }) else {
+    // Read into this CPU's slot buffer rather than onto the stack (see [`start`]).
+    let Some(slots) = V8_SLOTS.get_ptr_mut(0) else {
         return;
     };
+    // SAFETY: user memory read through the checked helper into this CPU's buffer, whose size
+    // is the size read.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            slots.cast(),
+            (SLOT_WORDS * 8) as u32,
+            (fp - V8_FRAME_SLOT_BYTES as u64) as *const core::ffi::c_void,
+        )
+    };
+    if read != 0 {
+        return;
+    }
+    // SAFETY: this CPU's buffer, just filled.
+    let slots = unsafe { &*slots };
     let slot = |below: u32| slots[(SLOT_WORDS - (below / 8) as usize) & (SLOT_WORDS - 1)];
     // Typed frames (entry, exit, stubs, builtins' own) hold a Smi marker; JavaScript frames
     // their context, a heap object (tag 1).
@@ -96,15 +118,11 @@ pub fn record_frame(v8: &V8Process, index: u32, ip: u64, fp: u64) {
     if at + V8Frame::WORDS > MAX_STACK_DEPTH {
         return;
     }
-    let words = [
-        V8Frame::word0(index as u16, slot(bytecode)),
-        shared,
-        ip,
-        code,
-    ];
-    for (i, word) in words.iter().enumerate() {
-        frames.ips[(at + i) & (MAX_STACK_DEPTH - 1)] = *word;
-    }
+    // Word by word, with no array on the stack (see [`start`]).
+    frames.ips[at & (MAX_STACK_DEPTH - 1)] = V8Frame::word0(index as u16, slot(bytecode));
+    frames.ips[(at + 1) & (MAX_STACK_DEPTH - 1)] = shared;
+    frames.ips[(at + 2) & (MAX_STACK_DEPTH - 1)] = ip;
+    frames.ips[(at + 3) & (MAX_STACK_DEPTH - 1)] = code;
     frames.len = (at + V8Frame::WORDS) as u64;
 }
 
