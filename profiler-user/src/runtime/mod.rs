@@ -26,7 +26,11 @@ pub mod hotspot;
 pub mod shares;
 pub mod v8;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 pub use profiler_common::RuntimeTag;
 use profiler_common::StackId;
@@ -101,6 +105,23 @@ pub struct Naming<'a> {
 pub struct ObjectMemo {
     /// CPython's `_PyRuntime` search ([`cpython::detect::DetectMemo`]).
     pub cpython: cpython::detect::DetectMemo,
+}
+
+/// The runtime stacks the kernel recorded for one process (run slot `run`, `ns_pid` in its
+/// namespace) that `seen` does not hold yet, each marked seen as it is read: the common start
+/// of every [`Instance::queue_new_stacks`]. A stack the kernel map no longer holds is skipped
+/// (marked seen all the same: it cannot come back under that id with other frames).
+pub fn new_stacks<'a>(
+    program: &'a KernelProgram,
+    ids: &'a [(u64, u32, StackId)],
+    run: u32,
+    ns_pid: u32,
+    seen: &'a mut HashSet<StackId>,
+) -> impl Iterator<Item = Arc<[u64]>> + 'a {
+    ids.iter()
+        .filter(move |&&(runs, pid, _)| runs & (1 << run) != 0 && pid == ns_pid)
+        .filter(move |(_, _, id)| seen.insert(*id))
+        .filter_map(|(_, _, id)| program.stack(*id).ok())
 }
 
 /// One process a runtime attached to (its per-process data and instance).

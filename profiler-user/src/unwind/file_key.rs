@@ -36,9 +36,13 @@ pub enum FileKey {
         /// The effective uid of the process it was read from.
         uid: u32,
     },
-    /// CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`), which live in
-    /// anonymous executable memory with no CFI: one table serves every arena.
-    PythonTrampolines,
+    /// Anonymous executable code with no CFI whose every frame has one shape, CFA = rsp +
+    /// `cfa`: stubs recognised by their bytes (see `FIXED_FRAME_CODE` in the loader; CPython's
+    /// perf trampolines today). One table per shape serves every arena of every process.
+    FixedFrame {
+        /// Bytes from rsp at the return address to the caller's stack pointer.
+        cfa: u8,
+    },
     /// The code a JIT of process `pid` generated (a JVM's code cache), in one generation of
     /// its table: the runtime writes a new one when its code changes.
     Jit {

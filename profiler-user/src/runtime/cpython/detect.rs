@@ -145,17 +145,7 @@ pub fn find(
     let maps =
         <procfs::process::MemoryMaps as procfs::FromBufRead>::from_buf_read(wanted.as_bytes())
             .with_context(|| format!("parse /proc/{pid}/maps"))?;
-    let mut files: FileMappings = BTreeMap::new();
-    for m in maps {
-        if let MMapPath::Path(path) = m.pathname {
-            let dev_ino = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
-            files
-                .entry(path)
-                .or_insert_with(|| (dev_ino, Vec::new()))
-                .1
-                .push((m.address.0, m.address.1, m.offset));
-        }
-    }
+    let files = by_file(maps);
     // Only objects named like CPython are opened: `libpython3.X.so*` and `python3.X` (the
     // names CPython's build gives them); anything else mapped is left alone.
     let candidates: Vec<_> = files
@@ -200,6 +190,23 @@ pub fn find(
     Ok(Err(reasons.join("; ")))
 }
 
+/// `maps`' file mappings grouped by file: its device and inode, and each mapping's (start,
+/// end, file offset).
+fn by_file(maps: procfs::process::MemoryMaps) -> FileMappings {
+    let mut files: FileMappings = BTreeMap::new();
+    for m in maps {
+        if let MMapPath::Path(path) = m.pathname {
+            let dev_ino = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
+            files
+                .entry(path)
+                .or_insert_with(|| (dev_ino, Vec::new()))
+                .1
+                .push((m.address.0, m.address.1, m.offset));
+        }
+    }
+    files
+}
+
 /// The runtime address of ELF section `section` in the first object mapped by process `pid`
 /// whose file name `wanted` accepts and that has that section (CPython 3.14's
 /// `.AsyncioDebug`, in the `_asyncio` extension or, where it is built in, the interpreter):
@@ -217,17 +224,7 @@ pub fn section_address(
     let maps =
         <procfs::process::MemoryMaps as procfs::FromBufRead>::from_buf_read(lines.as_bytes())
             .with_context(|| format!("parse /proc/{pid}/maps"))?;
-    let mut files: FileMappings = BTreeMap::new();
-    for m in maps {
-        if let MMapPath::Path(path) = m.pathname {
-            let dev_ino = (libc::makedev(m.dev.0 as u32, m.dev.1 as u32), m.inode);
-            files
-                .entry(path)
-                .or_insert_with(|| (dev_ino, Vec::new()))
-                .1
-                .push((m.address.0, m.address.1, m.offset));
-        }
-    }
+    let files = by_file(maps);
     for (path, (dev_ino, mappings)) in &files {
         let &(start, end, _) = mappings.first().expect("a mapped file has a mapping");
         let Ok((file, _)) =

@@ -280,15 +280,8 @@ impl PythonTracking {
         run: u32,
         ns_pid: u32,
     ) {
-        let mine =
-            |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
-        for (_, _, id) in ids.iter().filter(mine) {
-            if !self.named_stacks.insert(*id) {
-                continue;
-            }
-            let Ok(frames) = program.stack(*id) else {
-                continue;
-            };
+        let mut seen = std::mem::take(&mut self.named_stacks);
+        for frames in crate::runtime::new_stacks(program, ids, run, ns_pid, &mut seen) {
             // The GIL and task entries are markers, not code to read.
             let (code, trailer) = split_stack(&frames);
             if let Some(task) = trailer.task {
@@ -307,6 +300,7 @@ impl PythonTracking {
                 self.queued.push_back(key);
             }
         }
+        self.named_stacks = seen;
     }
 
     /// Python's `threading` names of the process's threads, by host tid, read without

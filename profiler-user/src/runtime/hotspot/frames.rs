@@ -312,15 +312,8 @@ impl crate::runtime::Instance for JvmTracking {
         run: u32,
         ns_pid: u32,
     ) {
-        let mine =
-            |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
-        for (_, _, id) in ids.iter().filter(mine) {
-            if !self.named_stacks.insert(*id) {
-                continue;
-            }
-            let Ok(values) = program.stack(*id) else {
-                continue;
-            };
+        for values in crate::runtime::new_stacks(program, ids, run, ns_pid, &mut self.named_stacks)
+        {
             for &value in values.iter() {
                 if self.frames.names.contains_key(&value) || self.queued_set.contains(&value) {
                     continue;

@@ -109,15 +109,7 @@ impl crate::runtime::Instance for V8Tracking {
         run: u32,
         ns_pid: u32,
     ) {
-        let mine =
-            |&&(runs, pid, _): &&(u64, u32, StackId)| runs & (1 << run) != 0 && pid == ns_pid;
-        for (_, _, id) in ids.iter().filter(mine) {
-            if !self.named_stacks.insert(*id) {
-                continue;
-            }
-            let Ok(stack) = program.stack(*id) else {
-                continue;
-            };
+        for stack in crate::runtime::new_stacks(program, ids, run, ns_pid, &mut self.named_stacks) {
             for frame in frames(&stack) {
                 let key = frame.shared;
                 if self.symbols.0.contains_key(&key) || self.queued_keys.contains(&key) {

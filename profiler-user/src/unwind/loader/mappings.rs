@@ -1,5 +1,5 @@
 //! A tracked process's executable mappings: read from `/proc/PID/maps`, each keyed to the
-//! object it maps (a file, the vDSO, CPython's trampolines), written to the kernel's map of the
+//! object it maps (a file, the vDSO, stubs of one frame shape), written to the kernel's map of the
 //! process, with the tables of objects not seen before queued.
 
 use super::*;
@@ -46,13 +46,13 @@ impl UnwindMaps {
                 MMapPath::Anonymous if self.jit_mapping(pid, start, end).is_some() => {
                     Ok(self.jit_mapping(pid, start, end).expect("checked"))
                 }
-                MMapPath::Anonymous if is_python_trampoline_arena(pid, start) => {
-                    self.python_trampolines();
+                MMapPath::Anonymous if fixed_frame_code(pid, start).is_some() => {
+                    let shape = fixed_frame_code(pid, start).expect("checked");
                     Ok(TrackedMapping {
                         start,
                         end,
                         bias: start,
-                        key: Some(FileKey::PythonTrampolines),
+                        key: Some(self.fixed_frame_table(shape)),
                         source: None,
                     })
                 }
@@ -250,41 +250,61 @@ impl UnwindMaps {
         })
     }
 
-    /// The one-row table of CPython's perf trampolines, written on first use.
-    pub(super) fn python_trampolines(&mut self) {
-        let key = FileKey::PythonTrampolines;
+    /// The one-row table of `shape`'s code, written on first use; its key.
+    fn fixed_frame_table(&mut self, shape: &FixedFrameCode) -> FileKey {
+        let key = FileKey::FixedFrame { cfa: shape.cfa };
         if self.tables.contains_key(&key) {
-            return;
+            return key;
         }
-        self.new_table(key.clone(), "[python perf trampolines]");
-        // A return address into a trampoline sits after its call, where the caller's frame is
-        // the 8 bytes it reserved plus the return address: CFA = rsp + 16.
-        let row = UnwindRow::new(0, CfaRule::Rsp, 16, None, 0).expect("a valid row");
+        self.new_table(key.clone(), shape.name);
+        let row = UnwindRow::new(0, CfaRule::Rsp, shape.cfa.into(), None, 0).expect("a valid row");
         self.install(Built {
-            key,
+            key: key.clone(),
             table: Ok(UnwindTable { rows: vec![row] }),
             took: Duration::ZERO,
             cpu: Duration::ZERO,
             boosted: false,
             cached: false,
         });
+        key
     }
 }
 
-/// The code of one CPython perf trampoline on x86-64 (3.12 and 3.13): `sub $8,%rsp;
-/// call *%rcx; add $8,%rsp; ret`. It keeps no frame pointer, so walking it by frame pointer
-/// loses the stack; its one rule is written as a table instead.
-const PYTHON_TRAMPOLINE: [u8; 11] = [
-    0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
-];
+/// Stub code a runtime writes into anonymous memory without CFI, recognised by its bytes at
+/// the start of the mapping, whose every frame has one shape: each gets a one-row table.
+struct FixedFrameCode {
+    /// What the table is called in logs.
+    name: &'static str,
+    /// The code at the start of each arena.
+    code: &'static [u8],
+    /// CFA = rsp + `cfa` anywhere in it.
+    cfa: u8,
+}
 
-/// Whether the anonymous executable mapping at `start` of `pid` holds CPython trampolines.
-fn is_python_trampoline_arena(pid: u32, start: u64) -> bool {
+/// The stubs known. CPython's perf trampolines (`-X perf`, `sys.activate_stack_trampoline`,
+/// 3.12+ on x86-64): `sub $8,%rsp; call *%rcx; add $8,%rsp; ret`, keeping no frame pointer,
+/// so a frame-pointer walk through one loses the stack; a return address into a trampoline
+/// sits after its call, where the caller's frame is the 8 bytes it reserved plus the return
+/// address: CFA = rsp + 16.
+const FIXED_FRAME_CODE: &[FixedFrameCode] = &[FixedFrameCode {
+    name: "[python perf trampolines]",
+    code: &[
+        0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+    ],
+    cfa: 16,
+}];
+
+/// The known stub whose code the anonymous executable mapping at `start` of `pid` begins with.
+fn fixed_frame_code(pid: u32, start: u64) -> Option<&'static FixedFrameCode> {
     use std::os::unix::fs::FileExt;
-    let mut code = [0u8; PYTHON_TRAMPOLINE.len()];
-    std::fs::File::open(format!("/proc/{pid}/mem"))
-        .and_then(|mem| mem.read_exact_at(&mut code, start))
-        .is_ok_and(|()| code == PYTHON_TRAMPOLINE)
+    let longest = FIXED_FRAME_CODE.iter().map(|c| c.code.len()).max()?;
+    let mut code = vec![0u8; longest];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    // A short mapping reads short: compare what was read.
+    let n = mem.read_at(&mut code, start).ok()?;
+    FIXED_FRAME_CODE
+        .iter()
+        .find(|c| code[..n].starts_with(c.code))
 }
 
 /// Whether `pid` still runs bpfprof's own image: a launched command between fork and exec.
