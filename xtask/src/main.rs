@@ -23,6 +23,7 @@ mod cmd;
 mod consts;
 mod fuzz;
 mod setup;
+mod setup_jdk;
 mod setup_node;
 mod test;
 mod vm;

@@ -1,8 +1,9 @@
 //! `cargo xtask setup`: installs what the build, the tests and the bench need (apt packages,
 //! rustfmt and clippy, bpf-linker, cargo-fuzz, the format validators, upstream pprof, Python
 //! modules, py-spy and PyTorch, Debian sid's CPython 3.14 and 3.15 in a chroot with PyTorch
-//! for its 3.14, a free-threaded CPython 3.13t built from Debian's source, and the VM test's
-//! kernels); each step does nothing for what is already there.
+//! for its 3.14, a free-threaded CPython 3.13t built from Debian's source, Node.js 18 and
+//! sid's, sid's OpenJDK 25, and the VM test's kernels); each step does nothing for what is
+//! already there.
 
 use std::path::Path;
 use std::process::Command;
@@ -35,6 +36,7 @@ pub fn setup() -> Result<()> {
     setup_sid_torch()?;
     setup_free_threaded_python()?;
     crate::setup_node::setup_node()?;
+    crate::setup_jdk::setup_sid_jdk()?;
     vm::setup()?;
     println!("setup: done in {}", secs(started.elapsed()));
     Ok(())

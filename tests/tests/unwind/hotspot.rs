@@ -1,7 +1,8 @@
-//! Java frames of a running HotSpot JVM (Debian's OpenJDK 17), attached with `--pid` and no
-//! flag in the JVM: walked through its interpreter and JIT code down to the thread's entry,
-//! named `Class.method`, methods the JIT inlined included, and the time split as the program
-//! splits it.
+//! Java frames of a running HotSpot JVM (Debian's OpenJDK 17, and Debian sid's OpenJDK 25 in
+//! the sid chroot), attached with `--pid` and no flag in the JVM: walked through its
+//! interpreter and JIT code down to the thread's entry, named `Class.method`, methods the JIT
+//! inlined included (JDK 25 keeps a compiled method's inlining tables outside the code cache),
+//! and the time split as the program splits it.
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -9,6 +10,10 @@ use bpfprof_tests::{ci, needs_root, output_ok, profile_pid, tempdir, Profile, Sh
 
 /// Debian's JDK 17 (`openjdk-17-jdk-headless`, which `cargo xtask setup` installs).
 const JDK17: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+/// Debian sid's root, where `cargo xtask setup` installs sid's JDK 25.
+const SID: &str = "/srv/sid";
+/// Sid's JDK 25, as the root sees it.
+const JDK25: &str = "/usr/lib/jvm/java-25-openjdk-amd64";
 
 /// `hotA` does three times `hotB`'s work: its share of their samples.
 const HOT_A_SHARE: f64 = 0.75;
@@ -129,6 +134,48 @@ fn java17_frames_are_walked_and_named_in_a_running_jvm() {
     // Long enough for the JIT to settle: code compiled since the last refresh of the code
     // cache's rows (every 500 ms) is walked by the fallbacks until its rows are written, and
     // during warm-up some stacks lost their callers there.
+    std::thread::sleep(Duration::from_secs(8));
+    let profile = profile_pid(jvm.pid(), "8s", &["-F", "499"], dir.path());
+    check_profile(&profile);
+}
+
+/// `argv` run inside the sid root with /proc mounted there (the JVM reads /proc/self at
+/// start), the mount made in a mount namespace of the command's own: it goes with the
+/// command and nothing else sees it. Every step execs the next, so the command's pid is the
+/// JVM's.
+fn in_sid(argv: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command.args(["--mount", "--propagation", "private", "sh", "-c"]);
+    command.arg(format!(
+        "mount -t proc proc {SID}/proc && exec chroot {SID} \"$@\"",
+    ));
+    command.arg("sh").args(argv);
+    command
+}
+
+#[test]
+fn java25_frames_are_walked_and_named_in_a_running_jvm() {
+    needs_root!();
+    let inside = |p: &str| Path::new(SID).join(&p[1..]);
+    if !inside(JDK25).join("bin/javac").exists() {
+        assert!(!ci(), "{SID}{JDK25} missing: run `cargo xtask setup`");
+        eprintln!("skipping: {SID}{JDK25} is not installed");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("bpfprof-jdk25-")
+        .tempdir_in(inside("/tmp"))
+        .unwrap();
+    let here = format!("/{}", dir.path().strip_prefix(SID).unwrap().display());
+    std::fs::write(dir.path().join("Hot.java"), program()).unwrap();
+    let javac = format!("{JDK25}/bin/javac");
+    output_ok(
+        &mut in_sid(&[&javac, "-d", &here, &format!("{here}/Hot.java")]),
+        "javac (JDK 25)",
+    );
+    let java = format!("{JDK25}/bin/java");
+    let jvm = Workload::spawn_command(in_sid(&[&java, "-cp", &here, "Hot", "60"]));
+    // As for JDK 17: the JIT settles first.
     std::thread::sleep(Duration::from_secs(8));
     let profile = profile_pid(jvm.pid(), "8s", &["-F", "499"], dir.path());
     check_profile(&profile);

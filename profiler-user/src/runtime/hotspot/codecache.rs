@@ -64,38 +64,182 @@ pub struct Layout {
 /// Where a compiled method keeps which methods it inlined at each pc: its `PcDesc`s (pc
 /// offset, scope offset), the scopes they point to in its scopes data (a compressed stream:
 /// caller scope, method index, bci, ...), and the metadata table the method indexes are into.
-/// Offsets of the tables are from the nmethod's start.
 #[derive(Clone, Debug)]
 pub struct InlineLayout {
-    /// `nmethod::_metadata_offset`.
-    pub metadata_offset: u64,
-    /// `nmethod::_scopes_pcs_offset`.
-    pub scopes_pcs_offset: u64,
-    /// `nmethod::_dependencies_offset` (where the `PcDesc`s end).
-    pub dependencies_offset: u64,
-    /// `_scopes_data_begin`, a pointer.
-    pub scopes_data_begin: u64,
+    /// Where the tables are.
+    tables: InlineTables,
     /// `sizeof(PcDesc)`.
     pub pc_desc_size: u64,
     /// `PcDesc::_pc_offset`.
     pub pc_desc_pc: u64,
     /// `PcDesc::_scope_decode_offset`.
     pub pc_desc_scope: u64,
+    /// What each byte of the scopes' compressed ints is counted from: 0 to JDK 19, 1 since
+    /// JDK 20 (JDK-8292758's UNSIGNED5, which never writes a zero byte).
+    unsigned5_base: u32,
+}
+
+/// A nmethod field: its offset in the nmethod and its width in bytes.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    at: u64,
+    width: usize,
+}
+
+impl Member {
+    fn new(vm: &VmStructs, type_name: &str, field: &str) -> anyhow::Result<Member> {
+        Ok(Member {
+            at: vm.offset(type_name, field)?,
+            width: vm.width(type_name, field),
+        })
+    }
+
+    /// The field's value in the nmethod at `header`, an unsigned integer of its width.
+    fn read(self, memory: &ProcessMemory, header: u64) -> anyhow::Result<u64> {
+        let width = self.width.min(8);
+        let bytes = memory.read_vec(header + self.at, width)?;
+        let mut word = [0u8; 8];
+        word[..width].copy_from_slice(&bytes);
+        Ok(u64::from_le_bytes(word))
+    }
+}
+
+/// Where the tables of a compiled method are, by JDK.
+#[derive(Clone, Debug)]
+enum InlineTables {
+    /// To JDK 22, inside the nmethod: the `PcDesc`s from `_scopes_pcs_offset` to
+    /// `_dependencies_offset`, the metadata at `_metadata_offset` (offsets from its start),
+    /// the scopes data at the pointer `_scopes_data_begin`.
+    InBlob {
+        metadata: Member,
+        scopes_pcs: Member,
+        dependencies: Member,
+        scopes_data_begin: u64,
+    },
+    /// JDK 23 on (JDK-8331087), in the nmethod's immutable data (a pointer): the `PcDesc`s
+    /// from `_scopes_pcs_offset` to `_scopes_data_offset`, the scopes data from there; the
+    /// metadata as [`Metadata`] says.
+    Immutable {
+        immutable_data: u64,
+        scopes_pcs: Member,
+        scopes_data: Member,
+        metadata: Metadata,
+    },
+}
+
+/// Where a JDK 23+ compiled method's metadata table is.
+#[derive(Clone, Debug)]
+enum Metadata {
+    /// JDK 23 and 24: `_metadata_offset` past the blob's `_data_offset`.
+    InData { data: Member, metadata: Member },
+    /// JDK 25 on (JDK-8343789): `_relocation_size` past the blob's mutable data (a pointer,
+    /// `_mutable_data`): the relocations, then the metadata.
+    Mutable {
+        mutable_data: u64,
+        relocation_size: Member,
+    },
 }
 
 impl InlineLayout {
-    fn new(vm: &VmStructs) -> anyhow::Result<InlineLayout> {
+    fn new(vm: &VmStructs, memory: &ProcessMemory) -> anyhow::Result<InlineLayout> {
+        let tables = match vm.offset("nmethod", "_immutable_data") {
+            Err(_) => InlineTables::InBlob {
+                metadata: Member::new(vm, "nmethod", "_metadata_offset")?,
+                scopes_pcs: Member::new(vm, "nmethod", "_scopes_pcs_offset")?,
+                dependencies: Member::new(vm, "nmethod", "_dependencies_offset")?,
+                scopes_data_begin: vm.offset_of_any(&[
+                    ("CompiledMethod", "_scopes_data_begin"),
+                    ("nmethod", "_scopes_data_begin"),
+                ])?,
+            },
+            Ok(immutable_data) => InlineTables::Immutable {
+                immutable_data,
+                scopes_pcs: Member::new(vm, "nmethod", "_scopes_pcs_offset")?,
+                scopes_data: Member::new(vm, "nmethod", "_scopes_data_offset")?,
+                metadata: match vm.offset("CodeBlob", "_mutable_data") {
+                    Ok(mutable_data) => Metadata::Mutable {
+                        mutable_data,
+                        relocation_size: Member::new(vm, "CodeBlob", "_relocation_size")?,
+                    },
+                    Err(_) => Metadata::InData {
+                        data: Member::new(vm, "CodeBlob", "_data_offset")?,
+                        metadata: Member::new(vm, "nmethod", "_metadata_offset")?,
+                    },
+                },
+            },
+        };
+        // The JDK's major version, where VMStructs gives it; without it, the immutable
+        // data's layout (JDK 23+) says the encoding is JDK 20's.
+        let major = vm
+            .address("Abstract_VM_Version", "_vm_major_version")
+            .ok()
+            .and_then(|at| memory.read_i32(at).ok());
+        let unsigned5_base = match (major, &tables) {
+            (Some(major), _) if (1..1000).contains(&major) => u32::from(major >= 20),
+            (_, InlineTables::Immutable { .. }) => 1,
+            (_, InlineTables::InBlob { .. }) => {
+                return Err(anyhow!("no JDK version to read the scopes' encoding by"))
+            }
+        };
         Ok(InlineLayout {
-            metadata_offset: vm.offset("nmethod", "_metadata_offset")?,
-            scopes_pcs_offset: vm.offset("nmethod", "_scopes_pcs_offset")?,
-            dependencies_offset: vm.offset("nmethod", "_dependencies_offset")?,
-            scopes_data_begin: vm.offset_of_any(&[
-                ("CompiledMethod", "_scopes_data_begin"),
-                ("nmethod", "_scopes_data_begin"),
-            ])?,
+            tables,
             pc_desc_size: vm.size("PcDesc")?,
             pc_desc_pc: vm.offset("PcDesc", "_pc_offset")?,
             pc_desc_scope: vm.offset("PcDesc", "_scope_decode_offset")?,
+            unsigned5_base,
+        })
+    }
+
+    /// The compiled method at `header`'s `PcDesc`s (begin, end), scopes data and metadata
+    /// table, as addresses.
+    fn tables(&self, memory: &ProcessMemory, header: u64) -> anyhow::Result<[u64; 4]> {
+        // Each offset is checked for a plausible size before it is added: they are the
+        // target's numbers.
+        let offset = |m: Member| -> anyhow::Result<u64> {
+            let o = m.read(memory, header)?;
+            if o >= 1 << 31 {
+                return Err(anyhow!("implausible table offset {o:#x}"));
+            }
+            Ok(o)
+        };
+        Ok(match &self.tables {
+            InlineTables::InBlob {
+                metadata,
+                scopes_pcs,
+                dependencies,
+                scopes_data_begin,
+            } => [
+                header + offset(*scopes_pcs)?,
+                header + offset(*dependencies)?,
+                memory.read_u64(header + scopes_data_begin)?,
+                header + offset(*metadata)?,
+            ],
+            InlineTables::Immutable {
+                immutable_data,
+                scopes_pcs,
+                scopes_data,
+                metadata,
+            } => {
+                let data = memory.read_u64(header + immutable_data)?;
+                let scopes = data.wrapping_add(offset(*scopes_data)?);
+                let metadata = match metadata {
+                    Metadata::InData { data, metadata } => {
+                        header + offset(*data)? + offset(*metadata)?
+                    }
+                    Metadata::Mutable {
+                        mutable_data,
+                        relocation_size,
+                    } => memory
+                        .read_u64(header + mutable_data)?
+                        .wrapping_add(offset(*relocation_size)?),
+                };
+                [
+                    data.wrapping_add(offset(*scopes_pcs)?),
+                    scopes,
+                    scopes,
+                    metadata,
+                ]
+            }
         })
     }
 }
@@ -108,7 +252,7 @@ enum CodeBounds {
 
 impl Layout {
     /// The layout `vm` describes; an error names what is missing.
-    pub fn new(vm: &VmStructs) -> anyhow::Result<Layout> {
+    pub fn new(vm: &VmStructs, memory: &ProcessMemory) -> anyhow::Result<Layout> {
         let blob_code = match (
             vm.offset("CodeBlob", "_code_begin"),
             vm.offset("CodeBlob", "_code_end"),
@@ -160,7 +304,7 @@ impl Layout {
             method_at: 8 * (last_sp as i64 - 1),
             sender_sp_at: 8 * sender_sp as i64,
             names: super::names::NameLayout::new(vm)?,
-            inlining: InlineLayout::new(vm)
+            inlining: InlineLayout::new(vm, memory)
                 .map_err(|e| log::debug!("no inlining: {e:#}"))
                 .ok(),
         })
@@ -496,15 +640,7 @@ pub fn inlined_methods(
     blob: &Blob,
     pc: u64,
 ) -> anyhow::Result<Option<Vec<u64>>> {
-    let header = blob.header;
-    let offset = |field: u64| -> anyhow::Result<u64> {
-        let o = memory.read_i32(header + field)?;
-        u64::try_from(o).map_err(|_| anyhow!("negative table offset {o}"))
-    };
-    let descs_begin = header + offset(inline.scopes_pcs_offset)?;
-    let descs_end = header + offset(inline.dependencies_offset)?;
-    let metadata = header + offset(inline.metadata_offset)?;
-    let scopes = memory.read_u64(header + inline.scopes_data_begin)?;
+    let [descs_begin, descs_end, scopes, metadata] = inline.tables(memory, blob.header)?;
     let size = inline.pc_desc_size;
     if descs_end < descs_begin || size == 0 || (descs_end - descs_begin) / size > MAX_PC_DESCS {
         return Err(anyhow!("implausible PcDesc table"));
@@ -535,8 +671,9 @@ pub fn inlined_methods(
         // index in the metadata table, the bci.
         let bytes = memory.read_vec(scopes + scope as u64, 15)?;
         let mut at = 0;
-        let sender = read_compressed_int(&bytes, &mut at).ok_or_else(|| anyhow!("scope"))?;
-        let index = read_compressed_int(&bytes, &mut at).ok_or_else(|| anyhow!("scope"))?;
+        let base = inline.unsigned5_base;
+        let sender = read_compressed_int(&bytes, &mut at, base).ok_or_else(|| anyhow!("scope"))?;
+        let index = read_compressed_int(&bytes, &mut at, base).ok_or_else(|| anyhow!("scope"))?;
         if index == 0 || index > 1 << 20 {
             return Err(anyhow!("metadata index {index}"));
         }
@@ -550,25 +687,53 @@ pub fn inlined_methods(
     Ok(Some(methods))
 }
 
-/// One int of HotSpot's `CompressedReadStream` (JDK 17: bytes below 192 end a number; up to
-/// five bytes, each after the first worth 64 times the one before).
-fn read_compressed_int(bytes: &[u8], at: &mut usize) -> Option<u32> {
+/// One int of HotSpot's `CompressedReadStream` (bytes below 192 end a number; up to five
+/// bytes, each after the first worth 64 times the one before; each byte counted from `base`:
+/// 0 to JDK 19, 1 since).
+fn read_compressed_int(bytes: &[u8], at: &mut usize, base: u32) -> Option<u32> {
     const L: u32 = 192;
     let first = *bytes.get(*at)? as u32;
     *at += 1;
     if first < L {
-        return Some(first);
+        return Some(first.wrapping_sub(base));
     }
-    let mut sum = first;
+    let mut sum = first.wrapping_sub(base);
     let mut shift = 6;
     for i in 1..5 {
         let b = *bytes.get(*at)? as u32;
         *at += 1;
-        sum = sum.wrapping_add(b << shift);
+        sum = sum.wrapping_add(b.wrapping_sub(base) << shift);
         if b < L || i == 4 {
             return Some(sum);
         }
         shift += 6;
     }
     Some(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_compressed_int;
+
+    /// HotSpot's compressed ints as each encoding writes them: one byte below 192, else a
+    /// first byte of 192 or more and then 64 times each following byte's worth; since JDK 20
+    /// every byte is one more than its worth (no zero byte is ever written).
+    #[test]
+    fn compressed_ints_of_both_encodings() {
+        let mut at = 0;
+        assert_eq!(read_compressed_int(&[5, 191], &mut at, 0), Some(5));
+        assert_eq!(read_compressed_int(&[5, 191], &mut at, 0), Some(191));
+        // 200 + 64 * 3.
+        let mut at = 0;
+        assert_eq!(read_compressed_int(&[200, 3], &mut at, 0), Some(392));
+        assert_eq!(at, 2);
+        // The same numbers from JDK 20 on.
+        let mut at = 0;
+        assert_eq!(read_compressed_int(&[6, 192], &mut at, 1), Some(5));
+        let mut at = 0;
+        assert_eq!(read_compressed_int(&[201, 4], &mut at, 1), Some(392));
+        // A stream cut short is no number.
+        let mut at = 0;
+        assert_eq!(read_compressed_int(&[201], &mut at, 1), None);
+    }
 }

@@ -94,7 +94,8 @@ impl JvmTracking {
             }
         };
         let memory = ProcessMemory::new(pid);
-        let layout = vmstructs::VmStructs::read(&libjvm, &memory).and_then(|vm| Layout::new(&vm));
+        let layout =
+            vmstructs::VmStructs::read(&libjvm, &memory).and_then(|vm| Layout::new(&vm, &memory));
         let layout = match layout {
             Ok(l) => l,
             Err(e) => {
