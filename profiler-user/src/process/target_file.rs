@@ -470,6 +470,42 @@ fn sealed_copy(file: &File, size: u64) -> io::Result<File> {
 mod tests {
     use super::*;
 
+    /// A lookup in a process's root follows the root's own links as the process would, and
+    /// none out of it: an absolute link is read from the root, `..` stops at it.
+    #[test]
+    fn lookups_in_a_root_never_leave_it() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let r = root_dir.path();
+        std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+        std::fs::write(r.join("usr/lib/real"), b"inside").unwrap();
+        let link = |target: &str, name: &str| std::os::unix::fs::symlink(target, r.join(name));
+        link("/usr/lib/real", "inside").unwrap();
+        // Outside the root (the host's file these would name if followed from here).
+        let host_file = std::fs::canonicalize("/etc/hostname")
+            .or_else(|_| std::fs::canonicalize("/etc/passwd"))
+            .unwrap();
+        let host_file = host_file.to_str().unwrap();
+        link(host_file, "absolute").unwrap();
+        link(&format!("../../../../../../../..{host_file}"), "dotdot").unwrap();
+        link("/proc/self/root/etc/passwd", "magic").unwrap();
+        let root = ProcessRoot::at(r).unwrap();
+        let mut inside = String::new();
+        root.open(Path::new("/inside"))
+            .unwrap()
+            .read_to_string(&mut inside)
+            .unwrap();
+        assert_eq!(inside, "inside");
+        for name in ["/absolute", "/dotdot", "/magic", "/../../etc/passwd"] {
+            assert!(root.open(Path::new(name)).is_err(), "{name} left the root");
+        }
+        // A path as this process sees it, as the rooted process sees it.
+        assert_eq!(
+            root.inside(&r.canonicalize().unwrap().join("usr/lib/real")),
+            Path::new("/usr/lib/real")
+        );
+        assert_eq!(root.inside(Path::new("/x/y")), Path::new("/x/y"));
+    }
+
     #[test]
     fn fifos_and_links_are_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
