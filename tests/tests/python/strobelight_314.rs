@@ -28,6 +28,9 @@ const USER: &str = "bpfprof-torch";
 const CALLS: usize = 3;
 /// Longest a front end's workload may take (importing torch takes 10-30 s on a loaded machine).
 const CALLS_TIMEOUT: Duration = Duration::from_secs(240);
+/// The longest a profiled call may take from stopping the run to having its results
+/// (`pytorch.rs`'s bound; 0.09-0.50 s here on 2026-11-29, load 5).
+const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
 /// The share of the main thread's samples in the train step, pooled over a front end's calls,
 /// judged less four standard errors: `pytorch.rs`'s bound on 3.11 (the rest is the strobelight
 /// wrapper's own work while the run samples), and what a run without Python frames would have.
@@ -158,6 +161,16 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
             checks.check(line["profiled"] == true, || {
                 format!("{name}: call {} was not profiled", line["call"])
             });
+            let secs = line["stop_to_results_s"].as_f64();
+            checks.check(
+                secs.is_some_and(|s| s < STOP_TO_RESULTS.as_secs_f64()),
+                || {
+                    format!(
+                        "{name}: call {}: {secs:?} s from stop to results",
+                        line["call"]
+                    )
+                },
+            );
         }
         let totals: Vec<u64> = total
             .captures_iter(&out.stderr)
@@ -187,6 +200,10 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
             in_step_all += in_step;
             good_all += good;
         }
+        eprintln!(
+            "{name}: pooled: main thread {main_all}, in train_step {in_step_all}, under \
+             forward/backward with libtorch {good_all}"
+        );
         checks.result(
             &format!("{name}: the main thread's samples in train_step"),
             Share::new(in_step_all, main_all).at_least(MAIN_THREAD_SHARE, MAIN_THREAD_DEFECT),
