@@ -261,10 +261,15 @@ fn python_build(
                         .ok()
                         .flatten()
                         .map(|(n, _)| String::from_utf8_lossy(n).into_owned());
-                    match crate::symbolize::debug_file::DebugSymbols::find(
-                        &by_fd,
-                        build_id.as_deref(),
-                    ) {
+                    let root = crate::process::target_file::ProcessRoot::of(pid).ok();
+                    match root.and_then(|root| {
+                        crate::symbolize::debug_file::DebugSymbols::find(
+                            &by_fd,
+                            &interpreter.path,
+                            &root,
+                            build_id.as_deref(),
+                        )
+                    }) {
                         Some(debug) => format!(
                             "stripped; debug file {} used for its symbols",
                             std::fs::read_link(&debug.path)

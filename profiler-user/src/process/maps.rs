@@ -115,6 +115,9 @@ pub struct ProcessMaps {
     vdso: Option<crate::process::vdso::VdsoSymbols>,
     /// The budget the copies of its files count against (its driver's).
     budget: CopyBudget,
+    /// The process's root as last seen (given to the files it maps; see
+    /// [`crate::process::target_file::ProcessRoot`]).
+    root: Option<Arc<crate::process::target_file::ProcessRoot>>,
 }
 
 impl ProcessMaps {
@@ -158,6 +161,7 @@ impl ProcessMaps {
             vdso: None,
             // Maps that open no file copy nothing.
             budget: CopyBudget::new(0),
+            root: None,
         }
     }
 
@@ -216,6 +220,15 @@ impl ProcessMaps {
                 }
             }
         }
+        // Opened again at each read: a launched `chroot DIR program` changes its root after
+        // the first one. Kept while it is the same directory.
+        match crate::process::target_file::ProcessRoot::of(self.pid) {
+            Ok(root) if !self.root.as_ref().is_some_and(|r| r.same_as(&root)) => {
+                self.root = Some(Arc::new(root));
+            }
+            Ok(_) => {}
+            Err(e) => log::debug!("pid {}: its root: {e}", self.pid),
+        }
         let maps = process.maps().map_err(|_| gone())?;
         let executable: Vec<MemoryMap> = maps
             .into_iter()
@@ -244,6 +257,7 @@ impl ProcessMaps {
                                     stable: std::sync::Mutex::new(None),
                                     unavailable: std::sync::Mutex::new(None),
                                     budget: self.budget.clone(),
+                                    root: self.root.clone(),
                                 });
                                 self.files.insert(dev_ino, file.clone());
                                 Backing::File(file)

@@ -79,6 +79,99 @@ pub fn open_in_root(pid: u32, relative: &Path) -> io::Result<(File, Stat)> {
     regular(fd.into())
 }
 
+/// The root directory of a process (`/proc/PID/root`: its chroot, or its container's root),
+/// held open so that its files can be looked up after the process is gone, and inside which
+/// every lookup stays: the root's contents belong to whoever made it (a user's own chroot in
+/// a user namespace), so a symlink or `..` there must not lead to the host's files.
+#[derive(Debug)]
+pub struct ProcessRoot {
+    /// The root directory (an `O_PATH` descriptor of what `/proc/PID/root` pointed at).
+    dir: std::os::fd::OwnedFd,
+    /// Its path as this process sees it (`/srv/sid` for a chroot there; `/` for the host's
+    /// own root and for a root out of this process's reach, such as a container's).
+    seen_as: std::path::PathBuf,
+}
+
+impl ProcessRoot {
+    /// The root of process `pid`, while it lives.
+    pub fn of(pid: u32) -> io::Result<ProcessRoot> {
+        let link = format!("/proc/{pid}/root");
+        let dir = rustix::fs::open(
+            &link,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // The kernel's name of it relative to this process's root; a root it cannot name so
+        // (another mount namespace's) reads as something not absolute, or as `/`.
+        let seen_as = std::fs::read_link(&link)
+            .ok()
+            .filter(|p| p.is_absolute())
+            .unwrap_or_else(|| "/".into());
+        Ok(ProcessRoot { dir, seen_as })
+    }
+
+    /// The directory `path` (as this process sees it) taken as a root: this process's own
+    /// root for `/`.
+    pub fn at(path: &Path) -> io::Result<ProcessRoot> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(ProcessRoot {
+            dir,
+            seen_as: std::fs::canonicalize(path)?,
+        })
+    }
+
+    /// Whether it is the same directory as `other` (a process that changed root since).
+    pub fn same_as(&self, other: &ProcessRoot) -> bool {
+        match (rustix::fs::fstat(&self.dir), rustix::fs::fstat(&other.dir)) {
+            (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+            _ => false,
+        }
+    }
+
+    /// `path`, a path in the process's tree as this process sees it (the maps of a process
+    /// in a chroot at `/srv/sid` name `/srv/sid/usr/bin/x`), as the process sees it
+    /// (`/usr/bin/x`); unchanged where it is not under the root's path.
+    pub fn inside(&self, path: &Path) -> std::path::PathBuf {
+        match path.strip_prefix(&self.seen_as) {
+            Ok(rest) if self.seen_as != Path::new("/") => Path::new("/").join(rest),
+            _ => path.to_path_buf(),
+        }
+    }
+
+    /// Opens `path` (as the process sees it) read-only inside the root: symlinks are
+    /// followed as the process would follow them, an absolute one from the root and `..`
+    /// never above it (`RESOLVE_IN_ROOT`), and no `/proc` magic link at all (which would
+    /// lead anywhere); a FIFO or device never blocks the open. The caller checks what it got.
+    pub fn open(&self, path: &Path) -> io::Result<File> {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let relative = if relative.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            relative
+        };
+        let mut tries = 0;
+        loop {
+            match rustix::fs::openat2(
+                &self.dir,
+                relative,
+                flags() - OFlags::NOFOLLOW,
+                Mode::empty(),
+                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+            ) {
+                // The kernel refuses a walk that raced with a rename (it cannot tell whether
+                // `..` stayed inside): tried again a few times.
+                Err(rustix::io::Errno::AGAIN) if tries < 3 => tries += 1,
+                Err(e) => return Err(e.into()),
+                Ok(fd) => return Ok(fd.into()),
+            }
+        }
+    }
+}
+
 /// Opens the file that process `pid` maps at `start..end` (named `path`, device and inode
 /// `dev_ino` in its maps): the mapped object itself through `map_files`, which works across
 /// mount namespaces and for deleted files; else the path inside the target's root, accepted
@@ -376,6 +469,42 @@ fn sealed_copy(file: &File, size: u64) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lookup in a process's root follows the root's own links as the process would, and
+    /// none out of it: an absolute link is read from the root, `..` stops at it.
+    #[test]
+    fn lookups_in_a_root_never_leave_it() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let r = root_dir.path();
+        std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+        std::fs::write(r.join("usr/lib/real"), b"inside").unwrap();
+        let link = |target: &str, name: &str| std::os::unix::fs::symlink(target, r.join(name));
+        link("/usr/lib/real", "inside").unwrap();
+        // Outside the root (the host's file these would name if followed from here).
+        let host_file = std::fs::canonicalize("/etc/hostname")
+            .or_else(|_| std::fs::canonicalize("/etc/passwd"))
+            .unwrap();
+        let host_file = host_file.to_str().unwrap();
+        link(host_file, "absolute").unwrap();
+        link(&format!("../../../../../../../..{host_file}"), "dotdot").unwrap();
+        link("/proc/self/root/etc/passwd", "magic").unwrap();
+        let root = ProcessRoot::at(r).unwrap();
+        let mut inside = String::new();
+        root.open(Path::new("/inside"))
+            .unwrap()
+            .read_to_string(&mut inside)
+            .unwrap();
+        assert_eq!(inside, "inside");
+        for name in ["/absolute", "/dotdot", "/magic", "/../../etc/passwd"] {
+            assert!(root.open(Path::new(name)).is_err(), "{name} left the root");
+        }
+        // A path as this process sees it, as the rooted process sees it.
+        assert_eq!(
+            root.inside(&r.canonicalize().unwrap().join("usr/lib/real")),
+            Path::new("/usr/lib/real")
+        );
+        assert_eq!(root.inside(Path::new("/x/y")), Path::new("/x/y"));
+    }
 
     #[test]
     fn fifos_and_links_are_refused_without_blocking() {

@@ -15,6 +15,14 @@
 //! the first file there whose CRC matches. Only a root-owned file nobody else can write is
 //! read (it may lie in a folder the target's user owns: another user could truncate a file
 //! of theirs under the mapping), and through the descriptor that was checked.
+//!
+//! Those places are looked up in the root of the process that maps the object (its chroot,
+//! its container: `/proc/PID/root`), as that process would see them: a Python in a chroot at
+//! `/srv/sid` has its debug files in `/srv/sid/usr/lib/debug`, and its `.gnu_debuglink`
+//! file under `/srv/sid/usr/lib/debug/usr/bin`, not `/usr/lib/debug/srv/sid/usr/bin`. That
+//! root may be a user's own (a chroot in a user namespace), so no lookup leaves it: its
+//! symlinks are followed as from inside it, `..` stops at it, and `/proc` links are refused
+//! (see [`ProcessRoot::open`]); the file found must still be root's and read-only.
 
 use std::{
     fs::File,
@@ -25,7 +33,9 @@ use std::{
 
 use object::{Object, ObjectSegment};
 
-use crate::process::target_file::{gnu_build_id, map_stable, user_writable, ElfReader};
+use crate::process::target_file::{
+    gnu_build_id, map_stable, user_writable, ElfReader, ProcessRoot,
+};
 
 /// Where Debian (and most distributions) install debug files by build id.
 const BUILD_ID_DIR: &str = "/usr/lib/debug/.build-id";
@@ -40,17 +50,25 @@ pub struct DebugSymbols {
     pub path: PathBuf,
     /// The object's loadable segments: (file offset, file size, virtual address).
     segments: Vec<(u64, u64, u64)>,
-    /// The checked descriptor `path` names (`/proc/self/fd/N`), for a file found through
-    /// `.gnu_debuglink`: kept open as long as blazesym may open it by that path.
+    /// The checked descriptor `path` names (`/proc/self/fd/N`): kept open as long as
+    /// blazesym may open it by that path.
     _held: Option<Arc<File>>,
 }
 
 impl DebugSymbols {
-    /// The debug file of the object at `path` with GNU build id `build_id` (hex), where the
-    /// object has no symbol table of its own and an installed debug file of that build id (or,
-    /// without one, the file its `.gnu_debuglink` names) has one; `None` otherwise (blazesym
-    /// then reads the object as before).
-    pub fn find(path: &Path, build_id: Option<&str>) -> Option<DebugSymbols> {
+    /// The debug file of the object at `path` (a descriptor's `/proc/self/fd/N`), which the
+    /// process whose root is `root` maps as `seen` (its path as this process sees it) with GNU
+    /// build id `build_id` (hex), where the object has no symbol table of its own and a debug
+    /// file of that build id installed in that root (or, without one, the file its
+    /// `.gnu_debuglink` names there) has one; `None` otherwise (blazesym then reads the object
+    /// as before). A process in a chroot or a container has its debug files in its own tree,
+    /// as perf and gdb (with its sysroot) look for them.
+    pub fn find(
+        path: &Path,
+        seen: &Path,
+        root: &ProcessRoot,
+        build_id: Option<&str>,
+    ) -> Option<DebugSymbols> {
         let build_id =
             build_id.filter(|id| id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit()));
         let data = map_stable(path)?;
@@ -66,16 +84,17 @@ impl DebugSymbols {
             })
             .collect();
         let Some(build_id) = build_id else {
-            return Self::find_linked(path, &object, segments);
+            return Self::find_linked(seen, root, &object, segments);
         };
         let debug = Path::new(BUILD_ID_DIR)
             .join(&build_id[..2])
             .join(format!("{}.debug", &build_id[2..]));
-        if !std::fs::symlink_metadata(&debug).is_ok_and(|m| m.is_file()) {
-            return Self::find_linked(path, &object, segments);
-        }
+        let Ok(file) = root.open(&debug) else {
+            return Self::find_linked(seen, root, &object, segments);
+        };
+        let file = trusted(file, &debug)?;
         // The file at that name must be that build's, with a symbol table to read.
-        let reader = ElfReader::new(std::fs::File::open(&debug).ok()?);
+        let reader = ElfReader::new(file.try_clone().ok()?);
         let id: String = gnu_build_id(&reader)?
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -83,20 +102,14 @@ impl DebugSymbols {
         if id != build_id {
             return None;
         }
-        let debug_data = map_stable(&debug)?;
-        let debug_object = object::File::parse(&*debug_data).ok()?;
-        debug_object.section_by_name(".symtab")?;
-        Some(DebugSymbols {
-            path: debug,
-            segments,
-            _held: None,
-        })
+        Self::with_symbols(file, segments)
     }
 
-    /// The debug file `object` (opened by `path`, a descriptor's `/proc/self/fd/N`) names in
+    /// The debug file `object` (mapped as `seen` by a process whose root is `root`) names in
     /// its `.gnu_debuglink`, where one is installed with a symbol table (see the notes above).
     fn find_linked(
-        path: &Path,
+        seen: &Path,
+        root: &ProcessRoot,
         object: &object::File<'_>,
         segments: Vec<(u64, u64, u64)>,
     ) -> Option<DebugSymbols> {
@@ -106,35 +119,45 @@ impl DebugSymbols {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return None;
         }
-        // The object's folder as this process sees it (the descriptor's target).
-        let real = std::fs::canonicalize(path).ok()?;
-        let dir = real.parent().filter(|d| d.is_absolute())?;
+        // The object's folder as its process sees it (the maps' path, inside its root).
+        let inside = root.inside(seen);
+        let dir = inside.parent().filter(|d| d.is_absolute())?;
         let global = Path::new(GLOBAL_DEBUG_DIR).join(dir.strip_prefix("/").ok()?);
         for candidate in [
             dir.join(name),
             dir.join(".debug").join(name),
             global.join(name),
         ] {
-            let Some(file) = open_trusted(&candidate) else {
+            let Some(file) = root
+                .open(&candidate)
+                .ok()
+                .and_then(|f| trusted(f, &candidate))
+            else {
                 continue;
             };
             if crc32_of(&file) != Some(crc) {
                 log::debug!("{}: not the debug file linked (CRC)", candidate.display());
                 continue;
             }
-            use std::os::fd::AsRawFd;
-            let held = Arc::new(file);
-            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
-            let data = map_stable(&by_fd)?;
-            let debug_object = object::File::parse(&*data).ok()?;
-            debug_object.section_by_name(".symtab")?;
-            return Some(DebugSymbols {
-                path: by_fd,
-                segments,
-                _held: Some(held),
-            });
+            return Self::with_symbols(file, segments);
         }
         None
+    }
+
+    /// The debug file opened as `file` (checked), read through its descriptor, if it has a
+    /// symbol table.
+    fn with_symbols(file: File, segments: Vec<(u64, u64, u64)>) -> Option<DebugSymbols> {
+        use std::os::fd::AsRawFd;
+        let held = Arc::new(file);
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        let data = map_stable(&by_fd)?;
+        let debug_object = object::File::parse(&*data).ok()?;
+        debug_object.section_by_name(".symtab")?;
+        Some(DebugSymbols {
+            path: by_fd,
+            segments,
+            _held: Some(held),
+        })
     }
 
     /// The virtual address (as the symbol tables give them) of `file_offset` in the object.
@@ -146,10 +169,9 @@ impl DebugSymbols {
     }
 }
 
-/// The regular file at `path`, when root owns it and nobody else can write it (see the
-/// module's notes); checked on the open descriptor.
-fn open_trusted(path: &Path) -> Option<File> {
-    let file = File::open(path).ok()?;
+/// `file` (opened as `path`) if it is a regular file that root owns and nobody else can
+/// write (see the module's notes), as its descriptor says.
+fn trusted(file: File, path: &Path) -> Option<File> {
     let stat = rustix::fs::fstat(&file).ok()?;
     let regular =
         rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
@@ -189,12 +211,11 @@ mod tests {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        let debug = DebugSymbols::find(libc, Some(&id)).expect("libc6-dbg's debug file");
-        assert!(
-            debug.path.starts_with(BUILD_ID_DIR),
-            "{}",
-            debug.path.display()
-        );
+        let host = ProcessRoot::at(Path::new("/")).unwrap();
+        let debug =
+            DebugSymbols::find(libc, libc, &host, Some(&id)).expect("libc6-dbg's debug file");
+        let real = std::fs::read_link(&debug.path).unwrap();
+        assert!(real.starts_with(BUILD_ID_DIR), "{}", real.display());
         // blazesym reads the debug file's symbols at virtual addresses: where start_thread is.
         use blazesym::symbolize::{source, Input, Symbolizer};
         let inspector = blazesym::inspect::Inspector::new();
@@ -226,10 +247,11 @@ mod tests {
         assert_eq!(named[0].as_sym().map(|s| &*s.name), Some("start_thread"));
 
         // An object with a symbol table of its own, or a build id with no file: not found.
-        assert!(DebugSymbols::find(Path::new("/proc/self/exe"), Some(&id)).is_none());
-        assert!(DebugSymbols::find(libc, Some("00ff")).is_none());
-        assert!(DebugSymbols::find(libc, Some("../../etc")).is_none());
-        assert!(DebugSymbols::find(libc, None).is_none());
+        let exe = Path::new("/proc/self/exe");
+        assert!(DebugSymbols::find(exe, exe, &host, Some(&id)).is_none());
+        assert!(DebugSymbols::find(libc, libc, &host, Some("00ff")).is_none());
+        assert!(DebugSymbols::find(libc, libc, &host, Some("../../etc")).is_none());
+        assert!(DebugSymbols::find(libc, libc, &host, None).is_none());
     }
 
     /// A stripped program with a `.gnu_debuglink` to a debug file beside it (made as a
@@ -282,7 +304,8 @@ mod tests {
         // As the symbolizer opens objects: by a descriptor.
         let object = File::open(&bin).unwrap();
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", object.as_raw_fd()));
-        let found = DebugSymbols::find(&by_fd, None).expect("the linked debug file");
+        let host = ProcessRoot::at(Path::new("/")).unwrap();
+        let found = DebugSymbols::find(&by_fd, &bin, &host, None).expect("the linked debug file");
         assert_eq!(
             std::fs::canonicalize(&found.path).unwrap(),
             std::fs::canonicalize(&debug).unwrap()
@@ -302,7 +325,7 @@ mod tests {
         // Nobody but root may be able to write the file read.
         std::fs::set_permissions(&debug, std::fs::Permissions::from_mode(0o664)).unwrap();
         assert!(
-            DebugSymbols::find(&by_fd, None).is_none(),
+            DebugSymbols::find(&by_fd, &bin, &host, None).is_none(),
             "a group-writable debug file"
         );
         std::fs::set_permissions(&debug, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -311,7 +334,7 @@ mod tests {
         bytes.push(0);
         std::fs::write(&debug, bytes).unwrap();
         assert!(
-            DebugSymbols::find(&by_fd, None).is_none(),
+            DebugSymbols::find(&by_fd, &bin, &host, None).is_none(),
             "a debug file of another CRC"
         );
     }

@@ -371,7 +371,9 @@ impl Symbolizer {
                 .entry(id)
                 .or_insert_with(|| {
                     (!start_lines)
-                        .then(|| DebugSymbols::find(&path, file.build_id()))
+                        .then(|| {
+                            DebugSymbols::find(&path, &file.path, file.root()?, file.build_id())
+                        })
                         .flatten()
                 })
                 .as_ref()

@@ -16,5 +16,6 @@ mod pytorch;
 mod pytorch_314;
 mod stripped;
 mod strobeclient;
+mod strobelight_314;
 mod view;
 mod walk;

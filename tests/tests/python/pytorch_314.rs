@@ -63,7 +63,7 @@ const PY_SPY_SECONDS: &str = "10";
 const TORCH_314_PACKAGE: &str = "opt/torch314/lib/python3.14/site-packages/torch/__init__.py";
 
 /// sid's venv with torch, when setup made it.
-fn torch_314() -> bool {
+pub(super) fn torch_314() -> bool {
     let venv = Path::new(SID).join(TORCH_314_PACKAGE);
     if venv.is_file() {
         return true;

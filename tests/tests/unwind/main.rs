@@ -4,6 +4,7 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test unwind -- cfi::`).
 
 mod cfi;
+mod chroot_debug;
 mod hotspot;
 mod node;
 mod plt;

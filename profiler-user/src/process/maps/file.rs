@@ -6,7 +6,10 @@ use std::{
     sync::Arc,
 };
 
-use crate::process::{copies::CopyBudget, target_file::Stable};
+use crate::process::{
+    copies::CopyBudget,
+    target_file::{ProcessRoot, Stable},
+};
 
 /// A file's identity as the daemon verified it when it opened the file (`fstat` of the open
 /// descriptor): device and inode, and the size, modification time and owner, so that a file
@@ -60,6 +63,9 @@ pub struct MappedFile {
     pub(super) unavailable: std::sync::Mutex<Option<String>>,
     /// The budget a copy of it counts against.
     pub(super) budget: CopyBudget,
+    /// The root of the process that mapped it when it was opened (its chroot or container),
+    /// where its debug files are looked for; `None` where it could not be opened.
+    pub(super) root: Option<Arc<ProcessRoot>>,
 }
 
 impl MappedFile {
@@ -128,6 +134,12 @@ impl MappedFile {
                 Some(id.iter().map(|b| format!("{b:02x}")).collect())
             })
             .as_deref()
+    }
+
+    /// The root of the process that mapped it (see [`ProcessRoot`]), where the process's
+    /// other files (its debug files) are.
+    pub fn root(&self) -> Option<&ProcessRoot> {
+        self.root.as_deref()
     }
 
     /// The file's name without directories, as shown in `module+0xOFFSET` frames.
