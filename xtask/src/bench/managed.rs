@@ -15,7 +15,7 @@ use super::plan::{
     RUNTIME_SECS,
 };
 use super::process::stop_target;
-use super::records::Verdict;
+use super::records::{Stacks, Verdict};
 use super::stats::stat;
 use super::unwind::share_with;
 use super::Bench;
@@ -62,8 +62,19 @@ struct Workload {
     command: std::result::Result<Command, String>,
 }
 
-/// Per round: ns per target sample, frames per stack, samples with the workload's frames named.
-type Times = (Vec<f64>, Vec<f64>, Vec<f64>);
+/// Per round: ns per target sample, frames per stack, samples with the workload's frames named
+/// (%), unnamed JIT frames per stack.
+type Times = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+
+/// Mean count per sample of frames in anonymous memory that bpfprof could not name.
+fn anon_frames(stacks: &Stacks) -> f64 {
+    let (mut anon, mut n) = (0u64, 0u64);
+    for (stack, &count) in stacks {
+        anon += stack.split(';').filter(|f| f.starts_with("[anon]")).count() as u64 * count;
+        n += count;
+    }
+    anon as f64 / n.max(1) as f64
+}
 
 impl Bench {
     /// The JVM running `Deep`, compiled here with JDK 17's javac.
@@ -150,7 +161,8 @@ impl Bench {
         let mut idle = Command::new("sleep").arg("3600").spawn()?;
         let r = (|| -> Result<Times> {
             ensure!(target.try_wait()?.is_none(), "the workload exited");
-            let (mut ns, mut frames, mut named_share) = (vec![], vec![], vec![]);
+            let (mut ns, mut frames, mut named_share, mut unnamed) =
+                (vec![], vec![], vec![], vec![]);
             for _ in 0..rounds {
                 let floor = self.kernel_run(idle.id() as i32, &[], secs)?;
                 let r = floor.run_time_ns / floor.run_count.max(1.0);
@@ -159,15 +171,17 @@ impl Bench {
                 let other = (k.run_count - k.target_samples).max(0.0);
                 let v = (k.run_time_ns - other * r) / k.target_samples.max(1.0);
                 let share = share_with(&stacks, named);
+                let anon = anon_frames(&stacks);
                 println!(
-                    "    {v:.0} ns per target sample ({} samples, {:.1} frames, `{named}` in {share:.1}%; reject {r:.0} ns)",
+                    "    {v:.0} ns per target sample ({} samples, {:.1} frames, {anon:.1} unnamed, `{named}` in {share:.1}%; reject {r:.0} ns)",
                     k.target_samples, k.frames
                 );
+                unnamed.push(anon);
                 ns.push(v);
                 frames.push(k.frames);
                 named_share.push(share);
             }
-            Ok((ns, frames, named_share))
+            Ok((ns, frames, named_share, unnamed))
         })();
         stop_target(&mut idle);
         r
@@ -199,7 +213,7 @@ impl Bench {
             },
             Workload {
                 label: format!("Node.js {node_label}"),
-                named: "deep.js:",
+                named: "descend",
                 command: node,
             },
             Workload {
@@ -236,18 +250,19 @@ impl Bench {
         }
 
         writeln!(md, "\n## 17. Java and Node.js stacks (issue 45)\n")?;
-        writeln!(md, "One thread recursing {MANAGED_DEPTH} levels (`descend`, then a loop of arithmetic in `work`), running until killed: Java (`target/bench/java/Deep.java`, written by the bench and compiled with JDK 17's javac, run on `{JDK17}`), Node.js (`target/bench/deep.js`) and native (`bench/burn.c` with one thread, depth {MANAGED_DEPTH}). Each runs alone, {MANAGED_WARM_SECS} s after its start (the JIT's first compilations) before bpfprof attaches at 999 Hz for {secs} s, with no flag in the target; kernel program time per target sample measured as in section 7 (the reject cost taken out, measured on an idle `sleep` each round). Median (min–max) of {rounds} round(s) per workload. Frames per stack: mean over samples, every frame of the stack (the runtime's own and the C library's included). Named: share of samples whose stack holds the workload's own frame by name (`Deep.descend`, `descend (deep.js:LINE)`, `descend`).\n")?;
-        writeln!(md, "| workload | ns per target sample | frames per stack | samples with the workload's frames named, % |\n|---|---|---|---|")?;
+        writeln!(md, "One thread recursing {MANAGED_DEPTH} levels (`descend`, then a loop of arithmetic in `work`), running until killed: Java (`target/bench/java/Deep.java`, written by the bench and compiled with JDK 17's javac, run on `{JDK17}`), Node.js (`target/bench/deep.js`) and native (`bench/burn.c` with one thread, depth {MANAGED_DEPTH}). Each runs alone, {MANAGED_WARM_SECS} s after its start (the JIT's first compilations) before bpfprof attaches at 999 Hz for {secs} s, with no flag in the target; kernel program time per target sample measured as in section 7 (the reject cost taken out, measured on an idle `sleep` each round). Median (min–max) of {rounds} round(s) per workload. Frames per stack: mean over samples, every frame of the stack (the runtime's own and the C library's included). Named: share of samples whose stack holds the workload's own frame by name (`Deep.descend`, `descend`, `descend`). Unnamed: mean count per stack of frames shown as `[anon]+0x...` (code in an anonymous mapping, the JIT's, that bpfprof walked but could not name).\n")?;
+        writeln!(md, "| workload | ns per target sample | frames per stack | samples with the workload's frames named, % | unnamed `[anon]` frames per stack |\n|---|---|---|---|---|")?;
         for (label, _, measured) in &rows {
             match measured {
-                Ok((ns, frames, named)) => writeln!(
+                Ok((ns, frames, named, anon)) => writeln!(
                     md,
-                    "| {label} | {} | {} | {} |",
+                    "| {label} | {} | {} | {} | {} |",
                     stat(ns, 0),
                     stat(frames, 1),
-                    stat(named, 1)
+                    stat(named, 1),
+                    stat(anon, 1)
                 )?,
-                Err(why) => writeln!(md, "| {label} | not measured: {why} | | |")?,
+                Err(why) => writeln!(md, "| {label} | not measured: {why} | | | |")?,
             }
         }
 
