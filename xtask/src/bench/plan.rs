@@ -222,7 +222,7 @@ pub(super) const COST_AGENT_ROUNDS: usize = 2;
 /// See [`COST_AGENT_ROUNDS`].
 pub(super) const COST_LAUNCH_ROUNDS: usize = 3;
 /// Section 15: seconds each agent (and perf) run is measured, after it settled.
-pub(super) const COST_SECS: f64 = 20.0;
+pub(super) const COST_SECS: f64 = 15.0;
 /// Sections 16 and 17: rounds of each kernel-time arm (alternating), and how long each attached
 /// run samples.
 pub(super) const RUNTIME_ROUNDS: usize = 3;
