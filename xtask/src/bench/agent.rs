@@ -13,10 +13,10 @@ use super::process::{proc_cpu_secs, signal, stop_target};
 use super::Bench;
 
 /// A profiler's CPU share of one core over the measured interval and its memory at the end.
-struct Cost {
-    percent_of_core: f64,
-    rss_mib: f64,
-    peak_rss_mib: f64,
+pub(super) struct Cost {
+    pub(super) percent_of_core: f64,
+    pub(super) rss_mib: f64,
+    pub(super) peak_rss_mib: f64,
 }
 
 /// `VmRSS` and `VmHWM` of `pid`, in MiB.
@@ -35,7 +35,7 @@ fn rss_mib(pid: u32) -> (f64, f64) {
 impl Bench {
     /// Runs `argv` for the settling time and then `secs`, measuring the interval after it
     /// settled (start-up, the walker's verification, is not the always-on cost).
-    fn always_on_cost(&self, argv: &[&str], secs: f64) -> Result<Cost> {
+    pub(super) fn always_on_cost(&self, argv: &[&str], secs: f64) -> Result<Cost> {
         let mut child = Command::new(argv[0])
             .args(&argv[1..])
             .stdin(Stdio::null())

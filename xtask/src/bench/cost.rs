@@ -14,19 +14,25 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::plan::{Plan, Tool, AGENT_SETTLE_SECS, BURN_ITERS};
+use super::plan::{
+    Plan, Tool, AGENT_SETTLE_SECS, BURN_ITERS, COST_AGENT_ROUNDS, COST_LAUNCH_ROUNDS, COST_SECS,
+};
 use super::process::{proc_cpu_secs, signal, stop_target};
+use super::records::Verdict;
 use super::stats::{median, rotate, stat};
 use super::Bench;
 
-/// The hosts the agent is measured on: how many processes, and whether they run CPython.
-const HOSTS: [(usize, bool); 4] = [(10, true), (150, true), (500, true), (150, false)];
+/// The hosts the agent is measured on: how many processes, and whether they run CPython. The
+/// issue's host of 500 CPython services is left out: it asks about four cores of the services'
+/// own work (150 are 1.2 cores), which a 2-core machine cannot run, and starting 500
+/// interpreters and their windows would take the section past its time budget.
+const HOSTS: [(usize, bool); 3] = [(10, true), (150, true), (150, false)];
+
+/// The host `perf record -a -g -F 19` is measured on beside the agent: the issue's.
+const PERF_HOST: (usize, bool) = (150, true);
 
 /// The launched runs' sampling rates.
 const LAUNCH_HZ: [u64; 3] = [99, 999, 4999];
-
-/// Rounds of each measurement in a full run: medians of this many, in alternating order.
-const ROUNDS: usize = 9;
 
 /// One CPython service: three threads, each waking every 50 ms for a little work.
 const PY_SERVICE: &str = "import threading, time\n\
@@ -108,8 +114,9 @@ impl Bench {
                 .context("starting a service")?;
             host.0.push(child);
         }
-        // Every interpreter started and its threads running.
-        std::thread::sleep(Duration::from_secs(3));
+        // Every interpreter started and its threads running (a loaded machine starts 150
+        // interpreters in seconds, not at once).
+        std::thread::sleep(Duration::from_secs_f64(3.0 + n as f64 / 50.0));
         Ok(host)
     }
 
@@ -143,10 +150,19 @@ impl Bench {
     }
 
     /// Section 15: the agent on hosts of many processes, and a launched run against perf's.
-    pub(super) fn cost(&self, plan: &Plan, md: &mut String) -> Result<()> {
+    pub(super) fn cost(
+        &self,
+        plan: &Plan,
+        md: &mut String,
+        verdicts: &mut Vec<Verdict>,
+    ) -> Result<()> {
         println!("==> 15. cost per process and per run");
-        let rounds = if plan.quick { 1 } else { ROUNDS };
-        let secs = if plan.quick { 10.0 } else { 30.0 };
+        let (agent_rounds, rounds) = if plan.quick {
+            (1, 1)
+        } else {
+            (COST_AGENT_ROUNDS, COST_LAUNCH_ROUNDS)
+        };
+        let secs = if plan.quick { 10.0 } else { COST_SECS };
         let hosts: Vec<(usize, bool)> = match narrowed::<usize>("BPFPROF_BENCH_COST_HOSTS") {
             Some(sizes) => HOSTS
                 .into_iter()
@@ -154,24 +170,39 @@ impl Bench {
                 .collect(),
             None => HOSTS.to_vec(),
         };
-        // Each round measures every host, in a rotated order; each host is started afresh.
+        let perf_data = self.dir.join("cost-perf.data").display().to_string();
+        let perf_argv = [
+            "perf", "record", "-a", "-g", "-F", "19", "-q", "-o", &perf_data,
+        ];
+        // Each host is started once; the agent is started afresh on it each round, and perf
+        // record -a once on the issue's host, after the agent's first round.
         let mut agent: BTreeMap<(usize, bool), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-        for round in 0..rounds {
-            let mut order = hosts.clone();
-            rotate(&mut order, round);
-            for (n, python) in order {
-                let host = self.start_host(n, python)?;
+        let mut perf: BTreeMap<(usize, bool), (f64, f64)> = BTreeMap::new();
+        for &(n, python) in &hosts {
+            let kind = if python { "CPython" } else { "native" };
+            let host = self.start_host(n, python)?;
+            for round in 0..agent_rounds {
                 let (cpu, rss) = self.agent_on_host(secs)?;
-                drop(host);
                 println!(
-                    "    round {round}: {n} {} processes: agent {cpu:.2}% of a core, {rss:.1} MiB",
-                    if python { "CPython" } else { "native" }
+                    "    round {round}: {n} {kind} processes: agent {cpu:.2}% of a core, {rss:.1} MiB"
                 );
                 let entry = agent.entry((n, python)).or_default();
                 entry.0.push(cpu);
                 entry.1.push(rss);
+                // perf's figure on the issue's host only: it is flat (a system-wide perf
+                // event per CPU, whatever the host runs), and each run takes the section's time.
+                if round == 0 && (n, python) == PERF_HOST {
+                    let cost = self.always_on_cost(&perf_argv, secs)?;
+                    println!(
+                        "    {n} {kind} processes: perf record -a -g -F 19 {:.2}% of a core, {:.1} MiB",
+                        cost.percent_of_core, cost.rss_mib
+                    );
+                    perf.insert((n, python), (cost.percent_of_core, cost.rss_mib));
+                }
             }
+            drop(host);
         }
+        let _ = std::fs::remove_file(&perf_data);
 
         let hz_list = narrowed::<u64>("BPFPROF_BENCH_COST_HZ").unwrap_or(LAUNCH_HZ.to_vec());
         let argv = self.workload("burn", &[BURN_ITERS, "2"]);
@@ -211,20 +242,47 @@ impl Bench {
         }
 
         writeln!(md, "\n## 15. Cost per process and per run (issue 46)\n")?;
-        writeln!(md, "**The agent on a host of many processes.** `bpfprof agent` with its defaults (19 Hz, 10 s windows), started on a host of N services: CPython ones (pyenv 3.10-3.13 and Debian's 3.11 in turn, three threads each, each waking every 50 ms for a little work) or native ones (`bench/duty.c`: 0.5 ms of work every 50 ms). Its CPU (user + system) over {secs} s after {AGENT_SETTLE_SECS} s of start-up, as a share of one core, and its RSS then; median (min–max) of {rounds} rounds, the hosts of a round in a rotated order, each started afresh. Targets: ≤ 0.5% of a core at 150 CPython services, ≤ 1% at 500, RSS ≤ 150 MiB.\n")?;
+        writeln!(md, "**The agent on a host of many processes.** `bpfprof agent` with its defaults (19 Hz, 10 s windows), started on a host of N services: CPython ones (pyenv 3.10-3.13 and Debian's 3.11 in turn, three threads each, each waking every 50 ms for a little work) or native ones (`bench/duty.c`: 0.5 ms of work every 50 ms). Each host is started once; the agent is started on it {agent_rounds} time(s) in turn, and its CPU (user + system) measured over {secs} s after {AGENT_SETTLE_SECS} s of start-up, as a share of one core, with its RSS then: median (min–max) of those {agent_rounds} round(s). `perf record -a -g -F 19` is measured once the same way on the host of 150 CPython services, its own process only (the raw stacks it writes must still be read by `perf script`); the other hosts' perf cells are n/a, as a run on each would cost the section its time. The issue's host of 500 CPython services is left out: its services alone ask about four cores (150 ask 1.2), more than this 2-core machine has, and starting them would take the section past its time budget. CPU is counted in the kernel's 10 ms clock ticks (`/proc/PID/stat`), so over {secs} s a profiler using less than one tick reads 0.00. The issue asks for medians of 9 rounds; this section takes {agent_rounds} agent round(s) per host and {rounds} launched round(s) so that it fits the bench's time. Targets: ≤ 0.5% of a core at 150 CPython services, RSS ≤ 150 MiB.\n")?;
         writeln!(
             md,
-            "| host | agent CPU, % of one core | agent RSS, MiB |\n|---|---|---|"
+            "| host | agent CPU, % of one core | agent RSS, MiB | perf record -a -g -F 19: CPU, % of one core | perf RSS, MiB |\n|---|---|---|---|---|"
         )?;
         for ((n, python), (cpu, rss)) in &agent {
+            let (pcpu, prss) = perf
+                .get(&(*n, *python))
+                .map_or(("n/a".into(), "n/a".into()), |(c, r)| {
+                    (format!("{c:.2}"), format!("{r:.1}"))
+                });
             writeln!(
                 md,
-                "| {n} {} services | {} | {} |",
+                "| {n} {} services | {} | {} | {pcpu} | {prss} |",
                 if *python { "CPython" } else { "native" },
                 stat(cpu, 2),
                 stat(rss, 1)
             )?;
         }
+        if let Some((cpu, rss)) = agent.get(&(150, true)) {
+            verdicts.push(Verdict {
+                target:
+                    "agent ≤ 0.5% of a core at 19 Hz on a host of 150 CPython services (issue 46)"
+                        .into(),
+                measured: format!("{}% (median of {})", stat(cpu, 2), cpu.len()),
+                met: median(cpu) <= 0.5,
+            });
+            let peak = rss.iter().copied().fold(0.0, f64::max);
+            verdicts.push(Verdict {
+                target: "agent RSS ≤ 150 MiB on a host of 150 CPython services (issue 46)".into(),
+                measured: format!("{peak:.1} MiB (largest)"),
+                met: peak <= 150.0,
+            });
+        }
+        verdicts.push(Verdict {
+            target: "agent ≤ 1% of a core at 19 Hz on a host of 500 CPython services (issue 46)"
+                .into(),
+            measured: "not measured: 500 services need about four cores, this machine has two"
+                .into(),
+            met: false,
+        });
         writeln!(md, "\n**A launched run on the busy machine.** `bench/burn.c` with two threads (one per core here), alone, under `bpfprof -F HZ -- burn` and under `perf record -e cpu-clock -g -F HZ -- burn`, in a rotated order; slowdown = time under the profiler / time alone in the same round; bpfprof's own CPU is the summary's `profiler_cpu_secs` (start-up, sampling and the end of the run). Median (min–max) of {rounds} rounds. Target: bpfprof's slowdown at most perf's.\n")?;
         writeln!(md, "| rate | bpfprof slowdown | perf record -g slowdown | bpfprof's own CPU, s |\n|---|---|---|---|")?;
         for (hz, (bpfprof, perf, own)) in &launched {

@@ -20,13 +20,15 @@
 //! what a run measures and every constant; one file per section of the report (`overhead.rs`
 //! 1, `accuracy.rs` 2, `startup.rs` 3, `end_of_run.rs` 4, `own_cost.rs` 5, `scale.rs` 6,
 //! `kernel_unwind.rs` 7, `table_build.rs` 8, `unwind_startup.rs` 9, `dwarf_overhead.rs` 10,
-//! `python.rs` 11, `agent.rs` 12, `export.rs` 13, `why.rs` the closing one, `unwind.rs` what 7 to 11 share); and the shared
+//! `python.rs` 11, `agent.rs` 12, `export.rs` 13, `off_cpu.rs` 14, `cost.rs` 15, `asyncio.rs` 16,
+//! `managed.rs` 17, `why.rs` the closing one, `unwind.rs` what 7 to 11 share); and the shared
 //! helpers: `workloads.rs` and `big.rs` (the programs profiled), `launch.rs` and `process.rs`
 //! (running and watching the profilers), `profiles.rs` (reading their output), `records.rs`
 //! (what runs leave), `stats.rs` and `report.rs` (figures, tables and the plot).
 
 mod accuracy;
 mod agent;
+mod asyncio;
 mod big;
 mod cost;
 mod dwarf_overhead;
@@ -34,6 +36,7 @@ mod end_of_run;
 mod export;
 mod kernel_unwind;
 mod launch;
+mod managed;
 mod off_cpu;
 mod overhead;
 mod own_cost;
@@ -179,27 +182,39 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut sections = String::new();
     let mut verdicts = Vec::new();
     let mut overhead = Overhead::default();
+    // After each section the report so far goes to BENCHMARKS.progress.md: a run that dies
+    // late keeps what it measured.
+    let mut progress = Progress::new(&bench);
+    let mut t0 = Instant::now();
     if want(1) {
         overhead = bench.overhead(&plan, &mut sections, &mut verdicts)?;
+        progress.done(1, &mut t0, &md, &sections, &verdicts)?;
     }
     if want(2) {
         bench.accuracy(&plan, &mut sections, &mut verdicts)?;
+        progress.done(2, &mut t0, &md, &sections, &verdicts)?;
     }
     if want(3) {
         bench.startup(&plan, &mut sections, &mut verdicts)?;
+        progress.done(3, &mut t0, &md, &sections, &verdicts)?;
     }
     let mut big = BTreeMap::new();
     if want(4) {
         big = bench.end_of_run(&plan, &mut sections, &mut verdicts)?;
+        progress.done(4, &mut t0, &md, &sections, &verdicts)?;
     }
     if want(5) {
         bench.own_cost(&plan, &mut sections, &mut verdicts)?;
+        progress.done(5, &mut t0, &md, &sections, &verdicts)?;
     }
     if want(6) {
         bench.scale(&plan, &big, &mut sections, &mut verdicts)?;
+        progress.done(6, &mut t0, &md, &sections, &verdicts)?;
     }
-    // Issues 11 and 12: CFI unwinding and Python frames (kernel_unwind.rs to python.rs). A section
-    // that fails says so in the report instead of losing the whole run's figures.
+    // Issues 11 and 12: CFI unwinding and Python frames (kernel_unwind.rs to python.rs); issue
+    // 26: off-CPU and wall-clock time; issue 46: the agent on hosts of many processes and a
+    // launched run against perf's; issue 44: asyncio tasks; issue 45: Java and Node.js. A
+    // section that fails says so in the report instead of losing the whole run's figures.
     type Section = fn(&Bench, &Plan, &mut String, &mut Vec<Verdict>) -> Result<()>;
     let unwind_sections: [(u32, Section); 5] = [
         (7, Bench::kernel_unwind),
@@ -214,6 +229,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("    section {n} failed: {e:#}");
                 writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
             }
+            progress.done(n, &mut t0, &md, &sections, &verdicts)?;
         }
     }
     // Issue 24: the always-on agent; issue 25: what its export costs.
@@ -226,61 +242,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("    section {n} failed: {e:#}");
                 writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
             }
+            progress.done(n, &mut t0, &md, &sections, &verdicts)?;
         }
     }
-    // Issue 26: off-CPU and wall-clock time.
-    if want(14) {
-        if let Err(e) = bench.off_cpu(&plan, &mut sections, &mut verdicts) {
-            println!("    section 14 failed: {e:#}");
-            writeln!(sections, "\n## 14. (failed in this run: {e:#})\n")?;
+    let late_sections: [(u32, Section); 4] = [
+        (14, Bench::off_cpu),
+        (15, Bench::cost),
+        (16, Bench::asyncio),
+        (17, Bench::managed),
+    ];
+    for (n, section) in late_sections {
+        if want(n) {
+            if let Err(e) = section(&bench, &plan, &mut sections, &mut verdicts) {
+                println!("    section {n} failed: {e:#}");
+                writeln!(sections, "\n## {n}. (failed in this run: {e:#})\n")?;
+            }
+            progress.done(n, &mut t0, &md, &sections, &verdicts)?;
         }
     }
-    // Issue 46: the agent on hosts of many processes, a launched run against perf's.
-    if want(15) {
-        if let Err(e) = bench.cost(&plan, &mut sections) {
-            println!("    section 15 failed: {e:#}");
-            writeln!(sections, "\n## 15. (failed in this run: {e:#})\n")?;
-        }
-    }
-    let mut md = md.replace(
+    let took = crate::cmd::secs(started.elapsed());
+    let md = md.replace(
         "LOAD_AT_END",
-        &format!("when it ended: {}.", unwind::load_average()),
+        &format!(
+            "when it ended: {}. The bench took {took} in all ({}).",
+            unwind::load_average(),
+            progress.times()
+        ),
     );
-
-    writeln!(md, "## Targets\n")?;
-    writeln!(md, "| target | measured | met |\n|---|---|---|")?;
-    for v in &verdicts {
-        writeln!(
-            md,
-            "| {} | {} | {} |",
-            v.target,
-            v.measured,
-            if v.met { "yes" } else { "**no**" }
-        )?;
-    }
-    let losses = bench.bpfprof_losses.borrow();
-    writeln!(
-        md,
-        "\nSamples bpfprof dropped over every run of this bench, by reason: {}.\n",
-        if losses.values().all(|&n| n == 0) {
-            "none".to_string()
-        } else {
-            losses
-                .iter()
-                .filter(|(_, &n)| n > 0)
-                .map(|(k, n)| format!("{k} {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    )?;
-    md.push_str(&sections);
-    writeln!(md, "\n## Where bpfprof loses, and why\n")?;
-    why(
-        &mut md,
-        &bench.findings.borrow(),
-        &losses,
-        &bench.walker_verify_ms,
-    )?;
+    let md = bench.report(md, &sections, &verdicts)?;
 
     let (md_path, svg) = if only.is_some() {
         (
@@ -299,12 +288,102 @@ pub fn run(args: BenchArgs) -> Result<()> {
     fs::write(&md_path, &md)?;
     println!("\n{md}");
     println!(
-        "==> wrote {} and {} in {}",
+        "==> wrote {} and {} in {took}",
         md_path.display(),
         svg.display(),
-        crate::cmd::secs(started.elapsed())
     );
     Ok(())
+}
+
+impl Bench {
+    /// The whole report from its head (`md`): the targets table, the losses, the sections and
+    /// the closing "why".
+    fn report(&self, mut md: String, sections: &str, verdicts: &[Verdict]) -> Result<String> {
+        writeln!(md, "## Targets\n")?;
+        writeln!(md, "| target | measured | met |\n|---|---|---|")?;
+        for v in verdicts {
+            writeln!(
+                md,
+                "| {} | {} | {} |",
+                v.target,
+                v.measured,
+                if v.met { "yes" } else { "**no**" }
+            )?;
+        }
+        let losses = self.bpfprof_losses.borrow();
+        writeln!(
+            md,
+            "\nSamples bpfprof dropped over every run of this bench, by reason: {}.\n",
+            if losses.values().all(|&n| n == 0) {
+                "none".to_string()
+            } else {
+                losses
+                    .iter()
+                    .filter(|(_, &n)| n > 0)
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )?;
+        md.push_str(sections);
+        writeln!(md, "\n## Where bpfprof loses, and why\n")?;
+        why(
+            &mut md,
+            &self.findings.borrow(),
+            &losses,
+            &self.walker_verify_ms,
+        )?;
+        Ok(md)
+    }
+}
+
+/// The sections run so far and their wall times, written after each one to
+/// `target/bench/BENCHMARKS.progress.md`.
+struct Progress<'a> {
+    bench: &'a Bench,
+    ran: Vec<(u32, std::time::Duration)>,
+}
+
+impl<'a> Progress<'a> {
+    fn new(bench: &'a Bench) -> Progress<'a> {
+        Progress {
+            bench,
+            ran: Vec::new(),
+        }
+    }
+
+    /// Section `n` ended (it started at `t0`, which is reset): prints its wall time and writes
+    /// the report so far.
+    fn done(
+        &mut self,
+        n: u32,
+        t0: &mut Instant,
+        head: &str,
+        sections: &str,
+        verdicts: &[Verdict],
+    ) -> Result<()> {
+        let took = t0.elapsed();
+        *t0 = Instant::now();
+        println!("    section {n} took {}", crate::cmd::secs(took));
+        self.ran.push((n, took));
+        let head = head.replace(
+            "LOAD_AT_END",
+            &format!("**in progress**: sections run so far: {}.", self.times()),
+        );
+        let md = self.bench.report(head, sections, verdicts)?;
+        let path = self.bench.dir.join("BENCHMARKS.progress.md");
+        fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Each section run and its wall time: "1 (3m 02s), 2 (1m 10s)".
+    fn times(&self) -> String {
+        report::join(
+            self.ran
+                .iter()
+                .map(|(n, d)| format!("{n} ({})", crate::cmd::secs(*d))),
+            ", ",
+        )
+    }
 }
 
 /// The kernel's verification time of the CFI/Python walker program, in ms, for each of

@@ -215,3 +215,33 @@ pub(super) const UNNAMED_PYTHON: &str = "[unknown Python code]";
 
 /// The sysctl that turns on BPF programs' run-time statistics (see `BpfStatsGuard`).
 pub(super) const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Section 15: rounds of the agent on each host (the host started once), and of the launched
+/// runs: few, so that sections 15 to 17 together take minutes, not the issue's medians of 9.
+pub(super) const COST_AGENT_ROUNDS: usize = 2;
+/// See [`COST_AGENT_ROUNDS`].
+pub(super) const COST_LAUNCH_ROUNDS: usize = 3;
+/// Section 15: seconds each agent (and perf) run is measured, after it settled.
+pub(super) const COST_SECS: f64 = 15.0;
+/// Sections 16 and 17: rounds of each kernel-time arm (alternating), and how long each attached
+/// run samples.
+pub(super) const RUNTIME_ROUNDS: usize = 3;
+/// See [`RUNTIME_ROUNDS`].
+pub(super) const RUNTIME_SECS: f64 = 2.0;
+/// Section 16: depth of each asyncio task's coroutine chain (`await deep(n - 1)`), and the
+/// tasks `gather`ed.
+pub(super) const ASYNC_DEPTH: usize = 20;
+/// See [`ASYNC_DEPTH`].
+pub(super) const ASYNC_TASKS: usize = 4;
+/// Section 17: depth of the Java, Node.js and native recursions (issue 45: 30).
+pub(super) const MANAGED_DEPTH: usize = 30;
+/// Section 17: Debian 12's JDK 17.
+pub(super) const JDK17: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+/// Section 17: where `cargo xtask setup` unpacks Debian 12's Node 18 when the machine's `node`
+/// is another (it runs with its libraries from there).
+pub(super) const NODE18_ROOT: &str = "/opt/node18";
+/// Section 17: seconds a JVM or Node runs before bpfprof attaches (start-up, the JIT's first
+/// compilations), and how long the agent is measured beside them.
+pub(super) const MANAGED_WARM_SECS: f64 = 3.0;
+/// See [`MANAGED_WARM_SECS`].
+pub(super) const MANAGED_AGENT_SECS: f64 = 20.0;

@@ -377,7 +377,7 @@ type Interpreter = (&'static str, Option<Vec<String>>);
 
 /// The chroot with Debian sid's CPython 3.14 and 3.15, and the free-threaded 3.13t (both made
 /// by `cargo xtask setup`).
-const SID_ROOT: &str = "/srv/sid";
+pub(super) const SID_ROOT: &str = "/srv/sid";
 const PY313T: &str = "/opt/py313t/bin/python3.13t";
 
 /// The interpreters of the kernel-time rows: a label and the command that runs `script`
