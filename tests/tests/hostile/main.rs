@@ -4,9 +4,11 @@
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test hostile -- files::`);
 //! the attackers' helpers are in `bpfprof_tests::hostile`.
 
+mod asyncio_tasks;
 mod authz;
 mod copies;
 mod fairness;
+mod fake_runtimes;
 mod files;
 mod naming;
 mod parsers;

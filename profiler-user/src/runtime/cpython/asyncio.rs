@@ -334,7 +334,7 @@ mod tests {
             task(2, "fetch-1", vec![1]),
             task(3, "fetch-3", vec![1]),
             task(4, "deep", vec![3]),
-            // A cycle not reachable from a root is not drawn; one below a root ends.
+            // A cycle no root reaches is drawn after the roots; one below a root ends.
             task(5, "a", vec![6]),
             task(6, "b", vec![5]),
         ];
@@ -346,8 +346,26 @@ mod tests {
                 "    ├── (T) fetch-1 work",
                 "    └── (T) fetch-3 work",
                 "        └── (T) deep work",
+                "└── (T) a work [awaited only within a cycle]",
+                "    └── (T) b work",
+                "        └── (T) a work [awaits itself: a cycle]",
             ]
         );
+        // 40 layers of two tasks, each awaited by both of the next layer's: drawn under every
+        // waiter that is 2**40 lines; what a task awaits is drawn once.
+        let mut lattice = vec![task(1000, "leaf", vec![0, 1])];
+        for layer in 0..40u64 {
+            let above = if layer == 39 {
+                vec![]
+            } else {
+                vec![2 * layer + 2, 2 * layer + 3]
+            };
+            lattice.push(task(2 * layer, "l", above.clone()));
+            lattice.push(task(2 * layer + 1, "l", above));
+        }
+        let lines = render_tree(&lattice);
+        assert!(lines.len() <= 3 * lattice.len(), "{} lines", lines.len());
+        assert!(lines.iter().any(|l| l.contains("(T) leaf")), "{lines:?}");
         let looped = [task(1, "main", vec![]), task(2, "x", vec![1, 2])];
         let lines = render_tree(&looped);
         assert_eq!(lines.len(), 3, "{lines:?}");

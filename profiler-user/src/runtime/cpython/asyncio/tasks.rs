@@ -146,6 +146,9 @@ impl TaskReader<'_> {
         let cut = slots > MAX_SET_SLOTS;
         let slots = slots.min(MAX_SET_SLOTS);
         let raw = self.memory.read_vec(table, (slots * 16) as usize)?;
+        // A set holds each object once: a table that repeats one (a hostile process's fake
+        // set of 1024 copies of one task) gives it once, else `dump` drew it 1024 times.
+        let mut seen = HashSet::new();
         let members = raw
             .chunks_exact(16)
             .filter_map(|e| {
@@ -154,6 +157,7 @@ impl TaskReader<'_> {
                 // A freed slot holds the dummy key with hash -1; no object hashes to -1.
                 (key != 0 && hash != -1).then_some(key)
             })
+            .filter(|&key| seen.insert(key))
             .collect();
         Ok((members, cut))
     }
