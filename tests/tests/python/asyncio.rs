@@ -354,6 +354,35 @@ fn dump_shows_the_task_tree_the_program_sees() {
             coroutines,
             ["fetch3", "main", "work"].map(String::from).into(),
         );
+        // Each task's coroutine stack, innermost first, as pstree draws it: a `work` task
+        // waits in `await asyncio.sleep(0)` between steps (`sleep -> work`) unless it runs
+        // (its stack is the thread's then: none) or was between the two when read; `main`
+        // and `fetch3` await a gather's future, which is no coroutine (the tree shows it).
+        let stacks: Vec<(String, Vec<String>)> = tasks
+            .iter()
+            .map(|t| {
+                let stack = t["coroutine_stack"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect();
+                (t["coroutine"].as_str().unwrap_or("").to_string(), stack)
+            })
+            .collect();
+        let waiting = stacks
+            .iter()
+            .filter(|(_, stack)| stack == &["sleep", "work"])
+            .count();
+        let allowed = |(coroutine, stack): &(String, Vec<String>)| match coroutine.as_str() {
+            "work" => stack.is_empty() || stack == &["work"] || stack == &["sleep", "work"],
+            other => stack.is_empty() || stack == &[other],
+        };
+        checks.check(waiting >= 2 && stacks.iter().all(allowed), || {
+            format!(
+                "{label}: the tasks' coroutine stacks (at least two `sleep -> work`): {stacks:?}"
+            )
+        });
         // The text draws the tree: fetch-3 under main, deep under fetch-3.
         let lines: Vec<&str> = text.stdout.lines().collect();
         let at = |needle: &str| lines.iter().position(|l| l.contains(needle));
@@ -361,7 +390,7 @@ fn dump_shows_the_task_tree_the_program_sees() {
         match (
             at("(T) main main"),
             at("(T) fetch-3 fetch3"),
-            at("(T) deep work"),
+            at("(T) deep "),
         ) {
             (Some(m), Some(f), Some(d)) => checks.check(
                 m < f && f < d && indent(m) < indent(f) && indent(f) < indent(d),

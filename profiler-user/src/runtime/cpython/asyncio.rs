@@ -33,6 +33,8 @@ pub const NEEDS_314: &str = "asyncio task stacks need CPython 3.14 or later (its
 pub const DEFAULT_MAX_ASYNC_DEPTH: usize = 64;
 /// Slots of an `awaited_by` set read at most (a real one holds a few waiters).
 const MAX_SET_SLOTS: u64 = 1024;
+/// Coroutines of one task's await chain `dump` reads at most.
+const MAX_AWAITED_COROUTINES: usize = 256;
 /// Tasks one thread's list gives `dump` at most.
 pub const MAX_TASKS_LISTED: usize = 100_000;
 /// Largest `TaskObj` read (3.14's is 168 bytes).
@@ -80,6 +82,14 @@ pub struct AsyncioLayout {
     pub tstate_tasks_head: u32,
     /// `PyGenObject.gi_iframe`: the coroutine's own frame, inside the object.
     pub gen_iframe: u32,
+    /// `PyGenObject.gi_frame_state`: an `int8_t`, [`AsyncioLayout::suspended_in_await`]
+    /// while the coroutine waits in an `await` (a `yield from`).
+    pub gen_frame_state: u32,
+    /// `_PyInterpreterFrame.stackpointer`: where the object a coroutine suspended in an
+    /// `await` awaits lies, just below it.
+    pub frame_stackpointer: u32,
+    /// `FRAME_SUSPENDED_YIELD_FROM`: -1 in 3.14, 2 in 3.15 (which renumbered the states).
+    pub suspended_in_await: i8,
     /// `PySetObject.used`.
     pub set_used: u32,
     /// `PySetObject.table`: 16-byte entries (key, hash).
@@ -99,6 +109,8 @@ pub struct AsyncioLayout {
 /// sid's interpreters): the frame layout's `Shape` stops at the `str` section, and these
 /// follow the sections it knows.
 struct ExtraSections {
+    /// The interpreter frame's section (the frame layout's, read again for `stackpointer`).
+    frame_section: usize,
     type_section: usize,
     set_section: usize,
     long_section: usize,
@@ -106,12 +118,14 @@ struct ExtraSections {
 }
 
 const EXTRA_314: ExtraSections = ExtraSections {
+    frame_section: 31,
     type_section: 52,
     set_section: 62,
     long_section: 71,
     gen_section: 83,
 };
 const EXTRA_315: ExtraSections = ExtraSections {
+    frame_section: 39,
     type_section: 60,
     set_section: 74,
     long_section: 83,
@@ -174,6 +188,9 @@ impl AsyncioLayout {
             tstate_running_task: field(asyncio, 9, 2, 8)?,
             tstate_tasks_head: field(asyncio, 9, 3, 16)?,
             gen_iframe: field(debug, extra.gen_section, 2, 8)?,
+            gen_frame_state: field(debug, extra.gen_section, 3, 1)?,
+            frame_stackpointer: field(debug, extra.frame_section, 6, 8)?,
+            suspended_in_await: if minor == 14 { -1 } else { 2 },
             set_used: field(debug, extra.set_section, 1, 8)?,
             set_table: field(debug, extra.set_section, 2, 8)?,
             set_mask: field(debug, extra.set_section, 3, 8)?,
@@ -327,6 +344,7 @@ mod tests {
             id,
             name: name.into(),
             coroutine: Some("work".into()),
+            coroutine_stack: Vec::new(),
             awaited_by,
         };
         let tasks = [
@@ -389,6 +407,9 @@ mod tests {
             tstate_running_task: 8,
             tstate_tasks_head: 16,
             gen_iframe: 16,
+            gen_frame_state: 24,
+            frame_stackpointer: 56,
+            suspended_in_await: -1,
             set_used: 16,
             set_table: 24,
             set_mask: 32,

@@ -26,6 +26,10 @@ pub struct DumpTask {
     pub name: String,
     /// Its coroutine's function (qualified name), where it could be read.
     pub coroutine: Option<String>,
+    /// The coroutines it is suspended in, innermost first as `python -m asyncio pstree`
+    /// draws them (`sleep`, then the coroutine awaiting it, ..., its own coroutine last);
+    /// empty for the running task (its stack is the thread's) and where none could be read.
+    pub coroutine_stack: Vec<String>,
     /// The tasks awaiting it (ids).
     pub awaited_by: Vec<u64>,
 }
@@ -53,20 +57,33 @@ impl super::super::PythonTarget {
             let running_task = reader
                 .memory
                 .read_u64(tstate.wrapping_add(asyncio.tstate_running_task as u64))?;
-            let infos: Vec<TaskInfo> = addresses
+            let infos: Vec<(TaskInfo, Vec<u64>)> = addresses
                 .iter()
-                .filter_map(|&t| reader.task(t).ok())
+                .filter_map(|&t| {
+                    let info = reader.task(t).ok()?;
+                    let stack = if t == running_task {
+                        Vec::new()
+                    } else {
+                        reader.awaited_coroutines(t)
+                    };
+                    Some((info, stack))
+                })
                 .collect();
             if infos.is_empty() && running_loop == 0 {
                 continue;
             }
             let tasks = infos
                 .into_iter()
-                .map(|t| DumpTask {
+                .map(|(t, stack)| DumpTask {
                     id: t.address,
                     coroutine: (t.coro_code != 0)
                         .then(|| self.code_name(t.coro_code))
                         .flatten(),
+                    coroutine_stack: stack
+                        .iter()
+                        .rev()
+                        .map(|&code| self.code_name(code).unwrap_or_else(|| "?".into()))
+                        .collect(),
                     name: t.name,
                     awaited_by: t.awaited_by,
                 })
@@ -120,7 +137,13 @@ pub fn render_tree(tasks: &[DumpTask]) -> Vec<String> {
             }
             let t = self.by_id[&id];
             let branch = if last { "└── " } else { "├── " };
-            let coroutine = t.coroutine.as_deref().unwrap_or("?");
+            // The coroutines it is suspended in, as pstree draws them (`sleep -> work`), or
+            // its own coroutine where no more could be read.
+            let coroutine = if t.coroutine_stack.len() > 1 {
+                t.coroutine_stack.join(" -> ")
+            } else {
+                t.coroutine.clone().unwrap_or_else(|| "?".into())
+            };
             let looped = self.path.contains(&id);
             let kids = self.children.get(&id).cloned().unwrap_or_default();
             let again = !looped && !kids.is_empty() && self.expanded.contains(&id);

@@ -80,6 +80,63 @@ impl TaskReader<'_> {
         Ok(self.memory.read_u64(addr.wrapping_add(off as u64))?)
     }
 
+    /// The code objects of the coroutines the task at `task` is suspended in, its own
+    /// coroutine's first and then each that it awaits in turn, innermost last (`python -m
+    /// asyncio pstree`'s coroutine stack): a coroutine suspended in an `await` holds the
+    /// awaited object on top of its frame's value stack. Only an object of its awaiter's own
+    /// type (a coroutine, not a future or task, which the task tree shows) is followed, at
+    /// most [`MAX_AWAITED_COROUTINES`] deep; anything that does not read as one ends the
+    /// chain where it is.
+    pub fn awaited_coroutines(&self, task: u64) -> Vec<u64> {
+        let a = self.asyncio;
+        let l = self.layout;
+        let code_of = |coro: u64| {
+            self.u64_at(coro.wrapping_add(a.gen_iframe as u64), l.kernel.frame_code)
+                .map(|c| c & !STACKREF_TAG_BITS)
+                .ok()
+                .filter(|&c| c != 0)
+        };
+        let Ok(mut coro) = self.u64_at(task, a.task_coro) else {
+            return Vec::new();
+        };
+        let Ok(coro_type) = self.u64_at(coro, l.object_type) else {
+            return Vec::new();
+        };
+        let mut codes = Vec::new();
+        while let Some(code) = code_of(coro) {
+            codes.push(code);
+            if codes.len() >= MAX_AWAITED_COROUTINES {
+                break;
+            }
+            let state = self
+                .memory
+                .read_u8(coro.wrapping_add(a.gen_frame_state as u64))
+                .map(|b| b as i8);
+            if state.ok() != Some(a.suspended_in_await) {
+                break;
+            }
+            let frame = coro.wrapping_add(a.gen_iframe as u64);
+            let Ok(top) = self.u64_at(frame, a.frame_stackpointer) else {
+                break;
+            };
+            // The awaited object is the stack's top (3.14's `_PyFrame_StackPeek`); 3.15's
+            // SEND keeps one more value above it: whichever of the two is a coroutine.
+            let next = [8u64, 16].into_iter().find_map(|below| {
+                let awaited =
+                    self.memory.read_u64(top.wrapping_sub(below)).ok()? & !STACKREF_TAG_BITS;
+                (awaited != 0
+                    && awaited != coro
+                    && self.u64_at(awaited, l.object_type).ok() == Some(coro_type))
+                .then_some(awaited)
+            });
+            match next {
+                Some(awaited) => coro = awaited,
+                None => break,
+            }
+        }
+        codes
+    }
+
     /// Reads the task at `address`: `Err` when it cannot be read or is not a task.
     pub fn task(&self, address: u64) -> Result<TaskInfo> {
         let a = self.asyncio;
