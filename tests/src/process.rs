@@ -254,3 +254,17 @@ pub fn assert_ok(out: &std::process::Output, what: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `unshare` that mounts a proc file system at `root`/proc and then execs the arguments the
+/// caller appends (`chroot ROOT PROGRAM ...`), for programs in a chroot that read /proc (a
+/// JVM reads /proc/self at start, PyTorch /proc/PID/ns/pid). The mount is made in a mount
+/// namespace of the command's own, so it goes with the command however that ends and nothing
+/// else sees it; every step execs the next, so the command's pid is the program's.
+pub fn with_proc_in(root: &str) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!("mount -t proc proc {root}/proc && exec \"$@\""))
+        .arg("sh");
+    command
+}

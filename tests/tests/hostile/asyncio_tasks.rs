@@ -278,10 +278,16 @@ fn attack(python: &str, c: &mut Checks) {
         serde_json::from_str::<serde_json::Value>(&dump_json.stdout).is_ok(),
         || format!("{python}: the hostile dump's --json is not JSON"),
     );
-    for needle in ["(T) honest-a honest", "(T) honest-b honest"] {
-        c.check(honest_dump.stdout.contains(needle), || {
+    // Each honest task with its coroutine stack: `honest`, or `sleep -> honest` while it
+    // waits in `asyncio.sleep`.
+    for task in ["(T) honest-a ", "(T) honest-b "] {
+        let drawn = honest_dump.stdout.lines().any(|l| {
+            l.split_once(task)
+                .is_some_and(|(_, stack)| stack == "honest" || stack == "sleep -> honest")
+        });
+        c.check(drawn, || {
             format!(
-                "{python}: the honest dump lacks `{needle}`:\n{}",
+                "{python}: the honest dump lacks `{task}` with its coroutine stack:\n{}",
                 honest_dump.stdout
             )
         });

@@ -26,6 +26,8 @@ const TORCH_314: &str = "/opt/torch314/bin/python";
 const USER: &str = "bpfprof-torch";
 /// Profiled calls of the decorated train step, per front end.
 const CALLS: usize = 3;
+/// Rounds of [`CALLS`] calls at most, while too few samples were taken to judge.
+const MAX_ROUNDS: usize = 4;
 /// Longest a front end's workload may take (importing torch takes 10-30 s on a loaded machine).
 const CALLS_TIMEOUT: Duration = Duration::from_secs(240);
 /// The longest a profiled call may take from stopping the run to having its results
@@ -112,93 +114,110 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
     let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
     let mut checks = Checks::new();
     for name in ["binary", "python"] {
-        // PyTorch's decorator reads /proc/PID/ns/pid, and the chroot has no /proc: one is
-        // mounted there in a mount namespace of the workload's own (the host's pids), which
-        // goes with it however it ends.
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg(format!("mount -t proc proc {SID}/proc && exec \"$@\""))
-            .args(["sh", "chroot"])
-            .arg(format!("--userspec={}:{}", user.uid, user.gid))
-            .arg(SID)
-            .arg("env")
-            .arg(format!(
-                "PATH={}:/usr/bin:/bin",
-                inside.join(format!("bin-{name}")).display()
-            ))
-            .arg(format!("HOME={}", inside.join("home").display()))
-            .arg(format!("USER={USER}"))
-            .arg(format!("BPFPROF_SOCKET={}", socket_inside.display()))
-            .arg(format!(
-                "TORCHINDUCTOR_CACHE_DIR={}",
-                inside.join("home/inductor").display()
-            ))
-            .arg(TORCH_314)
-            .arg(inside.join("pytorch_train.py"))
-            .args(["strobelight", &CALLS.to_string()]);
-        let out = spawn_bpfprof_command(cmd).wait_timeout(CALLS_TIMEOUT);
-        checks.check(out.code() == 0, || {
-            format!(
-                "{name}: the workload failed ({}):\n{}\ndaemon:\n{}",
-                out.code(),
-                out.stderr,
-                daemon.stderr_so_far()
-            )
-        });
-        let lines: Vec<serde_json::Value> = out
-            .stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        checks.eq(&format!("{name}: calls reported"), lines.len(), CALLS);
-        for line in &lines {
-            eprintln!(
-                "{name}: call {}: profiled {}, stop to results {:?} s",
-                line["call"],
-                line["profiled"],
-                line["stop_to_results_s"].as_f64()
-            );
-            checks.check(line["profiled"] == true, || {
-                format!("{name}: call {} was not profiled", line["call"])
-            });
-            let secs = line["stop_to_results_s"].as_f64();
-            checks.check(
-                secs.is_some_and(|s| s < STOP_TO_RESULTS.as_secs_f64()),
-                || {
-                    format!(
-                        "{name}: call {}: {secs:?} s from stop to results",
-                        line["call"]
-                    )
-                },
-            );
-        }
-        let totals: Vec<u64> = total
-            .captures_iter(&out.stderr)
-            .map(|c| c[1].parse().unwrap())
-            .collect();
-        let svgs: Vec<&str> = icicle
-            .captures_iter(&out.stderr)
-            .map(|c| c.get(1).unwrap().as_str())
-            .collect();
-        checks.eq(&format!("{name}: Total samples lines"), totals.len(), CALLS);
-        checks.eq(&format!("{name}: Icicle view lines"), svgs.len(), CALLS);
+        // Pooled over the calls of each round; on a loaded machine the main thread may get
+        // too little CPU in three calls to judge its shares: another round of three then,
+        // rather than a failure (never a pass: "too few samples" is judged again).
         let (mut main_all, mut in_step_all, mut good_all) = (0, 0, 0);
-        for (call, (samples, svg)) in totals.iter().zip(&svgs).enumerate() {
-            // The client writes the results in its home: a path inside the chroot.
-            let svg = Path::new(SID).join(svg.trim_start_matches('/'));
-            let profile = Profile::read(&svg.parent().unwrap().join("profile.folded"));
-            let main = profile.count_where(is_main_thread);
-            let in_step = profile.count_where(|f| {
-                is_main_thread(f) && f.iter().any(|x| function(x) == "train_step")
+        let mut stderr = String::new();
+        for round in 0..MAX_ROUNDS {
+            // PyTorch's decorator reads /proc/PID/ns/pid, and the chroot has no /proc: one is
+            // mounted there in a mount namespace of the workload's own (the host's pids), which
+            // goes with it however it ends.
+            let mut cmd = bpfprof_tests::with_proc_in(SID);
+            cmd.arg("chroot")
+                .arg(format!("--userspec={}:{}", user.uid, user.gid))
+                .arg(SID)
+                .arg("env")
+                .arg(format!(
+                    "PATH={}:/usr/bin:/bin",
+                    inside.join(format!("bin-{name}")).display()
+                ))
+                .arg(format!("HOME={}", inside.join("home").display()))
+                .arg(format!("USER={USER}"))
+                .arg(format!("BPFPROF_SOCKET={}", socket_inside.display()))
+                .arg(format!(
+                    "TORCHINDUCTOR_CACHE_DIR={}",
+                    inside.join("home/inductor").display()
+                ))
+                .arg(TORCH_314)
+                .arg(inside.join("pytorch_train.py"))
+                .args(["strobelight", &CALLS.to_string()]);
+            let out = spawn_bpfprof_command(cmd).wait_timeout(CALLS_TIMEOUT);
+            checks.check(out.code() == 0, || {
+                format!(
+                    "{name}: the workload failed ({}):\n{}\ndaemon:\n{}",
+                    out.code(),
+                    out.stderr,
+                    daemon.stderr_so_far()
+                )
             });
-            let good = profile.count_where(|f| is_main_thread(f) && in_step_with_libtorch(f));
-            eprintln!(
-                "{name}: call {call}: {samples} samples, main thread {main}, in train_step \
-                 {in_step}, under forward/backward with libtorch {good}"
-            );
-            main_all += main;
-            in_step_all += in_step;
-            good_all += good;
+            let lines: Vec<serde_json::Value> = out
+                .stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            checks.eq(&format!("{name}: calls reported"), lines.len(), CALLS);
+            for line in &lines {
+                eprintln!(
+                    "{name}: call {}: profiled {}, stop to results {:?} s",
+                    line["call"],
+                    line["profiled"],
+                    line["stop_to_results_s"].as_f64()
+                );
+                checks.check(line["profiled"] == true, || {
+                    format!("{name}: call {} was not profiled", line["call"])
+                });
+                let secs = line["stop_to_results_s"].as_f64();
+                checks.check(
+                    secs.is_some_and(|s| s < STOP_TO_RESULTS.as_secs_f64()),
+                    || {
+                        format!(
+                            "{name}: call {}: {secs:?} s from stop to results",
+                            line["call"]
+                        )
+                    },
+                );
+            }
+            let totals: Vec<u64> = total
+                .captures_iter(&out.stderr)
+                .map(|c| c[1].parse().unwrap())
+                .collect();
+            let svgs: Vec<&str> = icicle
+                .captures_iter(&out.stderr)
+                .map(|c| c.get(1).unwrap().as_str())
+                .collect();
+            checks.eq(&format!("{name}: Total samples lines"), totals.len(), CALLS);
+            checks.eq(&format!("{name}: Icicle view lines"), svgs.len(), CALLS);
+            for (call, (samples, svg)) in totals.iter().zip(&svgs).enumerate() {
+                // The client writes the results in its home: a path inside the chroot.
+                let svg = Path::new(SID).join(svg.trim_start_matches('/'));
+                let profile = Profile::read(&svg.parent().unwrap().join("profile.folded"));
+                let main = profile.count_where(is_main_thread);
+                let in_step = profile.count_where(|f| {
+                    is_main_thread(f) && f.iter().any(|x| function(x) == "train_step")
+                });
+                let good = profile.count_where(|f| is_main_thread(f) && in_step_with_libtorch(f));
+                eprintln!(
+                    "{name}: call {call}: {samples} samples, main thread {main}, in train_step \
+                     {in_step}, under forward/backward with libtorch {good}"
+                );
+                main_all += main;
+                in_step_all += in_step;
+                good_all += good;
+            }
+            stderr = out.stderr.clone();
+            let judged = [
+                Share::new(in_step_all, main_all).at_least(MAIN_THREAD_SHARE, MAIN_THREAD_DEFECT),
+                Share::new(good_all, main_all)
+                    .at_least(LIBTORCH_BELOW_SHARE, LIBTORCH_BELOW_DEFECT),
+            ];
+            let too_few = judged
+                .iter()
+                .any(|r| r.as_ref().is_err_and(|e| e.starts_with("too few samples")));
+            if !too_few || !checks.is_ok() {
+                break;
+            }
+            eprintln!("{name}: round {round}: too few samples so far ({main_all}): another round");
         }
         eprintln!(
             "{name}: pooled: main thread {main_all}, in train_step {in_step_all}, under \
@@ -216,7 +235,7 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
             Share::new(good_all, main_all).at_least(LIBTORCH_BELOW_SHARE, LIBTORCH_BELOW_DEFECT),
         );
         if !checks.is_ok() {
-            eprintln!("{name}: the workload's stderr:\n{}", out.stderr);
+            eprintln!("{name}: the workload's stderr:\n{stderr}");
         }
     }
     eprintln!(

@@ -140,16 +140,10 @@ fn java17_frames_are_walked_and_named_in_a_running_jvm() {
 }
 
 /// `argv` run inside the sid root with /proc mounted there (the JVM reads /proc/self at
-/// start), the mount made in a mount namespace of the command's own: it goes with the
-/// command and nothing else sees it. Every step execs the next, so the command's pid is the
-/// JVM's.
+/// start).
 fn in_sid(argv: &[&str]) -> Command {
-    let mut command = Command::new("unshare");
-    command.args(["--mount", "--propagation", "private", "sh", "-c"]);
-    command.arg(format!(
-        "mount -t proc proc {SID}/proc && exec chroot {SID} \"$@\"",
-    ));
-    command.arg("sh").args(argv);
+    let mut command = bpfprof_tests::with_proc_in(SID);
+    command.arg("chroot").arg(SID).args(argv);
     command
 }
 
