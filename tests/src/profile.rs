@@ -78,6 +78,34 @@ impl Profile {
         Profile::parse(&text)
     }
 
+    /// py-spy's `--format raw` output at `path`: folded lines, less those with an empty stack
+    /// (py-spy 0.4 writes a sample it got no frames for as ` COUNT`; seen once in a CI run of
+    /// `pytorch_314`), which have nothing to compare; their samples are returned beside it.
+    pub fn read_py_spy(path: &Path) -> (Profile, u64) {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reading py-spy's profile {}: {e}", path.display()));
+        let mut empty = 0;
+        let kept: String = text
+            .lines()
+            .filter(|line| match line.trim_start().rsplit_once(' ') {
+                None if !line.trim().is_empty() => match line.trim().parse::<u64>() {
+                    Ok(n) => {
+                        empty += n;
+                        false
+                    }
+                    Err(_) => true,
+                },
+                Some(("", count)) => {
+                    empty += count.parse::<u64>().unwrap_or(0);
+                    false
+                }
+                _ => true,
+            })
+            .flat_map(|l| [l, "\n"])
+            .collect();
+        (Profile::parse(&kept), empty)
+    }
+
     /// Total number of samples.
     pub fn total(&self) -> u64 {
         self.stacks.values().sum()

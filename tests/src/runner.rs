@@ -245,3 +245,29 @@ pub fn profile_pid(pid: u32, duration: &str, args: &[&str], dir: &Path) -> Profi
     run_bpfprof(&all, Duration::from_secs(120)).assert_code(exit::OK);
     Profile::read(&out)
 }
+
+/// Runs `bpfprof -F 499 -d SECONDS --pid P...` on `pids` for `seconds` with a folded profile
+/// and a summary in `dir`, and `timeout` as its limit; the run must end with exit 0.
+pub fn profile_pids(
+    pids: &[u32],
+    seconds: f64,
+    dir: &Path,
+    timeout: Duration,
+) -> (Profile, crate::summary::Summary) {
+    let out = dir.join("run.folded");
+    let summary = dir.join("run.json");
+    let duration = format!("{}s", seconds as u64);
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let mut args = vec!["-F", "499", "-d", &duration];
+    for pid in &pids {
+        args.extend(["--pid", pid.as_str()]);
+    }
+    args.extend([
+        "-o",
+        out.to_str().unwrap(),
+        "--summary-json",
+        summary.to_str().unwrap(),
+    ]);
+    run_bpfprof(&args, timeout).assert_code(exit::OK);
+    (Profile::read(&out), crate::summary::Summary::read(&summary))
+}

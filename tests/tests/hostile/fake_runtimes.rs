@@ -89,32 +89,9 @@ fn fake_vmstructs_and_v8_constants_cost_their_own_run_only() {
     })
     .expect("the fake JVM maps its libjvm.so");
     let (j, v, o) = (jvm.pid(), node.pid(), honest.pid());
-    let out = dir.path().join("run.folded");
-    let summary_path = dir.path().join("run.json");
-    let duration = format!("{}s", RUN_SECONDS as u64);
-    let pids = [j.to_string(), v.to_string(), o.to_string()];
-    let args = [
-        "-F",
-        "499",
-        "-d",
-        &duration,
-        "--pid",
-        &pids[0],
-        "--pid",
-        &pids[1],
-        "--pid",
-        &pids[2],
-        "-o",
-        out.to_str().unwrap(),
-        "--summary-json",
-        summary_path.to_str().unwrap(),
-    ];
-    let run = run_bpfprof(args, TIMEOUT);
-    run.assert_code(exit::OK);
+    let (profile, summary) = profile_pids(&[j, v, o], RUN_SECONDS, dir.path(), TIMEOUT);
     drop((jvm, node, honest));
 
-    let profile = Profile::read(&out);
-    let summary = Summary::read(&summary_path);
     let mut c = Checks::new();
     let of = |pid: u32, name: &str| {
         profile.count_where(|f| root_pid(&f[0]) == Some(pid) && f.iter().any(|x| x == name))
@@ -222,30 +199,9 @@ fn a_fake_code_cache_costs_a_bounded_share_of_a_cpu() {
         (rss_kib > 300 << 10).then_some(())
     })
     .expect("the fake JVM fills its code heaps");
-    let out = dir.path().join("run.folded");
-    let summary_path = dir.path().join("run.json");
-    let duration = format!("{}s", HEAPS_RUN_SECONDS as u64);
-    let pids = [jvm.pid().to_string(), honest.pid().to_string()];
-    let args = [
-        "-F",
-        "499",
-        "-d",
-        &duration,
-        "--pid",
-        &pids[0],
-        "--pid",
-        &pids[1],
-        "-o",
-        out.to_str().unwrap(),
-        "--summary-json",
-        summary_path.to_str().unwrap(),
-    ];
-    let run = run_bpfprof(args, TIMEOUT);
-    run.assert_code(exit::OK);
     let (j, o) = (jvm.pid(), honest.pid());
+    let (profile, summary) = profile_pids(&[j, o], HEAPS_RUN_SECONDS, dir.path(), TIMEOUT);
     drop((jvm, honest));
-    let profile = Profile::read(&out);
-    let summary = Summary::read(&summary_path);
     let mut c = Checks::new();
     let of = |pid: u32, name: &str| {
         profile.count_where(|f| root_pid(&f[0]) == Some(pid) && f.iter().any(|x| x == name))

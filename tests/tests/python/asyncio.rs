@@ -356,8 +356,10 @@ fn dump_shows_the_task_tree_the_program_sees() {
         );
         // Each task's coroutine stack, innermost first, as pstree draws it: a `work` task
         // waits in `await asyncio.sleep(0)` between steps (`sleep -> work`) unless it runs
-        // (its stack is the thread's then: none) or was between the two when read; `main`
-        // and `fetch3` await a gather's future, which is no coroutine (the tree shows it).
+        // (its stack is the thread's then: none); `main` and `fetch3` await a gather's
+        // future, which is no coroutine (the tree shows it). Some waiting tasks read as
+        // `work` alone, in CPython's own `python3.14 -m asyncio ps` as in bpfprof's dump of
+        // the same process (seen by hand): at least one `sleep -> work` is asked.
         let stacks: Vec<(String, Vec<String>)> = tasks
             .iter()
             .map(|t| {
@@ -378,9 +380,9 @@ fn dump_shows_the_task_tree_the_program_sees() {
             "work" => stack.is_empty() || stack == &["work"] || stack == &["sleep", "work"],
             other => stack.is_empty() || stack == &[other],
         };
-        checks.check(waiting >= 2 && stacks.iter().all(allowed), || {
+        checks.check(waiting >= 1 && stacks.iter().all(allowed), || {
             format!(
-                "{label}: the tasks' coroutine stacks (at least two `sleep -> work`): {stacks:?}"
+                "{label}: the tasks' coroutine stacks (at least one `sleep -> work`): {stacks:?}"
             )
         });
         // The text draws the tree: fetch-3 under main, deep under fetch-3.

@@ -196,7 +196,8 @@ fn pid_run_on_a_training_loop_on_cpython_314() {
         });
         if out.status.success() {
             // py-spy samples the Python thread only: all of its samples are the main thread's.
-            let theirs = Profile::read(&spy_out);
+            let (theirs, no_stack) = Profile::read_py_spy(&spy_out);
+            eprintln!("py-spy: {no_stack} samples without a stack left out");
             let spy_step = theirs.count_where(|f| f.iter().any(|x| function(x) == "train_step"));
             let spy_forward = theirs.count_where(|f| f.iter().any(|x| is_forward(x)));
             let spy_share = Share::new(spy_step, theirs.total());

@@ -7,41 +7,23 @@
 //! workload's own. Every call logs its results, and the main thread's samples are in the
 //! step, with libtorch below. Needs root (chroot, the daemon, the test user).
 
-use std::{
-    path::Path,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{path::Path, process::Command, time::Instant};
 
 use bpfprof_tests::*;
 use regex::Regex;
 
 use super::cpython_314::{chroot_dir, SID};
-use super::pytorch::{function, in_step_with_libtorch, is_main_thread};
+// The 3.11 test's user, calls and bounds: the same decorator, judged the same way.
+use super::pytorch::{
+    function, in_step_with_libtorch, is_main_thread, CALLS, CALLS_TIMEOUT, LIBTORCH_BELOW_DEFECT,
+    LIBTORCH_BELOW_SHARE, MAIN_THREAD_DEFECT, MAIN_THREAD_SHARE, STOP_TO_RESULTS, USER,
+};
 use super::pytorch_314::torch_314;
 
 /// The venv's interpreter as the chroot names it (`cargo xtask setup`'s `setup_sid_torch`).
 const TORCH_314: &str = "/opt/torch314/bin/python";
-/// The test user PyTorch and its `strobeclient` run as (`pytorch.rs`'s).
-const USER: &str = "bpfprof-torch";
-/// Profiled calls of the decorated train step, per front end.
-const CALLS: usize = 3;
 /// Rounds of [`CALLS`] calls at most, while too few samples were taken to judge.
 const MAX_ROUNDS: usize = 4;
-/// Longest a front end's workload may take (importing torch takes 10-30 s on a loaded machine).
-const CALLS_TIMEOUT: Duration = Duration::from_secs(240);
-/// The longest a profiled call may take from stopping the run to having its results
-/// (`pytorch.rs`'s bound; 0.09-0.50 s here on 2026-11-29, load 5).
-const STOP_TO_RESULTS: Duration = Duration::from_secs(2);
-/// The share of the main thread's samples in the train step, pooled over a front end's calls,
-/// judged less four standard errors: `pytorch.rs`'s bound on 3.11 (the rest is the strobelight
-/// wrapper's own work while the run samples), and what a run without Python frames would have.
-const MAIN_THREAD_SHARE: f64 = 0.91;
-const MAIN_THREAD_DEFECT: f64 = 0.5;
-/// The share of the main thread's samples under a module's forward or backward with libtorch
-/// below: `pytorch.rs`'s bound (the step's `zero_grad`, loss and optimizer step are outside).
-const LIBTORCH_BELOW_SHARE: f64 = 0.75;
-const LIBTORCH_BELOW_DEFECT: f64 = 0.5;
 
 /// The Python front end inside the chroot: the package's `strobeclient` entry point run by
 /// sid's own `python3.14`, the package beside it at `package`.

@@ -270,6 +270,10 @@ mod tests {
             0xa8, 0x88, 0x60, 0x6c, 0x6d, 0x80, 0x98, 0x37248, 0x2a80, 0x3a8, 0x360, 0x368, 0x370,
         ]);
         let mut debug = vec![0u64; 128];
+        // The interpreter frame's section as sid's 3.14.10 has it (`.PyRuntime`, words
+        // 31-38): size, previous, executable, instr_ptr, localsplus, owner, stackpointer,
+        // tlbc_index.
+        debug[31..39].copy_from_slice(&[0x58, 0x8, 0x0, 0x38, 0x50, 0x4a, 0x40, 0x0]);
         debug[52..56].copy_from_slice(&[0x1a0, 0x18, 0x58, 0xa8]);
         debug[62..66].copy_from_slice(&[0xc8, 0x18, 0x28, 0x20]);
         debug[71..74].copy_from_slice(&[0x20, 0x10, 0x18]);
@@ -290,6 +294,14 @@ mod tests {
             (0x360, 0x368)
         );
         assert_eq!((l.gen_iframe, l.set_table, l.set_mask), (0x48, 0x28, 0x20));
+        assert_eq!(
+            (
+                l.gen_frame_state,
+                l.frame_stackpointer,
+                l.suspended_in_await
+            ),
+            (0x43, 0x40, -1)
+        );
         assert_eq!(
             (l.long_tag, l.long_digits, l.type_flags),
             (0x10, 0x18, 0xa8)
