@@ -43,19 +43,20 @@ impl UnwindMaps {
         for map in executable {
             let (start, end) = map.address;
             let mapping = match &map.pathname {
-                MMapPath::Anonymous if self.jit_mapping(pid, start, end).is_some() => {
-                    Ok(self.jit_mapping(pid, start, end).expect("checked"))
-                }
-                MMapPath::Anonymous if fixed_frame_code(pid, start).is_some() => {
-                    let shape = fixed_frame_code(pid, start).expect("checked");
-                    Ok(TrackedMapping {
-                        start,
-                        end,
-                        bias: start,
-                        key: Some(self.fixed_frame_table(shape)),
-                        source: None,
-                    })
-                }
+                // A JIT's code, else known stub code (its first bytes read once), else none.
+                MMapPath::Anonymous => match self.jit_mapping(pid, start, end) {
+                    Some(jit) => Ok(jit),
+                    None => match fixed_frame_code(pid, start) {
+                        Some(shape) => Ok(TrackedMapping {
+                            start,
+                            end,
+                            bias: start,
+                            key: Some(self.fixed_frame_table(shape)),
+                            source: None,
+                        }),
+                        None => Err(anyhow!("no file")),
+                    },
+                },
                 MMapPath::Vdso => self
                     .vdso(pid, owner, start, end)
                     .with_context(|| format!("pid {pid}'s vDSO")),
