@@ -14,16 +14,11 @@ use regex::Regex;
 
 use super::cpython_314::{chroot_dir, SID};
 // The 3.11 test's user, calls and bounds: the same decorator, judged the same way.
-use super::pytorch::{
-    function, in_step_with_libtorch, is_main_thread, CALLS, CALLS_TIMEOUT, LIBTORCH_BELOW_DEFECT,
-    LIBTORCH_BELOW_SHARE, MAIN_THREAD_DEFECT, MAIN_THREAD_SHARE, STOP_TO_RESULTS, USER,
-};
+use super::pytorch::{Pooled, CALLS, CALLS_TIMEOUT, MAX_ROUNDS, STOP_TO_RESULTS, USER};
 use super::pytorch_314::torch_314;
 
 /// The venv's interpreter as the chroot names it (`cargo xtask setup`'s `setup_sid_torch`).
 const TORCH_314: &str = "/opt/torch314/bin/python";
-/// Rounds of [`CALLS`] calls at most, while too few samples were taken to judge.
-const MAX_ROUNDS: usize = 4;
 
 /// The Python front end inside the chroot: the package's `strobeclient` entry point run by
 /// sid's own `python3.14`, the package beside it at `package`.
@@ -96,10 +91,7 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
     let icicle = Regex::new(r"Icicle view \(python stack\): (\S+)").unwrap();
     let mut checks = Checks::new();
     for name in ["binary", "python"] {
-        // Pooled over the calls of each round; on a loaded machine the main thread may get
-        // too little CPU in three calls to judge its shares: another round of three then,
-        // rather than a failure (never a pass: "too few samples" is judged again).
-        let (mut main_all, mut in_step_all, mut good_all) = (0, 0, 0);
+        let mut pooled = Pooled::default();
         let mut stderr = String::new();
         for round in 0..MAX_ROUNDS {
             // PyTorch's decorator reads /proc/PID/ns/pid, and the chroot has no /proc: one is
@@ -174,48 +166,19 @@ fn strobelight_decorator_around_a_train_step_on_cpython_314() {
                 // The client writes the results in its home: a path inside the chroot.
                 let svg = Path::new(SID).join(svg.trim_start_matches('/'));
                 let profile = Profile::read(&svg.parent().unwrap().join("profile.folded"));
-                let main = profile.count_where(is_main_thread);
-                let in_step = profile.count_where(|f| {
-                    is_main_thread(f) && f.iter().any(|x| function(x) == "train_step")
-                });
-                let good = profile.count_where(|f| is_main_thread(f) && in_step_with_libtorch(f));
+                let (main, in_step, good) = pooled.add(&profile);
                 eprintln!(
                     "{name}: call {call}: {samples} samples, main thread {main}, in train_step \
                      {in_step}, under forward/backward with libtorch {good}"
                 );
-                main_all += main;
-                in_step_all += in_step;
-                good_all += good;
             }
             stderr = out.stderr.clone();
-            let judged = [
-                Share::new(in_step_all, main_all).at_least(MAIN_THREAD_SHARE, MAIN_THREAD_DEFECT),
-                Share::new(good_all, main_all)
-                    .at_least(LIBTORCH_BELOW_SHARE, LIBTORCH_BELOW_DEFECT),
-            ];
-            let too_few = judged
-                .iter()
-                .any(|r| r.as_ref().is_err_and(|e| e.starts_with("too few samples")));
-            if !too_few || !checks.is_ok() {
+            if !pooled.too_few() || !checks.is_ok() {
                 break;
             }
-            eprintln!("{name}: round {round}: too few samples so far ({main_all}): another round");
+            eprintln!("{name}: round {round}: too few samples so far: another round");
         }
-        eprintln!(
-            "{name}: pooled: main thread {main_all}, in train_step {in_step_all}, under \
-             forward/backward with libtorch {good_all}"
-        );
-        checks.result(
-            &format!("{name}: the main thread's samples in train_step"),
-            Share::new(in_step_all, main_all).at_least(MAIN_THREAD_SHARE, MAIN_THREAD_DEFECT),
-        );
-        checks.result(
-            &format!(
-                "{name}: the main thread's samples in train_step under forward/backward with \
-                 libtorch"
-            ),
-            Share::new(good_all, main_all).at_least(LIBTORCH_BELOW_SHARE, LIBTORCH_BELOW_DEFECT),
-        );
+        pooled.judge(&mut checks, name);
         if !checks.is_ok() {
             eprintln!("{name}: the workload's stderr:\n{stderr}");
         }
