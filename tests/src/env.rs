@@ -108,6 +108,7 @@ pub fn workload_path(name: &str) -> PathBuf {
         "phases" => env!("WORKLOAD_PHASES"),
         "spinner" => env!("WORKLOAD_SPINNER"),
         "syscalls" => env!("WORKLOAD_SYSCALLS"),
+        "alias" => env!("WORKLOAD_ALIAS"),
         "multithread" => env!("WORKLOAD_MULTITHREAD"),
         "shortlived" => env!("WORKLOAD_SHORTLIVED"),
         "manystacks" => env!("WORKLOAD_MANYSTACKS"),

@@ -474,7 +474,8 @@ pub struct RecordArgs {
     pub frequency: Option<i64>,
 
     /// Keep the sampling period fixed. By default each CPU's period is redrawn around the
-    /// mean (±50%) every few milliseconds, so periodic workloads cannot alias with it.
+    /// mean (±50%) every few periods (20-60 ms at the least), so periodic workloads cannot
+    /// alias with it.
     #[arg(long)]
     pub fixed_interval: bool,
 

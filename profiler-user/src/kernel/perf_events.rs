@@ -10,7 +10,7 @@ use std::{
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        mpsc::{self, RecvTimeoutError},
         Arc,
     },
     thread::JoinHandle,
@@ -22,18 +22,24 @@ use perf_event_open_sys as sys;
 use crate::sampling::{Event, Rate, Sampling, JITTER};
 
 /// Each CPU's period is redrawn after a random span of 2 to 6 mean periods, but no sooner than
-/// every 5 to 15 ms, which bounds the redraws (one ioctl per CPU each) at high rates. Every
-/// redraw restarts the CPU's timer at a moment unrelated to the workload, so a periodic
-/// workload cannot stay in phase with the sampling for longer than one span.
+/// every 20 to 60 ms, which bounds the redraws at high rates. Every redraw restarts the CPU's
+/// timer at a moment unrelated to the workload, so a periodic workload cannot stay in phase
+/// with the sampling for longer than one span (at 4999 Hz, 300 samples at the most). A redraw
+/// costs one ioctl per CPU, each an inter-processor interrupt to that CPU (trapped by the
+/// hypervisor in a VM), and a wake-up of the jitter thread on a busy machine: at 5-15 ms
+/// spans, woken every 10 ms besides to look for the stop, it woke 112-149 times a second at
+/// 99-4999 Hz, and cost a launched run at 4999 Hz a point of the workload's time against
+/// fixed periods (BENCHMARKS.md section 1).
 const SPAN_PERIODS: f64 = 2.0;
-const SPAN_MIN: Duration = Duration::from_millis(5);
+const SPAN_MIN: Duration = Duration::from_millis(20);
 /// The longest span is this many times the shortest.
 const SPAN_RANGE: f64 = 3.0;
 
 /// The attached events of every online CPU.
 pub struct AttachedEvents {
     fds: Arc<Vec<OwnedFd>>,
-    jitter: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// The jitter thread, and the sender whose drop stops it at once.
+    jitter: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
 impl AttachedEvents {
@@ -93,7 +99,7 @@ impl AttachedEvents {
 
     fn stop(&mut self) {
         if let Some((stop, handle)) = self.jitter.take() {
-            stop.store(true, Ordering::Relaxed);
+            drop(stop);
             let _ = handle.join();
         }
         for fd in self.fds.iter() {
@@ -225,15 +231,14 @@ fn check(rc: i32) -> io::Result<()> {
     }
 }
 
-fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (Arc<AtomicBool>, JoinHandle<()>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop_thread = stop.clone();
+fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (mpsc::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = mpsc::channel::<()>();
     let handle = std::thread::Builder::new()
         .name("bpfprof-jitter".into())
         .spawn(move || {
             let mut rng = fastrand::Rng::new();
             let shortest = (SPAN_PERIODS * mean as f64).max(SPAN_MIN.as_nanos() as f64);
-            while !stop_thread.load(Ordering::Relaxed) {
+            loop {
                 let span = shortest * (1.0 + rng.f64() * (SPAN_RANGE - 1.0));
                 for fd in fds.iter() {
                     let period = jittered(mean, span, rng.f64());
@@ -242,12 +247,10 @@ fn spawn_jitter(fds: Arc<Vec<OwnedFd>>, mean: u64) -> (Arc<AtomicBool>, JoinHand
                         sys::ioctls::PERIOD(fd.as_raw_fd(), &period as *const u64 as u64);
                     }
                 }
-                // Sleep in short steps so that detaching does not wait for a whole span.
-                let mut left = Duration::from_nanos(span as u64);
-                while !left.is_zero() && !stop_thread.load(Ordering::Relaxed) {
-                    let step = left.min(Duration::from_millis(10));
-                    std::thread::sleep(step);
-                    left -= step;
+                // One wake-up a span: the sender's drop ends the wait at once on detaching.
+                match stopped.recv_timeout(Duration::from_nanos(span as u64)) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
         })

@@ -56,8 +56,18 @@ pub fn frame_labels(profile: &Profile) -> Vec<String> {
         .frames
         .iter()
         .map(|frame| {
-            // `;` separates frames and a trailing " N" is the count: neither may appear inside.
-            let name = frame.label().replace(';', ":").replace('\n', " ");
+            // `;` separates frames and a line ends in " N", the count: neither may appear
+            // inside. A name can be a target's own bytes (a thread's or an asyncio task's
+            // name), control characters (a newline, a NUL) included: each becomes a space.
+            let name: String = frame
+                .label()
+                .chars()
+                .map(|c| match c {
+                    ';' => ':',
+                    c if c.is_control() => ' ',
+                    c => c,
+                })
+                .collect();
             if frame.is_kernel() {
                 format!("{name}_[k]")
             } else {
@@ -65,4 +75,22 @@ pub fn frame_labels(profile: &Profile) -> Vec<String> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::profile::ProfileFrame;
+
+    #[test]
+    fn separators_and_control_characters_in_names_cannot_split_a_line() {
+        let mut profile = crate::output::fixture::profile();
+        profile.frames[1] = ProfileFrame::Thread {
+            name: "task\0a;b\nc\rd".into(),
+            tid: 7,
+            comm: String::new(),
+        };
+        let labels = super::frame_labels(&profile);
+        assert_eq!(labels[1], "task a:b c d");
+        assert_eq!(labels[2], "main (app.c:10)");
+    }
 }

@@ -4,6 +4,7 @@
 //!
 //! One binary, one module per topic (`cargo test -p bpfprof-tests --test cli -- targeting::`).
 
+mod aliasing;
 mod docs;
 mod doctor;
 mod errors;

@@ -114,7 +114,7 @@ impl Bench {
         writeln!(md, "\n### Aliasing\n")?;
         write!(md, "`bench/alias.c` repeats a 10 ms period, exactly: 7.5 ms busy in `leaf_hot`, then 2.5 ms in `leaf_cold` (TSC deadlines, so the period does not drift). 10 ms is a multiple of the 100 Hz and 1000 Hz sampling periods. Share of samples in `leaf_hot`, in percent (truth: 75), median (min–max) over {} rounds of 3 s; binomial 1σ is about 2.5 points at 100 Hz.", plan.rounds)?;
         if self.has_fixed {
-            writeln!(md, " bpfprof redraws each CPU's sampling period around the requested mean (rates uniform within ±50%, redrawn after 2 to 6 mean periods but no more often than every 5 to 15 ms; each redraw restarts the CPU's timer at a moment unrelated to the workload) unless given `--fixed-interval`; perf and bpftrace always sample at a fixed interval.")?;
+            writeln!(md, " bpfprof redraws each CPU's sampling period around the requested mean (rates uniform within ±50%, redrawn after 2 to 6 mean periods but no more often than every 20 to 60 ms; each redraw restarts the CPU's timer at a moment unrelated to the workload) unless given `--fixed-interval`; perf and bpftrace always sample at a fixed interval.")?;
         }
         writeln!(md)?;
         table(md, &alias_tools, &plan.alias_hz, |tool, hz| {

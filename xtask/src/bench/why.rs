@@ -149,9 +149,9 @@ pub(super) fn why(
             format!(" (with `--fixed-interval`: {s:.1}% at {hz} Hz, {z:.1}σ)")
         });
         if z > 3.0 {
-            writeln!(md, "**Aliasing: randomized, but a run strayed.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}. Its worst run, {share:.1}% at {hz} Hz, is {z:.1}σ from the truth{fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (5 to 15 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so at most a few consecutive samples share a phase of the loop; a run this far out means a longer stretch stayed in phase, which this bench cannot tell apart from the scheduler delaying the redraw thread.\n")?;
+            writeln!(md, "**Aliasing: randomized, but a run strayed.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}. Its worst run, {share:.1}% at {hz} Hz, is {z:.1}σ from the truth{fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (20 to 60 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so few consecutive samples share a phase of the loop; a run this far out means a longer stretch stayed in phase, which this bench cannot tell apart from the scheduler delaying the redraw thread.\n")?;
         } else {
-            writeln!(md, "**Aliasing: none left.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}; its worst run is {z:.1}σ from the truth (binomial σ at that run's sample count){fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (5 to 15 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so no phase of the loop is sampled for more than a few samples in a row.\n")?;
+            writeln!(md, "**Aliasing: none left.** bpfprof's shares for `leaf_hot` (truth 75%) in this run: {runs}; its worst run is {z:.1}σ from the truth (binomial σ at that run's sample count){fixed}. Each CPU's period is redrawn after 2 to 6 mean periods (20 to 60 ms at the least), and each redraw restarts the timer at a moment unrelated to the workload, so no phase of the loop is sampled for more than one span in a row.\n")?;
         }
     }
     if f.stacks.iter().any(|(_, _, _, drops)| *drops > 0) {
