@@ -44,5 +44,6 @@ mod pod {
     unsafe impl aya::Pod for super::HotspotProcess {}
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::PythonProcess {}
+    unsafe impl aya::Pod for super::PythonThread {}
     unsafe impl aya::Pod for super::V8Process {}
 }

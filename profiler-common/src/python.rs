@@ -51,6 +51,22 @@ pub enum PythonInstrRule {
     Pointer = 1,
 }
 
+/// A Python thread the kernel program walks, by host tid: its thread state and the process
+/// it belongs to. Thread ids are reused (pid_max is 32768 on many machines, and a busy one
+/// wraps it in minutes) while an ended thread's entry may stay until its process's threads
+/// are listed again: an entry whose `tgid` is not the sampled process's is another
+/// process's, never walked (its address read in this process's memory gave frames of
+/// garbage, which hid the thread from the listing that would have replaced the entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PythonThread {
+    /// The thread's `PyThreadState` address.
+    pub tstate: u64,
+    /// Its process's host tgid.
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
 /// What the kernel program needs to walk one CPython process's frames: byte offsets of the
 /// interpreter's structures for its version. Userspace fills it per process.
 #[repr(C)]

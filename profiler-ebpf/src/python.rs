@@ -21,6 +21,7 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, StackFrames,
     MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
+    PythonThread,
     PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES, PYTHON_STACKREF_TAG_BITS,
     PYTHON_STACKS_STORED_INDEX, STACKS_STORED_INDEX,
 };
@@ -30,9 +31,10 @@ use profiler_common::{
 static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
     HashMap::with_max_entries(MAX_PYTHON_PROCESSES, 0);
 
-/// The `PyThreadState` address of each Python thread, by host tid.
+/// The thread state and process of each Python thread, by host tid.
 #[map]
-static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_PYTHON_THREADS, 0);
+static PYTHON_THREADS: HashMap<u32, PythonThread> =
+    HashMap::with_max_entries(MAX_PYTHON_THREADS, 0);
 
 /// Words of [`Walk::window`].
 const WINDOW_WORDS: usize = PYTHON_FRAME_WINDOW_BYTES / 8;
@@ -143,11 +145,18 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     // SAFETY: the value is copied out at once.
     let layout = *unsafe { PYTHON_PROCESSES.get(tgid) }?;
     // SAFETY: as above.
-    let Some(tstate) = (unsafe { PYTHON_THREADS.get(tid) }).copied() else {
+    let Some(thread) = (unsafe { PYTHON_THREADS.get(tid) }).copied() else {
         // A thread userspace has not listed yet, or one that is not Python's.
         crate::count(run, Counter::PythonStackMissing);
         return Some(0);
     };
+    if thread.tgid != tgid {
+        // Another process's entry for a reused thread id: unknown here, so that userspace
+        // lists this process's threads (see `PythonThread`).
+        crate::count(run, Counter::PythonStackMissing);
+        return Some(0);
+    }
+    let tstate = thread.tstate;
     let Some(frame) = current_frame(&layout, tstate) else {
         crate::count(run, Counter::PythonStackMissing);
         return Some(0);

@@ -155,8 +155,8 @@ pub struct V8Maps {
 pub struct PythonMaps {
     /// Layouts of the CPython processes the kernel walks, by host tgid.
     pub processes: HashMap<MapData, u32, profiler_common::PythonProcess>,
-    /// `PyThreadState` address by host tid.
-    pub threads: HashMap<MapData, u32, u64>,
+    /// Each walked thread's `PyThreadState` address and process, by host tid.
+    pub threads: HashMap<MapData, u32, profiler_common::PythonThread>,
 }
 
 impl KernelProgram {

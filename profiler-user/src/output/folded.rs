@@ -58,13 +58,14 @@ pub fn frame_labels(profile: &Profile) -> Vec<String> {
         .map(|frame| {
             // `;` separates frames and a line ends in " N", the count: neither may appear
             // inside. A name can be a target's own bytes (a thread's or an asyncio task's
-            // name), control characters (a newline, a NUL) included: each becomes a space.
+            // name), control characters (a newline, a NUL, a terminal's escapes) included: each
+            // becomes U+FFFD, as the SVG shows it.
             let name: String = frame
                 .label()
                 .chars()
                 .map(|c| match c {
                     ';' => ':',
-                    c if c.is_control() => ' ',
+                    c if c.is_control() => char::REPLACEMENT_CHARACTER,
                     c => c,
                 })
                 .collect();
@@ -90,7 +91,7 @@ mod tests {
             comm: String::new(),
         };
         let labels = super::frame_labels(&profile);
-        assert_eq!(labels[1], "task a:b c d");
+        assert_eq!(labels[1], "task\u{FFFD}a:b\u{FFFD}c\u{FFFD}d");
         assert_eq!(labels[2], "main (app.c:10)");
     }
 }

@@ -22,26 +22,38 @@ use super::records::Verdict;
 use super::stats::{median, rotate, stat};
 use super::Bench;
 
-/// The hosts the agent is measured on: how many processes, and whether they run CPython. The
-/// issue's host of 500 CPython services is left out: it asks about four cores of the services'
-/// own work (150 are 1.2 cores), which a 2-core machine cannot run, and starting 500
-/// interpreters and their windows would take the section past its time budget.
-const HOSTS: [(usize, bool); 3] = [(10, true), (150, true), (150, false)];
+/// The hosts the agent is measured on: how many processes, whether they run CPython, and how
+/// often each service's threads wake (ms). The issue's host of 500 CPython services waking
+/// every 50 ms asks about four cores of the services' own work (150 ask 1.2), which a 2-core
+/// machine cannot run: its 500 services here wake every 200 ms, a core's work in all, so that
+/// the agent's cost per process is measured at 500 processes (its cost per sample is the 150
+/// host's).
+const HOSTS: [HostSpec; 4] = [
+    (10, true, 50),
+    (150, true, 50),
+    (150, false, 50),
+    (500, true, 200),
+];
+
+/// A host: its services, whether they run CPython, and how often they wake (ms).
+type HostSpec = (usize, bool, u64);
 
 /// The host `perf record -a -g -F 19` is measured on beside the agent: the issue's.
-const PERF_HOST: (usize, bool) = (150, true);
+const PERF_HOST: HostSpec = (150, true, 50);
 
 /// The launched runs' sampling rates.
 const LAUNCH_HZ: [u64; 3] = [99, 999, 4999];
 
-/// One CPython service: three threads, each waking every 50 ms for a little work.
-const PY_SERVICE: &str = "import threading, time\n\
+/// One CPython service: three threads, each waking every `sys.argv[1]` seconds for a little
+/// work.
+const PY_SERVICE: &str = "import sys, threading, time\n\
+wake = float(sys.argv[1])\n\
 def work():\n\
     while True:\n\
         s = 0\n\
         for i in range(2000):\n\
             s += i * i\n\
-        time.sleep(0.05)\n\
+        time.sleep(wake)\n\
 for _ in range(2):\n\
     threading.Thread(target=work, daemon=True).start()\n\
 work()\n";
@@ -89,8 +101,9 @@ fn narrowed<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
 }
 
 impl Bench {
-    /// Starts `n` services: CPython ones (`python`) or `bench/duty.c` ones.
-    fn start_host(&self, n: usize, python: bool) -> Result<Host> {
+    /// Starts `n` services, waking every `wake_ms`: CPython ones (`python`) or `bench/duty.c`
+    /// ones.
+    fn start_host(&self, n: usize, python: bool, wake_ms: u64) -> Result<Host> {
         let script = self.dir.join("cost_service.py");
         std::fs::write(&script, PY_SERVICE)?;
         let pythons = pythons();
@@ -98,12 +111,12 @@ impl Bench {
         for i in 0..n {
             let mut cmd = if python {
                 let mut c = Command::new(&pythons[i % pythons.len()]);
-                c.arg(&script);
+                c.arg(&script).arg(format!("{}", wake_ms as f64 / 1000.0));
                 c
             } else {
-                // 0.5 ms of work every 50 ms, a few frames deep.
+                // 0.5 ms of work every wake_ms, a few frames deep.
                 let mut c = Command::new(self.dir.join("duty"));
-                c.args(["500", "50", &(4 + i % 8).to_string()]);
+                c.args(["500", &wake_ms.to_string(), &(4 + i % 8).to_string()]);
                 c
             };
             let child = cmd
@@ -163,10 +176,10 @@ impl Bench {
             (COST_AGENT_ROUNDS, COST_LAUNCH_ROUNDS)
         };
         let secs = if plan.quick { 10.0 } else { COST_SECS };
-        let hosts: Vec<(usize, bool)> = match narrowed::<usize>("BPFPROF_BENCH_COST_HOSTS") {
+        let hosts: Vec<HostSpec> = match narrowed::<usize>("BPFPROF_BENCH_COST_HOSTS") {
             Some(sizes) => HOSTS
                 .into_iter()
-                .filter(|(n, _)| sizes.contains(n))
+                .filter(|(n, _, _)| sizes.contains(n))
                 .collect(),
             None => HOSTS.to_vec(),
         };
@@ -176,28 +189,28 @@ impl Bench {
         ];
         // Each host is started once; the agent is started afresh on it each round, and perf
         // record -a once on the issue's host, after the agent's first round.
-        let mut agent: BTreeMap<(usize, bool), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-        let mut perf: BTreeMap<(usize, bool), (f64, f64)> = BTreeMap::new();
-        for &(n, python) in &hosts {
+        let mut agent: BTreeMap<HostSpec, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        let mut perf: BTreeMap<HostSpec, (f64, f64)> = BTreeMap::new();
+        for &(n, python, wake_ms) in &hosts {
             let kind = if python { "CPython" } else { "native" };
-            let host = self.start_host(n, python)?;
+            let host = self.start_host(n, python, wake_ms)?;
             for round in 0..agent_rounds {
                 let (cpu, rss) = self.agent_on_host(secs)?;
                 println!(
                     "    round {round}: {n} {kind} processes: agent {cpu:.2}% of a core, {rss:.1} MiB"
                 );
-                let entry = agent.entry((n, python)).or_default();
+                let entry = agent.entry((n, python, wake_ms)).or_default();
                 entry.0.push(cpu);
                 entry.1.push(rss);
                 // perf's figure on the issue's host only: it is flat (a system-wide perf
                 // event per CPU, whatever the host runs), and each run takes the section's time.
-                if round == 0 && (n, python) == PERF_HOST {
+                if round == 0 && (n, python, wake_ms) == PERF_HOST {
                     let cost = self.always_on_cost(&perf_argv, secs)?;
                     println!(
                         "    {n} {kind} processes: perf record -a -g -F 19 {:.2}% of a core, {:.1} MiB",
                         cost.percent_of_core, cost.rss_mib
                     );
-                    perf.insert((n, python), (cost.percent_of_core, cost.rss_mib));
+                    perf.insert((n, python, wake_ms), (cost.percent_of_core, cost.rss_mib));
                 }
             }
             drop(host);
@@ -242,26 +255,26 @@ impl Bench {
         }
 
         writeln!(md, "\n## 15. Cost per process and per run (issue 46)\n")?;
-        writeln!(md, "**The agent on a host of many processes.** `bpfprof agent` with its defaults (19 Hz, 10 s windows), started on a host of N services: CPython ones (pyenv 3.10-3.13 and Debian's 3.11 in turn, three threads each, each waking every 50 ms for a little work) or native ones (`bench/duty.c`: 0.5 ms of work every 50 ms). Each host is started once; the agent is started on it {agent_rounds} time(s) in turn, and its CPU (user + system) measured over {secs} s after {AGENT_SETTLE_SECS} s of start-up, as a share of one core, with its RSS then: median (min–max) of those {agent_rounds} round(s). `perf record -a -g -F 19` is measured once the same way on the host of 150 CPython services, its own process only (the raw stacks it writes must still be read by `perf script`); the other hosts' perf cells are n/a, as a run on each would cost the section its time. The issue's host of 500 CPython services is left out: its services alone ask about four cores (150 ask 1.2), more than this 2-core machine has, and starting them would take the section past its time budget. CPU is counted in the kernel's 10 ms clock ticks (`/proc/PID/stat`), so over {secs} s a profiler using less than one tick reads 0.00. The issue asks for medians of 9 rounds; this section takes {agent_rounds} agent round(s) per host and {rounds} launched round(s) so that it fits the bench's time. Targets: ≤ 0.5% of a core at 150 CPython services, RSS ≤ 150 MiB.\n")?;
+        writeln!(md, "**The agent on a host of many processes.** `bpfprof agent` with its defaults (19 Hz, 10 s windows), started on a host of N services: CPython ones (pyenv 3.10-3.13 and Debian's 3.11 in turn, three threads each, each waking every 50 ms for a little work) or native ones (`bench/duty.c`: 0.5 ms of work every 50 ms). Each host is started once; the agent is started on it {agent_rounds} time(s) in turn, and its CPU (user + system) measured over {secs} s after {AGENT_SETTLE_SECS} s of start-up, as a share of one core, with its RSS then: median (min–max) of those {agent_rounds} round(s). `perf record -a -g -F 19` is measured once the same way on the host of 150 CPython services, its own process only (the raw stacks it writes must still be read by `perf script`); the other hosts' perf cells are n/a, as a run on each would cost the section its time. The issue's host of 500 CPython services waking every 50 ms would ask about four cores of its services' own work (150 ask 1.2), more than this 2-core machine has: the 500 services here wake every 200 ms (a core's work in all), so that row measures the agent's cost per process at 500 processes, with fewer samples than the issue's host would give. CPU is counted in the kernel's 10 ms clock ticks (`/proc/PID/stat`), so over {secs} s a profiler using less than one tick reads 0.00. The issue asks for medians of 9 rounds: the launched runs take {rounds}; the agent {agent_rounds} per host, so that the section fits the bench's time. Targets: ≤ 0.5% of a core at 150 CPython services, RSS ≤ 150 MiB.\n")?;
         writeln!(
             md,
             "| host | agent CPU, % of one core | agent RSS, MiB | perf record -a -g -F 19: CPU, % of one core | perf RSS, MiB |\n|---|---|---|---|---|"
         )?;
-        for ((n, python), (cpu, rss)) in &agent {
+        for ((n, python, wake_ms), (cpu, rss)) in &agent {
             let (pcpu, prss) = perf
-                .get(&(*n, *python))
+                .get(&(*n, *python, *wake_ms))
                 .map_or(("n/a".into(), "n/a".into()), |(c, r)| {
                     (format!("{c:.2}"), format!("{r:.1}"))
                 });
             writeln!(
                 md,
-                "| {n} {} services | {} | {} | {pcpu} | {prss} |",
+                "| {n} {} services, waking every {wake_ms} ms | {} | {} | {pcpu} | {prss} |",
                 if *python { "CPython" } else { "native" },
                 stat(cpu, 2),
                 stat(rss, 1)
             )?;
         }
-        if let Some((cpu, rss)) = agent.get(&(150, true)) {
+        if let Some((cpu, rss)) = agent.get(&PERF_HOST) {
             verdicts.push(Verdict {
                 target:
                     "agent ≤ 0.5% of a core at 19 Hz on a host of 150 CPython services (issue 46)"
@@ -276,13 +289,29 @@ impl Bench {
                 met: peak <= 150.0,
             });
         }
-        verdicts.push(Verdict {
-            target: "agent ≤ 1% of a core at 19 Hz on a host of 500 CPython services (issue 46)"
-                .into(),
-            measured: "not measured: 500 services need about four cores, this machine has two"
-                .into(),
-            met: false,
-        });
+        match agent.get(&(500, true, 200)) {
+            Some((cpu, rss)) => {
+                let peak = rss.iter().copied().fold(0.0, f64::max);
+                verdicts.push(Verdict {
+                    target: "agent ≤ 1% of a core at 19 Hz on a host of 500 CPython services, \
+                             RSS ≤ 150 MiB (issue 46; its services wake every 200 ms here)"
+                        .into(),
+                    measured: format!(
+                        "{}% (median of {}), {peak:.1} MiB (largest)",
+                        stat(cpu, 2),
+                        cpu.len()
+                    ),
+                    met: median(cpu) <= 1.0 && peak <= 150.0,
+                });
+            }
+            None => verdicts.push(Verdict {
+                target:
+                    "agent ≤ 1% of a core at 19 Hz on a host of 500 CPython services (issue 46)"
+                        .into(),
+                measured: "not measured in this run".into(),
+                met: false,
+            }),
+        }
         writeln!(md, "\n**A launched run on the busy machine.** `bench/burn.c` with two threads (one per core here), alone, under `bpfprof -F HZ -- burn` and under `perf record -e cpu-clock -g -F HZ -- burn`, in a rotated order; slowdown = time under the profiler / time alone in the same round; bpfprof's own CPU is the summary's `profiler_cpu_secs` (start-up, sampling and the end of the run). Median (min–max) of {rounds} rounds. Target: bpfprof's slowdown at most perf's.\n")?;
         writeln!(md, "| rate | bpfprof slowdown | perf record -g slowdown | bpfprof's own CPU, s |\n|---|---|---|---|")?;
         for (hz, (bpfprof, perf, own)) in &launched {

@@ -259,12 +259,19 @@ impl PythonTracking {
                 .iter()
                 .map(|(&ns_tid, host)| (ns_tid, now.contains(host))),
         );
+        let pid = self.target.pid();
         for (tid, tstate) in threads {
-            // Re-written every time: a thread id can be reused with a new thread state.
-            let _ = program.runtimes.cpython.threads.insert(tid, tstate, 0);
+            // Re-written every time: a thread id can be reused with a new thread state, and
+            // by another process (the entry then names it).
+            let thread = profiler_common::PythonThread {
+                tstate,
+                tgid: pid,
+                _pad: 0,
+            };
+            let _ = program.runtimes.cpython.threads.insert(tid, thread, 0);
         }
         for gone in self.threads.difference(&now) {
-            let _ = program.runtimes.cpython.threads.remove(gone);
+            forget_thread(program, pid, *gone);
         }
         self.threads = now;
     }
@@ -606,8 +613,9 @@ impl PythonTracking {
             .cpython
             .processes
             .remove(&self.target.pid());
+        let pid = self.target.pid();
         for tid in self.threads.drain() {
-            let _ = program.runtimes.cpython.threads.remove(&tid);
+            forget_thread(program, pid, tid);
         }
     }
 
@@ -698,6 +706,15 @@ fn fits_frame_copy(k: &profiler_common::PythonProcess) -> bool {
     }) && window.is_multiple_of(8)
         && (profiler_common::PYTHON_FRAME_BYTES..=profiler_common::PYTHON_FRAME_WINDOW_BYTES)
             .contains(&window)
+}
+
+/// Removes thread `tid` of process `pid` from the kernel's walked threads, unless its id was
+/// reused by another process's thread since, whose entry stays.
+fn forget_thread(program: &mut KernelProgram, pid: u32, tid: u32) {
+    let threads = &mut program.runtimes.cpython.threads;
+    if threads.get(&tid, 0).is_ok_and(|t| t.tgid == pid) {
+        let _ = threads.remove(&tid);
+    }
 }
 
 #[cfg(test)]
