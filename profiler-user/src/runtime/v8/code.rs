@@ -101,8 +101,8 @@ impl SourcePosition {
 ///
 /// Each entry is two zigzag-encoded LEB128 numbers, both deltas from the previous entry
 /// (which starts at code offset -1, position 0): the code offset's delta, negated minus one
-/// where the entry is not a statement position, then the source position's delta. An entry
-/// that would go backwards in the code, or a table that ends inside a number, is an error.
+/// where the entry is not a statement position, then the source position's delta. A number
+/// over 64 bits, an offset over 32, or a table that ends inside a number, is an error.
 pub fn decode_position_table(bytes: &[u8]) -> anyhow::Result<Vec<(u32, SourcePosition)>> {
     let mut reader = gimli::EndianSlice::new(bytes, gimli::LittleEndian);
     let read = |reader: &mut gimli::EndianSlice<gimli::LittleEndian>| -> anyhow::Result<i64> {
@@ -124,6 +124,25 @@ pub fn decode_position_table(bytes: &[u8]) -> anyhow::Result<Vec<(u32, SourcePos
         out.push((code, SourcePosition(position as u64)));
     }
     Ok(out)
+}
+
+/// The entries of an inlining positions table (V8's `InliningPosition`s, 16 bytes each: the
+/// call's `SourcePosition` in its caller, the inlined function's index in the inlined
+/// functions, padding); a partial entry at the end is left out.
+pub fn parse_inlining_positions(bytes: &[u8]) -> Vec<(SourcePosition, i32)> {
+    bytes
+        .chunks_exact(INLINING_POSITION_BYTES)
+        .map(|e| {
+            let mut position = [0u8; 8];
+            position.copy_from_slice(&e[0..8]);
+            let mut function = [0u8; 4];
+            function.copy_from_slice(&e[8..12]);
+            (
+                SourcePosition(u64::from_le_bytes(position)),
+                i32::from_le_bytes(function),
+            )
+        })
+        .collect()
 }
 
 /// One function of an inlined call chain: its SharedFunctionInfo (tagged), and the script
@@ -301,15 +320,7 @@ impl Heap {
             hex(&bytes),
             hex(&positions)
         );
-        info.inlining = positions
-            .chunks_exact(INLINING_POSITION_BYTES)
-            .map(|e| {
-                let word = |r: std::ops::Range<usize>| e.get(r).unwrap_or_default();
-                let position = u64::from_le_bytes(word(0..8).try_into().unwrap_or_default());
-                let function = i32::from_le_bytes(word(8..12).try_into().unwrap_or_default());
-                (SourcePosition(position), function)
-            })
-            .collect();
+        info.inlining = parse_inlining_positions(&positions);
         Ok(info)
     }
 
@@ -488,5 +499,186 @@ impl Heap {
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::runtime::v8::heap::line_of;
+
+    /// The capture of `testdata/node24_osr_code.txt` (see its header).
+    struct Capture {
+        code: CodeInfo,
+        own: u64,
+        names: HashMap<u64, String>,
+        frames: Vec<(u64, u16)>,
+    }
+
+    fn hex_bytes(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn number(text: &str) -> u64 {
+        u64::from_str_radix(text.trim_start_matches("0x"), 16).unwrap()
+    }
+
+    fn capture() -> Capture {
+        let text = include_str!("testdata/node24_osr_code.txt");
+        let mut fields: HashMap<&str, &str> = HashMap::new();
+        let mut names = HashMap::new();
+        let mut frames = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (key, value) = line.split_once(' ').unwrap();
+            match key {
+                "function" => {
+                    let (address, name) = value.split_once(' ').unwrap();
+                    names.insert(number(address), name.to_string());
+                }
+                "frame" => {
+                    let (pc, index) = value.split_once(' ').unwrap();
+                    frames.push((number(pc), index.parse().unwrap()));
+                }
+                _ => {
+                    fields.insert(key, value);
+                }
+            }
+        }
+        let code = CodeInfo {
+            kind: CodeKind::Turbofan,
+            start: number(fields["start"]),
+            size: number(fields["size"]),
+            positions: decode_position_table(&hex_bytes(fields["positions"])).unwrap(),
+            inlining: parse_inlining_positions(&hex_bytes(fields["inlining"])),
+            inlined: fields["inlined"].split(',').map(number).collect(),
+        };
+        Capture {
+            code,
+            own: number(fields["own"]),
+            names,
+            frames,
+        }
+    }
+
+    /// The 1-based lines of `function NAME(`'s body in nodehot.js: from the line after its
+    /// `function` line to its closing brace.
+    fn body(script: &str, name: &str) -> std::ops::RangeInclusive<u32> {
+        let lines: Vec<&str> = script.lines().collect();
+        let first = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("function {name}(")))
+            .unwrap();
+        let last = (first..lines.len()).find(|&i| lines[i] == "}").unwrap();
+        (first as u32 + 2)..=(last as u32)
+    }
+
+    #[test]
+    fn position_table_decodes_zigzag_leb128_deltas() {
+        // Code offset +5 (a statement: 10 zigzag), source +100 (200 = c8 01); then offset
+        // +3 not a statement (stored -4: 7 zigzag), source -30 (59 zigzag).
+        let table = [10, 0xc8, 0x01, 7, 59];
+        let decoded = decode_position_table(&table).unwrap();
+        assert_eq!(
+            decoded,
+            [(4, SourcePosition(100)), (7, SourcePosition(70))],
+            "offsets start at -1 and positions at 0"
+        );
+        // A number cut short, and one that overflows 64 bits, are errors, not panics.
+        assert!(decode_position_table(&[10, 0xc8]).is_err());
+        assert!(decode_position_table(&[0xff; 16]).is_err());
+    }
+
+    /// Node 24's own tables: every recorded frame in the code expands to a chain of the
+    /// script's functions, the code's own outermost, each at a line in its body where it
+    /// calls the next (or runs, for the innermost); the hot loops show as hotA and hotB inlined
+    /// under level3, level2 and level1, as the script calls them.
+    #[test]
+    fn node24_inlined_frames_follow_the_scripts_calls() {
+        let capture = capture();
+        let script = include_str!("testdata/nodehot.js");
+        let line_ends: Vec<u32> = script
+            .char_indices()
+            .filter(|&(_, c)| c == '\n')
+            .map(|(i, _)| i as u32)
+            .collect();
+        assert!(capture.code.positions.len() > 50);
+        let calls: HashMap<&str, &str> = [
+            ("hotA", "level3"),
+            ("hotB", "level3"),
+            ("level3", "level2"),
+            ("level2", "level1"),
+            ("level1", "(anonymous)"),
+        ]
+        .into();
+        let mut deepest = HashMap::new();
+        for &(pc, index) in &capture.frames {
+            let chain = capture
+                .code
+                .inlined_at(pc, index > 0, capture.own)
+                .unwrap_or_else(|| panic!("no chain at {pc:#x}"));
+            assert_eq!(chain.last().unwrap().shared, capture.own);
+            let named: Vec<(&str, u32)> = chain
+                .iter()
+                .map(|f| {
+                    let name = capture.names.get(&f.shared).map_or("?", String::as_str);
+                    let line = line_of(&line_ends, f.script_offset.unwrap()).unwrap();
+                    (name, line)
+                })
+                .collect();
+            // Innermost first: each function's caller is the next, as the script has it.
+            for pair in named.windows(2) {
+                let (callee, caller) = (pair[0].0, pair[1].0);
+                if let Some(&expected) = calls.get(callee) {
+                    assert_eq!(caller, expected, "{named:?} at {pc:#x}");
+                }
+            }
+            for &(name, line) in &named {
+                if name != "(anonymous)" && name != "?" {
+                    assert!(body(script, name).contains(&line), "{named:?} at {pc:#x}");
+                }
+            }
+            let depth = deepest.entry(named[0].0).or_insert(0);
+            *depth = (*depth).max(named.len());
+        }
+        // The hot loops, five deep: hotA or hotB, level3, level2, level1, the script.
+        assert_eq!(deepest.get("hotA"), Some(&5), "{deepest:?}");
+        assert_eq!(deepest.get("hotB"), Some(&5), "{deepest:?}");
+    }
+
+    #[test]
+    fn forged_inlining_tables_neither_loop_nor_panic() {
+        let position = |offset: u64, id: u64| SourcePosition(((offset + 1) << 1) | (id << 31));
+        let mut code = CodeInfo {
+            kind: CodeKind::Turbofan,
+            start: 0x1000,
+            size: 0x100,
+            positions: vec![(0, position(5, 1))],
+            // Entry 1 says its caller is itself: a loop.
+            inlining: vec![(position(3, 1), 0)],
+            inlined: vec![0x11],
+        };
+        assert_eq!(code.inlined_at(0x1010, false, 0x21), None);
+        // A caller with a higher id, a function index out of range, an id with no entry.
+        code.inlining = vec![(position(3, 2), 0), (position(3, 0), 0)];
+        assert_eq!(code.inlined_at(0x1010, false, 0x21), None);
+        code.inlining = vec![(position(3, 0), 7)];
+        assert_eq!(code.inlined_at(0x1010, false, 0x21), None);
+        code.inlining = Vec::new();
+        assert_eq!(code.inlined_at(0x1010, false, 0x21), None);
+        // Outside the code: no chain; a good one: inlined, then the code's own.
+        code.inlining = vec![(position(3, 0), 0)];
+        assert_eq!(code.inlined_at(0x2000, false, 0x21), None);
+        let chain = code.inlined_at(0x1010, true, 0x21).unwrap();
+        let sfis: Vec<u64> = chain.iter().map(|f| f.shared).collect();
+        assert_eq!(sfis, [0x11, 0x21]);
+        assert_eq!(chain[0].script_offset, Some(5));
+        assert_eq!(chain[1].script_offset, Some(3));
+        // A partial inlining entry is left out.
+        assert_eq!(parse_inlining_positions(&[0u8; 31]).len(), 1);
     }
 }

@@ -277,4 +277,67 @@ mod tests {
         assert_eq!(kept.len(), 6);
         assert_eq!(&*kept[4].0.name, "Builtins_CallFunction");
     }
+
+    #[test]
+    fn optimized_frames_expand_their_inlined_functions_in_call_order() {
+        use super::super::code::SourcePosition;
+        let function = |name: &str| JsFunction {
+            name: name.into(),
+            file: Some("/app/prog.js".into()),
+            line: Some(1),
+        };
+        let mut symbols = V8Symbols::default();
+        for (shared, name) in [(0x11, "outer"), (0x21, "middle"), (0x31, "inner")] {
+            symbols.functions.insert(shared, function(name));
+        }
+        let position = |id: u64| SourcePosition((10 << 1) | (id << 31));
+        // TurboFan code at 0x7f00_0000_0f00 whose instructions from offset 0x100 on run
+        // `inner` inlined into `middle`, inlined into the code's own `outer`.
+        symbols.add_code(
+            0x5001,
+            CodeInfo {
+                kind: CodeKind::Turbofan,
+                start: 0x7f00_0000_0f00,
+                size: 0x200,
+                positions: vec![(0, position(0)), (0x100, position(2))],
+                inlining: vec![(position(0), 0), (position(1), 1)],
+                inlined: vec![0x21, 0x31],
+            },
+        );
+        // The sampled frame (pc 0x7f00_0000_1000, offset 0x100): three frames, root first.
+        let merged = merge(
+            vec![native("[anon]+0x1000")],
+            &packed(0, 0x11, None),
+            &symbols,
+            false,
+        );
+        let shown: Vec<(&str, &str, bool)> = merged
+            .iter()
+            .map(|(f, _)| (&*f.name, f.module.as_deref().unwrap(), f.inlined))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("outer", "[js optimized TurboFan]", false),
+                ("middle", "[js inlined]", true),
+                ("inner", "[js inlined]", true),
+            ]
+        );
+        // A caller's frame at the same address is a return address: looked up a byte back
+        // (offset 0xff), where the code runs its own function alone.
+        let caller = merge(
+            vec![native("[anon]+0x1000"), native("Builtins_CallFunction")],
+            &packed(1, 0x11, None),
+            &symbols,
+            true,
+        );
+        assert_eq!(caller.len(), 2);
+        assert_eq!(&*caller[0].0.name, "outer");
+        // A frame whose pc is in no code read keeps one frame, its kind as before.
+        let mut elsewhere = packed(0, 0x11, None);
+        elsewhere[2] = 0x7f00_0000_9000;
+        let merged = merge(vec![native("[anon]+0x9000")], &elsewhere, &symbols, false);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].0.module.as_deref(), Some("[js compiled]"));
+    }
 }

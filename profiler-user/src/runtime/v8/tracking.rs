@@ -166,6 +166,11 @@ impl V8Tracking {
                 let kept = code.kept_bytes();
                 self.shares.charge(self.owner, kept);
                 self.charged += kept;
+                log::trace!(
+                    "pid {}: V8 code {key:#x} inlined {:x?}",
+                    self.pid,
+                    code.inlined
+                );
                 for &shared in &code.inlined {
                     if shared != 0 {
                         self.queue(Work::Function(shared));
@@ -209,6 +214,7 @@ impl crate::runtime::Instance for V8Tracking {
         self.named_stacks = seen;
         for stack in stacks {
             for frame in frames(&stack) {
+                log::trace!("pid {}: V8 frame {frame:x?}", self.pid);
                 self.queue(Work::Function(frame.shared));
                 // An interpreted frame runs no code of its function's own: only the others'
                 // Code is read (for its kind and inlined functions), found from their pc.
@@ -285,6 +291,7 @@ impl crate::runtime::Instance for V8Tracking {
             }
             match self.heap.function(key) {
                 Ok(function) => {
+                    log::trace!("pid {}: V8 function {key:#x}: {function:?}", self.pid);
                     let kept = (function.name.len()
                         + function.file.as_ref().map_or(0, String::len)
                         + std::mem::size_of::<(u64, JsFunction)>())
