@@ -35,6 +35,9 @@ const MAX_INSTRUCTION_BYTES: u64 = 64 << 20;
 const MAX_STREAM_SCAN: u64 = 1 << 20;
 /// Bytes read at once while looking back for an InstructionStream's header.
 const SCAN_BLOCK: u64 = 32 << 10;
+/// Words read as a map (each a read of the target) per look for a pc's InstructionStream,
+/// until the first is found (then the map is known and compared alone).
+const MAX_MAP_PROBES: usize = 4096;
 /// The smallest mapping's size and alignment.
 const PAGE: u64 = 4096;
 /// Alignment of an InstructionStream's instructions (V8's `kCodeAlignment` is at least 32 on
@@ -346,6 +349,7 @@ impl Heap {
             bail!("pc {pc:#x} is too low");
         };
         let (mut block, mut block_from) = (Vec::new(), u64::MAX);
+        let mut probes = 0;
         while stream >= lowest {
             if stream < block_from {
                 let end = stream + 8;
@@ -369,10 +373,15 @@ impl Heap {
             let word = u64::from_le_bytes(block[i..i + 8].try_into().unwrap_or_default());
             let is_map = match self.stream_map {
                 Some(map) => word == map,
-                None => {
-                    is_heap_object(word)
-                        && self.type_of_map(word).ok() == Some(cc.type_instruction_stream)
+                None if is_heap_object(word) => {
+                    probes += 1;
+                    ensure!(
+                        probes <= MAX_MAP_PROBES,
+                        "no InstructionStream map among {MAX_MAP_PROBES} words before {pc:#x}"
+                    );
+                    self.type_of_map(word).ok() == Some(cc.type_instruction_stream)
                 }
+                None => false,
             };
             if is_map {
                 if let Some(code) = self.code_of_stream(stream, pc) {

@@ -34,8 +34,10 @@ enum Work {
     Pc(u64),
 }
 
-/// Most pcs whose Code was not found that are remembered.
-const MAX_NO_CODE: usize = 1 << 16;
+/// Most pcs whose Code was not found that are remembered: past it none is looked for.
+const MAX_NO_CODE: usize = 1 << 14;
+/// Pcs whose Code was not found before any was, past which none is looked for.
+const MAX_FIRST_MISSES: usize = 1024;
 
 /// One V8 process whose JavaScript frames the kernel records.
 pub struct V8Tracking {
@@ -262,7 +264,14 @@ impl crate::runtime::Instance for V8Tracking {
                     continue;
                 }
                 Work::Pc(pc) => {
-                    if self.symbols.code_at(pc).is_none()
+                    // Pcs not found are remembered up to a bound, and none is looked for past it
+                    // (or, before any was found, past a thousand misses: a process whose
+                    // memory holds no InstructionStream is not scanned for each new pc).
+                    let hopeless = self.no_code.len() >= MAX_NO_CODE
+                        || (self.symbols.codes.is_empty()
+                            && self.no_code.len() >= MAX_FIRST_MISSES);
+                    if !hopeless
+                        && self.symbols.code_at(pc).is_none()
                         && !self.no_code.contains(&pc)
                         && self.in_jit_code(pc, &mut maps_read)
                     {
@@ -272,11 +281,10 @@ impl crate::runtime::Instance for V8Tracking {
                             }
                             Ok(_) => {}
                             Err(e) => {
+                                // Not counted: V8's generated memory also holds code with no
+                                // InstructionStream (its builtins, copied near the heap).
                                 log::debug!("pid {}: V8 pc {pc:#x}: {e:#}", self.pid);
-                                self.unread_code += 1;
-                                if self.no_code.len() < MAX_NO_CODE {
-                                    self.no_code.insert(pc);
-                                }
+                                self.no_code.insert(pc);
                             }
                         }
                     }
@@ -330,8 +338,8 @@ impl crate::runtime::Instance for V8Tracking {
         }
         if self.unread_code > 0 {
             parts.push(format!(
-                "{} JavaScript frames' code could not be found or read (moved or freed \
-                 before it was read): their inlined functions are not shown",
+                "{} JavaScript frames' code could not be read (moved or freed before it was \
+                 read): their inlined functions are not shown",
                 self.unread_code
             ));
         }
