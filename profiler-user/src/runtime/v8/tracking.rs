@@ -169,8 +169,11 @@ impl V8Tracking {
                 self.shares.charge(self.owner, kept);
                 self.charged += kept;
                 log::trace!(
-                    "pid {}: V8 code {key:#x} inlined {:x?}",
+                    "pid {}: V8 code {key:#x}: {:?} at {:#x}+{:#x}, inlined {:x?}",
                     self.pid,
+                    code.kind,
+                    code.start,
+                    code.size,
                     code.inlined
                 );
                 for &shared in &code.inlined {
