@@ -8,7 +8,9 @@
 //! native function, keeps bpfprof's CPU and memory bounded, and says in the summary, per
 //! process, that their JVM or V8 could not be read. A third fake (`fake/heaps.c`), whose
 //! VMStructs are believed and whose code heaps are 300 MiB of 16-byte blocks, costs bpfprof
-//! a bounded share of a CPU however often the run rescans. Needs root.
+//! a bounded share of a CPU however often the run rescans. A fourth (`fake/v8inline.c`), whose
+//! V8 constants are believed, runs a frame in a forged TurboFan Code whose inlining table
+//! loops: shown as one frame, at the usual cost. Needs root.
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -234,6 +236,72 @@ fn a_fake_code_cache_costs_a_bounded_share_of_a_cpu() {
     });
     c.check(cpu < MAX_HEAPS_CPU_SHARE * HEAPS_RUN_SECONDS, || {
         format!("bpfprof used {cpu:.3} s of CPU in a {HEAPS_RUN_SECONDS} s run")
+    });
+    c.finish();
+}
+
+/// A fake Node.js whose V8 constants are believed (Node 24's) and whose one JavaScript frame
+/// runs in a forged TurboFan Code (`fake/v8inline.c`): found from the frame's pc (its
+/// InstructionStream header), read, and its inlining table says the inlined call is its own
+/// caller, a chain with no end. The frame is shown once, as its own function, with no inlined
+/// frames; the run ends in time and an honest process beside it is profiled right, at the
+/// usual cost.
+#[test]
+fn a_fake_inlining_table_shows_one_frame_and_costs_its_own_run_only() {
+    needs_root!();
+    let dir = tempdir();
+    let src = workspace_root().join("tests/workloads/fake/v8inline.c");
+    let fake = dir.path().join("node-inline-fake");
+    gcc(&[
+        "-O0",
+        "-rdynamic",
+        "-o",
+        fake.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    let mut node = Command::new(&fake);
+    node.arg("90");
+    let node = Workload::spawn_command(node);
+    let honest = Workload::spawn("hotcold", &["90"]);
+    let (v, o) = (node.pid(), honest.pid());
+    let (profile, summary) = profile_pids(&[v, o], RUN_SECONDS, dir.path(), TIMEOUT);
+    drop((node, honest));
+
+    let mut c = Checks::new();
+    let of = |pid: u32, name: &str| {
+        profile.count_where(|f| root_pid(&f[0]) == Some(pid) && f.iter().any(|x| x == name))
+    };
+    let (hot, cold) = (of(o, "leaf_hot"), of(o, "leaf_cold"));
+    let fake_frames = of(v, "fakeInlined");
+    let repeated = profile.count_where(|f| {
+        root_pid(&f[0]) == Some(v) && f.iter().filter(|x| *x == "fakeInlined").count() > 1
+    });
+    eprintln!(
+        "honest: leaf_hot {hot}, leaf_cold {cold}; fake Node: {fake_frames} samples in \
+         fakeInlined, {repeated} with it more than once"
+    );
+    c.check(hot + cold >= 100, || {
+        format!("honest: {} samples of its work: too few", hot + cold)
+    });
+    c.result(
+        "honest: leaf_hot's share",
+        Share::new(hot, hot + cold).near(0.75, 0.05, 0.5),
+    );
+    c.check(fake_frames > 0 && repeated == 0, || {
+        format!(
+            "the fake's frame: {fake_frames} samples, {repeated} with it more than once:\n{}",
+            profile.top(10)
+        )
+    });
+    let cost = &summary.field("cost");
+    let cpu = cost["profiler_cpu_secs"].as_f64().unwrap_or(f64::MAX);
+    let rss = cost["profiler_peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
+    eprintln!("bpfprof: {cpu:.3} s of CPU in a {RUN_SECONDS} s run, peak RSS {rss} bytes");
+    c.check(cpu < MAX_PROFILER_CPU_SHARE * RUN_SECONDS, || {
+        format!("bpfprof used {cpu:.3} s of CPU in a {RUN_SECONDS} s run")
+    });
+    c.check(rss < MAX_PROFILER_RSS, || {
+        format!("bpfprof's peak RSS was {rss} bytes")
     });
     c.finish();
 }

@@ -2,8 +2,8 @@
 //! `--perf-basic-prof`, no restart), named from V8's own structures: nodehot.js's hotA does three
 //! times hotB's work under three levels of its own functions, optimized by V8 while they run.
 //! On Debian 12's Node 18 (libnode.so.108, V8 10.2), the machine's `node` where it is another
-//! one; not yet Debian sid's Node 24, whose inlined frames are not expanded (see [`nodes`]).
-//! Needs root.
+//! one, and Debian sid's Node 24 (in the sid chroot), whose TurboFan inlines the functions into
+//! their callers. Needs root.
 
 use std::{
     path::{Path, PathBuf},
@@ -22,6 +22,8 @@ const WARM_UP: Duration = Duration::from_secs(3);
 const SHARE_TOLERANCE: f64 = 0.03;
 /// Where `cargo xtask setup` unpacks Debian 12's Node 18 when the machine's `node` is another.
 const NODE18_ROOT: &str = "/opt/node18";
+/// The sid chroot (`cargo xtask setup` installs its nodejs).
+const SID_ROOT: &str = "/srv/sid";
 
 /// One Node.js under test: how to start it, and the root its files must be under.
 struct Node {
@@ -90,11 +92,29 @@ fn nodes() -> Vec<Node> {
             root: PathBuf::from("/"),
         });
     }
-    // Debian sid's Node 24 (V8 13.6) is left out until inlined frames are expanded: its
-    // TurboFan inlines hotA, hotB and level2 into their callers, whose frames alone then
-    // remain (`level1;level3` with no hotA or hotB: 0 of 3,850 samples named either, against
-    // the workload's 0.74), a defect of issue 45 still open, not a property of the workload.
-    // `cargo xtask setup` still installs it in the sid chroot for trying by hand.
+    // Debian sid's Node 24 (V8 13.6), whose TurboFan inlines hotA, hotB and level2 into their
+    // callers (and the script's loop into its on-stack replacement code): their frames are
+    // the inlined functions bpfprof expands from the code's source positions.
+    let sid = Path::new(SID_ROOT);
+    if sid.join("usr/bin/node").is_file() {
+        let command = vec![
+            "chroot".to_string(),
+            SID_ROOT.to_string(),
+            "/usr/bin/node".to_string(),
+        ];
+        let version = version_of(&command, &[]).unwrap_or_default();
+        out.push(Node {
+            label: format!("Debian sid node {version} (chroot {SID_ROOT})"),
+            command,
+            env: Vec::new(),
+            root: sid.to_path_buf(),
+        });
+    } else {
+        assert!(
+            !ci(),
+            "sid's nodejs is needed under CI (cargo xtask setup installs it in {SID_ROOT})"
+        );
+    }
     out
 }
 

@@ -69,6 +69,47 @@ pub struct Constants {
     /// Whether ScopeInfo keeps the function's start and end positions in fixed slots (3 and
     /// 4, V8 12.8.44 on); before, they follow its variable-length part.
     pub scope_info_fixed_positions: bool,
+    /// What reading an optimized frame's inlined functions and a frame's code kind needs;
+    /// `None` where V8 does not export the Code object's layout (before V8 12 or so:
+    /// Node 18 and 20), whose frames are then named as before, one per frame.
+    pub code: Option<CodeConstants>,
+}
+
+/// The layout of V8's `Code` object and of the tables an optimized frame's inlined
+/// functions are read from ([`super::heap::Heap::code`]).
+#[derive(Clone, Debug, Default)]
+#[allow(missing_docs)]
+pub struct CodeConstants {
+    pub type_code: u16,
+    pub type_shared_function_info_wrapper: Option<u16>,
+    /// `SharedFunctionInfoWrapper::shared_info`'s offset.
+    pub wrapper_shared_info: u64,
+    /// Instance types a source position table or inlining positions may have (`ByteArray`,
+    /// `TrustedByteArray` from V8 12.4).
+    pub types_byte_array: Vec<u16>,
+    /// Instance types DeoptimizationData and its literal array may have (fixed arrays,
+    /// trusted or protected, weak or not, as V8's versions changed them).
+    pub types_fixed_array: Vec<u16>,
+    pub instruction_start: u64,
+    pub instruction_size: u64,
+    pub flags: u64,
+    pub position_table: u64,
+    pub deoptimization_data: u64,
+    pub kind_mask: u32,
+    pub kind_shift: u32,
+    /// `CodeKind::INTERPRETED_FUNCTION`, `BASELINE`; `MAGLEV` and `TURBOFAN_JS` follow
+    /// `BASELINE` in V8's enum since Maglev's kind was added (V8 10).
+    pub kind_interpreted: u32,
+    pub kind_baseline: u32,
+    pub deopt_inlined_count: u64,
+    pub deopt_literal_array: u64,
+    pub deopt_inlining_positions: u64,
+    /// `Code::instruction_stream`'s offset, `InstructionStream`'s instruction start (its
+    /// header's size) and type: finding a pc's Code from its instructions (V8 13's JSFunction
+    /// holds a dispatch handle, no Code, and on-stack replacement code is no function's).
+    pub instruction_stream: u64,
+    pub stream_instruction_start: u64,
+    pub type_instruction_stream: u16,
 }
 
 /// A mapped file: its path, its first mapping's address range, its device and inode.
@@ -340,6 +381,87 @@ pub fn from_symbols(
         scope_info_first_vars: offset("scopeinfo_idx_first_vars")?,
         scope_info_context_locals: offset("scopeinfo_idx_ncontextlocals")?,
         scope_info_fixed_positions: version >= (12, 8, 44),
+        code: code_constants(&get),
     };
     Ok((version, kernel, constants))
+}
+
+/// Where the object exports the `Code` object's instruction start, size and flags (V8 12 or
+/// so on), the constants for reading optimized frames' inlining; `None` otherwise, or where
+/// any is out of range (a file is the target's to write).
+fn code_constants(get: &dyn Fn(&str) -> Option<i64>) -> Option<CodeConstants> {
+    let offset = |name: &str| {
+        get(name)
+            .filter(|v| (0..MAX_OFFSET).contains(v))
+            .map(|v| v as u64)
+    };
+    let tag = |name: &str| get(name).and_then(|v| u16::try_from(v).ok());
+    let index = |name: &str| get(name).filter(|v| (1..64).contains(v)).map(|v| v as u64);
+    let instruction_start = offset("class_Code__instruction_start")?;
+    let instruction_size = offset("class_Code__instruction_size")?;
+    let flags = offset("class_Code__flags")?;
+    // Not exported: V8 keeps them first in Code, after the map (deoptimization data or
+    // interpreter data, then the position table), with the code wrapper (V8 12.x on) and the
+    // instruction stream before the instruction start, as the OpenTelemetry eBPF profiler
+    // derives them.
+    let position_table = match offset("class_Code__source_position_table") {
+        Some(v) => v,
+        None if tag("type_CodeWrapper__CODE_WRAPPER_TYPE").is_some() => {
+            instruction_start.checked_sub(24)?
+        }
+        None => instruction_size.checked_sub(16)?,
+    };
+    let deoptimization_data = match offset("class_Code__deoptimization_data") {
+        Some(v) => v,
+        None => position_table.checked_sub(8)?,
+    };
+    let kind_baseline = get("CodeKindBaseline").filter(|v| (1..32).contains(v))? as u32;
+    let kind_interpreted = match get("CodeKindInterpretedFunction") {
+        Some(v) if (0..32).contains(&v) => v as u32,
+        Some(_) => return None,
+        // It precedes BASELINE in V8's enum.
+        None => kind_baseline - 1,
+    };
+    let kind_mask = get("CodeKindFieldMask").filter(|v| (1..=0xff).contains(v))? as u32;
+    let kind_shift = get("CodeKindFieldShift").filter(|v| (0..32).contains(v))? as u32;
+    let types = |names: &[&str]| -> Vec<u16> { names.iter().filter_map(|n| tag(n)).collect() };
+    let types_byte_array = types(&[
+        "type_ByteArray__BYTE_ARRAY_TYPE",
+        "type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE",
+    ]);
+    let types_fixed_array = types(&[
+        "type_FixedArray__FIXED_ARRAY_TYPE",
+        "type_WeakFixedArray__WEAK_FIXED_ARRAY_TYPE",
+        "type_TrustedFixedArray__TRUSTED_FIXED_ARRAY_TYPE",
+        "type_TrustedWeakFixedArray__TRUSTED_WEAK_FIXED_ARRAY_TYPE",
+        "type_ProtectedFixedArray__PROTECTED_FIXED_ARRAY_TYPE",
+        "type_ProtectedWeakFixedArray__PROTECTED_WEAK_FIXED_ARRAY_TYPE",
+    ]);
+    if types_byte_array.is_empty() || types_fixed_array.is_empty() {
+        return None;
+    }
+    let wrapper = tag("type_SharedFunctionInfoWrapper__SHARED_FUNCTION_INFO_WRAPPER_TYPE");
+    Some(CodeConstants {
+        type_code: tag("type_Code__CODE_TYPE")?,
+        type_shared_function_info_wrapper: wrapper,
+        wrapper_shared_info: offset("class_SharedFunctionInfoWrapper__shared_info").unwrap_or(8),
+        types_byte_array,
+        types_fixed_array,
+        instruction_start,
+        instruction_size,
+        flags,
+        position_table,
+        deoptimization_data,
+        kind_mask,
+        kind_shift,
+        kind_interpreted,
+        kind_baseline,
+        deopt_inlined_count: index("DeoptimizationDataInlinedFunctionCountIndex")?,
+        deopt_literal_array: index("DeoptimizationDataLiteralArrayIndex")?,
+        deopt_inlining_positions: index("DeoptimizationDataInliningPositionsIndex")?,
+        instruction_stream: offset("class_Code__instruction_stream")?,
+        stream_instruction_start: offset("class_InstructionStream__instruction_start")
+            .filter(|&v| v >= 16)?,
+        type_instruction_stream: tag("type_InstructionStream__INSTRUCTION_STREAM_TYPE")?,
+    })
 }

@@ -48,16 +48,18 @@ struct ScriptInfo {
 
 /// Reads one process's heap with its V8's constants; keeps its scripts.
 pub struct Heap {
-    memory: ProcessMemory,
-    c: Constants,
+    pub(super) memory: ProcessMemory,
+    pub(super) c: Constants,
     scripts: HashMap<u64, ScriptInfo>,
+    /// The map every InstructionStream has, once one was found ([`Heap::code_at`]).
+    pub(super) stream_map: Option<u64>,
 }
 
-fn is_heap_object(word: u64) -> bool {
+pub(super) fn is_heap_object(word: u64) -> bool {
     word & 3 == 1
 }
 
-fn smi(word: u64) -> Option<i64> {
+pub(super) fn smi(word: u64) -> Option<i64> {
     (word & 1 == 0).then_some((word as i64) >> 32)
 }
 
@@ -68,7 +70,13 @@ impl Heap {
             memory,
             c: constants,
             scripts: HashMap::new(),
+            stream_map: None,
         }
+    }
+
+    /// Whether this V8's Code objects can be read ([`Heap::code`]).
+    pub fn reads_code(&self) -> bool {
+        self.c.code.is_some()
     }
 
     /// Bytes read from the process so far.
@@ -76,19 +84,19 @@ impl Heap {
         self.memory.bytes_read()
     }
 
-    fn word(&self, at: u64) -> crate::Result<u64> {
+    pub(super) fn word(&self, at: u64) -> crate::Result<u64> {
         let mut b = [0u8; 8];
         self.memory.read_exact(at, &mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
     /// The field at `offset` of the object `tagged` points to.
-    fn field(&self, tagged: u64, offset: u64) -> crate::Result<u64> {
+    pub(super) fn field(&self, tagged: u64, offset: u64) -> crate::Result<u64> {
         self.word((tagged - 1).wrapping_add(offset))
     }
 
     /// The instance type of the object `tagged` points to.
-    fn type_of(&self, tagged: u64) -> anyhow::Result<u16> {
+    pub(super) fn type_of(&self, tagged: u64) -> anyhow::Result<u16> {
         if !is_heap_object(tagged) {
             bail!("{tagged:#x} is no heap object");
         }

@@ -10,6 +10,7 @@
 //!   binary, or Debian's `libnode.so.N`), and the offsets and type tags read from it;
 //! - [`heap`]: a SharedFunctionInfo's name, script and start line, read from the live
 //!   process with bounded, type-checked reads;
+//! - [`code`]: a frame's Code object: its kind, and the functions optimized code inlined;
 //! - [`tracking`]: one followed process (the runtime's [`crate::runtime::Instance`]);
 //! - [`merge`]: the named frames put in place of the native frames they were recorded at.
 //!
@@ -17,6 +18,7 @@
 //! frames all run in one trampoline, and code that V8 moves, tiers up or frees keeps its
 //! function's name.
 
+pub mod code;
 pub mod detect;
 pub mod heap;
 pub mod merge;

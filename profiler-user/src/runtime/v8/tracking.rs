@@ -13,7 +13,7 @@ use profiler_common::{StackId, V8Process};
 use super::{
     detect::FoundV8,
     heap::{Heap, JsFunction},
-    merge::{frames, V8Symbols},
+    merge::{frames, lookup_pc, V8Symbols},
 };
 use crate::{
     kernel::KernelProgram,
@@ -23,14 +23,38 @@ use crate::{
 /// Functions of one process waiting to be named at most (as for CPython's code objects).
 const MAX_QUEUED: usize = 1 << 18;
 
+/// Something to read from a V8 process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Work {
+    /// A SharedFunctionInfo (tagged): its function's name.
+    Function(u64),
+    /// A Code object (tagged): its kind and inlining.
+    Code(u64),
+    /// A frame's pc (as [`lookup_pc`] has it): the Code holding it.
+    Pc(u64),
+}
+
+/// Most pcs whose Code was not found that are remembered: past it none is looked for.
+const MAX_NO_CODE: usize = 1 << 14;
+/// Pcs whose Code was not found before any was, past which none is looked for.
+const MAX_FIRST_MISSES: usize = 1024;
+
 /// One V8 process whose JavaScript frames the kernel records.
 pub struct V8Tracking {
     pid: u32,
     heap: Heap,
     kernel: V8Process,
     named_stacks: HashSet<StackId>,
-    queued: VecDeque<u64>,
-    queued_keys: HashSet<u64>,
+    /// What to read: SharedFunctionInfos, Code objects (tagged) and the pcs of frames whose
+    /// Code is to be found.
+    queued: VecDeque<Work>,
+    queued_keys: HashSet<Work>,
+    /// Pcs whose Code was looked for and not found (not looked for again).
+    no_code: HashSet<u64>,
+    /// The process's anonymous executable mappings (V8's generated code), as last read.
+    jit_ranges: Vec<(u64, u64)>,
+    /// Its file-backed executable mappings (V8's builtins are in the object's text).
+    file_ranges: Vec<(u64, u64)>,
     queue_full: u64,
     shares: Arc<NamingShares>,
     owner: Owner,
@@ -38,6 +62,8 @@ pub struct V8Tracking {
     symbols: V8Symbols,
     /// SharedFunctionInfos that could not be read as one (moved or freed since the sample).
     unnamed: u64,
+    /// Code objects that could not be read as one (their frames keep one function each).
+    unread_code: u64,
     over_budget: u64,
     over_time: u64,
     naming: Duration,
@@ -74,16 +100,94 @@ impl V8Tracking {
             named_stacks: HashSet::new(),
             queued: VecDeque::new(),
             queued_keys: HashSet::new(),
+            no_code: HashSet::new(),
+            jit_ranges: Vec::new(),
+            file_ranges: Vec::new(),
             queue_full: 0,
             shares: Arc::clone(shares),
             owner,
             charged: 0,
             symbols: V8Symbols::default(),
             unnamed: 0,
+            unread_code: 0,
             over_budget: 0,
             over_time: 0,
             naming: Duration::ZERO,
         })
+    }
+}
+
+impl V8Tracking {
+    /// Queues a SharedFunctionInfo or Code (`key`) to be read, unless it was or is queued.
+    fn queue(&mut self, key: Work) {
+        let known = match key {
+            Work::Function(shared) => self.symbols.functions.contains_key(&shared),
+            Work::Code(code) => self.symbols.codes.contains_key(&code),
+            Work::Pc(pc) => self.symbols.code_at(pc).is_some() || self.no_code.contains(&pc),
+        };
+        if known || self.queued_keys.contains(&key) {
+            return;
+        }
+        if self.queued.len() >= MAX_QUEUED {
+            self.queue_full += 1;
+            return;
+        }
+        self.queued_keys.insert(key);
+        self.queued.push_back(key);
+    }
+
+    /// Whether `pc` lies in V8's generated code (an anonymous executable mapping), where a
+    /// Code is looked for: the process's maps are read again (once per naming round,
+    /// `maps_read`) for a pc in none of those known.
+    fn in_jit_code(&mut self, pc: u64, maps_read: &mut bool) -> bool {
+        let within = |ranges: &[(u64, u64)]| ranges.iter().any(|&(lo, hi)| pc >= lo && pc < hi);
+        if !within(&self.jit_ranges) && !within(&self.file_ranges) && !*maps_read {
+            *maps_read = true;
+            if let Ok(maps) = procfs::process::Process::new(self.pid as i32).and_then(|p| p.maps())
+            {
+                self.jit_ranges.clear();
+                self.file_ranges.clear();
+                for m in maps {
+                    if !m.perms.contains(procfs::process::MMPermissions::EXECUTE) {
+                        continue;
+                    }
+                    match m.pathname {
+                        procfs::process::MMapPath::Anonymous => self.jit_ranges.push(m.address),
+                        _ => self.file_ranges.push(m.address),
+                    }
+                }
+            }
+        }
+        within(&self.jit_ranges)
+    }
+
+    /// Reads Code `key` and queues the functions it inlined.
+    fn read_code(&mut self, key: u64) {
+        match self.heap.code(key) {
+            Ok(code) => {
+                let kept = code.kept_bytes();
+                self.shares.charge(self.owner, kept);
+                self.charged += kept;
+                log::trace!(
+                    "pid {}: V8 code {key:#x}: {:?} at {:#x}+{:#x}, inlined {:x?}",
+                    self.pid,
+                    code.kind,
+                    code.start,
+                    code.size,
+                    code.inlined
+                );
+                for &shared in &code.inlined {
+                    if shared != 0 {
+                        self.queue(Work::Function(shared));
+                    }
+                }
+                self.symbols.add_code(key, code);
+            }
+            Err(e) => {
+                self.unread_code += 1;
+                log::debug!("pid {}: V8 code {key:#x}: {e:#}", self.pid);
+            }
+        }
     }
 }
 
@@ -109,18 +213,29 @@ impl crate::runtime::Instance for V8Tracking {
         run: u32,
         ns_pid: u32,
     ) {
-        for stack in crate::runtime::new_stacks(program, ids, run, ns_pid, &mut self.named_stacks) {
+        let mut seen = std::mem::take(&mut self.named_stacks);
+        let stacks: Vec<_> =
+            crate::runtime::new_stacks(program, ids, run, ns_pid, &mut seen).collect();
+        self.named_stacks = seen;
+        for stack in stacks {
             for frame in frames(&stack) {
-                let key = frame.shared;
-                if self.symbols.0.contains_key(&key) || self.queued_keys.contains(&key) {
-                    continue;
+                log::trace!("pid {}: V8 frame {frame:x?}", self.pid);
+                self.queue(Work::Function(frame.shared));
+                // An interpreted frame runs no code of its function's own: only the others'
+                // Code is read (for its kind and inlined functions), found from their pc.
+                // The Code a frame runs (for its kind and inlined functions), found from its pc:
+                // of every frame, interpreted ones too (a frame in on-stack replacement code
+                // keeps the interpreter's frame and its bytecode offset), where V8's Code can
+                // be read; pcs in V8's builtins (the interpreter's) are left out when it
+                // runs (below).
+                if self.heap.reads_code() {
+                    // The function's own Code where the kernel could read one (a V8 whose
+                    // JSFunction holds it), which spares looking for the pc's.
+                    if frame.bytecode_offset.is_none() && frame.code & 3 == 1 {
+                        self.queue(Work::Code(frame.code));
+                    }
+                    self.queue(Work::Pc(lookup_pc(&frame)));
                 }
-                if self.queued.len() >= MAX_QUEUED {
-                    self.queue_full += 1;
-                    continue;
-                }
-                self.queued_keys.insert(key);
-                self.queued.push_back(key);
             }
         }
     }
@@ -133,24 +248,68 @@ impl crate::runtime::Instance for V8Tracking {
         let started = std::time::Instant::now();
         let cpu_before = crate::clock::thread_cpu_time();
         let spent = || crate::clock::thread_cpu_time().saturating_sub(cpu_before);
-        while let Some(key) = self.queued.pop_front() {
-            self.queued_keys.remove(&key);
-            if self.symbols.0.contains_key(&key) {
-                continue;
-            }
+        let mut maps_read = false;
+        while let Some(queued) = self.queued.pop_front() {
+            self.queued_keys.remove(&queued);
             if !self.shares.has_room(self.owner) {
                 self.over_budget += 1;
                 continue;
             }
+            let key = match queued {
+                Work::Function(key) => key,
+                Work::Code(key) => {
+                    if !self.symbols.codes.contains_key(&key) {
+                        self.read_code(key);
+                    }
+                    if spent() >= cpu {
+                        break;
+                    }
+                    continue;
+                }
+                Work::Pc(pc) => {
+                    // Pcs not found are remembered up to a bound, and none is looked for past it
+                    // (or, before any was found, past a thousand misses: a process whose
+                    // memory holds no InstructionStream is not scanned for each new pc).
+                    let hopeless = self.no_code.len() >= MAX_NO_CODE
+                        || (self.symbols.codes.is_empty()
+                            && self.no_code.len() >= MAX_FIRST_MISSES);
+                    if !hopeless
+                        && self.symbols.code_at(pc).is_none()
+                        && !self.no_code.contains(&pc)
+                        && self.in_jit_code(pc, &mut maps_read)
+                    {
+                        match self.heap.code_at(pc) {
+                            Ok(code) if !self.symbols.codes.contains_key(&code) => {
+                                self.read_code(code)
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                // Not counted: V8's generated memory also holds code with no
+                                // InstructionStream (its builtins, copied near the heap).
+                                log::debug!("pid {}: V8 pc {pc:#x}: {e:#}", self.pid);
+                                self.no_code.insert(pc);
+                            }
+                        }
+                    }
+                    if spent() >= cpu {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if self.symbols.functions.contains_key(&key) {
+                continue;
+            }
             match self.heap.function(key) {
                 Ok(function) => {
+                    log::trace!("pid {}: V8 function {key:#x}: {function:?}", self.pid);
                     let kept = (function.name.len()
                         + function.file.as_ref().map_or(0, String::len)
                         + std::mem::size_of::<(u64, JsFunction)>())
                         as u64;
                     self.shares.charge(self.owner, kept);
                     self.charged += kept;
-                    self.symbols.0.insert(key, function);
+                    self.symbols.functions.insert(key, function);
                 }
                 Err(e) => {
                     self.unnamed += 1;
@@ -180,6 +339,13 @@ impl crate::runtime::Instance for V8Tracking {
                 self.unnamed
             ));
         }
+        if self.unread_code > 0 {
+            parts.push(format!(
+                "{} JavaScript frames' code could not be read (moved or freed before it was \
+                 read): their inlined functions are not shown",
+                self.unread_code
+            ));
+        }
         if self.over_budget > 0 {
             parts.push(format!(
                 "{} JavaScript functions were left unnamed: its user's runs keep the {} MiB of \
@@ -199,7 +365,10 @@ impl crate::runtime::Instance for V8Tracking {
     }
 
     fn naming_cost(&self) -> (usize, Duration) {
-        (self.symbols.0.len(), self.naming)
+        (
+            self.symbols.functions.len() + self.symbols.codes.len(),
+            self.naming,
+        )
     }
 
     fn frames(&self) -> &dyn crate::runtime::NamedFrames {
