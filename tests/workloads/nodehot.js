@@ -1,27 +1,9 @@
 'use strict';
 // bpfprof's Node.js workload: hotA does three times hotB's work, each in a loop of its own (so
 // that V8 optimizes them while they run, on the stack), reached through three levels of the
-// program's own functions. Usage: node nodehot.js SECONDS. With NODEHOT_TRUTH set, the time
-// spent in hotA and in hotB so far (ns) is written there, "A B", as it goes: the main thread's
-// CPU time (/proc/thread-self/schedstat, what a CPU profiler samples) where /proc can be read,
-// else wall time, which on a loaded machine also counts the time the thread waited for a CPU
-// in whichever function it was in (the truth then strayed 3 points from run to run).
+// program's own functions. Usage: node nodehot.js SECONDS. With NODEHOT_TRUTH set, the wall time
+// spent in hotA and in hotB so far (ns) is written there, "A B", as it goes.
 const fs = require('fs');
-
-let schedstat = null;
-try {
-  schedstat = fs.openSync('/proc/thread-self/schedstat', 'r');
-} catch (e) {
-  schedstat = null;
-}
-const buf = Buffer.alloc(128);
-function now() {
-  if (schedstat === null) {
-    return process.hrtime.bigint();
-  }
-  const n = fs.readSync(schedstat, buf, 0, buf.length, 0);
-  return BigInt(buf.toString('latin1', 0, n).split(' ')[0]);
-}
 
 function hotA(n) {
   let x = 0;
@@ -43,12 +25,12 @@ const spent = [0n, 0n];
 
 function level3(n) {
   // Timed here rather than in a helper both go through: an optimized helper could inline them.
-  const t0 = now();
+  const t0 = process.hrtime.bigint();
   const a = hotA(n);
-  const t1 = now();
+  const t1 = process.hrtime.bigint();
   const b = hotB(n);
   spent[0] += t1 - t0;
-  spent[1] += now() - t1;
+  spent[1] += process.hrtime.bigint() - t1;
   return a + b;
 }
 

@@ -97,18 +97,7 @@ fn nodes() -> Vec<Node> {
     // the inlined functions bpfprof expands from the code's source positions.
     let sid = Path::new(SID_ROOT);
     if sid.join("usr/bin/node").is_file() {
-        // With /proc mounted in the chroot (as `with_proc_in` does), so that nodehot.js
-        // measures its functions' CPU time, not wall time.
         let command = vec![
-            "unshare".to_string(),
-            "--mount".to_string(),
-            "--propagation".to_string(),
-            "private".to_string(),
-            "--".to_string(),
-            "sh".to_string(),
-            "-c".to_string(),
-            format!("mount -t proc proc {SID_ROOT}/proc && exec \"$@\""),
-            "sh".to_string(),
             "chroot".to_string(),
             SID_ROOT.to_string(),
             "/usr/bin/node".to_string(),
@@ -143,8 +132,7 @@ fn function_line(script: &str, name: &str) -> u32 {
     at as u32 + 1
 }
 
-/// The time nodehot.js has spent in hotA and hotB so far (ns): its main thread's CPU time (it
-/// reads /proc; the chroot's is mounted for it).
+/// The wall time nodehot.js has spent in hotA and hotB so far (ns).
 fn measured(path: &Path) -> (u64, u64) {
     let Ok(text) = std::fs::read_to_string(path) else {
         return (0, 0);
