@@ -20,6 +20,13 @@ const WARM_UP: Duration = Duration::from_secs(3);
 /// How far bpfprof's share of hotA may be from the workload's own measurement (the issue's ±3
 /// points), or four standard errors where fewer samples make that wider.
 const SHARE_TOLERANCE: f64 = 0.03;
+/// The least share of the samples under level3 that name hotA or hotB (0.96 on Node 18 and
+/// 0.97 on Node 24 by hand; level3's own loop and timing are the rest), less four standard
+/// errors at the samples taken.
+const INLINED_NAMED_SHARE: f64 = 0.9;
+/// The share with inlined frames not expanded: Node 24's was 0 (hotA and hotB inlined
+/// whole), Node 20's 0.47.
+const INLINED_NAMED_DEFECT: f64 = 0.5;
 /// Where `cargo xtask setup` unpacks Debian 12's Node 18 when the machine's `node` is another.
 const NODE18_ROOT: &str = "/opt/node18";
 /// The sid chroot (`cargo xtask setup` installs its nodejs).
@@ -222,6 +229,23 @@ fn split_by_pid_names_lines_and_shares() {
              measured {truth:.3}",
             profile.total()
         );
+        // The script's time is nearly all in hotA and hotB: a sample under level3 that names
+        // neither is one whose inlined frames were not expanded. Node 20's TurboFan inlines
+        // them in part and its V8 does not export the Code layout that expansion reads
+        // (docs/java-and-node.md): about half its samples show level3 alone (0.47 by hand), a
+        // gap of issue 45 left open, so it is reported here, not judged.
+        let under_level3 = profile.count_where(|f| in_hot(f, "level3"));
+        let named = Share::new(n, under_level3);
+        eprintln!(
+            "{label}: {n} of {under_level3} samples under level3 name hotA or hotB ({:.3})",
+            named.value()
+        );
+        if !label.contains(" v20.") {
+            checks.result(
+                &format!("{label}: samples under level3 that name hotA or hotB"),
+                named.at_least(INLINED_NAMED_SHARE, INLINED_NAMED_DEFECT),
+            );
+        }
         checks.check(
             Share::new(hot_a, n).near_truth(truth, SHARE_TOLERANCE),
             || {
