@@ -170,8 +170,9 @@ pub fn summary(profile: &Profile) -> String {
     }
     if unwound.python_unnamed > 0 {
         out.push_str(&format!(
-            "  {} samples have a Python frame left unnamed ([unknown Python code]): its code \
-             object was freed, or its process exited, before bpfprof read it\n",
+            "  {} samples have a Python, Java or JavaScript frame left unnamed ([unknown Python \
+             code] and the like): its code was freed, or its process exited, before bpfprof \
+             read it\n",
             unwound.python_unnamed
         ));
     }

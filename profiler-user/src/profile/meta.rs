@@ -166,8 +166,9 @@ pub struct Unwound {
     /// last refresh, or an unreadable frame); threads that never had a Python thread state
     /// (OpenMP and other native workers) are not counted.
     pub python_stacks_missing: u64,
-    /// Samples with a Python frame left unnamed (`[unknown Python code]`): its code object
-    /// was freed, or its process exited, before bpfprof read it.
+    /// Samples with a runtime's frame (Python, Java, JavaScript) left unnamed (`[unknown
+    /// Python code]` and the like): its code was freed, or its process exited, before
+    /// bpfprof read it. The name is older than the other runtimes.
     pub python_unnamed: u64,
     /// CFI walks with a frame that no unwind table covered, walked there by frame pointer or
     /// a stack scan (which code without frame pointers can lead astray): JIT code, objects
