@@ -19,9 +19,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, StackFrames,
-    MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
-    PythonThread,
+    Counter, PythonEntryRule, PythonFrame, PythonInstrRule, PythonProcess, PythonThread,
+    StackFrames, MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, MAX_STACK_DEPTH, PYTHON_FRAME_BYTES,
     PYTHON_FRAME_OWNED_BY_CSTACK, PYTHON_FRAME_WINDOW_BYTES, PYTHON_STACKREF_TAG_BITS,
     PYTHON_STACKS_STORED_INDEX, STACKS_STORED_INDEX,
 };
