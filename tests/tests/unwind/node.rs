@@ -151,7 +151,8 @@ fn measured(path: &Path) -> (u64, u64) {
 /// Attach (`--pid`) to nodehot.js on each Node.js: hotA and hotB named with nodehot.js and the
 /// line of their `function`, each under level3, level2 and level1; hotA's share of the two
 /// within 3 points of what the workload measured; every stack through them reaches
-/// `node::Start`.
+/// `node::Start`; and beside perf with Node's perf map on a restarted run
+/// ([`compare_with_perf`]).
 #[test]
 fn split_by_pid_names_lines_and_shares() {
     needs_root!();
@@ -231,9 +232,10 @@ fn split_by_pid_names_lines_and_shares() {
         );
         // The script's time is nearly all in hotA and hotB: a sample under level3 that names
         // neither is one whose inlined frames were not expanded. Node 20's TurboFan inlines
-        // them in part and its V8 does not export the Code layout that expansion reads
-        // (docs/java-and-node.md): about half its samples show level3 alone (0.47 by hand), a
-        // gap of issue 45 left open, so it is reported here, not judged.
+        // them in some runs and not in others, and its V8 does not export the Code layout that
+        // expansion reads (docs/java-and-node.md): 0.47 and 0.57 of its samples under level3
+        // named either in two runs, 0.996 in a third; a gap of issue 45 left open, reported
+        // here, not judged.
         let under_level3 = profile.count_where(|f| in_hot(f, "level3"));
         let named = Share::new(n, under_level3);
         eprintln!(
@@ -279,6 +281,113 @@ fn split_by_pid_names_lines_and_shares() {
                 profile.top(8)
             )
         });
+        drop(target);
+        compare_with_perf(&node, &inside(&script), &mut checks);
     }
     checks.finish();
+}
+
+/// A function's name as perf names a frame from Node's perf map: `JS:+'level3
+/// /tmp/nodehot.js:26:16` (Node 24), `LazyCompile:*hotA /tmp/nodehot.js:8:14` (Node 18): the
+/// first word less its kind and tier marks.
+fn perf_function(symbol: &str) -> &str {
+    let word = symbol.split(' ').next().unwrap_or("");
+    word.rsplit([':', '*', '~', '^', '+', '\''])
+        .next()
+        .unwrap_or(word)
+}
+
+/// The peer on the same run: nodehot.js restarted with `--perf-basic-prof` (the flag and the
+/// restart perf needs, bpfprof not), `perf record -g` and `bpfprof --pid` on it at once. Where
+/// perf names hotA and hotB (Node 18 and 20: its map names each function's own code), hotA's
+/// share of the two is perf's within 3 points or four standard errors of the two; and of the
+/// samples under level3, bpfprof names hotA or hotB in at least as many as perf less 5 points
+/// (Node 24 inlines them, and perf's map names their caller alone).
+fn compare_with_perf(node: &Node, script: &Path, checks: &mut Checks) {
+    let label = &node.label;
+    let mut cmd = Command::new(&node.command[0]);
+    cmd.args(&node.command[1..])
+        .arg("--perf-basic-prof")
+        .arg(script)
+        .arg("40")
+        .envs(node.env.iter().cloned());
+    let target = Workload::spawn_command(cmd);
+    std::thread::sleep(WARM_UP);
+    let pid = target.pid();
+    let out = tempdir();
+    let folded = out.path().join("node-perf.folded");
+    let perf = PerfRecording::start(pid, 999, 4, out.path());
+    let run = run_bpfprof(
+        [
+            "-F",
+            "999",
+            "-d",
+            "4s",
+            "--pid",
+            &pid.to_string(),
+            "-o",
+            folded.to_str().unwrap(),
+        ],
+        TIMEOUT,
+    );
+    run.assert_code(exit::OK);
+    let perf_stacks = perf.stacks(pid, &node.root);
+    drop(target);
+    let _ = std::fs::remove_file(node.root.join(format!("tmp/perf-{pid}.map")));
+    let ours = Profile::read(&folded);
+    let in_ours = |frames: &[String], name: &str| frames.iter().any(|f| function(f) == name);
+    let in_perf = |frames: &[String], name: &str| frames.iter().any(|f| perf_function(f) == name);
+    let count = |stacks: &[Vec<String>], test: &dyn Fn(&[String]) -> bool| {
+        stacks.iter().filter(|s| test(s)).count() as u64
+    };
+    let (ours_a, ours_b, ours_l3, ours_l3_named) = (
+        ours.count_where(|f| in_ours(f, "hotA")),
+        ours.count_where(|f| in_ours(f, "hotB")),
+        ours.count_where(|f| in_ours(f, "level3")),
+        ours.count_where(|f| in_ours(f, "level3") && (in_ours(f, "hotA") || in_ours(f, "hotB"))),
+    );
+    let (perf_a, perf_b, perf_l3, perf_l3_named) = (
+        count(&perf_stacks, &|f| in_perf(f, "hotA")),
+        count(&perf_stacks, &|f| in_perf(f, "hotB")),
+        count(&perf_stacks, &|f| in_perf(f, "level3")),
+        count(&perf_stacks, &|f| {
+            in_perf(f, "level3") && (in_perf(f, "hotA") || in_perf(f, "hotB"))
+        }),
+    );
+    let share = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+    let named = |named: u64, l3: u64| named as f64 / l3.max(1) as f64;
+    eprintln!(
+        "{label} beside perf: bpfprof hotA {ours_a}, hotB {ours_b} (share {:.3}), {:.3} of \
+         {ours_l3} under level3 named; perf with the map hotA {perf_a}, hotB {perf_b} (share \
+         {:.3}), {:.3} of {perf_l3} under level3 named, of {} samples",
+        share(ours_a, ours_b),
+        named(ours_l3_named, ours_l3),
+        share(perf_a, perf_b),
+        named(perf_l3_named, perf_l3),
+        perf_stacks.len()
+    );
+    checks.check(perf_l3 >= 200 && ours_l3 >= 200, || {
+        format!(
+            "{label}: too few samples under level3 to compare (bpfprof {ours_l3}, perf \
+             {perf_l3})"
+        )
+    });
+    if perf_a + perf_b >= 200 {
+        let (p, q) = (share(ours_a, ours_b), share(perf_a, perf_b));
+        let error = |s: f64, n: u64| s * (1.0 - s) / n as f64;
+        let width = SHARE_TOLERANCE
+            .max(SIGMAS * (error(q, ours_a + ours_b) + error(q, perf_a + perf_b)).sqrt());
+        checks.check((p - q).abs() <= width, || {
+            format!(
+                "{label}: hotA's share {p:.3}, perf's on the same run {q:.3} (within {width:.3})"
+            )
+        });
+    }
+    let (ours_named, perf_named) = (named(ours_l3_named, ours_l3), named(perf_l3_named, perf_l3));
+    checks.check(ours_named >= perf_named - 0.05, || {
+        format!(
+            "{label}: bpfprof names hotA or hotB in {ours_named:.3} of the samples under level3, \
+             perf {perf_named:.3}"
+        )
+    });
 }
