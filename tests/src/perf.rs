@@ -10,7 +10,7 @@ use std::{
 
 /// A `perf record -e cpu-clock -g` of one process, running.
 pub struct PerfRecording {
-    child: Child,
+    child: Option<Child>,
     data: PathBuf,
 }
 
@@ -35,7 +35,18 @@ impl PerfRecording {
             .stderr(Stdio::null())
             .spawn()
             .expect("running perf (linux-perf)");
-        PerfRecording { child, data }
+        PerfRecording {
+            child: Some(child),
+            data,
+        }
+    }
+
+    /// Waits for the recording to end (a JVM's perf map can then be written, by `jcmd PID
+    /// Compiler.perfmap`, before [`PerfRecording::stacks`] reads it).
+    pub fn wait(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            assert!(child.wait().unwrap().success(), "perf record failed");
+        }
     }
 
     /// Waits for the recording to end and returns its stacks, leaf first, each frame its
@@ -44,7 +55,7 @@ impl PerfRecording {
     /// does not look for): the map is copied to this machine's `/tmp` for `perf script`, and
     /// removed after.
     pub fn stacks(mut self, pid: u32, perf_map_root: &Path) -> Vec<Vec<String>> {
-        assert!(self.child.wait().unwrap().success(), "perf record failed");
+        self.wait();
         let map = format!("tmp/perf-{pid}.map");
         let copied = (perf_map_root != Path::new("/"))
             .then(|| {

@@ -6,7 +6,10 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use bpfprof_tests::{ci, needs_root, output_ok, profile_pid, tempdir, Profile, Share, Workload};
+use bpfprof_tests::{
+    ci, needs_root, output_ok, profile_pid, tempdir, PerfRecording, Profile, Share, Workload,
+    SIGMAS,
+};
 
 /// Debian's JDK 17 (`openjdk-17-jdk-headless`, which `cargo xtask setup` installs).
 const JDK17: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
@@ -173,4 +176,88 @@ fn java25_frames_are_walked_and_named_in_a_running_jvm() {
     std::thread::sleep(Duration::from_secs(8));
     let profile = profile_pid(jvm.pid(), "8s", &["-F", "499"], dir.path());
     check_profile(&profile);
+}
+
+/// The peer on the same run: a JVM started with what perf needs (`-XX:+PreserveFramePointer`
+/// for its walk through compiled code, and a perf map written by `jcmd PID Compiler.perfmap`
+/// after the recording; bpfprof needs neither), `perf record -g` and `bpfprof --pid` on it at
+/// once. Of the samples in the program's Java code, bpfprof's reach `JavaMain` at least as
+/// often as perf's (less 5 points); where perf names hotA and hotB (C2 inlines them into
+/// level1, whose frame perf's map then names alone), hotA's share of the two is perf's within
+/// 3 points or four standard errors.
+#[test]
+fn java17_beside_perf_with_its_perf_map() {
+    needs_root!();
+    let Some(home) = jdk(JDK17) else {
+        return;
+    };
+    let dir = tempdir();
+    compile(home, dir.path());
+    let mut java = Command::new(home.join("bin/java"));
+    java.args(["-XX:+PreserveFramePointer", "-cp"])
+        .arg(dir.path())
+        .args(["Hot", "60"]);
+    let jvm = Workload::spawn_command(java);
+    std::thread::sleep(Duration::from_secs(8));
+    let pid = jvm.pid();
+    let mut perf = PerfRecording::start(pid, 499, 8, dir.path());
+    let ours = profile_pid(pid, "8s", &["-F", "499"], dir.path());
+    perf.wait();
+    output_ok(
+        Command::new(home.join("bin/jcmd")).args([&pid.to_string(), "Compiler.perfmap"]),
+        "jcmd Compiler.perfmap",
+    );
+    let theirs = perf.stacks(pid, Path::new("/"));
+    drop(jvm);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    // perf names a Java frame from the map as `RETURN Hot.NAME(ARGS)`.
+    let perf_has =
+        |frames: &[String], name: &str| frames.iter().any(|f| f.contains(&format!("Hot.{name}(")));
+    let perf_java = theirs.iter().filter(|f| perf_has(f, "work")).count() as u64;
+    let perf_whole = theirs
+        .iter()
+        .filter(|f| perf_has(f, "work") && f.iter().any(|x| x == "JavaMain"))
+        .count() as u64;
+    let (perf_a, perf_b) = (
+        theirs.iter().filter(|f| perf_has(f, "hotA")).count() as u64,
+        theirs.iter().filter(|f| perf_has(f, "hotB")).count() as u64,
+    );
+    let ours_java = ours.count_containing("Hot.work");
+    let ours_whole = ours
+        .count_where(|f| f.iter().any(|x| x == "Hot.work") && f.iter().any(|x| x == "JavaMain"));
+    let (ours_a, ours_b) = (
+        ours.count_containing("Hot.hotA"),
+        ours.count_containing("Hot.hotB"),
+    );
+    let share = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+    eprintln!(
+        "beside perf: bpfprof {ours_whole} of {ours_java} samples in Hot.work reach JavaMain \
+         ({:.3}), hotA {ours_a}, hotB {ours_b} ({:.3}); perf with the map {perf_whole} of \
+         {perf_java} ({:.3}), hotA {perf_a}, hotB {perf_b}, of {} samples",
+        share(ours_whole, ours_java - ours_whole),
+        share(ours_a, ours_b),
+        share(perf_whole, perf_java - perf_whole),
+        theirs.len()
+    );
+    assert!(
+        ours_java >= 500 && perf_java >= 500,
+        "too few samples in Hot.work to compare: bpfprof {ours_java}, perf {perf_java}"
+    );
+    let whole = |whole: u64, java: u64| whole as f64 / java as f64;
+    assert!(
+        whole(ours_whole, ours_java) >= whole(perf_whole, perf_java) - 0.05,
+        "bpfprof's samples in Hot.work reach JavaMain {:.3} of the time, perf's {:.3}",
+        whole(ours_whole, ours_java),
+        whole(perf_whole, perf_java)
+    );
+    if perf_a + perf_b >= 200 {
+        let (p, q) = (share(ours_a, ours_b), share(perf_a, perf_b));
+        let error = |n: u64| q * (1.0 - q) / n as f64;
+        let width =
+            SHARE_TOLERANCE.max(SIGMAS * (error(ours_a + ours_b) + error(perf_a + perf_b)).sqrt());
+        assert!(
+            (p - q).abs() <= width,
+            "hotA's share {p:.3}, perf's on the same run {q:.3} (within {width:.3})"
+        );
+    }
 }
