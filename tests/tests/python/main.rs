@@ -17,5 +17,6 @@ mod pytorch_314;
 mod stripped;
 mod strobeclient;
 mod strobelight_314;
+mod thread_reuse;
 mod view;
 mod walk;
