@@ -458,8 +458,14 @@ impl Heap {
         0
     }
 
-    /// The bytes of byte array `tagged` (plain or trusted), at most `limit`.
-    fn byte_array(&self, tagged: u64, limit: u64) -> anyhow::Result<Vec<u8>> {
+    /// The length of array `tagged` once its type is one of `types` (the byte or the fixed
+    /// arrays' types of the Code layout): `None` when its length slot holds no Smi that fits.
+    fn array_length(
+        &self,
+        tagged: u64,
+        types: impl Fn(&super::detect::CodeConstants) -> &[u16],
+        what: &str,
+    ) -> anyhow::Result<Option<u64>> {
         let cc = self
             .c
             .code
@@ -467,11 +473,16 @@ impl Heap {
             .ok_or_else(|| anyhow!("no Code layout"))?;
         let kind = self.type_of(tagged)?;
         ensure!(
-            cc.types_byte_array.contains(&kind),
-            "{tagged:#x} is no byte array (type {kind:#x})"
+            types(cc).contains(&kind),
+            "{tagged:#x} is no {what} (type {kind:#x})"
         );
-        let length = smi(self.field(tagged, self.c.fixed_array_length)?)
-            .and_then(|n| u64::try_from(n).ok())
+        Ok(smi(self.field(tagged, self.c.fixed_array_length)?).and_then(|n| u64::try_from(n).ok()))
+    }
+
+    /// The bytes of byte array `tagged` (plain or trusted), at most `limit`.
+    fn byte_array(&self, tagged: u64, limit: u64) -> anyhow::Result<Vec<u8>> {
+        let length = self
+            .array_length(tagged, |cc| &cc.types_byte_array, "byte array")?
             .filter(|&n| n <= limit)
             .ok_or_else(|| anyhow!("byte array {tagged:#x} has no length up to {limit}"))?;
         let mut bytes = vec![0u8; length as usize];
@@ -485,20 +496,10 @@ impl Heap {
     /// The first `want` (or fewer, where it is shorter) slots of fixed array `tagged` (any of
     /// V8's fixed arrays: plain, weak, trusted or protected, which share one layout).
     fn fixed_array(&self, tagged: u64, want: usize) -> anyhow::Result<Vec<u64>> {
-        let cc = self
-            .c
-            .code
-            .as_ref()
-            .ok_or_else(|| anyhow!("no Code layout"))?;
-        let kind = self.type_of(tagged)?;
-        ensure!(
-            cc.types_fixed_array.contains(&kind),
-            "{tagged:#x} is no fixed array (type {kind:#x})"
-        );
-        let length = smi(self.field(tagged, self.c.fixed_array_length)?)
-            .and_then(|n| usize::try_from(n).ok())
+        let length = self
+            .array_length(tagged, |cc| &cc.types_fixed_array, "fixed array")?
             .ok_or_else(|| anyhow!("fixed array {tagged:#x} has no length"))?;
-        let n = length.min(want);
+        let n = usize::try_from(length).map_or(want, |l| l.min(want));
         let mut bytes = vec![0u8; n * 8];
         self.memory.read_exact(
             (tagged - 1).wrapping_add(self.c.fixed_array_data),
