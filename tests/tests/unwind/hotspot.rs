@@ -123,6 +123,19 @@ fn check_profile(profile: &Profile) {
     );
 }
 
+/// The program compiled into `dir` and run for 60 s by `home`'s java with `flags`, once its
+/// JIT settled: code compiled since the last refresh of the code cache's rows (every 500 ms)
+/// is walked by the fallbacks until its rows are written, and during warm-up some stacks lost
+/// their callers there.
+fn settled_jvm17(home: &Path, dir: &Path, flags: &[&str]) -> Workload {
+    compile(home, dir);
+    let mut java = Command::new(home.join("bin/java"));
+    java.args(flags).arg("-cp").arg(dir).args(["Hot", "60"]);
+    let jvm = Workload::spawn_command(java);
+    std::thread::sleep(Duration::from_secs(8));
+    jvm
+}
+
 #[test]
 fn java17_frames_are_walked_and_named_in_a_running_jvm() {
     needs_root!();
@@ -130,14 +143,7 @@ fn java17_frames_are_walked_and_named_in_a_running_jvm() {
         return;
     };
     let dir = tempdir();
-    compile(home, dir.path());
-    let mut java = Command::new(home.join("bin/java"));
-    java.arg("-cp").arg(dir.path()).args(["Hot", "60"]);
-    let jvm = Workload::spawn_command(java);
-    // Long enough for the JIT to settle: code compiled since the last refresh of the code
-    // cache's rows (every 500 ms) is walked by the fallbacks until its rows are written, and
-    // during warm-up some stacks lost their callers there.
-    std::thread::sleep(Duration::from_secs(8));
+    let jvm = settled_jvm17(home, dir.path(), &[]);
     let profile = profile_pid(jvm.pid(), "8s", &["-F", "499"], dir.path());
     check_profile(&profile);
 }
@@ -192,13 +198,7 @@ fn java17_beside_perf_with_its_perf_map() {
         return;
     };
     let dir = tempdir();
-    compile(home, dir.path());
-    let mut java = Command::new(home.join("bin/java"));
-    java.args(["-XX:+PreserveFramePointer", "-cp"])
-        .arg(dir.path())
-        .args(["Hot", "60"]);
-    let jvm = Workload::spawn_command(java);
-    std::thread::sleep(Duration::from_secs(8));
+    let jvm = settled_jvm17(home, dir.path(), &["-XX:+PreserveFramePointer"]);
     let pid = jvm.pid();
     let mut perf = PerfRecording::start(pid, 499, 8, dir.path());
     let ours = profile_pid(pid, "8s", &["-F", "499"], dir.path());
