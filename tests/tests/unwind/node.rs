@@ -308,6 +308,9 @@ fn compare_with_perf(node: &Node, script: &Path, checks: &mut Checks) {
     let mut cmd = Command::new(&node.command[0]);
     cmd.args(&node.command[1..])
         .arg("--perf-basic-prof")
+        // V8's log, which the flag also starts, not written to a file in the working folder
+        // (Node 18's) or the chroot's root (Node 24's).
+        .args(["--no-logfile-per-isolate", "--logfile=/dev/null"])
         .arg(script)
         .arg("40")
         .envs(node.env.iter().cloned());
