@@ -4,7 +4,9 @@
 //! in the run, on the stacks it waits in (kernel and user).
 //!
 //! The bound on a thread's total is [`super::waits`]'s: one sampling period plus an allowance
-//! for the moment the waits still going are counted, a little after the run's end marker.
+//! for the moment the waits still going are counted, a little after the run's end marker. It
+//! samples at a fixed interval for the reason given there (`mixer`'s CPU time counted with the
+//! rate redraws' own sampling error otherwise).
 //!
 //! The test samples the whole machine, so it runs alone (`needs_root!(alone)`).
 
@@ -59,6 +61,7 @@ fn all_shows_a_process_blocked_throughout_with_each_threads_wall_time() {
         &hz,
         "-d",
         "4s",
+        "--fixed-interval",
         "-o",
         folded.to_str().unwrap(),
         "-o",
