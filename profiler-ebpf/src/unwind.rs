@@ -251,12 +251,24 @@ fn add_count(run: u32, counter: Counter, n: u32) {
 /// in user mode, else those saved at the top of the task's kernel stack.
 #[inline(always)]
 pub fn user_registers(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
-    // SAFETY: a perf_event program's context is a bpf_perf_event_data.
-    let regs = unsafe { &(*(ctx.as_ptr() as *const bpf_perf_event_data)).regs };
-    if regs.cs & 3 == 3 {
+    if in_user_mode(ctx) {
+        let regs = sample_registers(ctx);
         return Some((regs.rip, regs.rsp, regs.rbp));
     }
     task_user_registers()
+}
+
+/// The registers the sample interrupted.
+#[inline(always)]
+fn sample_registers(ctx: &PerfEventContext) -> &pt_regs {
+    // SAFETY: a perf_event program's context is a bpf_perf_event_data.
+    unsafe { &(*(ctx.as_ptr() as *const bpf_perf_event_data)).regs }
+}
+
+/// Whether the sample interrupted user code (its code segment's privilege level is 3).
+#[inline(always)]
+pub fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    sample_registers(ctx).cs & 3 == 3
 }
 
 /// The current task's user registers as it last entered the kernel (`task_pt_regs`): where

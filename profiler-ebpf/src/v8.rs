@@ -39,17 +39,21 @@ static V8_SLOTS: PerCpuArray<[u64; SLOT_WORDS]> = PerCpuArray::with_max_entries(
 /// list.
 #[inline(always)]
 pub fn start(tgid: u32, into: &mut V8Process) -> bool {
-    let (Some(v8), Some(frames)) = (V8_PROCESSES.get_ptr(tgid), V8_FRAMES.get_ptr_mut(0)) else {
+    let Some(frames) = V8_FRAMES.get_ptr_mut(0) else {
+        return false;
+    };
+    // Emptied for every walk, a V8 process's or not: the list is this CPU's, and frames a
+    // walk of Node left there are no other process's (see [`store`]).
+    // SAFETY: this CPU's slot; programs do not nest on a CPU.
+    unsafe { (*frames).len = 0 };
+    let Some(v8) = V8_PROCESSES.get_ptr(tgid) else {
         return false;
     };
     // Copied from the map value straight into the walk's (a map value too): a copy through a
     // local put the struct on the walker's stack, whose frames together must stay within the
     // 512 bytes older kernels (6.1, 6.12) allow for a call chain with its bpf_loop callbacks.
-    // SAFETY: a valid entry of the map, and this CPU's slots; programs do not nest on a CPU.
-    unsafe {
-        core::ptr::copy_nonoverlapping(v8, into, 1);
-        (*frames).len = 0;
-    }
+    // SAFETY: a valid entry of the map, copied into this CPU's walk.
+    unsafe { core::ptr::copy_nonoverlapping(v8, into, 1) };
     true
 }
 
@@ -138,12 +142,16 @@ fn read_tagged(at: u64) -> Option<u64> {
 /// stack map is full (counted for `run`).
 #[inline(always)]
 pub fn store(run: u32) -> u64 {
-    let (Some(frames), Some(scratch)) = (V8_FRAMES.get_ptr(0), crate::SCRATCH.get_ptr_mut(0))
+    let (Some(frames), Some(scratch)) = (V8_FRAMES.get_ptr_mut(0), crate::SCRATCH.get_ptr_mut(0))
     else {
         return 0;
     };
+    // Taken, not read: the frames are this sample's only. Left in place, they were stored
+    // again as the runtime stack of every later sample on this CPU that did not walk (a
+    // Python process's, one without CFI tables), whatever its process: a copy, a hash and
+    // a map lookup each, and a stack of Node's on a sample of another program.
     // SAFETY: this CPU's slots; perf_event programs do not nest on a CPU.
-    let len = unsafe { (*frames).len } as usize;
+    let len = unsafe { core::mem::replace(&mut (*frames).len, 0) } as usize;
     if len == 0 {
         return 0;
     }
