@@ -107,6 +107,17 @@ impl KernelProgram {
         Ok(())
     }
 
+    /// Counter `counter` of `run`, summed over CPUs: one read of the map, where
+    /// [`Self::counters`] makes one per counter (a tick that wants the sample count alone
+    /// made 20 system calls for it).
+    pub fn counter(&self, run: u32, counter: Counter) -> Result<u64> {
+        let values = self
+            .counters
+            .get(&counter.index(run), 0)
+            .map_err(kernel_err)?;
+        Ok(values.iter().sum())
+    }
+
     /// The counters of `run`, summed over CPUs.
     pub fn counters(&self, run: u32) -> Result<Counters> {
         let mut out = Counters::default();

@@ -440,7 +440,7 @@ impl Recording {
                 return Err(e);
             }
         };
-        let exit = ExitWatch::open(&target);
+        let exit = ExitWatch::open(&target, &self.exit_watches);
         self.processes.insert(
             (slot.program_id, slot.run, target.ns_pid),
             ProcessRecording {

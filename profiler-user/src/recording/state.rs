@@ -14,7 +14,7 @@ use crate::{
     kernel::pool::{ProgramPool, Slot},
     kernel::Counters,
     process::copies::CopyBudget,
-    process::target::Owner,
+    process::target::{ExitWatches, Owner},
     recording::process::ProcessRecording,
     recording::request::{RecordingRequest, Scope},
     runtime::{shares::NamingShares, Enabled},
@@ -41,6 +41,10 @@ pub struct Recording {
     pub(super) slots: Vec<(Slot, PidNamespace)>,
     /// Every process, by its slot's run and its pid in its namespace.
     pub(super) processes: BTreeMap<(u32, u32, u32), ProcessRecording>,
+    /// The kernel's watches of the processes' exits.
+    pub(super) exit_watches: ExitWatches,
+    /// The processes whose exit the kernel reported and that are not marked exited yet.
+    pub(super) exits_reported: HashSet<(u32, u32, u32)>,
     /// Global pids the kernel followed that are not processes (threads), or are gone.
     pub(super) ignored: HashSet<u32>,
     /// The program's delivery (expected, taken samples) when this recording attached, and the
@@ -98,6 +102,8 @@ impl Recording {
             launched: None,
             slots: Vec::new(),
             processes: BTreeMap::new(),
+            exit_watches: ExitWatches::new(),
+            exits_reported: HashSet::new(),
             ignored: HashSet::new(),
             delivery_at_start: None,
             max_sample_rate_at_start: 0,

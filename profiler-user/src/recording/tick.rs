@@ -77,10 +77,7 @@ impl Recording {
                     }
                 }
             }
-            samples += program
-                .counters(slot.run)
-                .map(|c| c.get(Counter::Samples))
-                .unwrap_or(0);
+            samples += program.counter(slot.run, Counter::Samples).unwrap_or(0);
             if let Some(owner) = self.owner {
                 for pid in program.take_execed(slot.run) {
                     self.after_exec(program, slot, pid, owner);
@@ -285,17 +282,22 @@ impl Recording {
 
     /// The processes the kernel says exited since they were taken in (those it watches: see
     /// [`ExitWatch`]), by their keys in `processes`.
-    pub(super) fn kernel_exits(&self) -> HashSet<ProcessKey> {
-        let (keys, watches): (Vec<_>, Vec<_>) = self
-            .processes
-            .iter()
-            .filter(|(_, p)| !p.exited && p.exit.is_watching())
-            .map(|(k, p)| (*k, &p.exit))
-            .unzip();
-        ExitWatch::exited(&watches)
-            .into_iter()
-            .map(|i| keys[i])
-            .collect()
+    ///
+    /// The kernel reports each exit once: one reported here stays among those returned until
+    /// its process is marked exited, whichever look does that.
+    pub(super) fn kernel_exits(&mut self) -> HashSet<ProcessKey> {
+        let exited = self.exit_watches.exited();
+        if !exited.is_empty() {
+            for (key, p) in &self.processes {
+                if p.exit.is_among(&exited) {
+                    self.exits_reported.insert(*key);
+                }
+            }
+        }
+        let processes = &self.processes;
+        self.exits_reported
+            .retain(|key| processes.get(key).is_some_and(|p| !p.exited));
+        self.exits_reported.clone()
     }
 
     /// Reads the keys of the samples recorded so far and finds, by their keys in
@@ -481,19 +483,20 @@ impl Recording {
             self.over_cap.insert(pid);
             return;
         }
-        let is_process = crate::process::target::read_status(pid)
-            .map(|s| s.tgid == pid as i32)
-            .unwrap_or(false);
-        if !is_process {
-            // A thread of a target (the fork tracepoint sees those too), or gone already.
-            program.forget_followed(pid);
-            self.ignored.insert(pid);
-            return;
-        }
-        let adopted = Target::from_pid(pid).and_then(|target| {
-            let maps = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)?;
-            Ok((target, maps))
-        });
+        let (target, status) = match Target::read(pid) {
+            Ok((target, status)) if status.tgid == pid as i32 => (target, status),
+            _ => {
+                // A thread of a target (the fork tracepoint sees those too), or gone already.
+                program.forget_followed(pid);
+                self.ignored.insert(pid);
+                return;
+            }
+        };
+        // Noted before its maps are read, so that code mapped from here on is seen at its
+        // youth's next look (see `tick`).
+        let executable_kib = system.then(|| crate::process::target::executable_kib(&status));
+        let adopted = ProcessMaps::capture(target.pid, target.ns_pid, &self.copies)
+            .map(|maps| (target, maps));
         let adopted = adopted.and_then(|(target, maps)| match self.owner {
             Some(owner) if !target.profilable_by(owner) => {
                 // Its samples so far (from its fork on) are dropped with it.
@@ -527,13 +530,19 @@ impl Recording {
                     owner: self.owner_uid(),
                     objects: &self.objects,
                 };
-                let exit = ExitWatch::open(&target);
-                // Noted now, so that code mapped from here on is seen at its youth's next
-                // look (see `tick`).
-                let executable_kib = if system {
-                    target.executable_kib()
-                } else {
-                    None
+                let exit = ExitWatch::open(&target, &self.exit_watches);
+                // Young for what is left of its first YOUNG_PROCESS: a process a system-wide
+                // run takes in long after its start (every service on the host when the agent
+                // starts) has mapped its libraries and started its interpreter already, and
+                // looking at each of 150 such processes every few ticks of a youth counted
+                // from its adoption was most of the agent's first minute. A later dlopen is
+                // caught by its samples' leaves (`check_samples`).
+                let young_until = match target.age() {
+                    Some(age) => YOUNG_PROCESS
+                        .checked_sub(age)
+                        .filter(|left| !left.is_zero())
+                        .map(|left| Instant::now() + left),
+                    None => Some(Instant::now() + YOUNG_PROCESS),
                 };
                 // Its maps as just read: most processes a system-wide run takes in
                 // (compilers, shells) map no interpreter, and are not read again for it.
@@ -556,7 +565,7 @@ impl Recording {
                         exited: false,
                         runtime,
                         runtime_refused,
-                        young_until: Some(Instant::now() + YOUNG_PROCESS),
+                        young_until,
                         refreshed_at: Instant::now(),
                         executable_kib,
                         untabled: Vec::new(),
