@@ -146,9 +146,7 @@ pub const NOT_UNWOUND: u64 = u64::MAX;
 #[inline(always)]
 pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !is_unwound(tgid) {
-        return NOT_UNWOUND;
-    }
+    // A process without tables has no mappings to find: one lookup of the process, not two.
     // The mapping cache starts as the innermost frame's mapping, read from the map, never as
     // constants: Linux 6.1's verifier checks a bpf_loop callback once, from the state at the
     // call, and with a zeroed cache there the walk lost every frame after the first that hit
