@@ -81,6 +81,12 @@ const PID_RUN_KILL: Duration = Duration::from_secs(60);
 /// load: 0.415 against 0.403 at load 5, 0.421 against 0.529 at load 8 (2026-11-27); at load 4
 /// the four measures were 0.530 (CPU), 0.544 (wall), 0.551 (py-spy), 0.549 (py-spy --idle).
 const PY_SPY_TOLERANCE: f64 = 0.05;
+/// Windows of [`PID_RUN`] the comparison with py-spy may take: another pair of runs, pooled
+/// with the first, while the shares differ by more than [`PY_SPY_TOLERANCE`]. py-spy samples
+/// from a process of its own, which on a loaded machine gets the CPU when the target does not:
+/// one CI run read 0.437 against py-spy's 0.363 at load 7. A real difference stays in the
+/// pooled shares; one window's chance does not.
+const PY_SPY_WINDOWS: u32 = 3;
 /// Longest the training loop may take to start (import torch, build the model, a first step):
 /// about 8 s alone, over 20 s on a loaded machine, when a fixed warm-up attached to it still
 /// importing.
@@ -520,100 +526,126 @@ fn pid_run_on_a_training_loop_next_to_py_spy() {
         poll_until(LOOP_READY_TIMEOUT, || ready.exists().then_some(())).is_some(),
         "the training loop did not start within {LOOP_READY_TIMEOUT:?}"
     );
-    let folded = dir.path().join("loop.folded");
-    let spy_out = dir.path().join("py-spy.txt");
     let pid = target.pid().to_string();
-    let spy = py_spy.as_ref().map(|bin| {
-        let mut cmd = Command::new(bin);
-        // `--idle`: every sample of every thread, whatever its state, as bpfprof's wall mode
-        // weighs them (see `PY_SPY_TOLERANCE`).
-        cmd.args([
-            "record",
-            "--format",
-            "raw",
-            "--nonblocking",
-            "--idle",
-            "-r",
-            "100",
-        ])
-        .args(["-d", "10", "--pid", &pid, "-o"])
-        .arg(&spy_out)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("start py-spy")
-    });
-    let secs = format!("{}s", PID_RUN.as_secs());
-    let folded_arg = folded.display().to_string();
-    let run_started = Instant::now();
-    let run = run_bpfprof(
-        [
-            "--pid",
-            &pid,
-            "-d",
-            &secs,
-            "--mode",
-            "wall",
-            "-o",
-            &folded_arg,
-        ],
-        PID_RUN_KILL,
-    );
-    let took = run_started.elapsed();
     let mut checks = Checks::new();
-    checks.eq("bpfprof exit", run.code(), exit::OK);
-    checks.check(took <= PID_RUN_LIMIT, || {
-        format!("bpfprof --pid -d {secs} took {took:?} (at most {PID_RUN_LIMIT:?})")
-    });
-    let profile = Profile::read(&folded);
-    let main = profile.count_where(is_main_thread);
-    let to_start =
-        profile.count_where(|f| is_main_thread(f) && f.iter().any(|x| function(x) == "_start"));
-    let forward = profile.count_where(|f| {
-        is_main_thread(f)
-            && f.iter()
-                .any(|x| is_forward_or_backward(x) && function(x).ends_with("forward"))
-    });
-    let share = forward as f64 / main.max(1) as f64;
-    eprintln!(
-        "--pid: {:.2} s; {} ns of wall time, main thread {main}, reaching _start {to_start}, forward \
-         {forward} ({share:.3})",
-        took.as_secs_f64(),
-        profile.total()
-    );
-    checks.check(
-        main > 0 && to_start as f64 >= PID_TO_START_SHARE * main as f64,
-        || {
-            format!(
-                "{to_start} of the main thread's {main} stacks reach _start (at least \
-                 {PID_TO_START_SHARE}); top:\n{}",
-                profile.top(8)
-            )
-        },
-    );
-    if let Some(spy) = spy {
-        let out = spy.wait_with_output().expect("wait for py-spy");
-        checks.check(out.status.success(), || {
-            format!("py-spy failed: {}", String::from_utf8_lossy(&out.stderr))
+    // Both shares pooled over the windows taken so far: bpfprof's wall time in `forward` and
+    // the main thread's, py-spy's samples in it and all of them.
+    let (mut ours, mut theirs) = ((0.0f64, 0.0f64), (0u64, 0u64));
+    for window in 1..=PY_SPY_WINDOWS {
+        let folded = dir.path().join(format!("loop{window}.folded"));
+        let spy_out = dir.path().join(format!("py-spy{window}.txt"));
+        let spy = py_spy.as_ref().map(|bin| {
+            let mut cmd = Command::new(bin);
+            // `--idle`: every sample of every thread, whatever its state, as bpfprof's wall
+            // mode weighs them (see `PY_SPY_TOLERANCE`).
+            cmd.args([
+                "record",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--idle",
+                "-r",
+                "100",
+            ])
+            .args(["-d", "10", "--pid", &pid, "-o"])
+            .arg(&spy_out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+            cmd.spawn().expect("start py-spy")
         });
-        if out.status.success() {
-            let (theirs, no_stack) = Profile::read_py_spy(&spy_out);
-            eprintln!("py-spy: {no_stack} samples without a stack left out");
-            let spy_forward = theirs.count_where(|f| {
-                f.iter()
+        let secs = format!("{}s", PID_RUN.as_secs());
+        let folded_arg = folded.display().to_string();
+        let run_started = Instant::now();
+        let run = run_bpfprof(
+            [
+                "--pid",
+                &pid,
+                "-d",
+                &secs,
+                "--mode",
+                "wall",
+                "-o",
+                &folded_arg,
+            ],
+            PID_RUN_KILL,
+        );
+        let took = run_started.elapsed();
+        let profile = Profile::read(&folded);
+        let main = profile.count_where(is_main_thread);
+        let forward = profile.count_where(|f| {
+            is_main_thread(f)
+                && f.iter()
                     .any(|x| is_forward_or_backward(x) && function(x).ends_with("forward"))
+        });
+        let share = forward as f64 / main.max(1) as f64;
+        eprintln!(
+            "--pid (window {window}): {:.2} s; {} ns of wall time, main thread {main}, forward \
+             {forward} ({share:.3})",
+            took.as_secs_f64(),
+            profile.total()
+        );
+        if window == 1 {
+            // The run itself, judged once: its exit, its length, its stacks' depth.
+            checks.eq("bpfprof exit", run.code(), exit::OK);
+            checks.check(took <= PID_RUN_LIMIT, || {
+                format!("bpfprof --pid -d {secs} took {took:?} (at most {PID_RUN_LIMIT:?})")
             });
-            let spy_share = spy_forward as f64 / theirs.total().max(1) as f64;
-            eprintln!(
-                "--pid: py-spy forward {spy_forward} of {} ({spy_share:.3})",
-                theirs.total()
+            let to_start = profile
+                .count_where(|f| is_main_thread(f) && f.iter().any(|x| function(x) == "_start"));
+            eprintln!("--pid: main thread {main}, reaching _start {to_start}");
+            checks.check(
+                main > 0 && to_start as f64 >= PID_TO_START_SHARE * main as f64,
+                || {
+                    format!(
+                        "{to_start} of the main thread's {main} stacks reach _start (at least \
+                         {PID_TO_START_SHARE}); top:\n{}",
+                        profile.top(8)
+                    )
+                },
             );
-            checks.check((share - spy_share).abs() <= PY_SPY_TOLERANCE, || {
+        }
+        ours.0 += forward as f64;
+        ours.1 += main as f64;
+        let Some(spy) = spy else {
+            break;
+        };
+        let out = spy.wait_with_output().expect("wait for py-spy");
+        if !out.status.success() {
+            checks.check(false, || {
+                format!("py-spy failed: {}", String::from_utf8_lossy(&out.stderr))
+            });
+            break;
+        }
+        let (spy_profile, no_stack) = Profile::read_py_spy(&spy_out);
+        let spy_forward = spy_profile.count_where(|f| {
+            f.iter()
+                .any(|x| is_forward_or_backward(x) && function(x).ends_with("forward"))
+        });
+        eprintln!(
+            "--pid (window {window}): py-spy forward {spy_forward} of {} ({:.3}); {no_stack} \
+             samples without a stack left out",
+            spy_profile.total(),
+            spy_forward as f64 / spy_profile.total().max(1) as f64
+        );
+        theirs.0 += spy_forward;
+        theirs.1 += spy_profile.total();
+        let share = ours.0 / ours.1.max(1.0);
+        let spy_share = theirs.0 as f64 / theirs.1.max(1) as f64;
+        let agree = (share - spy_share).abs() <= PY_SPY_TOLERANCE;
+        if agree || window == PY_SPY_WINDOWS {
+            checks.check(agree, || {
                 format!(
-                    "forward: bpfprof {share:.3} of the main thread's samples, py-spy \
-                     {spy_share:.3} (within {PY_SPY_TOLERANCE})"
+                    "forward: bpfprof {share:.3} of the main thread's time, py-spy \
+                     {spy_share:.3} of its samples, over {window} window(s) of \
+                     {PID_RUN:?} (within {PY_SPY_TOLERANCE})"
                 )
             });
+            break;
         }
+        eprintln!(
+            "forward: bpfprof {share:.3}, py-spy {spy_share:.3} over {window} window(s): \
+             another window"
+        );
     }
     eprintln!(
         "pid_run_on_a_training_loop_next_to_py_spy: {:.1} s",
