@@ -93,6 +93,7 @@ pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
         }
         let wants_walker = unwind::is_unwound(tgid) || python::is_python(tgid);
         if wants_walker {
+            hand_off(&target);
             // SAFETY: the context is this program's own; the call does not return when the
             // walker is loaded.
             unsafe { WALKERS.tail_call(&ctx, WALKER_SLOT) };
@@ -106,7 +107,7 @@ pub fn bpfprof_sample(ctx: PerfEventContext) -> u32 {
 /// walk of its interpreter frames. Reached only by tail call from `bpfprof_sample`.
 #[perf_event]
 pub fn bpfprof_walk(ctx: PerfEventContext) -> u32 {
-    if let Some(target) = current_target() {
+    if let Some(target) = handed_target().or_else(current_target) {
         record::<true>(&ctx, &target, false);
     }
     0
