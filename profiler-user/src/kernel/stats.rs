@@ -122,11 +122,7 @@ impl KernelProgram {
     pub fn counters(&self, run: u32) -> Result<Counters> {
         let mut out = Counters::default();
         for counter in Counter::ALL {
-            let values = self
-                .counters
-                .get(&counter.index(run), 0)
-                .map_err(kernel_err)?;
-            out.0[counter as usize] = values.iter().sum();
+            out.0[counter as usize] = self.counter(run, counter)?;
         }
         // The waits still going at the run's end, counted by userspace.
         out.0[Counter::OffCpuIntervals as usize] +=

@@ -280,8 +280,8 @@ impl Recording {
         }
     }
 
-    /// The processes the kernel says exited since they were taken in (those it watches: see
-    /// [`ExitWatch`]), by their keys in `processes`.
+    /// The processes the kernel says exited (those it watches: see [`ExitWatch`]) and that are
+    /// not marked exited yet, by their keys in `processes`.
     ///
     /// The kernel reports each exit once: one reported here stays among those returned until
     /// its process is marked exited, whichever look does that.
