@@ -57,6 +57,8 @@ pub struct Recording {
     pub(super) runtimes: Enabled,
     /// Where sampled addresses go to be symbolized during the run, if anywhere.
     pub(super) warm: Option<WarmSink>,
+    /// Sampled addresses not sent to `warm` yet (see [`super::tick::WARM_HOLD`]).
+    pub(super) warm_held: crate::symbolize::Warm,
     /// The non-root user the run is for, whose right to profile each process is re-checked
     /// for the whole run; `None` (root, the command line) checks nothing.
     pub(super) owner: Option<Owner>,
@@ -111,6 +113,7 @@ impl Recording {
             last_refresh: Instant::now(),
             runtimes: request.runtimes,
             warm: None,
+            warm_held: Default::default(),
             owner: None,
             scope: request.scope.clone(),
             over_cap: HashSet::new(),

@@ -21,7 +21,6 @@ use crate::{
     recording::process::ProcessRecording,
     recording::Recording,
     runtime::Naming,
-    symbolize::Warm,
 };
 
 /// Kernel addresses start here (x86-64, 4- and 5-level paging alike).
@@ -33,6 +32,18 @@ const KERNEL_ADDRESS_START: u64 = 1 << 63;
 /// up to 16k keys between moves), so the next look waits this many times the CPU the last one
 /// took, at most until the next maps refresh.
 pub(super) const RUNTIME_SCAN_COST_SHARE: u32 = 20;
+
+/// A run's sampled addresses are symbolized while it goes on (so that little is left for its
+/// end), but not in its first [`WARM_HOLD`] unless [`WARM_BATCH`] of them are waiting: the
+/// first batch opens and parses each object's symbols (3.5-4 ms of CPU a launched `burn`
+/// run, its executable and the C library), which on a busy machine is taken from the
+/// workload, while at the end of a short run it costs the same and nobody's time. A run
+/// that samples many distinct addresses at once (section 4's large binary) still has them
+/// resolved from its first ticks.
+pub(super) const WARM_HOLD: Duration = Duration::from_secs(2);
+
+/// See [`WARM_HOLD`].
+pub(super) const WARM_BATCH: usize = 1024;
 
 /// A process's key in a recording's `processes`: its program, run slot and sample pid.
 pub(super) type ProcessKey = (u32, u32, u32);
@@ -133,15 +144,18 @@ impl Recording {
         // `--per-thread` labels a program's threads by the names its runtime gave them.
         let per_thread = self.per_thread;
         for (key, p) in self.processes.iter_mut() {
-            // A young process of a system-wide run is re-read only when its executable memory
+            // A process's maps are re-read between refreshes only when its executable memory
             // changed since the last look (one read of /proc/PID/status, where a re-read of
-            // its maps reads its maps, status, executable, and each thread's stat): most
-            // processes such a run takes in (a build's compilers) map nothing after it took
-            // them in, and re-reading each every few ticks of its youth was most of the
-            // agent's maps reads on a machine running builds.
-            let young = p.young_until.is_some_and(|t| now < t)
-                && now.duration_since(p.refreshed_at) >= young_every
-                && (!system || (!p.exited && p.mapped_new_code()));
+            // its maps reads its maps, status, executable, and each thread's stat): a dlopen
+            // or the loader's libraries are caught at the next tick, and nothing else a young
+            // process does needs its maps again. Re-reading a launched command's maps every
+            // tick of its first 2 s was most of bpfprof's own CPU while it ran (about 3 of 9
+            // ms a second of a 4999 Hz run), taken from the workload on a busy machine. A
+            // system-wide run looks at a process's status only while it is young, and at most
+            // every few sampling periods: most processes such a run takes in (a build's
+            // compilers) map nothing after it took them in.
+            let youth = p.young_until.is_some_and(|t| now < t)
+                && now.duration_since(p.refreshed_at) >= young_every;
             let due = if system {
                 now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
                     || (stale_maps.contains(key)
@@ -149,11 +163,12 @@ impl Recording {
             } else {
                 refresh
             };
-            // A target that mapped new code since the last tick (a dlopen) is re-read now:
-            // until its new library's unwind table is loaded, that library's samples are its
-            // leaf alone, and half a second of them was a visible share of a short run.
-            let mapped = !system && !p.exited && p.mapped_new_code();
-            let refresh = due || young || mapped;
+            let mapped = (youth || !system) && !p.exited && p.mapped_new_code();
+            // A young process of a run of targets still looks for its interpreter and lists
+            // its threads every tick (with the maps last read): both are its own memory, not
+            // its maps, and an interpreter starts after the loader mapped it.
+            let young = if system { mapped } else { youth };
+            let refresh = due || mapped;
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
@@ -186,8 +201,8 @@ impl Recording {
                     owner: owner_uid,
                     objects: &self.objects,
                 };
-                // Its maps as read at this tick's refresh (young means refreshed): a process
-                // that maps no interpreter is not read again.
+                // Its maps as last read (at this tick where they changed): a process that maps
+                // no interpreter is not read.
                 p.runtime = crate::runtime::attach(
                     program,
                     p.target.pid,
@@ -203,13 +218,14 @@ impl Recording {
                 } else {
                     // A system-wide run lists a CPython's threads when its samples name one
                     // not listed (see `check_samples`), and otherwise rarely; a run of
-                    // targets at each refresh of its maps.
+                    // targets at each refresh of its maps, and every tick while young (its
+                    // threads are being started).
                     let list = if system {
                         refresh
                             || unlisted_threads.contains(key)
                             || now.duration_since(p.threads_listed_at) >= PYTHON_THREADS_BACKSTOP
                     } else {
-                        refresh
+                        refresh || young
                     };
                     if list {
                         runtime.refresh(program);
@@ -359,12 +375,13 @@ impl Recording {
         (stale, unlisted)
     }
 
-    /// Sends the addresses sampled since the last call to the warm sink, if there is one.
+    /// Sends the addresses sampled since the last call to the warm sink, if there is one,
+    /// or holds them back (see [`WARM_HOLD`]).
     fn send_warm(&mut self, pool: &mut ProgramPool) {
-        let Some(sink) = &self.warm else {
+        if self.warm.is_none() {
             return;
-        };
-        let mut warm = Warm::default();
+        }
+        let warm = &mut self.warm_held;
         let mut seen_programs = HashSet::new();
         for (slot, _) in &self.slots {
             if !seen_programs.insert(slot.program_id) {
@@ -392,11 +409,22 @@ impl Recording {
                     }));
             }
         }
-        if !warm.user.is_empty() || !warm.kernel.is_empty() {
-            sink(warm);
+        let held = warm.user.len() + warm.kernel.len();
+        if warm_due(held, self.started.elapsed()) {
+            if let Some(sink) = &self.warm {
+                sink(std::mem::take(&mut self.warm_held));
+            }
         }
     }
+}
 
+/// Whether `held` sampled addresses go to be symbolized now, in a run `age` old (see
+/// [`WARM_HOLD`]).
+fn warm_due(held: usize, age: Duration) -> bool {
+    held > 0 && (held >= WARM_BATCH || age >= WARM_HOLD)
+}
+
+impl Recording {
     /// Handles process `pid` of `slot`, which exec'd: the kernel stopped sampling it at the exec.
     /// It is sampled again if `owner` may profile the new program, with its maps read anew
     /// (those read since the exec may be of a program the owner may not see) and its runtime
@@ -582,5 +610,24 @@ impl Recording {
                 self.ignored.insert(pid);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A young run's few addresses wait (the first batch parses each object's symbols, taken
+    /// from the workload on a busy machine); many are sent at once, and any once the run is
+    /// past its hold; nothing is sent empty.
+    #[test]
+    fn a_young_runs_few_addresses_wait_for_the_end_of_its_hold() {
+        let young = WARM_HOLD / 4;
+        assert!(!warm_due(0, young));
+        assert!(!warm_due(0, WARM_HOLD * 2));
+        assert!(!warm_due(WARM_BATCH - 1, young));
+        assert!(warm_due(WARM_BATCH, young));
+        assert!(warm_due(1, WARM_HOLD));
+        assert!(warm_due(1, WARM_HOLD * 2));
     }
 }
