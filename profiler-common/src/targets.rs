@@ -116,28 +116,9 @@ pub enum Config {
     /// waits are bpfprof's own code before the exec (`Command::do_exec;execve`), not the
     /// command's, and are not recorded. The exec tracepoint clears it as the command execs.
     AwaitingExec = 17,
-    /// The runtimes (bit [`RuntimeBit`]) of which userspace registered a process with this
-    /// program at some point: the walker looks a sample's process up in a runtime's map only
-    /// when its bit is set. Most programs walk no JVM, no Node and often no CPython: skipping
-    /// the three lookups (a hash of the tgid each) took a walked native sample from 1254 to
-    /// 1221 ns (medians of 5 alternated runs, `burn` 13 frames deep at 4999 Hz). Set before
-    /// the process's entry goes in, never cleared: a stale bit costs a lookup, never a frame.
-    RuntimeProcesses = 18,
 }
 
 impl Config {
     /// Entries of the configuration array.
-    pub const COUNT: u32 = 19;
-}
-
-/// A runtime's bit in [`Config::RuntimeProcesses`].
-#[repr(u64)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuntimeBit {
-    /// CPython: `PYTHON_PROCESSES`.
-    Python = 1,
-    /// HotSpot: `HOTSPOT_PROCESSES`.
-    HotSpot = 2,
-    /// V8: `V8_PROCESSES`.
-    V8 = 4,
+    pub const COUNT: u32 = 18;
 }

@@ -16,7 +16,7 @@ use aya_ebpf::{
     maps::{Array, ProgramArray},
     programs::PerfEventContext,
 };
-use profiler_common::{Config, RuntimeBit, INVOCATIONS_INDEX, WALKER_SLOT};
+use profiler_common::{Config, INVOCATIONS_INDEX, WALKER_SLOT};
 
 /// Declares a classic tracepoint program `$name` that runs `$handler` on the tracepoint's
 /// record and returns [`TRACEPOINT_KEEP_EVENT`].
@@ -111,13 +111,6 @@ pub fn bpfprof_walk(ctx: PerfEventContext) -> u32 {
         record::<true>(&ctx, &target, false);
     }
     0
-}
-
-/// Whether userspace registered a process of `runtime` with this program (see
-/// [`Config::RuntimeProcesses`]): where not, its map holds nothing to look up.
-#[inline(always)]
-pub(crate) fn has_runtime(runtime: RuntimeBit) -> bool {
-    config(Config::RuntimeProcesses) & runtime as u64 != 0
 }
 
 /// An entry of the configuration array; 0 when unset.

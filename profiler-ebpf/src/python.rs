@@ -99,8 +99,7 @@ struct StepContext {
 #[inline(always)]
 pub fn is_python(tgid: u32) -> bool {
     // SAFETY: only tested for presence.
-    crate::has_runtime(profiler_common::RuntimeBit::Python)
-        && unsafe { PYTHON_PROCESSES.get(tgid) }.is_some()
+    unsafe { PYTHON_PROCESSES.get(tgid) }.is_some()
 }
 
 /// Walks the current thread's Python frames and stores them; returns the stack's id, or 0 when
@@ -142,9 +141,6 @@ fn walk_python_stack(run: u32, scratch: &PerCpuArray<StackFrames>) -> Option<usi
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if !crate::has_runtime(profiler_common::RuntimeBit::Python) {
-        return None;
-    }
     // SAFETY: the value is copied out at once.
     let layout = *unsafe { PYTHON_PROCESSES.get(tgid) }?;
     // SAFETY: as above.

@@ -175,12 +175,7 @@ pub fn cfi_stack(ip: u64, sp: u64, bp: u64, run: u32) -> u64 {
     walk.mapping = mapping;
     walk.window_at = 0;
     walk.window_len = 0;
-    let jvm = if crate::has_runtime(profiler_common::RuntimeBit::HotSpot) {
-        HOTSPOT_PROCESSES.get_ptr(tgid)
-    } else {
-        None
-    };
-    match jvm {
+    match HOTSPOT_PROCESSES.get_ptr(tgid) {
         // Straight from the map value into the walk's, not through the stack (see
         // `crate::v8::start`).
         // SAFETY: a valid entry of the map, copied into this CPU's walk.

@@ -46,9 +46,6 @@ pub fn start(tgid: u32, into: &mut V8Process) -> bool {
     // walk of Node left there are no other process's (see [`store`]).
     // SAFETY: this CPU's slot; programs do not nest on a CPU.
     unsafe { (*frames).len = 0 };
-    if !crate::has_runtime(profiler_common::RuntimeBit::V8) {
-        return false;
-    }
     let Some(v8) = V8_PROCESSES.get_ptr(tgid) else {
         return false;
     };

@@ -164,25 +164,6 @@ impl KernelProgram {
     pub fn program_id(&self) -> u32 {
         self.program_id
     }
-
-    /// Tells the kernel program that a process of `runtime` is about to be registered with
-    /// it: until then its walker does not look processes up in that runtime's map (see
-    /// [`Config::RuntimeProcesses`](profiler_common::Config::RuntimeProcesses)). Call it
-    /// before the process's entry goes in; a failure is returned, and the caller then does
-    /// not register the process (its frames would never be walked).
-    pub fn note_runtime(
-        &mut self,
-        runtime: profiler_common::RuntimeBit,
-    ) -> crate::error::Result<()> {
-        let index = profiler_common::Config::RuntimeProcesses as u32;
-        let bits = self.config.get(&index, 0).unwrap_or(0);
-        if bits & runtime as u64 != 0 {
-            return Ok(());
-        }
-        self.config
-            .set(index, bits | runtime as u64, 0)
-            .map_err(kernel_err)
-    }
 }
 
 pub(super) fn kernel_err(e: impl Into<anyhow::Error>) -> Error {

@@ -186,18 +186,7 @@ impl PythonTracking {
             );
             return None;
         }
-        if let Err(e) = program
-            .note_runtime(profiler_common::RuntimeBit::Python)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                program
-                    .runtimes
-                    .cpython
-                    .processes
-                    .insert(pid, layout, 0)
-                    .map_err(|e| e.to_string())
-            })
-        {
+        if let Err(e) = program.runtimes.cpython.processes.insert(pid, layout, 0) {
             log::warn!("pid {pid}: cannot register CPython {major}.{minor} with the kernel: {e}");
             return None;
         }

@@ -144,17 +144,7 @@ impl JvmTracking {
             return None;
         }
         let kernel = tracking.scan.kernel_process(&tracking.layout);
-        if let Err(e) = program
-            .note_runtime(profiler_common::RuntimeBit::HotSpot)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                program
-                    .runtimes
-                    .hotspot
-                    .insert(pid, kernel, 0)
-                    .map_err(|e| e.to_string())
-            })
-        {
+        if let Err(e) = program.runtimes.hotspot.insert(pid, kernel, 0) {
             *refused = Some(format!("the kernel program took no JVM: {e}"));
             return None;
         }

@@ -80,18 +80,7 @@ impl V8Tracking {
         owner: Owner,
     ) -> Option<V8Tracking> {
         let (major, minor, build) = found.version;
-        if let Err(e) = program
-            .note_runtime(profiler_common::RuntimeBit::V8)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                program
-                    .runtimes
-                    .v8
-                    .processes
-                    .insert(pid, found.kernel, 0)
-                    .map_err(|e| e.to_string())
-            })
-        {
+        if let Err(e) = program.runtimes.v8.processes.insert(pid, found.kernel, 0) {
             log::warn!(
                 "pid {pid}: cannot register V8 {major}.{minor}.{build} with the kernel: {e}"
             );
