@@ -380,12 +380,10 @@ fn dump_through_a_terminal_shows_the_gil_holder_and_the_blocked_thread() {
     );
     crate::tmux_session(&tmux, &name, 120, 40, &command);
     let kill = || {
-        let _ = Command::new(&tmux)
-            .args(["kill-session", "-t", &name])
-            .status();
+        crate::tmux_kill(&tmux, &name);
     };
     let screen = poll_until(DUMP_TIMEOUT, || {
-        let out = Command::new(&tmux)
+        let out = crate::tmux(&tmux, &name)
             .args(["capture-pane", "-p", "-t", &name])
             .output()
             .ok()?;

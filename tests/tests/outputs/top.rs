@@ -6,7 +6,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
@@ -59,7 +58,7 @@ impl Session {
     }
 
     fn tmux(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.tmux)
+        let out = crate::tmux(&self.tmux, &self.name)
             .args(args)
             .output()
             .expect("run tmux");
@@ -87,9 +86,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = Command::new(&self.tmux)
-            .args(["kill-session", "-t", &self.name])
-            .status();
+        crate::tmux_kill(&self.tmux, &self.name);
     }
 }
 
