@@ -144,18 +144,15 @@ impl Recording {
         // `--per-thread` labels a program's threads by the names its runtime gave them.
         let per_thread = self.per_thread;
         for (key, p) in self.processes.iter_mut() {
-            // A process's maps are re-read between refreshes only when its executable memory
+            // A young process of a system-wide run is re-read only when its executable memory
             // changed since the last look (one read of /proc/PID/status, where a re-read of
-            // its maps reads its maps, status, executable, and each thread's stat): a dlopen
-            // or the loader's libraries are caught at the next tick, and nothing else a young
-            // process does needs its maps again. Re-reading a launched command's maps every
-            // tick of its first 2 s was most of bpfprof's own CPU while it ran (about 3 of 9
-            // ms a second of a 4999 Hz run), taken from the workload on a busy machine. A
-            // system-wide run looks at a process's status only while it is young, and at most
-            // every few sampling periods: most processes such a run takes in (a build's
-            // compilers) map nothing after it took them in.
-            let youth = p.young_until.is_some_and(|t| now < t)
-                && now.duration_since(p.refreshed_at) >= young_every;
+            // its maps reads its maps, status, executable, and each thread's stat): most
+            // processes such a run takes in (a build's compilers) map nothing after it took
+            // them in, and re-reading each every few ticks of its youth was most of the
+            // agent's maps reads on a machine running builds.
+            let young = p.young_until.is_some_and(|t| now < t)
+                && now.duration_since(p.refreshed_at) >= young_every
+                && (!system || (!p.exited && p.mapped_new_code()));
             let due = if system {
                 now.duration_since(p.refreshed_at) >= SYSTEM_MAPS_REFRESH
                     || (stale_maps.contains(key)
@@ -163,12 +160,11 @@ impl Recording {
             } else {
                 refresh
             };
-            let mapped = (youth || !system) && !p.exited && p.mapped_new_code();
-            // A young process of a run of targets still looks for its interpreter and lists
-            // its threads every tick (with the maps last read): both are its own memory, not
-            // its maps, and an interpreter starts after the loader mapped it.
-            let young = if system { mapped } else { youth };
-            let refresh = due || mapped;
+            // A target that mapped new code since the last tick (a dlopen) is re-read now:
+            // until its new library's unwind table is loaded, that library's samples are its
+            // leaf alone, and half a second of them was a visible share of a short run.
+            let mapped = !system && !p.exited && p.mapped_new_code();
+            let refresh = due || young || mapped;
             let Ok(program) = pool.program(p.slot) else {
                 continue;
             };
@@ -201,8 +197,8 @@ impl Recording {
                     owner: owner_uid,
                     objects: &self.objects,
                 };
-                // Its maps as last read (at this tick where they changed): a process that maps
-                // no interpreter is not read.
+                // Its maps as read at this tick's refresh (young means refreshed): a process
+                // that maps no interpreter is not read again.
                 p.runtime = crate::runtime::attach(
                     program,
                     p.target.pid,
@@ -218,14 +214,13 @@ impl Recording {
                 } else {
                     // A system-wide run lists a CPython's threads when its samples name one
                     // not listed (see `check_samples`), and otherwise rarely; a run of
-                    // targets at each refresh of its maps, and every tick while young (its
-                    // threads are being started).
+                    // targets at each refresh of its maps.
                     let list = if system {
                         refresh
                             || unlisted_threads.contains(key)
                             || now.duration_since(p.threads_listed_at) >= PYTHON_THREADS_BACKSTOP
                     } else {
-                        refresh || young
+                        refresh
                     };
                     if list {
                         runtime.refresh(program);
