@@ -411,15 +411,7 @@ impl Recording {
             }
         }
     }
-}
 
-/// Whether `held` sampled addresses go to be symbolized now, in a run `age` old (see
-/// [`WARM_HOLD`]).
-fn warm_due(held: usize, age: Duration) -> bool {
-    held > 0 && (held >= WARM_BATCH || age >= WARM_HOLD)
-}
-
-impl Recording {
     /// Handles process `pid` of `slot`, which exec'd: the kernel stopped sampling it at the exec.
     /// It is sampled again if `owner` may profile the new program, with its maps read anew
     /// (those read since the exec may be of a program the owner may not see) and its runtime
@@ -606,6 +598,12 @@ impl Recording {
             }
         }
     }
+}
+
+/// Whether `held` sampled addresses go to be symbolized now, in a run `age` old (see
+/// [`WARM_HOLD`]).
+fn warm_due(held: usize, age: Duration) -> bool {
+    held > 0 && (held >= WARM_BATCH || age >= WARM_HOLD)
 }
 
 #[cfg(test)]
