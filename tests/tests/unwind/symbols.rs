@@ -94,20 +94,29 @@ fn deep_stacks_keep_their_leaf_frames_under_a_truncated_marker() {
         "1s",
     );
     assert!(p.total() > 100, "{}", p.top(3));
-    for frames in p.stacks.keys() {
+    // Almost every sample is in burn_deep, 302 frames deep, and is cut to its 40 leaf-most
+    // frames. A few land in `recurse` while the recursion unwinds and starts again: those
+    // shallower than the limit are whole stacks from `_start`, never marked.
+    let mut truncated = 0;
+    for (frames, count) in &p.stacks {
+        let stack = frames.join(";");
         assert_eq!(frames[0], "deep");
-        assert_eq!(frames[1], "[truncated]", "{}", frames.join(";"));
-        assert!(frames.len() - 2 <= 40, "{} code frames", frames.len() - 2);
+        if frames[1] == "[truncated]" {
+            assert_eq!(frames.len() - 2, 40, "{stack}");
+            truncated += count;
+        } else {
+            assert_eq!(frames[1], "_start", "{stack}");
+            assert!(frames.len() - 1 <= 40, "{stack}");
+            assert_ne!(frames.last().unwrap(), "burn_deep", "{stack}");
+        }
     }
     assert!(
         p.count_user_leaf("burn_deep") as f64 >= 0.95 * p.total() as f64,
         "{}",
         p.top(3)
     );
-    assert_eq!(
-        summary.field("lost")["truncated"].as_u64(),
-        Some(summary.samples())
-    );
+    assert!(truncated as f64 >= 0.95 * p.total() as f64, "{}", p.top(3));
+    assert_eq!(summary.field("lost")["truncated"].as_u64(), Some(truncated));
     assert_eq!(summary.u64("max_stack_length"), 40);
     // A limit above the kernel program's is refused, naming it.
     let refused = run_bpfprof(
