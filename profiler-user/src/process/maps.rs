@@ -108,6 +108,9 @@ pub struct ProcessMaps {
     jit_cut: bool,
     /// The process's executable as `/proc/PID/exe` names it, as last seen.
     exe: Option<PathBuf>,
+    /// Its executable memory in KiB as the last read of its maps lists it (see
+    /// [`Self::executable_kib`]).
+    executable_kib: Option<u64>,
     /// The executable mappings of the last read of `/proc/PID/maps`, as procfs parsed them,
     /// so the unwinder's tables are refreshed from the same read (see [`Self::last_read`]).
     last_read: Vec<MemoryMap>,
@@ -157,6 +160,7 @@ impl ProcessMaps {
             jit_stamp: None,
             jit_cut: false,
             exe: None,
+            executable_kib: None,
             last_read: Vec::new(),
             vdso: None,
             // Maps that open no file copy nothing.
@@ -170,6 +174,14 @@ impl ProcessMaps {
     /// parse per refresh serves both symbolization and unwinding.
     pub fn last_read(&self) -> &[MemoryMap] {
         &self.last_read
+    }
+
+    /// Its executable memory in KiB as the last successful read of its maps lists it: the
+    /// kernel's `exec_vm` (`VmExe` + `VmLib` of its status, [`crate::process::target::Target::executable_kib`])
+    /// counts the mappings that are executable, not writable and not a stack. `None` before
+    /// a read.
+    pub fn executable_kib(&self) -> Option<u64> {
+        self.executable_kib
     }
 
     /// The process name at the last capture.
@@ -235,6 +247,17 @@ impl ProcessMaps {
             .filter(|m| m.perms.contains(MMPermissions::EXECUTE))
             .collect();
         let listed = executable.len();
+        // Counted like the kernel's `exec_vm`: `[vsyscall]` is no mapping of the process's own.
+        self.executable_kib = Some(
+            executable
+                .iter()
+                .filter(|m| {
+                    !m.perms.contains(MMPermissions::WRITE)
+                        && !matches!(m.pathname, MMapPath::Stack | MMapPath::Vsyscall)
+                })
+                .map(|m| (m.address.1 - m.address.0) >> 10)
+                .sum(),
+        );
         let (executable, untracked) = bounded(executable);
         let mut mappings = Vec::with_capacity(executable.len());
         let mut read = Vec::with_capacity(executable.len());
@@ -656,5 +679,60 @@ mod tests {
             .expect("libc is mapped");
         assert!(!libc.executable, "{libc:?}");
         assert!(maps.mapping_at(8).is_none());
+    }
+
+    /// The executable memory counted from a process's maps is what its status says
+    /// (`VmExe` + `VmLib`), before and after it maps more code: a young target's sign of new
+    /// code is taken from the maps read at its re-read, and compared with its status later.
+    #[test]
+    fn executable_memory_from_the_maps_is_the_status_figure() {
+        let pid = std::process::id();
+        let from_status = || {
+            crate::process::target::Target::from_pid(pid)
+                .unwrap()
+                .executable_kib()
+                .unwrap()
+        };
+        // The maps' figure and the status's, read while no other test thread of this process
+        // mapped or unmapped code (the status read the same before and after the maps).
+        let both = || {
+            for _ in 0..5 {
+                let before = from_status();
+                let maps = ProcessMaps::capture(pid, pid, &CopyBudget::new(0)).unwrap();
+                if from_status() == before {
+                    return (maps.executable_kib(), before);
+                }
+            }
+            panic!("this process's code kept changing");
+        };
+        let (maps, status) = both();
+        assert_eq!(maps, Some(status));
+        // 64 KiB more of code: an executable mapping of a file.
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .read(true)
+            .open(dir.path().join("code"))
+            .unwrap();
+        file.set_len(64 << 10).unwrap();
+        // SAFETY: a new private mapping of a file this test owns, unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                64 << 10,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let (maps, status) = both();
+        // SAFETY: the mapping made above, used by nothing.
+        unsafe { libc::munmap(at, 64 << 10) };
+        assert_eq!(maps, Some(status));
+        assert!(maps >= Some(64), "{maps:?}");
     }
 }

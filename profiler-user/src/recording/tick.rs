@@ -163,7 +163,10 @@ impl Recording {
             // A target that mapped new code since the last tick (a dlopen) is re-read now:
             // until its new library's unwind table is loaded, that library's samples are its
             // leaf alone, and half a second of them was a visible share of a short run.
-            let mapped = !system && !p.exited && p.mapped_new_code();
+            // A young target is re-read at this tick anyway: its status is not read for the
+            // sign as well (that read was a third of bpfprof's main thread in a launched
+            // run); the sign's base is taken from the maps read instead, below.
+            let mapped = !system && !young && !p.exited && p.mapped_new_code();
             let refresh = due || young || mapped;
             let Ok(program) = pool.program(p.slot) else {
                 continue;
@@ -178,6 +181,11 @@ impl Recording {
             let polled = look_for_exits || refresh || p.exit.is_watching();
             if polled && p.poll(exited.contains(key), refresh, per_thread) && system {
                 program.forget_system_process(p.target.pid);
+            }
+            if young && !system {
+                // What the maps just read count is what its status says (the kernel's
+                // `exec_vm`): the first look at its status after its youth compares with it.
+                p.executable_kib = p.maps.executable_kib();
             }
             // New code (dlopen, exec) gets its unwind tables while the run goes on, from the
             // same read of the maps as symbolization.
