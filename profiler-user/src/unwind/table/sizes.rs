@@ -119,7 +119,11 @@ pub fn load_bias<'data>(
         return Ok(bias(segment.file_start, segment.vaddr));
     }
     for segment in &segments {
-        if offset >= segment.file_start && offset < segment.file_start + segment.file_size.max(1) {
+        // Headers are the target's: p_offset + p_filesz may pass 2^64 (the fuzzer's find).
+        if offset
+            .checked_sub(segment.file_start)
+            .is_some_and(|into| into < segment.file_size.max(1))
+        {
             return Ok(bias(segment.file_start, segment.vaddr));
         }
     }
