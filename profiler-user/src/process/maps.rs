@@ -177,9 +177,9 @@ impl ProcessMaps {
     }
 
     /// Its executable memory in KiB as the last successful read of its maps lists it: the
-    /// kernel's `exec_vm` (`VmExe` + `VmLib` of its status, [`crate::process::target::Target::executable_kib`])
-    /// counts the mappings that are executable, not writable and not a stack. `None` before
-    /// a read.
+    /// kernel's `exec_vm` (`VmExe` + `VmLib` of its status, see
+    /// [`crate::process::target::Target::executable_kib`]) counts the mappings that are
+    /// executable, not writable and not a stack. `None` before a read.
     pub fn executable_kib(&self) -> Option<u64> {
         self.executable_kib
     }

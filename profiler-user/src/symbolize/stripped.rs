@@ -124,16 +124,24 @@ impl FunctionStarts {
         let &(seg_offset, _, seg_address) = self
             .segments
             .iter()
-            .find(|(start, size, _)| *start <= offset && offset < start + size)?;
-        let address = offset - seg_offset + seg_address;
+            .find(|&&(start, size, _)| offset.checked_sub(start).is_some_and(|into| into < size))?;
+        // The headers and symbols are the file's: sums past 2^64 name nothing, never panic.
+        let address = (offset - seg_offset).checked_add(seg_address)?;
         let i = self.starts.partition_point(|&s| s <= address);
         let start = *self.starts.get(i.checked_sub(1)?)?;
         let j = self.exports.partition_point(|(a, _, _)| *a <= start);
-        let own = || format!("{module}+{:#x}", start - seg_address + seg_offset);
+        // In a hostile file the start may lie before the address's segment: the sum wraps
+        // (a nonsense offset, as the file's headers are) rather than panics.
+        let own = || {
+            format!(
+                "{module}+{:#x}",
+                start.wrapping_sub(seg_address).wrapping_add(seg_offset)
+            )
+        };
         Some(match j.checked_sub(1).map(|j| &self.exports[j]) {
             Some((export, _, name)) if *export == start => demangle(name),
             // Inside the export's extent, or an export that does not say where it ends.
-            Some((export, size, name)) if *size == 0 || start < export + size => {
+            Some((export, size, name)) if *size == 0 || start - export < *size => {
                 format!("{}+{:#x}", demangle(name), start - export)
             }
             _ => match self.parts().get(&start) {
@@ -186,9 +194,11 @@ impl FunctionStarts {
             // The function's bytes, from the segment that holds them all.
             let Some(code) = self.segments.iter().find_map(|&(offset, file_size, base)| {
                 let start = address.checked_sub(base)?;
-                (start + size <= file_size)
-                    .then(|| data.get((offset + start) as usize..(offset + start + size) as usize))
-                    .flatten()
+                let end = start.checked_add(size).filter(|&end| end <= file_size)?;
+                data.get(
+                    usize::try_from(offset.checked_add(start)?).ok()?
+                        ..usize::try_from(offset.checked_add(end)?).ok()?,
+                )
             }) else {
                 continue;
             };
@@ -268,6 +278,49 @@ mod tests {
         );
         assert_eq!(demangle("memcpy"), "memcpy");
         assert_eq!(demangle("_Znot a symbol"), "_Znot a symbol");
+    }
+
+    /// A binary's segments, starts and exports are the target's: offsets, addresses and sizes
+    /// whose sums pass 2^64, and a function start before its address's segment, name what
+    /// they can and never overflow.
+    #[test]
+    fn sums_past_the_address_space_name_nothing_and_never_panic() {
+        let exe = std::fs::read(std::fs::read_link("/proc/self/exe").unwrap()).unwrap();
+        let hostile = FunctionStarts {
+            starts: vec![0x10, 0x20, u64::MAX - 8],
+            exports: vec![
+                (0x10, u64::MAX, "huge".into()),
+                (u64::MAX - 8, 0x100, "edge".into()),
+            ],
+            segments: vec![
+                (u64::MAX - 16, 64, 0x1000),
+                (0x100, 0x100, u64::MAX - 0x80),
+                (0, u64::MAX, 0),
+            ],
+            ..Default::default()
+        };
+        // In the first segment, whose end passes 2^64: address 0x1006, in `huge` (whose
+        // extent passes 2^64 too).
+        assert_eq!(
+            hostile.name("m", u64::MAX - 10).as_deref(),
+            Some("huge+0x10")
+        );
+        // In the second, at an address past 2^64: nothing.
+        assert_eq!(hostile.name("m", 0x1f0), None);
+        assert_eq!(hostile.name("m", 0x110).as_deref(), Some("huge+0x10"));
+        // `edge`'s code would end past 2^64 in the only segment that could hold it: not
+        // decoded, so no part is found.
+        assert!(hostile.find_parts(&exe).is_empty());
+        // A start before the segment of its address, named by the offset's sum (wrapped).
+        let before = FunctionStarts {
+            starts: vec![0x10],
+            segments: vec![(0x100, 0x100, 0x1000)],
+            ..Default::default()
+        };
+        assert_eq!(
+            before.name("m", 0x110).as_deref(),
+            Some("m+0xfffffffffffff110")
+        );
     }
 
     /// This test binary is not stripped, so its own symbols say where its functions start:
