@@ -18,6 +18,8 @@ Seeds by target:
   to 3.13 copied into an image of the target's memory, names of each `str` kind, and a cyclic
   one (every pointer back at the code object itself).
 - protocol: the requests and replies of docs/protocol.md, and hostile lines.
+- stripped_names: unwind_elf's shared objects, and a stripped library whose exported function
+  GCC splits into a `.cold` part (`-freorder-blocks-and-partition`).
 """
 
 import hashlib
@@ -169,6 +171,38 @@ def elf_seeds(workdir):
     for name, path in objects:
         write("unwind_elf", name, open(path, "rb").read())
         write("unwind_cfi", name, cfi_input(path))
+        if name.endswith(".so"):
+            write("stripped_names", name, open(path, "rb").read())
+    stripped_seeds(workdir)
+
+
+COLD = r'''
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline, cold)) void report(int v) { fprintf(stderr, "bad %d\n", v); }
+int checked_sum(const int *v, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i] < 0) {
+            report(v[i]);
+            abort();
+        }
+        s += v[i];
+    }
+    return s;
+}
+'''
+
+
+def stripped_seeds(workdir):
+    src = os.path.join(workdir, "cold.c")
+    open(src, "w").write(COLD)
+    out = os.path.join(workdir, "libcold.so")
+    run("gcc", "-O2", "-shared", "-fPIC", "-freorder-blocks-and-partition", src, "-o", out)
+    symbols = run("nm", out).decode()
+    assert "checked_sum.cold" in symbols, "gcc split no .cold part off checked_sum"
+    run("strip", "-s", out)
+    write("stripped_names", "libcold-split-part.so", open(out, "rb").read())
 
 
 # ---------------------------------------------------------------- CPython

@@ -59,7 +59,9 @@ impl FunctionStarts {
         Some(starts)
     }
 
-    fn parse(data: &[u8]) -> Option<FunctionStarts> {
+    /// [`FunctionStarts::read`] on the bytes of an ELF file already in memory (the fuzz
+    /// target's entry): split-off parts are then found only by [`FunctionStarts::find_parts`].
+    pub fn parse(data: &[u8]) -> Option<FunctionStarts> {
         let elf = object::File::parse(data).ok()?;
         let hdr = elf.section_by_name(".eh_frame_hdr")?;
         let endian = if elf.is_little_endian() {
@@ -86,6 +88,9 @@ impl FunctionStarts {
             .dynamic_symbols()
             .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
             .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_string())))
+            // A nameless export (a hostile file's; found by the stripped_names fuzz target)
+            // would name its code with nothing: the module and offset name it instead.
+            .filter(|(_, _, name)| !name.is_empty())
             .collect();
         // Aliases share an address: keep one name for it, the shortest, then the first, with
         // the largest size any of them states.
@@ -169,8 +174,9 @@ impl FunctionStarts {
 
     /// Decodes each exported function of the x86-64 ELF file `data` and keeps the unwind
     /// entries its jumps enter past their start: a start no export has, claimed by one
-    /// export only (two claiming one part leave it unnamed).
-    fn find_parts(&self, data: &[u8]) -> HashMap<u64, usize> {
+    /// export only (two claiming one part leave it unnamed). Each part maps to its owner's
+    /// index among the exports.
+    pub fn find_parts(&self, data: &[u8]) -> HashMap<u64, usize> {
         use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
         let mut parts: HashMap<u64, Option<usize>> = HashMap::new();
         let Ok(elf) = object::File::parse(data) else {
@@ -188,6 +194,11 @@ impl FunctionStarts {
         let mut instruction = Instruction::default();
         for (index, (address, size, _)) in self.exports.iter().enumerate() {
             let (address, size) = (*address, *size);
+            // An export at the top of the address space whose end passes 2^64 is the file's
+            // nonsense: skipped, as one too large is.
+            let Some(end) = address.checked_add(size) else {
+                continue;
+            };
             if size == 0 || size > budget {
                 continue;
             }
@@ -213,7 +224,7 @@ impl FunctionStarts {
                     continue;
                 }
                 let target = instruction.near_branch_target();
-                if (address..address + size).contains(&target) {
+                if (address..end).contains(&target) {
                     continue;
                 }
                 let i = self.starts.partition_point(|&s| s <= target);
@@ -222,7 +233,7 @@ impl FunctionStarts {
                 };
                 // A jump to a function's start is a tail call; an unwind entry that starts
                 // inside the export is its own (its extent ran past the symbol's size).
-                if part == target || (address..address + size).contains(&part) || is_export(part) {
+                if part == target || (address..end).contains(&part) || is_export(part) {
                     continue;
                 }
                 parts
@@ -311,6 +322,15 @@ mod tests {
         // `edge`'s code would end past 2^64 in the only segment that could hold it: not
         // decoded, so no part is found.
         assert!(hostile.find_parts(&exe).is_empty());
+        // An export whose bytes all lie in a segment at the top of the address space, its
+        // end past 2^64 (seen while writing the stripped_names fuzz target): skipped, not decoded.
+        let top = FunctionStarts {
+            starts: vec![u64::MAX - 0x80],
+            exports: vec![(u64::MAX - 0x80, 0x100, "top".into())],
+            segments: vec![(0x100, 0x100, u64::MAX - 0x80)],
+            ..Default::default()
+        };
+        assert!(top.find_parts(&exe).is_empty());
         // A start before the segment of its address, named by the offset's sum (wrapped).
         let before = FunctionStarts {
             starts: vec![0x10],
@@ -321,6 +341,24 @@ mod tests {
             before.name("m", 0x110).as_deref(),
             Some("m+0xfffffffffffff110")
         );
+    }
+
+    /// A hostile library's export with an empty name (the stripped_names fuzz target's find,
+    /// kept in its corpus) names nothing with it: every name read from it is non-empty.
+    #[test]
+    fn a_nameless_export_names_nothing() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/corpus/stripped_names/hostile-nameless-export"
+        );
+        let data = std::fs::read(path).unwrap();
+        let starts = FunctionStarts::parse(&data).expect("the find parses");
+        assert!(starts.exports.iter().all(|(_, _, name)| !name.is_empty()));
+        let named: Vec<String> = (0..data.len() as u64)
+            .filter_map(|offset| starts.name("m", offset))
+            .collect();
+        assert!(!named.is_empty());
+        assert!(named.iter().all(|n| !n.is_empty()), "{named:?}");
     }
 
     /// This test binary is not stripped, so its own symbols say where its functions start:

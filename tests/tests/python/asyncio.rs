@@ -280,6 +280,31 @@ fn task_chains_and_shares_on_314_and_315() {
     checks.finish();
 }
 
+/// Each task's coroutine and coroutine stack (innermost first) in a `dump --json`.
+fn coroutine_stacks(dump: &serde_json::Value) -> Vec<(String, Vec<String>)> {
+    let loops = dump["asyncio"].as_array().cloned().unwrap_or_default();
+    loops
+        .iter()
+        .flat_map(|l| l["tasks"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            let stack = t["coroutine_stack"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect();
+            (t["coroutine"].as_str().unwrap_or("").to_string(), stack)
+        })
+        .collect()
+}
+
+/// Whether a `dump --json` shows a `work` task waiting in `asyncio.sleep`.
+fn waits_in_sleep(dump: &serde_json::Value) -> bool {
+    coroutine_stacks(dump)
+        .iter()
+        .any(|(_, stack)| stack == &["sleep", "work"])
+}
+
 #[test]
 fn dump_shows_the_task_tree_the_program_sees() {
     needs_root!();
@@ -310,13 +335,20 @@ fn dump_shows_the_task_tree_the_program_sees() {
             })
             .collect();
         let pid = target.pid().to_string();
-        let json = run_bpfprof(["dump", "--json", "--pid", &pid], TIMEOUT);
-        json.assert_code(exit::OK);
+        // The process runs while a dump reads it, task by task, so a task may run by the
+        // time its stack is read (then it has none, as the running task): up to five dumps
+        // are taken until one finds a task waiting in `sleep`.
+        let mut dumps: Vec<serde_json::Value> = Vec::new();
+        while dumps.len() < 5 && !dumps.last().is_some_and(waits_in_sleep) {
+            let json = run_bpfprof(["dump", "--json", "--pid", &pid], TIMEOUT);
+            json.assert_code(exit::OK);
+            dumps.push(serde_json::from_str(&json.stdout).expect("dump --json is JSON"));
+        }
         let text = run_bpfprof(["dump", "--pid", &pid], TIMEOUT);
         text.assert_code(exit::OK);
         drop(target);
-        let dump: serde_json::Value =
-            serde_json::from_str(&json.stdout).expect("dump --json is JSON");
+        eprintln!("{label}: {} dump(s) taken", dumps.len());
+        let dump = dumps.last().expect("a dump");
         let loops = dump["asyncio"].as_array().cloned().unwrap_or_default();
         checks.eq(&format!("{label}: event loops"), loops.len(), 1);
         let tasks = loops
@@ -357,34 +389,25 @@ fn dump_shows_the_task_tree_the_program_sees() {
         // Each task's coroutine stack, innermost first, as pstree draws it: a `work` task
         // waits in `await asyncio.sleep(0)` between steps (`sleep -> work`) unless it runs
         // (its stack is the thread's then: none); `main` and `fetch3` await a gather's
-        // future, which is no coroutine (the tree shows it). Some waiting tasks read as
-        // `work` alone, in CPython's own `python3.14 -m asyncio ps` as in bpfprof's dump of
-        // the same process (seen by hand): at least one `sleep -> work` is asked.
-        let stacks: Vec<(String, Vec<String>)> = tasks
-            .iter()
-            .map(|t| {
-                let stack = t["coroutine_stack"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c.as_str().map(String::from))
-                    .collect();
-                (t["coroutine"].as_str().unwrap_or("").to_string(), stack)
-            })
-            .collect();
-        let waiting = stacks
-            .iter()
-            .filter(|(_, stack)| stack == &["sleep", "work"])
-            .count();
+        // future, which is no coroutine (the tree shows it). A task read as it resumes may
+        // read as `work` alone (its stack changed between two reads), as in CPython's own
+        // `python3.14 -m asyncio ps` of the same process (seen by hand). Every dump's stacks
+        // are among these; the last dump has a `sleep -> work`.
         let allowed = |(coroutine, stack): &(String, Vec<String>)| match coroutine.as_str() {
             "work" => stack.is_empty() || stack == &["work"] || stack == &["sleep", "work"],
             other => stack.is_empty() || stack == &[other],
         };
-        checks.check(waiting >= 1 && stacks.iter().all(allowed), || {
-            format!(
-                "{label}: the tasks' coroutine stacks (at least one `sleep -> work`): {stacks:?}"
-            )
-        });
+        let all: Vec<Vec<(String, Vec<String>)>> = dumps.iter().map(coroutine_stacks).collect();
+        checks.check(
+            waits_in_sleep(dump) && all.iter().flatten().all(allowed),
+            || {
+                format!(
+                    "{label}: the tasks' coroutine stacks in {} dumps (the last with a `sleep -> \
+                     work`): {all:?}",
+                    all.len()
+                )
+            },
+        );
         // The text draws the tree: fetch-3 under main, deep under fetch-3.
         let lines: Vec<&str> = text.stdout.lines().collect();
         let at = |needle: &str| lines.iter().position(|l| l.contains(needle));

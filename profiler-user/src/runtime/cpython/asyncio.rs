@@ -90,6 +90,8 @@ pub struct AsyncioLayout {
     pub frame_stackpointer: u32,
     /// `FRAME_SUSPENDED_YIELD_FROM`: -1 in 3.14, 2 in 3.15 (which renumbered the states).
     pub suspended_in_await: i8,
+    /// `FRAME_EXECUTING`: 0 in 3.14, 4 in 3.15.
+    pub executing: i8,
     /// `PySetObject.used`.
     pub set_used: u32,
     /// `PySetObject.table`: 16-byte entries (key, hash).
@@ -191,6 +193,7 @@ impl AsyncioLayout {
             gen_frame_state: field(debug, extra.gen_section, 3, 1)?,
             frame_stackpointer: field(debug, extra.frame_section, 6, 8)?,
             suspended_in_await: if minor == 14 { -1 } else { 2 },
+            executing: if minor == 14 { 0 } else { 4 },
             set_used: field(debug, extra.set_section, 1, 8)?,
             set_table: field(debug, extra.set_section, 2, 8)?,
             set_mask: field(debug, extra.set_section, 3, 8)?,
@@ -298,9 +301,10 @@ mod tests {
             (
                 l.gen_frame_state,
                 l.frame_stackpointer,
-                l.suspended_in_await
+                l.suspended_in_await,
+                l.executing
             ),
-            (0x43, 0x40, -1)
+            (0x43, 0x40, -1, 0)
         );
         assert_eq!(
             (l.long_tag, l.long_digits, l.type_flags),
@@ -422,6 +426,7 @@ mod tests {
             gen_frame_state: 24,
             frame_stackpointer: 56,
             suspended_in_await: -1,
+            executing: 0,
             set_used: 16,
             set_table: 24,
             set_mask: 32,

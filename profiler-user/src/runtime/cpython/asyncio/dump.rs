@@ -28,7 +28,8 @@ pub struct DumpTask {
     pub coroutine: Option<String>,
     /// The coroutines it is suspended in, innermost first as `python -m asyncio pstree`
     /// draws them (`sleep`, then the coroutine awaiting it, ..., its own coroutine last);
-    /// empty for the running task (its stack is the thread's) and where none could be read.
+    /// empty for a running task (the thread's, or one found executing as it is read: its
+    /// stack is the thread's) and where none could be read.
     pub coroutine_stack: Vec<String>,
     /// The tasks awaiting it (ids).
     pub awaited_by: Vec<u64>,

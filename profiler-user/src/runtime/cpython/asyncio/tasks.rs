@@ -86,7 +86,9 @@ impl TaskReader<'_> {
     /// awaited object on top of its frame's value stack. Only an object of its awaiter's own
     /// type (a coroutine, not a future or task, which the task tree shows) is followed, at
     /// most [`MAX_AWAITED_COROUTINES`] deep; anything that does not read as one ends the
-    /// chain where it is.
+    /// chain where it is. A chain with a coroutine executing is none: the task runs now (the
+    /// process runs while it is read, so the task its thread ran when the list was read may
+    /// not be the one running when this task is), and its stack is the thread's.
     pub fn awaited_coroutines(&self, task: u64) -> Vec<u64> {
         let a = self.asyncio;
         let l = self.layout;
@@ -104,14 +106,17 @@ impl TaskReader<'_> {
         };
         let mut codes = Vec::new();
         while let Some(code) = code_of(coro) {
-            codes.push(code);
-            if codes.len() >= MAX_AWAITED_COROUTINES {
-                break;
-            }
             let state = self
                 .memory
                 .read_u8(coro.wrapping_add(a.gen_frame_state as u64))
                 .map(|b| b as i8);
+            if state.as_ref().ok() == Some(&a.executing) {
+                return Vec::new();
+            }
+            codes.push(code);
+            if codes.len() >= MAX_AWAITED_COROUTINES {
+                break;
+            }
             if state.ok() != Some(a.suspended_in_await) {
                 break;
             }
