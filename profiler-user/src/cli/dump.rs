@@ -183,8 +183,20 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
             None
         }
     };
-    let (snapshot, reads) =
-        snapshot::stop_and_copy(pid, || python.as_mut().map(read_python).unwrap_or_default())?;
+    // Where asyncio's tasks are, found before the stop (it searches the maps); the tasks are
+    // read in the stop, with the stacks they belong to.
+    let asyncio_layout = python.as_ref().map(|p| p.asyncio_layout());
+    let (snapshot, (reads, asyncio_read)) = snapshot::stop_and_copy(pid, || {
+        let Some(p) = python.as_mut() else {
+            return (PythonReads::default(), None);
+        };
+        let reads = read_python(p);
+        let tasks = match &asyncio_layout {
+            Some(Ok(Some(layout))) => Some(p.read_asyncio_tasks(layout, &reads.threads, true)),
+            _ => None,
+        };
+        (reads, tasks)
+    })?;
     // The target runs again: unwind, name and merge from the copies.
     let mut walks: HashMap<u32, (Vec<u64>, StackEnd)> = HashMap::new();
     for (tid, thread) in &snapshot.threads {
@@ -224,11 +236,17 @@ pub fn take(target: &Target, python_only: bool) -> Result<Dump> {
         .as_mut()
         .map(|p| p.threading_names(&reads.threads))
         .unwrap_or_default();
-    // The task tree, read with the target running (as `python -m asyncio pstree` reads it).
-    let (asyncio, asyncio_error) = match python.as_mut().map(|p| p.asyncio_tasks(&reads.threads)) {
-        Some(Ok(loops)) => (loops, None),
-        Some(Err(e)) => (None, Some(format!("{e:#}"))),
-        None => (None, None),
+    // The task tree read in the stop (or now, where a thread had too many tasks), named now.
+    let asyncio_read = match (&python, &asyncio_layout, asyncio_read) {
+        (Some(p), Some(Ok(Some(layout))), Some(Ok(None))) => {
+            Some(p.read_asyncio_tasks(layout, &reads.threads, false))
+        }
+        (_, _, read) => read,
+    };
+    let (asyncio, asyncio_error) = match (python.as_mut(), asyncio_layout, asyncio_read) {
+        (Some(p), _, Some(Ok(Some(loops)))) => (Some(p.name_asyncio_tasks(loops)), None),
+        (_, _, Some(Err(e))) | (_, Some(Err(e)), _) => (None, Some(format!("{e:#}"))),
+        _ => (None, None),
     };
     let has_python = python.is_some() && reads.error.is_none();
     // A free-threaded build without its GIL: no thread can hold one. With it enabled at run
@@ -463,10 +481,15 @@ pub fn render_text(dump: &Dump) -> String {
             .unwrap_or_default();
         let _ = writeln!(
             s,
-            "asyncio tasks of thread {} ({} tasks{running}){}:",
+            "asyncio tasks of thread {} ({} tasks{running}){}{}:",
             l.tid,
             l.tasks.len(),
-            if l.cut { ", list cut" } else { "" }
+            if l.cut { ", list cut" } else { "" },
+            if l.read_in_stop {
+                ""
+            } else {
+                ", read with the process running"
+            }
         );
         for line in render_tree(&l.tasks) {
             let _ = writeln!(s, "{}", escape(&line));

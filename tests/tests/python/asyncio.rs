@@ -280,29 +280,16 @@ fn task_chains_and_shares_on_314_and_315() {
     checks.finish();
 }
 
-/// Each task's coroutine and coroutine stack (innermost first) in a `dump --json`.
-fn coroutine_stacks(dump: &serde_json::Value) -> Vec<(String, Vec<String>)> {
-    let loops = dump["asyncio"].as_array().cloned().unwrap_or_default();
-    loops
-        .iter()
-        .flat_map(|l| l["tasks"].as_array().cloned().unwrap_or_default())
-        .map(|t| {
-            let stack = t["coroutine_stack"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c.as_str().map(String::from))
-                .collect();
-            (t["coroutine"].as_str().unwrap_or("").to_string(), stack)
-        })
-        .collect()
-}
-
-/// Whether a `dump --json` shows a `work` task waiting in `asyncio.sleep`.
-fn waits_in_sleep(dump: &serde_json::Value) -> bool {
-    coroutine_stacks(dump)
-        .iter()
-        .any(|(_, stack)| stack == &["sleep", "work"])
+/// `dump --json` and `dump` of `target`, which ends then.
+fn dumps_of(target: Workload) -> (serde_json::Value, RunResult) {
+    let pid = target.pid().to_string();
+    let json = run_bpfprof(["dump", "--json", "--pid", &pid], TIMEOUT);
+    json.assert_code(exit::OK);
+    let text = run_bpfprof(["dump", "--pid", &pid], TIMEOUT);
+    text.assert_code(exit::OK);
+    drop(target);
+    let dump = serde_json::from_str(&json.stdout).expect("dump --json is JSON");
+    (dump, text)
 }
 
 #[test]
@@ -334,23 +321,14 @@ fn dump_shows_the_task_tree_the_program_sees() {
                 (name.to_string(), waiters)
             })
             .collect();
-        let pid = target.pid().to_string();
-        // The process runs while a dump reads it, task by task, so a task may run by the
-        // time its stack is read (then it has none, as the running task): up to five dumps
-        // are taken until one finds a task waiting in `sleep`.
-        let mut dumps: Vec<serde_json::Value> = Vec::new();
-        while dumps.len() < 5 && !dumps.last().is_some_and(waits_in_sleep) {
-            let json = run_bpfprof(["dump", "--json", "--pid", &pid], TIMEOUT);
-            json.assert_code(exit::OK);
-            dumps.push(serde_json::from_str(&json.stdout).expect("dump --json is JSON"));
-        }
-        let text = run_bpfprof(["dump", "--pid", &pid], TIMEOUT);
-        text.assert_code(exit::OK);
-        drop(target);
-        eprintln!("{label}: {} dump(s) taken", dumps.len());
-        let dump = dumps.last().expect("a dump");
+        let (dump, text) = dumps_of(target);
         let loops = dump["asyncio"].as_array().cloned().unwrap_or_default();
         checks.eq(&format!("{label}: event loops"), loops.len(), 1);
+        checks.eq(
+            &format!("{label}: tasks read in the stop"),
+            loops.first().map(|l| l["read_in_stop"].clone()),
+            Some(serde_json::Value::Bool(true)),
+        );
         let tasks = loops
             .first()
             .and_then(|l| l["tasks"].as_array().cloned())
@@ -387,27 +365,39 @@ fn dump_shows_the_task_tree_the_program_sees() {
             ["fetch3", "main", "work"].map(String::from).into(),
         );
         // Each task's coroutine stack, innermost first, as pstree draws it: a `work` task
-        // waits in `await asyncio.sleep(0)` between steps (`sleep -> work`) unless it runs
-        // (its stack is the thread's then: none); `main` and `fetch3` await a gather's
-        // future, which is no coroutine (the tree shows it). A task read as it resumes may
-        // read as `work` alone (its stack changed between two reads), as in CPython's own
-        // `python3.14 -m asyncio ps` of the same process (seen by hand). Every dump's stacks
-        // are among these; the last dump has a `sleep -> work`.
-        let allowed = |(coroutine, stack): &(String, Vec<String>)| match coroutine.as_str() {
-            "work" => stack.is_empty() || stack == &["work"] || stack == &["sleep", "work"],
-            other => stack.is_empty() || stack == &[other],
+        // waits in `await asyncio.sleep(0)` between steps (`sleep -> work`); `main` and
+        // `fetch3` await a gather's future, which is no coroutine (the tree shows it); the
+        // task running when the process was stopped has none (its stack is the thread's).
+        // The tasks are read in the stop, so every one is as it was at that moment.
+        let running = loops
+            .first()
+            .and_then(|l| l["running_task"].as_u64())
+            .unwrap_or(0);
+        let stacks: Vec<(String, bool, Vec<String>)> = tasks
+            .iter()
+            .map(|t| {
+                let stack = t["coroutine_stack"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect();
+                let coroutine = t["coroutine"].as_str().unwrap_or("").to_string();
+                (coroutine, t["id"].as_u64() == Some(running), stack)
+            })
+            .collect();
+        let right = |(coroutine, runs, stack): &(String, bool, Vec<String>)| {
+            if *runs {
+                stack.is_empty()
+            } else if coroutine == "work" {
+                stack == &["sleep", "work"]
+            } else {
+                stack.as_slice() == std::slice::from_ref(coroutine)
+            }
         };
-        let all: Vec<Vec<(String, Vec<String>)>> = dumps.iter().map(coroutine_stacks).collect();
-        checks.check(
-            waits_in_sleep(dump) && all.iter().flatten().all(allowed),
-            || {
-                format!(
-                    "{label}: the tasks' coroutine stacks in {} dumps (the last with a `sleep -> \
-                     work`): {all:?}",
-                    all.len()
-                )
-            },
-        );
+        checks.check(stacks.iter().all(right), || {
+            format!("{label}: the tasks' coroutine stacks (coroutine, running, stack): {stacks:?}")
+        });
         // The text draws the tree: fetch-3 under main, deep under fetch-3.
         let lines: Vec<&str> = text.stdout.lines().collect();
         let at = |needle: &str| lines.iter().position(|l| l.contains(needle));
@@ -427,6 +417,61 @@ fn dump_shows_the_task_tree_the_program_sees() {
         }
     }
     checks.finish();
+}
+
+/// 1500 tasks waiting an hour each, and `argv[1]` written once they all wait.
+const MANY_TASKS: &str = r#"import asyncio, sys
+
+async def idle():
+    await asyncio.sleep(3600)
+
+async def main():
+    tasks = [asyncio.create_task(idle(), name=f"idle-{i}") for i in range(1500)]
+    await asyncio.sleep(0.2)
+    open(sys.argv[1], "w").write("ready")
+    await asyncio.gather(*tasks)
+
+asyncio.run(main())
+"#;
+
+/// A program of more tasks than `dump` reads while the process is stopped (256): they are
+/// read once it runs again, every one of them, and the dump says so.
+#[test]
+fn dump_of_many_tasks_reads_them_once_the_process_runs() {
+    needs_root!();
+    let Some(python) = sid_python(14) else {
+        return;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("bpfprof-test-")
+        .tempdir_in(Path::new(SID).join("tmp"))
+        .expect("a directory in the chroot");
+    let inside = Path::new("/tmp").join(dir.path().file_name().unwrap());
+    let ready = dir.path().join("ready");
+    std::fs::write(dir.path().join("many.py"), MANY_TASKS).unwrap();
+    let mut cmd = Command::new("chroot");
+    cmd.args([SID, &python])
+        .arg(inside.join("many.py"))
+        .arg(inside.join("ready"));
+    let target = Workload::spawn_command(cmd);
+    poll_until(Duration::from_secs(30), || ready.exists().then_some(()))
+        .expect("the program starts its tasks");
+    let (dump, text) = dumps_of(target);
+    let loops = dump["asyncio"].as_array().cloned().unwrap_or_default();
+    assert_eq!(loops.len(), 1, "{dump}");
+    assert_eq!(loops[0]["read_in_stop"], serde_json::Value::Bool(false));
+    let tasks = loops[0]["tasks"].as_array().cloned().unwrap_or_default();
+    let idle = tasks
+        .iter()
+        .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("idle-")))
+        .count();
+    assert_eq!(idle, 1500);
+    assert!(
+        text.stdout.contains("(1501 tasks")
+            && text.stdout.contains("read with the process running"),
+        "{}",
+        text.stdout.lines().take(40).collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]

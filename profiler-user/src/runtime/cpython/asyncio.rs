@@ -37,6 +37,11 @@ const MAX_SET_SLOTS: u64 = 1024;
 const MAX_AWAITED_COROUTINES: usize = 256;
 /// Tasks one thread's list gives `dump` at most.
 pub const MAX_TASKS_LISTED: usize = 100_000;
+/// Tasks of a thread `dump` reads while the process is stopped, at most: each costs a dozen
+/// reads of its memory or more (its object, name, waiters and coroutines: 60-70 µs a task in
+/// a debug build beside a busy core, 900 tasks 53-68 ms), and a process of more is not held
+/// stopped that long (its tasks are read once it runs again).
+pub const MAX_TASKS_IN_STOP: usize = 256;
 /// Largest `TaskObj` read (3.14's is 168 bytes).
 const MAX_TASK_SIZE: u64 = 4096;
 /// Bytes of `_Py_AsyncioModuleDebugOffsets` read: its task (7 words), interpreter (2) and

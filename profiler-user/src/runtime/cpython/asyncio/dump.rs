@@ -15,6 +15,9 @@ pub struct LoopTasks {
     pub tasks: Vec<DumpTask>,
     /// Whether the list was cut (longer than [`MAX_TASKS_LISTED`], or it looped).
     pub cut: bool,
+    /// Whether the tasks were read while the process was stopped, with the stacks (false
+    /// where a thread had more than [`MAX_TASKS_IN_STOP`]: read once it ran again).
+    pub read_in_stop: bool,
 }
 
 /// One task in a dump.
@@ -35,30 +38,62 @@ pub struct DumpTask {
     pub awaited_by: Vec<u64>,
 }
 
+/// One event loop's tasks as read with the process stopped, before any is named.
+#[derive(Clone, Debug)]
+pub struct LoopRead {
+    tid: u32,
+    running_loop: u64,
+    running_task: u64,
+    /// Each task, with the code objects of the coroutines it is suspended in (its own first).
+    tasks: Vec<(TaskInfo, Vec<u64>)>,
+    cut: bool,
+    read_in_stop: bool,
+}
+
 impl super::super::PythonTarget {
-    /// The tasks of each of `threads` (host tid, thread state) that has any, for `dump`:
-    /// `Ok(None)` before 3.14 or while the process has not imported asyncio.
-    pub fn asyncio_tasks(&mut self, threads: &[(u32, u64)]) -> Result<Option<Vec<LoopTasks>>> {
+    /// The process's `_asyncio` layout, looked for with the process running: `Ok(None)`
+    /// before 3.14 or while the process has not imported asyncio.
+    pub fn asyncio_layout(&self) -> Result<Option<AsyncioLayout>> {
         let (_, minor) = self.version();
         if minor < FIRST_ASYNC_MINOR {
             return Ok(None);
         }
-        let Some(asyncio) = find_layout(self.pid, &self.memory, self.interpreter.runtime, minor)?
-        else {
-            return Ok(None);
+        find_layout(self.pid, &self.memory, self.interpreter.runtime, minor)
+    }
+
+    /// The tasks of each of `threads` (host tid, thread state) that has any, for `dump`.
+    ///
+    /// With `in_stop`, read while the process is stopped, with its threads' stacks: a running
+    /// process switches tasks every few microseconds, and a tree read task by task would show
+    /// tasks as they were at different moments, none of them the moment of the stacks. Then
+    /// `Ok(None)` when a thread has more than [`MAX_TASKS_IN_STOP`]: they are read again
+    /// without `in_stop` once the process runs.
+    pub fn read_asyncio_tasks(
+        &self,
+        asyncio: &AsyncioLayout,
+        threads: &[(u32, u64)],
+        in_stop: bool,
+    ) -> Result<Option<Vec<LoopRead>>> {
+        let reader = TaskReader {
+            memory: &self.memory,
+            layout: &self.layout,
+            asyncio,
         };
         let mut loops = Vec::new();
         for &(tid, tstate) in threads {
-            let reader = TaskReader {
-                memory: &self.memory,
-                layout: &self.layout,
-                asyncio: &asyncio,
+            let limit = if in_stop {
+                MAX_TASKS_IN_STOP + 1
+            } else {
+                MAX_TASKS_LISTED
             };
-            let (running_loop, addresses, cut) = reader.thread_tasks(tstate)?;
+            let (running_loop, addresses, cut) = reader.thread_tasks(tstate, limit)?;
+            if in_stop && addresses.len() > MAX_TASKS_IN_STOP {
+                return Ok(None);
+            }
             let running_task = reader
                 .memory
                 .read_u64(tstate.wrapping_add(asyncio.tstate_running_task as u64))?;
-            let infos: Vec<(TaskInfo, Vec<u64>)> = addresses
+            let tasks: Vec<(TaskInfo, Vec<u64>)> = addresses
                 .iter()
                 .filter_map(|&t| {
                     let info = reader.task(t).ok()?;
@@ -70,34 +105,51 @@ impl super::super::PythonTarget {
                     Some((info, stack))
                 })
                 .collect();
-            if infos.is_empty() && running_loop == 0 {
+            if tasks.is_empty() && running_loop == 0 {
                 continue;
             }
-            let tasks = infos
-                .into_iter()
-                .map(|(t, stack)| DumpTask {
-                    id: t.address,
-                    coroutine: (t.coro_code != 0)
-                        .then(|| self.code_name(t.coro_code))
-                        .flatten(),
-                    coroutine_stack: stack
-                        .iter()
-                        .rev()
-                        .map(|&code| self.code_name(code).unwrap_or_else(|| "?".into()))
-                        .collect(),
-                    name: t.name,
-                    awaited_by: t.awaited_by,
-                })
-                .collect();
-            loops.push(LoopTasks {
+            loops.push(LoopRead {
                 tid,
                 running_loop,
                 running_task,
                 tasks,
                 cut,
+                read_in_stop: in_stop,
             });
         }
         Ok(Some(loops))
+    }
+
+    /// Names the coroutines of `loops` (with the process running again: code objects do not
+    /// change).
+    pub fn name_asyncio_tasks(&mut self, loops: Vec<LoopRead>) -> Vec<LoopTasks> {
+        loops
+            .into_iter()
+            .map(|l| LoopTasks {
+                tid: l.tid,
+                running_loop: l.running_loop,
+                running_task: l.running_task,
+                tasks: l
+                    .tasks
+                    .into_iter()
+                    .map(|(t, stack)| DumpTask {
+                        id: t.address,
+                        coroutine: (t.coro_code != 0)
+                            .then(|| self.code_name(t.coro_code))
+                            .flatten(),
+                        coroutine_stack: stack
+                            .iter()
+                            .rev()
+                            .map(|&code| self.code_name(code).unwrap_or_else(|| "?".into()))
+                            .collect(),
+                        name: t.name,
+                        awaited_by: t.awaited_by,
+                    })
+                    .collect(),
+                cut: l.cut,
+                read_in_stop: l.read_in_stop,
+            })
+            .collect()
     }
 }
 

@@ -304,9 +304,9 @@ impl TaskReader<'_> {
     }
 
     /// The tasks of the thread whose state is at `tstate` (its list, newest last), at most
-    /// [`MAX_TASKS_LISTED`], and its running loop (0: none); the list ends at a node met
-    /// twice.
-    pub fn thread_tasks(&self, tstate: u64) -> Result<(u64, Vec<u64>, bool)> {
+    /// `limit`, its running loop (0: none) and whether the list was cut (longer than `limit`,
+    /// or a node met twice, where it ends).
+    pub fn thread_tasks(&self, tstate: u64, limit: usize) -> Result<(u64, Vec<u64>, bool)> {
         let a = self.asyncio;
         let running_loop = self.u64_at(tstate, a.tstate_running_loop)?;
         let head = tstate.wrapping_add(a.tstate_tasks_head as u64);
@@ -315,7 +315,7 @@ impl TaskReader<'_> {
         let mut tasks = Vec::new();
         let mut cut = false;
         while node != head && node != 0 {
-            if !seen.insert(node) || tasks.len() >= MAX_TASKS_LISTED {
+            if !seen.insert(node) || tasks.len() >= limit {
                 cut = true;
                 break;
             }
