@@ -253,22 +253,43 @@ impl FunctionStarts {
     }
 }
 
+/// Longest native frame name kept, in bytes (as V8's names are read): a target's symbol can
+/// be any length, and a C++ name grows when demangled (`f<int, int, ...>` from `_Z1fIii...`);
+/// a longer name is cut at this many bytes and ends in `…`.
+pub const MAX_NAME_BYTES: usize = 4096;
+
 /// A symbol's readable name, for exact symbols and these alike: Rust (legacy and v0, without
 /// the hash) and C++ (Itanium, `_Z`) names demangled, anything else as it is. A plain C name
-/// stays plain: read as an Itanium type, `a` would be `signed char` and `b` `bool`.
+/// stays plain: read as an Itanium type, `a` would be `signed char` and `b` `bool`. At most
+/// [`MAX_NAME_BYTES`] (and the `…`); a name already longer is cut, not demangled.
 pub(crate) fn demangle(name: &str) -> String {
+    if name.len() > MAX_NAME_BYTES {
+        return cut_name(name);
+    }
     if let Ok(rust) = rustc_demangle::try_demangle(name) {
-        return format!("{rust:#}");
+        return cut_name(&format!("{rust:#}"));
     }
     if name.starts_with("_Z") {
         if let Ok(cpp) = cpp_demangle::Symbol::new(name).and_then(|s| {
             s.demangle()
                 .map_err(|_| cpp_demangle::error::Error::UnexpectedText)
         }) {
-            return cpp;
+            return cut_name(&cpp);
         }
     }
     name.to_string()
+}
+
+/// `name` cut to [`MAX_NAME_BYTES`] at a character's start, with `…` where it was cut.
+fn cut_name(name: &str) -> String {
+    if name.len() <= MAX_NAME_BYTES {
+        return name.to_string();
+    }
+    let mut end = MAX_NAME_BYTES;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &name[..end])
 }
 
 #[cfg(test)]
@@ -289,6 +310,32 @@ mod tests {
         );
         assert_eq!(demangle("memcpy"), "memcpy");
         assert_eq!(demangle("_Znot a symbol"), "_Znot a symbol");
+    }
+
+    /// A target's symbol names are any length: one past the bound, or a C++ name that
+    /// demangles past it, is cut there (at a character's start) and says so.
+    #[test]
+    fn long_names_are_cut() {
+        let long = "é".repeat(3000);
+        let cut = demangle(&long);
+        assert!(
+            cut.len() <= MAX_NAME_BYTES + '…'.len_utf8(),
+            "{}",
+            cut.len()
+        );
+        assert!(cut.ends_with('…') && cut.starts_with("éé"));
+        // 2000 `int` arguments: 2 KiB mangled is within the bound, 10 KiB demangled is not.
+        let mangled = format!("_Z1fI{}Evv", "i".repeat(2000));
+        let demangled = demangle(&mangled);
+        assert!(
+            demangled.starts_with("void f<int, int"),
+            "{}",
+            &demangled[..40]
+        );
+        assert!(demangled.ends_with('…'));
+        assert!(demangled.len() <= MAX_NAME_BYTES + '…'.len_utf8());
+        // Within the bound, untouched.
+        assert_eq!(demangle("_Z1fIiiEvv"), "void f<int, int>()");
     }
 
     /// A binary's segments, starts and exports are the target's: offsets, addresses and sizes
