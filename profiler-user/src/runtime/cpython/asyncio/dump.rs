@@ -79,13 +79,14 @@ impl super::super::PythonTarget {
             layout: &self.layout,
             asyncio,
         };
+        // One past the stop's bound, to tell a list longer than it.
+        let limit = if in_stop {
+            MAX_TASKS_IN_STOP + 1
+        } else {
+            MAX_TASKS_LISTED
+        };
         let mut loops = Vec::new();
         for &(tid, tstate) in threads {
-            let limit = if in_stop {
-                MAX_TASKS_IN_STOP + 1
-            } else {
-                MAX_TASKS_LISTED
-            };
             let (running_loop, addresses, cut) = reader.thread_tasks(tstate, limit)?;
             if in_stop && addresses.len() > MAX_TASKS_IN_STOP {
                 return Ok(None);

@@ -86,9 +86,10 @@ impl TaskReader<'_> {
     /// awaited object on top of its frame's value stack. Only an object of its awaiter's own
     /// type (a coroutine, not a future or task, which the task tree shows) is followed, at
     /// most [`MAX_AWAITED_COROUTINES`] deep; anything that does not read as one ends the
-    /// chain where it is. A chain with a coroutine executing is none: the task runs now (the
-    /// process runs while it is read, so the task its thread ran when the list was read may
-    /// not be the one running when this task is), and its stack is the thread's.
+    /// chain where it is. A chain with a coroutine executing is none: the task runs, and its
+    /// stack is the thread's (read with the process running, as `dump` reads more than
+    /// [`MAX_TASKS_IN_STOP`] tasks, the task running may not be the one the thread ran when
+    /// its list was read).
     pub fn awaited_coroutines(&self, task: u64) -> Vec<u64> {
         let a = self.asyncio;
         let l = self.layout;
